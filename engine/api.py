@@ -1,0 +1,194 @@
+"""The engine's whole public surface: requests in, typed output events out.
+
+`voice_gateway` imports nothing from `engine` but this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from engine.profile import DeployProfile, ProfileError, load_profile
+
+SAMPLE_RATE_HZ = 24_000
+INPUT_SAMPLE_RATE_HZ = 16_000
+
+
+class EngineError(Exception):
+    """A request the engine cannot take; the message is safe to show a client."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPart:
+    """Mono float32 audio in [-1, 1] at 16 kHz (the Thinker's audio encoder rate)."""
+
+    samples: np.ndarray
+
+
+ContentPart = TextPart | AudioPart
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Literal["system", "user", "assistant"]
+    content: tuple[ContentPart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling. `None` means the deploy profile's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    messages: tuple[Message, ...]
+    want_audio: bool = True
+    speaker: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """Float32 mono PCM at 24 kHz; `sample_offset` is where it starts in the reply."""
+
+    request_id: str
+    samples: np.ndarray
+    sample_offset: int
+    is_last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Engine-side clock, seconds from submit (client-side numbers live in the bench)."""
+
+    ttft_s: float | None
+    ttfp_s: float | None
+    total_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    codec_frames: int
+    audio_samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: str
+    finish_reason: Literal["stop", "length"]
+    timings: Timings
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    request_id: str
+    reason: str
+
+
+OutputEvent = TextDelta | AudioChunk | Finished | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    model_id: str
+    is_random_weights: bool
+    description: str
+    max_model_len: int
+    speakers: tuple[str, ...]
+    codec_frame_samples: int
+
+
+class RequestStream(Protocol):
+    request_id: str
+
+    def __aiter__(self) -> AsyncIterator[OutputEvent]: ...
+
+    async def __anext__(self) -> OutputEvent: ...
+
+    async def aclose(self) -> None:
+        """Stop listening; aborts the request if it has not finished."""
+        ...
+
+
+class Engine(Protocol):
+    """What the network edge needs from the engine."""
+
+    info: ModelInfo
+    registry: CollectorRegistry
+
+    async def submit(self, request: EngineRequest) -> RequestStream:
+        """Start a request (raises EngineError when it cannot be taken); iterate the stream for its events."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Remove a request from every stage within one step; safe to call twice."""
+        ...
+
+    def num_active_requests(self) -> int: ...
+
+    def stage_load(self) -> dict[str, int]:
+        """Requests each stage still holds, by stage name."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
+    """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use)."""
+    from engine.orchestrator import Orchestrator
+
+    return Orchestrator.from_model(model, profile, cache_dir)
+
+
+__all__ = [
+    "SAMPLE_RATE_HZ",
+    "INPUT_SAMPLE_RATE_HZ",
+    "AudioChunk",
+    "AudioPart",
+    "ContentPart",
+    "DeployProfile",
+    "Engine",
+    "EngineError",
+    "EngineRequest",
+    "Failed",
+    "Finished",
+    "Message",
+    "ModelInfo",
+    "OutputEvent",
+    "ProfileError",
+    "RequestStream",
+    "SamplingParams",
+    "TextDelta",
+    "TextPart",
+    "Timings",
+    "create_engine",
+    "load_profile",
+]

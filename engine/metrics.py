@@ -1,0 +1,31 @@
+"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps) and per-stage batch/queue."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class EngineMetrics:
+    """Owns one registry, so several engines (tests) can live in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("engine_ttft_seconds", "Submit to first text token", buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.ttfp = Histogram("engine_ttfp_seconds", "Submit to first audio chunk", buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.rtf = Histogram(
+            "engine_rtf", "Time to last audio / audio duration", buckets=(0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 5), registry=r
+        )
+        self.chunk_gap = Histogram(
+            "engine_inter_chunk_gap_seconds", "Time between audio chunks of one request", buckets=_LATENCY_BUCKETS_S, registry=r
+        )
+        self.requests = Counter("engine_requests", "Finished requests by outcome", ["outcome"], registry=r)
+        self.active = Gauge("engine_active_requests", "Requests inside the engine", registry=r)
+        self.batch_size = Histogram(
+            "engine_stage_batch_size", "Requests per forward, per stage", ["stage"], buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.queue_depth = Gauge("engine_stage_queue_depth", "Requests waiting to join a stage's batch", ["stage"], registry=r)
+        self.running = Gauge("engine_stage_running", "Requests held by a stage", ["stage"], registry=r)

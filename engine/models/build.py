@@ -1,0 +1,98 @@
+"""Assembling an engine from a checkpoint and a deploy profile: load each stage, wire the handoffs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.api import EngineError, ModelInfo
+from engine.metrics import EngineMetrics
+from engine.models.code2wav_runner import Code2WavRunner
+from engine.models.loader import load_config, load_stage, resolve_checkpoint
+from engine.models.talker_runner import TalkerRunner
+from engine.models.thinker_runner import ThinkerRunner
+from engine.models.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
+from engine.profile import DeployProfile
+from engine.prompt import PromptBuilder
+from engine.stages.code2wav import Code2WavStage
+from engine.stages.talker import TalkerStage
+from engine.stages.thinker import ThinkerStage
+
+log = logging.getLogger(__name__)
+
+
+def _unbound_report(item: Any) -> None:
+    raise AssertionError(f"stage reported before the engine started: {item!r}")
+
+
+def _check_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineError(f"the deploy profile asks for {device}, but CUDA is not available here")
+
+
+def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | None) -> dict[str, Any]:
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+
+    stages_cfg = profile.stages
+    for cfg in (stages_cfg.thinker, stages_cfg.talker, stages_cfg.code2wav):
+        _check_device(cfg.device)
+    path = resolve_checkpoint(model, cache_dir or default_cache_dir())
+    config = load_config(path)
+    is_tiny = model == TINY_MODEL_ID
+    if is_tiny:
+        log.warning("serving the tiny random-weight model: %s", TINY_DESCRIPTION)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    features = WhisperFeatureExtractor.from_pretrained(path)
+    metrics = EngineMetrics()
+
+    thinker = load_stage(path, "thinker", device=stages_cfg.thinker.device, dtype=stages_cfg.thinker.dtype).model
+    thinker_runner = ThinkerRunner(
+        thinker, config, max_batch=stages_cfg.thinker.max_batch, max_len=stages_cfg.thinker.max_model_len
+    )
+    has_talker = bool(config.enable_audio_output)
+    stages: dict[str, Any] = {}
+    to_talker = _unbound_report
+    if has_talker:
+        talker = load_stage(path, "talker", device=stages_cfg.talker.device, dtype=stages_cfg.talker.dtype).model
+        code2wav = load_stage(path, "code2wav", device=stages_cfg.code2wav.device, dtype=stages_cfg.code2wav.dtype).model
+        with torch.inference_mode():
+            tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
+            tts_embeds = thinker_runner.embed(tts_ids)
+            talker_runner = TalkerRunner(
+                talker,
+                config,
+                tts_embeds,
+                max_batch=stages_cfg.talker.max_batch,
+                # A reply's talker sequence: the user turns plus one row per frame.
+                max_len=stages_cfg.thinker.max_model_len + stages_cfg.talker.max_frames + 16,
+            )
+            code2wav_runner = Code2WavRunner(code2wav)
+        code2wav_stage = Code2WavStage(code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics)
+        talker_stage = TalkerStage(talker_runner, stages_cfg.talker, code2wav_stage.inbox.put, _unbound_report, metrics)
+        to_talker = talker_stage.inbox.put
+        stages = {"talker": talker_stage, "code2wav": code2wav_stage}
+    eos_ids = {config.im_end_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+    thinker_stage = ThinkerStage(
+        thinker_runner, stages_cfg.thinker, tokenizer, eos_ids, to_talker, _unbound_report, metrics
+    )
+    speakers = tuple(sorted((config.talker_config.speaker_id or {}) if has_talker else {}))
+    info = ModelInfo(
+        model_id=model,
+        is_random_weights=is_tiny,
+        description=TINY_DESCRIPTION if is_tiny else f"Qwen3-Omni checkpoint at {path}",
+        max_model_len=stages_cfg.thinker.max_model_len,
+        speakers=speakers,
+        codec_frame_samples=code2wav_runner.samples_per_frame if has_talker else 0,
+    )
+    prompt_builder = PromptBuilder(tokenizer, features, n_window=config.thinker_config.audio_config.n_window)
+    return {
+        "info": info,
+        "profile": profile,
+        "prompt_builder": prompt_builder,
+        "stages": {"thinker": thinker_stage, **stages},
+        "metrics": metrics,
+        "has_talker": has_talker,
+    }

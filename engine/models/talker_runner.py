@@ -1,0 +1,132 @@
+"""The Talker's tensor work: prompt projection, batched decode of codebook 0, and the code predictor.
+
+Owns the Talker model and its KV cache. The math follows transformers'
+`Qwen3OmniMoeForConditionalGeneration.generate` and the talker's
+`prepare_inputs_for_generation`, reorganised so that rows arrive one text token
+at a time and requests of different lengths share each forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.models.kv_cache import SlotKVCache, cache_kwarg
+from engine.models.sampler import RowSampling, sample
+
+
+class TalkerRunner:
+    def __init__(self, talker: torch.nn.Module, config, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int) -> None:
+        """`tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden])."""
+        self.talker = talker
+        self.config = config
+        tc = config.talker_config
+        param = next(talker.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.codec_embedding = talker.model.codec_embedding
+        self.predictor = talker.code_predictor
+        self.num_code_groups = tc.num_code_groups
+        self.codec_eos_id = tc.codec_eos_token_id
+        self.multimodal_ids = torch.tensor(
+            [config.thinker_config.audio_token_id, config.thinker_config.image_token_id, config.thinker_config.video_token_id],
+            device=self.device,
+        )
+        self.user_token_id = config.user_token_id
+        self.im_start_id = config.im_start_token_id
+        self.assistant_token_id = config.assistant_token_id
+        self.codec_prefix = [tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id]
+        self.codec_suffix = [tc.codec_pad_id, tc.codec_bos_id]
+        self.speaker_ids: dict[str, int] = dict(tc.speaker_id or {})
+        vocab = tc.text_config.vocab_size
+        # The top 1024 ids are control codes that are never sampled, except codec EOS.
+        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        self.suppress[vocab - 1024 :] = True
+        self.suppress[self.codec_eos_id] = False
+        self.tts_bos, self.tts_eos, self.tts_pad = self.text_projection(tts_embeds.to(self.device, self.dtype))
+        text_config = tc.text_config
+        self.kv = SlotKVCache(
+            num_layers=text_config.num_hidden_layers,
+            num_slots=max_batch,
+            num_kv_heads=text_config.num_key_value_heads,
+            head_dim=text_config.head_dim,
+            max_len=max_len,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self._cache_kw = cache_kwarg(talker.model)
+        self._predictor_cache_kw = cache_kwarg(self.predictor.model)
+
+    def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
+        return self.talker.text_projection(thinker_embeds.to(self.device, self.dtype))
+
+    def prompt_embeds(
+        self, token_ids: list[int], embeds: torch.Tensor, hidden: torch.Tensor, first_text: torch.Tensor, speaker: str
+    ) -> torch.Tensor:
+        """The talker prompt: the user turns, then the assistant header with the first text token. [L, H]"""
+        ids = torch.tensor(token_ids, device=self.device)
+        embeds, hidden = embeds.to(self.device, self.dtype), hidden.to(self.device, self.dtype)
+        # A token belongs to the turn opened by the last <|im_start|> before it; its role is the next id.
+        positions = torch.arange(len(ids), device=self.device)
+        starts = torch.where(ids == self.im_start_id, positions, torch.full_like(positions, -1)).cummax(0).values
+        roles = ids[(starts.clamp_min(0) + 1).clamp_max(len(ids) - 1)]
+        user = (roles == self.user_token_id) & (starts >= 0)
+        multimodal = torch.isin(ids, self.multimodal_ids)
+        rows = torch.where(
+            multimodal[user].unsqueeze(-1),
+            self.talker.hidden_projection(hidden[user]),
+            self.talker.text_projection(embeds[user]),
+        )
+        header = int(torch.nonzero((ids[:-1] == self.im_start_id) & (ids[1:] == self.assistant_token_id))[-1])
+        assistant = self.talker.text_projection(torch.cat([embeds[header:], first_text.to(self.device, self.dtype)[None]]))
+        text_track = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
+        codec_ids = torch.tensor(self.codec_prefix + [self.speaker_ids[speaker]] + self.codec_suffix, device=self.device)
+        codec_track = torch.cat([torch.zeros(3, text_track.shape[-1], device=self.device, dtype=self.dtype), self.codec_embedding(codec_ids)])
+        return torch.cat([rows, text_track + codec_track])
+
+    def prefill(self, slot: int, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> logits [V], last hidden [H]."""
+        hidden = self._forward(prompt[None], self.kv.batch([slot], [0], prompt.shape[0]))
+        return self.talker.codec_head(hidden[0, -1]), hidden[0, -1]
+
+    def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """inputs [B, H] -> logits [B, V], last hidden [B, H]."""
+        hidden = self._forward(inputs[:, None], self.kv.batch(slots, positions, 1))[:, -1]
+        return self.talker.codec_head(hidden), hidden
+
+    def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
+        out = self.talker.model(
+            inputs_embeds=embeds,
+            attention_mask=view.attention_mask(embeds.dtype),
+            position_ids=view.position_ids(),
+            use_cache=True,
+            **{self._cache_kw: view},
+        )
+        return out.last_hidden_state
+
+    def residual_codes(
+        self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: list[RowSampling]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebooks 1..15 for each row, and the summed codec embedding of the whole frame.
+
+        past_hidden [B, H], code0 [B] -> codes [B, num_code_groups], next talker input [B, H]
+        """
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.predictor.config)
+        kw = {self._predictor_cache_kw: cache, "use_cache": True}
+        first = self.codec_embedding(code0)
+        step_input = torch.stack([past_hidden, first], dim=1)
+        codes, total = [code0], first
+        for group in range(self.num_code_groups - 1):
+            hidden = self.predictor.model(inputs_embeds=step_input, **kw).last_hidden_state[:, -1]
+            code = sample(self.predictor.lm_head[group](hidden), rows)
+            codes.append(code)
+            embed = self.predictor.model.codec_embedding[group](code)
+            total = total + embed
+            step_input = embed[:, None]
+        return torch.stack(codes, dim=1), total
+
+    def mask_logits(self, logits: torch.Tensor, *, allow_eos: bool) -> torch.Tensor:
+        suppress = self.suppress.clone() if not allow_eos else self.suppress
+        if not allow_eos:
+            suppress[self.codec_eos_id] = True
+        return logits.masked_fill(suppress, float("-inf"))

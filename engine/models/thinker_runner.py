@@ -1,0 +1,100 @@
+"""The Thinker's tensor work: prefill one prompt (text + audio), decode a batch of slots one token each.
+
+Owns the Thinker model and its KV cache. Scheduling lives in `engine/stages/thinker.py`.
+The Thinker stays behind this small interface (prefill, decode, rows out) so another
+backend (e.g. vLLM on a GPU host) can take its place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.kv_cache import SlotKVCache, cache_kwarg
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillOut:
+    logits: torch.Tensor  # [V] for the last prompt position
+    embeds: torch.Tensor  # [L, H] layer-0 rows (audio merged in)
+    hidden: torch.Tensor | None  # [L, H] rows of `capture_layer`, when asked for
+
+
+class ThinkerRunner:
+    def __init__(self, thinker: torch.nn.Module, config, *, max_batch: int, max_len: int) -> None:
+        self.thinker = thinker
+        # transformers 5.2x nests the text decoder under `model.language_model`.
+        self.text_model = getattr(thinker.model, "language_model", thinker.model)
+        self.audio_token_id = config.thinker_config.audio_token_id
+        self.n_window = config.thinker_config.audio_config.n_window
+        # hidden_states[k] is the output of decoder layer k-1 (index 0 is the embedding).
+        self.capture_layer = config.talker_config.accept_hidden_layer - 1
+        text_config = config.thinker_config.text_config
+        param = next(thinker.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.kv = SlotKVCache(
+            num_layers=text_config.num_hidden_layers,
+            num_slots=max_batch,
+            num_kv_heads=text_config.num_key_value_heads,
+            head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads,
+            max_len=max_len,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self._cache_kw = cache_kwarg(self.text_model)
+        self._captured: list[torch.Tensor] = []
+        self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
+        self._capturing = False
+
+    def _capture(self, module, args, output) -> None:
+        if self._capturing:
+            self._captured.append(output[0] if isinstance(output, tuple) else output)
+
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        return self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device))
+
+    def prefill(self, slot: int, token_ids: list[int], audio_features: list[torch.Tensor], want_hidden: bool) -> PrefillOut:
+        ids = torch.tensor([token_ids], device=self.device)
+        embeds = self.text_model.embed_tokens(ids)
+        if audio_features:
+            embeds = self._merge_audio(ids, embeds, audio_features)
+        view = self.kv.batch([slot], [0], len(token_ids))
+        self._capturing, self._captured = want_hidden, []
+        try:
+            out = self._forward(embeds, view)
+        finally:
+            self._capturing = False
+        logits = self.thinker.lm_head(out[:, -1])
+        hidden = self._captured[0][0] if want_hidden else None
+        return PrefillOut(logits=logits[0], embeds=embeds[0], hidden=hidden)
+
+    def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
+        """One token for each slot at its position -> logits [B, V]."""
+        embeds = self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device)).unsqueeze(1)
+        out = self._forward(embeds, self.kv.batch(slots, positions, 1))
+        return self.thinker.lm_head(out[:, -1])
+
+    def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
+        out = self.text_model(
+            inputs_embeds=embeds,
+            attention_mask=view.attention_mask(embeds.dtype),
+            position_ids=view.position_ids(),
+            use_cache=True,
+            **{self._cache_kw: view},
+        )
+        return out.last_hidden_state
+
+    def _merge_audio(self, ids: torch.Tensor, embeds: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:
+        lengths = torch.tensor([f.shape[-1] for f in features], device=self.device)
+        batch = torch.zeros(len(features), features[0].shape[0], int(lengths.max()), device=self.device, dtype=self.dtype)
+        mask = torch.zeros(len(features), int(lengths.max()), dtype=torch.long, device=self.device)
+        for i, f in enumerate(features):
+            batch[i, :, : f.shape[-1]] = f.to(self.device, self.dtype)
+            mask[i, : f.shape[-1]] = 1
+        audio = self.thinker.get_audio_features(batch, feature_attention_mask=mask).last_hidden_state
+        positions = ids[0] == self.audio_token_id
+        assert int(positions.sum()) == audio.shape[0], (int(positions.sum()), audio.shape)
+        embeds = embeds.clone()
+        embeds[0, positions] = audio.to(embeds.dtype)
+        return embeds

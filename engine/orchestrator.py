@@ -1,0 +1,258 @@
+"""Request lifecycle across stages: submit, stream, abort; owns the per-request records.
+
+Stages run in their own threads and report here through the event loop; each
+request's events leave through its own queue, and `Finished` goes out once the
+Thinker is done and (for audio) Code2Wav has sent the last chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.api import (
+    SAMPLE_RATE_HZ,
+    AudioChunk,
+    EngineError,
+    EngineRequest,
+    Failed,
+    Finished,
+    ModelInfo,
+    OutputEvent,
+    TextDelta,
+    Timings,
+)
+from engine.handoff import Abort, AudioFinished, StageFailed, ThinkerFinished, ThinkerJob
+from engine.metrics import EngineMetrics
+from engine.profile import DeployProfile
+from engine.prompt import PromptBuilder
+from engine.stages.base import Stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request: EngineRequest
+    queue: asyncio.Queue[OutputEvent]
+    submitted_at: float
+    prompt_tokens: int
+    first_text_at: float | None = None
+    first_audio_at: float | None = None
+    last_audio_at: float | None = None
+    audio_samples: int = 0
+    thinker: ThinkerFinished | None = None
+    audio: AudioFinished | None = None
+    done: bool = False
+
+
+class RequestStream:
+    """Async iterator over one request's events; closing it early aborts the request."""
+
+    def __init__(self, engine: Orchestrator, record: RequestRecord) -> None:
+        self._engine = engine
+        self._record = record
+        self.request_id = record.request.request_id
+        self._ended = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> OutputEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event = await self._record.queue.get()
+        if isinstance(event, (Finished, Failed)):
+            self._ended = True
+        return event
+
+    async def aclose(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._engine.abort(self.request_id)
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        info: ModelInfo,
+        profile: DeployProfile,
+        prompt_builder: PromptBuilder,
+        stages: dict[str, Stage],
+        metrics: EngineMetrics,
+        has_talker: bool,
+    ) -> None:
+        self.info = info
+        self.profile = profile
+        self.prompt_builder = prompt_builder
+        self.stages = stages
+        self.metrics = metrics
+        self.registry = metrics.registry
+        self.has_talker = has_talker
+        self.records: dict[str, RequestRecord] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Orchestrator:
+        from engine.models.build import build_engine_parts
+
+        return cls(**build_engine_parts(model, profile, cache_dir))
+
+    # -- lifecycle
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        for stage in self.stages.values():
+            stage.report = self._report_threadsafe
+            stage.start()
+
+    async def stop(self) -> None:
+        for stage in self.stages.values():
+            await asyncio.to_thread(stage.stop)
+        for record in list(self.records.values()):
+            self._close(record, Failed(record.request.request_id, "server shutting down"))
+
+    def num_active_requests(self) -> int:
+        return len(self.records)
+
+    def stage_load(self) -> dict[str, int]:
+        """Requests each stage still holds (running or waiting)."""
+        return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
+
+    # -- requests
+    async def submit(self, request: EngineRequest) -> RequestStream:
+        assert self._loop is not None, "engine not started"
+        rid = request.request_id
+        if rid in self.records:
+            raise EngineError(f"request id {rid} is already in use")
+        speaker = (request.speaker or self.profile.stages.talker.default_speaker).lower()
+        if request.want_audio:
+            if not self.has_talker:
+                raise EngineError("this model has no talker: ask for text only")
+            if speaker not in self.info.speakers:
+                raise EngineError(f"unknown voice {request.speaker!r}; available: {', '.join(self.info.speakers)}")
+        cfg = self.profile.stages.thinker
+        sp = request.sampling
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.default_max_tokens
+        if max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1")
+        prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
+        prompt_len = len(prompt.token_ids)
+        if prompt_len + 1 > cfg.max_model_len:
+            raise EngineError(
+                f"the prompt is {prompt_len} tokens; this model's context is {cfg.max_model_len} tokens",
+                code="context_length_exceeded",
+            )
+        if sp.max_tokens is None:
+            max_tokens = min(max_tokens, cfg.max_model_len - prompt_len)
+        elif prompt_len + max_tokens > cfg.max_model_len:
+            raise EngineError(
+                f"the prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds this model's "
+                f"context of {cfg.max_model_len} tokens",
+                code="context_length_exceeded",
+            )
+        record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len)
+        self.records[rid] = record
+        self.metrics.active.set(len(self.records))
+        self.stages["thinker"].inbox.put(
+            ThinkerJob(
+                request_id=rid,
+                token_ids=prompt.token_ids,
+                audio_features=prompt.audio_features,
+                want_audio=request.want_audio,
+                speaker=speaker,
+                max_tokens=max_tokens,
+                temperature=sp.temperature if sp.temperature is not None else cfg.sampling.temperature,
+                top_p=sp.top_p if sp.top_p is not None else cfg.sampling.top_p,
+                top_k=cfg.sampling.top_k,
+                seed=sp.seed,
+            )
+        )
+        log.info("request %s submitted: %d prompt tokens, audio=%s", rid, prompt_len, request.want_audio)
+        return RequestStream(self, record)
+
+    def abort(self, request_id: str) -> None:
+        record = self.records.get(request_id)
+        for stage in self.stages.values():
+            stage.inbox.put(Abort(request_id))
+        if record is not None:
+            log.info("request %s aborted", request_id)
+            self.metrics.requests.labels("aborted").inc()
+            self._close(record, Failed(request_id, "aborted"))
+
+    # -- stage reports (stage threads -> event loop)
+    def _report_threadsafe(self, item: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._on_report, item)
+
+    def _on_report(self, item: Any) -> None:
+        record = self.records.get(item.request_id)
+        if record is None:  # aborted or failed already
+            return
+        now = time.perf_counter()
+        if isinstance(item, TextDelta):
+            if record.first_text_at is None:
+                record.first_text_at = now
+                self.metrics.ttft.observe(now - record.submitted_at)
+            record.queue.put_nowait(item)
+        elif isinstance(item, AudioChunk):
+            if item.samples.size:
+                if record.first_audio_at is None:
+                    record.first_audio_at = now
+                    self.metrics.ttfp.observe(now - record.submitted_at)
+                elif record.last_audio_at is not None:
+                    self.metrics.chunk_gap.observe(now - record.last_audio_at)
+                record.last_audio_at = now
+                record.audio_samples += item.samples.size
+                record.queue.put_nowait(item)
+        elif isinstance(item, ThinkerFinished):
+            record.thinker = item
+        elif isinstance(item, AudioFinished):
+            record.audio = item
+        elif isinstance(item, StageFailed):
+            log.error("request %s failed: %s", item.request_id, item.reason)
+            self.metrics.requests.labels("failed").inc()
+            for stage in self.stages.values():
+                stage.inbox.put(Abort(item.request_id))
+            self._close(record, Failed(item.request_id, item.reason))
+            return
+        if record.thinker is not None and (record.audio is not None or not record.request.want_audio):
+            self._finish(record, now)
+
+    def _finish(self, record: RequestRecord, now: float) -> None:
+        assert record.thinker is not None
+        t0 = record.submitted_at
+        timings = Timings(
+            ttft_s=None if record.first_text_at is None else record.first_text_at - t0,
+            ttfp_s=None if record.first_audio_at is None else record.first_audio_at - t0,
+            total_s=now - t0,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.thinker.completion_tokens,
+            codec_frames=record.audio.codec_frames if record.audio else 0,
+            audio_samples=record.audio_samples,
+        )
+        if record.audio_samples and record.last_audio_at is not None:
+            self.metrics.rtf.observe((record.last_audio_at - t0) / (record.audio_samples / SAMPLE_RATE_HZ))
+        self.metrics.requests.labels("completed").inc()
+        log.info(
+            "request %s finished (%s): %d tokens, %d frames, ttfp=%s total=%.3fs",
+            record.request.request_id,
+            record.thinker.finish_reason,
+            timings.completion_tokens,
+            timings.codec_frames,
+            f"{timings.ttfp_s:.3f}s" if timings.ttfp_s is not None else "-",
+            timings.total_s,
+        )
+        self._close(record, Finished(record.request.request_id, record.thinker.finish_reason, timings))
+
+    def _close(self, record: RequestRecord, event: OutputEvent) -> None:
+        if record.done:
+            return
+        record.done = True
+        self.records.pop(record.request.request_id, None)
+        self.metrics.active.set(len(self.records))
+        record.queue.put_nowait(event)

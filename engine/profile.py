@@ -1,0 +1,213 @@
+"""Deploy profiles: YAML -> frozen, validated config; platform deltas; CLI overrides.
+
+Nothing downstream reads YAML or the environment. A wrong key or value stops
+start-up with the key's path, e.g. `stages.talker.max_batch: must be >= 1`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PLATFORMS = ("cpu", "cuda", "rocm", "xpu", "npu")
+
+
+class ProfileError(ValueError):
+    pass
+
+
+def _at_least(lo: float) -> dict[str, Any]:
+    return {"min": lo}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingConfig:
+    temperature: float = field(default=0.7, metadata=_at_least(0.0))
+    top_p: float = field(default=0.8, metadata={"min": 0.0, "max": 1.0})
+    top_k: int = field(default=20, metadata=_at_least(0))
+    repetition_penalty: float = field(default=1.0, metadata=_at_least(1.0))
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkerConfig:
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = field(default=8, metadata=_at_least(1))
+    max_model_len: int = field(default=2048, metadata=_at_least(16))
+    default_max_tokens: int = field(default=256, metadata=_at_least(1))
+    ignore_eos: bool = False
+    enforce_eager: bool = True
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerConfig:
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = field(default=16, metadata=_at_least(1))
+    replicas: int = field(default=1, metadata=_at_least(1))
+    max_frames: int = field(default=4096, metadata=_at_least(1))
+    ignore_eos: bool = False
+    enforce_eager: bool = True
+    default_speaker: str = "ethan"
+    sampling: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(temperature=0.9, top_p=1.0, top_k=50, repetition_penalty=1.05)
+    )
+    code_sampling: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(temperature=0.9, top_p=0.8, top_k=50)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Code2WavConfig:
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = field(default=16, metadata=_at_least(1))
+    replicas: int = field(default=1, metadata=_at_least(1))
+    enforce_eager: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkConfig:
+    """How codec frames are cut for Code2Wav. Off = one decode when the Talker finishes."""
+
+    enabled: bool = True
+    initial_chunk_frames: int = field(default=4, metadata=_at_least(1))
+    chunk_frames: int = field(default=25, metadata=_at_least(1))
+    left_context_frames: int = field(default=25, metadata=_at_least(1))
+
+
+@dataclass(frozen=True, slots=True)
+class StagesConfig:
+    thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
+    talker: TalkerConfig = field(default_factory=TalkerConfig)
+    code2wav: Code2WavConfig = field(default_factory=Code2WavConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class DeployProfile:
+    name: str
+    model: str = "tiny"
+    load_format: Literal["auto", "dummy"] = "auto"
+    stages: StagesConfig = field(default_factory=StagesConfig)
+    async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
+
+
+def detect_platform() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "rocm" if torch.version.hip else "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    return "cpu"
+
+
+def default_profile_path(model: str) -> Path:
+    return CONFIG_DIR / ("tiny.yaml" if model == "tiny" else "qwen3_omni_moe.yaml")
+
+
+def load_profile(
+    path: Path | None = None,
+    *,
+    model: str = "tiny",
+    platform: str | None = None,
+    stage_overrides: str | dict[str, Any] | None = None,
+) -> DeployProfile:
+    """Read a profile, merge its delta for `platform`, then the CLI's stage overrides."""
+    path = path or default_profile_path(model)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ProfileError(f"{path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: top level must be a mapping")
+    raw = copy.deepcopy(raw)
+    raw.setdefault("name", path.stem)
+    deltas = raw.pop("platforms", None) or {}
+    _check_mapping(deltas, "platforms")
+    for key in deltas:
+        if key not in PLATFORMS:
+            raise ProfileError(f"platforms.{key}: unknown platform (expected one of {', '.join(PLATFORMS)})")
+    platform = platform or detect_platform()
+    raw = _deep_merge(raw, deltas.get(platform) or {}, f"platforms.{platform}")
+    if stage_overrides:
+        if isinstance(stage_overrides, str):
+            try:
+                stage_overrides = json.loads(stage_overrides)
+            except json.JSONDecodeError as e:
+                raise ProfileError(f"--stage-overrides: not valid JSON ({e})") from e
+        _check_mapping(stage_overrides, "--stage-overrides")
+        raw["stages"] = _deep_merge(raw.get("stages") or {}, stage_overrides, "stages")
+    return _build(DeployProfile, raw, "")
+
+
+def _check_mapping(value: Any, where: str) -> None:
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: must be a mapping, got {type(value).__name__}")
+
+
+def _deep_merge(base: dict[str, Any], delta: dict[str, Any], where: str) -> dict[str, Any]:
+    _check_mapping(delta, where)
+    out = dict(base)
+    for key, value in delta.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value, f"{where}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    _check_mapping(raw, path or "profile")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        key_path = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            raise ProfileError(f"{key_path}: unknown key (expected one of {', '.join(fields)})")
+        kwargs[key] = _coerce(hints[key], value, fields[key].metadata, key_path)
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, meta: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ProfileError(f"{path}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        raise AssertionError(f"unions are not used in profiles: {path}")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ProfileError(f"{path}: must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProfileError(f"{path}: must be an integer, got {value!r}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProfileError(f"{path}: must be a number, got {value!r}")
+        value = float(value)
+    elif hint is str:
+        if not isinstance(value, str) or not value:
+            raise ProfileError(f"{path}: must be a non-empty string, got {value!r}")
+        return value
+    if "min" in meta and value < meta["min"]:
+        raise ProfileError(f"{path}: must be >= {meta['min']}, got {value}")
+    if "max" in meta and value > meta["max"]:
+        raise ProfileError(f"{path}: must be <= {meta['max']}, got {value}")
+    return value

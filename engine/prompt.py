@@ -1,0 +1,80 @@
+"""Chat messages -> Thinker prompt: token ids in Qwen3-Omni's chat format plus log-mel audio features.
+
+Audio goes through the same 16 kHz, 128-bin log-mel features the Qwen3-Omni
+processor computes (its WhisperFeatureExtractor, with the processor's settings),
+and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
+frame + `<|audio_end|>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart
+
+AUDIO_START = "<|audio_start|>"
+AUDIO_PAD = "<|audio_pad|>"
+AUDIO_END = "<|audio_end|>"
+MAX_AUDIO_SECONDS = 600
+
+
+def audio_output_frames(num_mel_frames: int, n_window: int = 50) -> int:
+    """The audio encoder's output length for `num_mel_frames` inputs (Qwen3-Omni's formula)."""
+    chunk = n_window * 2
+    leave = num_mel_frames % chunk
+    feat = (leave - 1) // 2 + 1
+    return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (num_mel_frames // chunk) * 13
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    token_ids: list[int]
+    # One entry per audio clip, in prompt order: [128, frames] log-mel features.
+    audio_features: list[torch.Tensor] = field(default_factory=list)
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer, feature_extractor, *, n_window: int) -> None:
+        self.tokenizer = tokenizer
+        self.feature_extractor = feature_extractor
+        self.n_window = n_window
+        self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+
+    def build(self, messages: tuple[Message, ...]) -> Prompt:
+        ids: list[int] = []
+        features: list[torch.Tensor] = []
+        for message in messages:
+            ids += self._encode(f"<|im_start|>{message.role}\n")
+            for part in message.content:
+                if isinstance(part, TextPart):
+                    ids += self._encode(part.text)
+                elif isinstance(part, AudioPart):
+                    mel = self._features(part.samples)
+                    features.append(mel)
+                    pads = AUDIO_PAD * audio_output_frames(mel.shape[-1], self.n_window)
+                    ids += self._encode(AUDIO_START + pads + AUDIO_END)
+            ids += self._encode("<|im_end|>\n")
+        ids += self._encode("<|im_start|>assistant\n")
+        return Prompt(token_ids=ids, audio_features=features)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _features(self, samples: np.ndarray) -> torch.Tensor:
+        if samples.ndim != 1 or samples.size < INPUT_SAMPLE_RATE_HZ // 100:
+            raise EngineError("input audio must be mono and at least 10 ms long")
+        if samples.size > MAX_AUDIO_SECONDS * INPUT_SAMPLE_RATE_HZ:
+            raise EngineError(f"input audio is longer than {MAX_AUDIO_SECONDS} s")
+        out = self.feature_extractor(
+            samples.astype(np.float32),
+            sampling_rate=INPUT_SAMPLE_RATE_HZ,
+            padding=True,
+            truncation=False,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        valid = int(out["attention_mask"][0].sum())
+        return out["input_features"][0, :, :valid]

@@ -1,0 +1,95 @@
+"""The loop every stage runs in its own thread: drain the inbox, take one step, report.
+
+A step is one batched forward over the requests that are ready. Requests join
+and leave between steps; an `Abort` in the inbox frees a request before the next
+step. A failing step fails the requests in it, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from engine.handoff import Abort, Inbox, StageFailed
+from engine.metrics import EngineMetrics
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[Any], None]
+_IDLE_WAIT_S = 0.05
+
+
+class Stage(ABC):
+    name: str
+
+    def __init__(self, report: Report, metrics: EngineMetrics) -> None:
+        self.inbox = Inbox()
+        self.report = report
+        self.metrics = metrics
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what a stage implements
+    @abstractmethod
+    def accept(self, item: Any) -> None: ...
+
+    @abstractmethod
+    def release(self, request_id: str) -> None:
+        """Forget a request and free what it holds; no-op when unknown."""
+
+    @abstractmethod
+    def has_work(self) -> bool: ...
+
+    @abstractmethod
+    def step(self) -> list[str]:
+        """One forward; returns the request ids in it (failed together if it raises)."""
+
+    @abstractmethod
+    def num_waiting(self) -> int: ...
+
+    @abstractmethod
+    def num_running(self) -> int: ...
+
+    # -- the loop
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"stage-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while not self._stop.is_set():
+                for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):
+                    if isinstance(item, Abort):
+                        self.release(item.request_id)
+                    else:
+                        self.accept(item)
+                if self.has_work():
+                    self._step_safely()
+                self.metrics.queue_depth.labels(self.name).set(self.num_waiting())
+                self.metrics.running.labels(self.name).set(self.num_running())
+
+    def _step_safely(self) -> None:
+        batch: list[str] = []
+        try:
+            batch = self.step()
+            if batch:
+                self.metrics.batch_size.labels(self.name).observe(len(batch))
+        except Exception as e:  # a bad batch must not take the stage down
+            log.exception("%s step failed", self.name)
+            failed = batch or self._current_batch()
+            for request_id in failed:
+                self.release(request_id)
+                self.report(StageFailed(request_id, f"{self.name} failed: {type(e).__name__}: {e}"))
+
+    def _current_batch(self) -> list[str]:
+        return list(getattr(self, "last_batch", []))

@@ -1,0 +1,109 @@
+"""Code2Wav stage: cuts each reply's codec frames into chunks and decodes ready chunks in one batch.
+
+Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first
+packet, then `chunk_frames`, each decoded with `left_context_frames` of context.
+Chunk boundaries depend only on frame counts, never on timing, so a reply's audio
+is the same however the stages interleave. Async chunk off: one decode when the
+Talker finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.api import AudioChunk
+from engine.handoff import AudioFinished, CodecFrames
+from engine.metrics import EngineMetrics
+from engine.models.code2wav_runner import Code2WavRunner
+from engine.profile import ChunkConfig, Code2WavConfig
+from engine.stages.base import Report, Stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Code2WavSeq:
+    request_id: str
+    pieces: list[torch.Tensor] = field(default_factory=list)
+    num_frames: int = 0
+    decoded_frames: int = 0
+    is_final: bool = False
+
+    def frames(self) -> torch.Tensor:
+        if len(self.pieces) > 1:
+            self.pieces = [torch.cat(self.pieces, dim=1)]
+        return self.pieces[0]
+
+
+class Code2WavStage(Stage):
+    """Owns each reply's frame buffer and chunk position; the runner owns the model."""
+
+    name = "code2wav"
+
+    def __init__(
+        self, runner: Code2WavRunner, cfg: Code2WavConfig, chunks: ChunkConfig, report: Report, metrics: EngineMetrics
+    ) -> None:
+        super().__init__(report, metrics)
+        self.runner = runner
+        self.cfg = cfg
+        self.chunks = chunks
+        self.seqs: dict[str, Code2WavSeq] = {}
+        self.last_batch: list[str] = []
+
+    def accept(self, item: CodecFrames) -> None:
+        seq = self.seqs.setdefault(item.request_id, Code2WavSeq(item.request_id))
+        if item.frames.shape[1]:
+            seq.pieces.append(item.frames)
+            seq.num_frames += item.frames.shape[1]
+        seq.is_final = seq.is_final or item.is_final
+
+    def release(self, request_id: str) -> None:
+        self.seqs.pop(request_id, None)
+
+    def _next_end(self, seq: Code2WavSeq) -> int | None:
+        """End frame of the next chunk to decode, or None when it is not ready yet."""
+        pending = seq.num_frames - seq.decoded_frames
+        if not self.chunks.enabled:
+            return seq.num_frames if seq.is_final else None
+        size = self.chunks.initial_chunk_frames if seq.decoded_frames == 0 else self.chunks.chunk_frames
+        if pending >= size:
+            return seq.decoded_frames + size
+        return seq.num_frames if seq.is_final else None
+
+    def has_work(self) -> bool:
+        return any(self._next_end(s) is not None for s in self.seqs.values())
+
+    def num_waiting(self) -> int:
+        return sum(self._next_end(s) is None for s in self.seqs.values())
+
+    def num_running(self) -> int:
+        return len(self.seqs)
+
+    def step(self) -> list[str]:
+        ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
+        ready = ready[: self.cfg.max_batch]
+        self.last_batch = [s.request_id for s, _ in ready]
+        # final with every frame decoded already: only the end of the stream is left to send
+        closing = [s for s, end in ready if end == s.decoded_frames]
+        to_decode = [(s, end) for s, end in ready if end > s.decoded_frames]
+        if to_decode:
+            windows = [self.runner.window(s.decoded_frames, end, self.chunks.left_context_frames) for s, end in to_decode]
+            audio = self.runner.decode_windows([s.frames() for s, _ in to_decode], windows)
+            for (seq, end), window, samples in zip(to_decode, windows, audio):
+                seq.decoded_frames = end
+                self._emit(seq, window.emit_start, samples.numpy())
+        for seq in closing:
+            end_sample = seq.num_frames * self.runner.samples_per_frame - self.runner.tail_samples
+            self._emit(seq, max(0, end_sample), np.zeros(0, dtype=np.float32))
+        return self.last_batch
+
+    def _emit(self, seq: Code2WavSeq, sample_offset: int, samples: np.ndarray) -> None:
+        is_last = seq.is_final and seq.decoded_frames == seq.num_frames
+        self.report(AudioChunk(seq.request_id, samples, sample_offset, is_last))
+        if is_last:
+            self.release(seq.request_id)
+            self.report(AudioFinished(seq.request_id, seq.num_frames))

@@ -1,0 +1,182 @@
+"""Talker stage: turns the Thinker's rows into codec frames, batching every request that is ready.
+
+A request is prefilled once its prompt rows and first text token have arrived.
+Each later step consumes one more text row (or tts_eos, then tts_pad once the
+Thinker is done); a request whose next row has not arrived sits the step out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.handoff import CodecFrames, ThinkerDone, ThinkerPrompt, ThinkerToken
+from engine.metrics import EngineMetrics
+from engine.models.sampler import RowSampling, apply_repetition_penalty, make_generator, sample
+from engine.models.talker_runner import TalkerRunner
+from engine.profile import TalkerConfig
+from engine.stages.base import Report, Stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TalkerSeq:
+    prompt: ThinkerPrompt
+    sampling: RowSampling
+    code_sampling: RowSampling
+    text_rows: deque[torch.Tensor] = field(default_factory=deque)  # thinker embeds not yet consumed
+    first_text: torch.Tensor | None = None
+    thinker_done: bool = False
+    eos_fed: bool = False
+    slot: int = -1
+    position: int = 0
+    code0: torch.Tensor | None = None  # [] the next frame's codebook-0 id
+    past_hidden: torch.Tensor | None = None  # [H]
+    history: list[int] = field(default_factory=list)
+    frames: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.prompt.request_id
+
+
+class TalkerStage(Stage):
+    """Owns the pending (not yet prefilled) and running requests; the runner owns model and KV cache."""
+
+    name = "talker"
+
+    def __init__(
+        self,
+        runner: TalkerRunner,
+        cfg: TalkerConfig,
+        to_code2wav: Callable[[Any], None],
+        report: Report,
+        metrics: EngineMetrics,
+    ) -> None:
+        super().__init__(report, metrics)
+        self.runner = runner
+        self.cfg = cfg
+        self.to_code2wav = to_code2wav
+        self.pending: dict[str, TalkerSeq] = {}
+        self.running: dict[str, TalkerSeq] = {}
+        self.last_batch: list[str] = []
+
+    def accept(self, item: Any) -> None:
+        if isinstance(item, ThinkerPrompt):
+            gen = make_generator(item.seed, self.runner.device)
+            s, c = self.cfg.sampling, self.cfg.code_sampling
+            self.pending[item.request_id] = TalkerSeq(
+                prompt=item,
+                sampling=RowSampling(s.temperature, s.top_p, s.top_k, gen),
+                code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, gen),
+            )
+            return
+        seq = self.pending.get(item.request_id) or self.running.get(item.request_id)
+        if seq is None:  # aborted meanwhile
+            return
+        if isinstance(item, ThinkerToken):
+            if seq.first_text is None:
+                seq.first_text = item.embed
+            else:
+                seq.text_rows.append(item.embed)
+        elif isinstance(item, ThinkerDone):
+            seq.thinker_done = True
+
+    def release(self, request_id: str) -> None:
+        self.pending.pop(request_id, None)
+        seq = self.running.pop(request_id, None)
+        if seq is not None:
+            self.runner.kv.free(seq.slot)
+
+    def _prefillable(self) -> TalkerSeq | None:
+        if self.runner.kv.num_free == 0:
+            return None
+        for seq in self.pending.values():
+            if seq.first_text is not None:
+                return seq
+            if seq.thinker_done:  # an empty reply has nothing to say
+                self._finish(seq)
+                return None
+        return None
+
+    def _ready(self) -> list[TalkerSeq]:
+        return [s for s in self.running.values() if s.text_rows or s.thinker_done]
+
+    def has_work(self) -> bool:
+        return bool(self._ready()) or any(s.first_text is not None or s.thinker_done for s in self.pending.values())
+
+    def num_waiting(self) -> int:
+        return len(self.pending)
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def step(self) -> list[str]:
+        seq = self._prefillable()
+        if seq is not None:
+            return self._prefill(seq)
+        return self._decode(self._ready())
+
+    def _prefill(self, seq: TalkerSeq) -> list[str]:
+        self.pending.pop(seq.request_id)
+        p = seq.prompt
+        seq.slot = self.runner.kv.allocate()
+        self.running[seq.request_id] = seq
+        self.last_batch = [seq.request_id]
+        assert seq.first_text is not None
+        prompt = self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker)
+        logits, hidden = self.runner.prefill(seq.slot, prompt)
+        seq.position = prompt.shape[0]
+        self._take_code0([seq], logits[None], hidden[None])
+        return self.last_batch
+
+    def _decode(self, seqs: list[TalkerSeq]) -> list[str]:
+        if not seqs:
+            return []
+        self.last_batch = [s.request_id for s in seqs]
+        code0 = torch.stack([s.code0 for s in seqs])
+        past_hidden = torch.stack([s.past_hidden for s in seqs])
+        codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in seqs])
+        inputs = codec_sum + torch.stack([self._next_text_row(s) for s in seqs])
+        for seq, frame in zip(seqs, codes):
+            self.to_code2wav(CodecFrames(seq.request_id, frame[:, None].cpu(), is_final=False))
+            seq.frames += 1
+        logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
+        for seq in seqs:
+            seq.position += 1
+        done = [s for s in seqs if s.frames >= self.cfg.max_frames or s.position >= self.runner.kv.max_len]
+        for seq in done:
+            self._finish(seq)
+        live = [i for i, s in enumerate(seqs) if s.request_id in self.running]
+        if live:
+            self._take_code0([seqs[i] for i in live], logits[live], hidden[live])
+        return self.last_batch
+
+    def _next_text_row(self, seq: TalkerSeq) -> torch.Tensor:
+        if seq.text_rows:
+            return self.runner.text_projection(seq.text_rows.popleft())
+        if not seq.eos_fed:
+            seq.eos_fed = True
+            return self.runner.tts_eos
+        return self.runner.tts_pad
+
+    def _take_code0(self, seqs: list[TalkerSeq], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        logits = self.runner.mask_logits(logits, allow_eos=not self.cfg.ignore_eos)
+        logits = apply_repetition_penalty(logits, [s.history for s in seqs], self.cfg.sampling.repetition_penalty)
+        tokens = sample(logits, [s.sampling for s in seqs])
+        for seq, token, h in zip(seqs, tokens, hidden):
+            if int(token) == self.runner.codec_eos_id:
+                self._finish(seq)
+                continue
+            seq.code0, seq.past_hidden = token, h
+            seq.history.append(int(token))
+
+    def _finish(self, seq: TalkerSeq) -> None:
+        self.release(seq.request_id)
+        self.to_code2wav(CodecFrames(seq.request_id, torch.zeros(self.runner.num_code_groups, 0, dtype=torch.long), True))

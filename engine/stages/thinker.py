@@ -1,0 +1,132 @@
+"""Thinker stage: schedules prefill and batched decode, streams text, feeds the Talker row by row."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api import TextDelta
+from engine.handoff import ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
+from engine.metrics import EngineMetrics
+from engine.models.sampler import RowSampling, make_generator, sample
+from engine.models.thinker_runner import ThinkerRunner
+from engine.profile import ThinkerConfig
+from engine.stages.base import Report, Stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ThinkerSeq:
+    job: ThinkerJob
+    sampling: RowSampling
+    slot: int = -1
+    position: int = 0  # tokens in the KV cache
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+class ThinkerStage(Stage):
+    """Owns the waiting queue and the running sequences; the runner owns the model and KV cache."""
+
+    name = "thinker"
+
+    def __init__(
+        self,
+        runner: ThinkerRunner,
+        cfg: ThinkerConfig,
+        tokenizer: Any,
+        eos_ids: set[int],
+        to_talker: Callable[[Any], None],
+        report: Report,
+        metrics: EngineMetrics,
+    ) -> None:
+        super().__init__(report, metrics)
+        self.runner = runner
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.eos_ids = set() if cfg.ignore_eos else eos_ids
+        self.to_talker = to_talker
+        self.waiting: deque[ThinkerSeq] = deque()
+        self.running: dict[str, ThinkerSeq] = {}
+        self.last_batch: list[str] = []
+
+    def accept(self, item: ThinkerJob) -> None:
+        gen = make_generator(item.seed, self.runner.device)
+        sampling = RowSampling(item.temperature, item.top_p, item.top_k, gen)
+        self.waiting.append(ThinkerSeq(job=item, sampling=sampling))
+
+    def release(self, request_id: str) -> None:
+        self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
+        seq = self.running.pop(request_id, None)
+        if seq is not None:
+            self.runner.kv.free(seq.slot)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or (bool(self.waiting) and self.runner.kv.num_free > 0)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def step(self) -> list[str]:
+        # prefill first: a new request's first token matters more than one more token for the others
+        if self.waiting and self.runner.kv.num_free > 0:
+            return self._prefill(self.waiting.popleft())
+        return self._decode()
+
+    def _prefill(self, seq: ThinkerSeq) -> list[str]:
+        job = seq.job
+        seq.slot = self.runner.kv.allocate()
+        self.running[job.request_id] = seq
+        self.last_batch = [job.request_id]
+        out = self.runner.prefill(seq.slot, job.token_ids, job.audio_features, want_hidden=job.want_audio)
+        seq.position = len(job.token_ids)
+        if job.want_audio:
+            assert out.hidden is not None
+            self.to_talker(
+                ThinkerPrompt(job.request_id, job.token_ids, out.embeds, out.hidden, job.speaker, job.seed)
+            )
+        token = int(sample(out.logits.unsqueeze(0), [seq.sampling])[0])
+        self._advance(seq, token)
+        return self.last_batch
+
+    def _decode(self) -> list[str]:
+        seqs = list(self.running.values())
+        self.last_batch = [s.job.request_id for s in seqs]
+        logits = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], [s.generated[-1] for s in seqs])
+        tokens = sample(logits, [s.sampling for s in seqs]).tolist()
+        for seq, token in zip(seqs, tokens):
+            seq.position += 1
+            self._advance(seq, token)
+        return self.last_batch
+
+    def _advance(self, seq: ThinkerSeq, token: int) -> None:
+        job = seq.job
+        is_eos = token in self.eos_ids
+        if not is_eos:
+            seq.generated.append(token)
+            self._emit_text(seq)
+            if job.want_audio:
+                self.to_talker(ThinkerToken(job.request_id, token, self.runner.embed([token])[0]))
+        at_limit = len(seq.generated) >= job.max_tokens or seq.position + 1 >= self.runner.kv.max_len
+        if is_eos or at_limit:
+            self.release(job.request_id)
+            if job.want_audio:
+                self.to_talker(ThinkerDone(job.request_id))
+            self.report(
+                ThinkerFinished(job.request_id, "stop" if is_eos else "length", len(job.token_ids), len(seq.generated))
+            )
+
+    def _emit_text(self, seq: ThinkerSeq) -> None:
+        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        # Hold back an incomplete multi-byte character until its next token arrives.
+        if text.endswith("\ufffd") or len(text) <= len(seq.text):
+            return
+        delta, seq.text = text[len(seq.text) :], text
+        self.report(TextDelta(seq.job.request_id, delta, (seq.generated[-1],)))

@@ -1,0 +1,66 @@
+"""`voice-gateway serve [MODEL]` and `voice-gateway bench`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from engine.api import ProfileError, create_engine, load_profile
+
+log = logging.getLogger("voice_gateway")
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", nargs="?", default="tiny",
+        help="'tiny' (built-in random weights, the default), a local checkpoint directory, "
+        "or a Hugging Face id already in the local cache (nothing is downloaded)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--deploy-config", type=Path, help="deploy profile YAML (default: picked from the model)")
+    parser.add_argument("--stage-overrides", help='JSON merged into the profile\'s stages, e.g. \'{"talker": {"max_batch": 8}}\'')
+    parser.add_argument("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
+    parser.add_argument("--log-level", default="info")
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from voice_gateway.app import create_app
+
+    try:
+        profile = load_profile(args.deploy_config, model=args.model, stage_overrides=args.stage_overrides)
+    except ProfileError as e:
+        log.error("bad deploy profile: %s", e)
+        return 2
+    log.info("deploy profile %s: %s", profile.name, profile)
+    try:
+        engine = create_engine(args.model, profile, args.cache_dir)
+    except FileNotFoundError as e:
+        log.error("%s", e)
+        return 2
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from voice_gateway.bench import add_bench_arguments, bench_main
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="voice-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_arguments(sub.add_parser("serve", help="run the server"))
+    add_bench_arguments(sub.add_parser("bench", help="load-test a running server"))
+    args = parser.parse_args(argv)
+    level = getattr(args, "log_level", "info").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        return serve(args)
+    return bench_main(args, ["voice-gateway", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

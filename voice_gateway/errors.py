@@ -1,0 +1,58 @@
+"""OpenAI's error object, and the handlers that turn every failure into it with a fitting status."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        return _response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
+        return _response(APIError(400, message, param=param, code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _response(APIError(500, "internal server error", type="server_error"))
