@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 Report = Callable[[Any], None]
 _IDLE_WAIT_S = 0.05
+# Payloads for an aborted request can still be in flight from the stage before this one.
+_ABORTED_MEMORY = 4096
 
 
 class Stage(ABC):
@@ -33,6 +36,7 @@ class Stage(ABC):
         self.metrics = metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._aborted: OrderedDict[str, None] = OrderedDict()
 
     # -- what a stage implements
     @abstractmethod
@@ -70,13 +74,19 @@ class Stage(ABC):
             while not self._stop.is_set():
                 for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):
                     if isinstance(item, Abort):
-                        self.release(item.request_id)
-                    else:
+                        self._forget(item.request_id)
+                    elif item.request_id not in self._aborted:
                         self.accept(item)
                 if self.has_work():
                     self._step_safely()
                 self.metrics.queue_depth.labels(self.name).set(self.num_waiting())
                 self.metrics.running.labels(self.name).set(self.num_running())
+
+    def _forget(self, request_id: str) -> None:
+        self.release(request_id)
+        self._aborted[request_id] = None
+        if len(self._aborted) > _ABORTED_MEMORY:
+            self._aborted.popitem(last=False)
 
     def _step_safely(self) -> None:
         batch: list[str] = []
@@ -88,7 +98,7 @@ class Stage(ABC):
             log.exception("%s step failed", self.name)
             failed = batch or self._current_batch()
             for request_id in failed:
-                self.release(request_id)
+                self._forget(request_id)
                 self.report(StageFailed(request_id, f"{self.name} failed: {type(e).__name__}: {e}"))
 
     def _current_batch(self) -> list[str]:

@@ -1,0 +1,83 @@
+"""Shared fixtures: the tiny checkpoint (built once per session) and a real server on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.models.tiny import ensure_tiny_checkpoint
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vg-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(cache_dir: Path) -> Path:
+    return ensure_tiny_checkpoint(cache_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    base_url: str
+    log_path: Path
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.base_url + path, timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(cache_dir: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen, Server]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "voice_gateway.cli", "serve", "--port", str(port), "--cache-dir", str(cache_dir), *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if server.get("/health").status_code == 200:
+                return proc, server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not start:\n{server.log()}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("server") / "server.log")
+    yield srv
+    stop_server(proc)
