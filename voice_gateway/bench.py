@@ -190,9 +190,11 @@ class StreamTimer:
         self._t_last = t
         choice = (chunk.get("choices") or [{}])[0]
         delta = choice.get("delta") or {}
-        if delta.get("content") and rec.ttft_s is None:
+        audio = delta.get("audio") or {}
+        # With audio on, OpenAI streams the text as the audio's transcript instead of `content`.
+        if (delta.get("content") or audio.get("transcript")) and rec.ttft_s is None:
             rec.ttft_s = t
-        if b64 := (delta.get("audio") or {}).get("data"):
+        if b64 := audio.get("data"):
             self._arrivals.append((t, len(base64.b64decode(b64)) / BYTES_PER_SAMPLE / SAMPLE_RATE))
             rec.ttfp_s = t if rec.ttfp_s is None else rec.ttfp_s
         rec.finish_reason = choice.get("finish_reason") or rec.finish_reason

@@ -1,0 +1,65 @@
+"""Deploy profiles: defaults, platform deltas, CLI overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.profile import CONFIG_DIR, ProfileError, load_profile
+
+
+def test_shipped_profiles_load_on_every_platform() -> None:
+    for path in CONFIG_DIR.glob("*.yaml"):
+        for platform in ("cpu", "cuda"):
+            profile = load_profile(path, platform=platform)
+            assert profile.name == path.stem
+
+
+def test_platform_delta_is_merged() -> None:
+    cpu = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cpu")
+    cuda = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
+    assert cpu.stages.thinker.device == "cpu" and cpu.stages.thinker.dtype == "float32"
+    assert cuda.stages.thinker.device == "cuda" and cuda.stages.thinker.dtype == "bfloat16"
+
+
+def test_stage_overrides_refine_one_key() -> None:
+    profile = load_profile(model="tiny", platform="cpu", stage_overrides='{"talker": {"max_batch": 3}}')
+    assert profile.stages.talker.max_batch == 3
+    assert profile.stages.talker.max_frames == 48  # the rest of the tiny profile stays
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ('{"talker": {"max_btch": 3}}', "stages.talker.max_btch: unknown key"),
+        ('{"talker": {"max_batch": 0}}', "stages.talker.max_batch: must be >= 1"),
+        ('{"talker": {"max_batch": "8"}}', "stages.talker.max_batch: must be an integer"),
+        ('{"code2wav": {"dtype": "int4"}}', "stages.code2wav.dtype: must be one of"),
+        ('{"thinker": {"sampling": {"top_p": 1.5}}}', "stages.thinker.sampling.top_p: must be <= 1.0"),
+        ('{"vocoder": {}}', "stages.vocoder: unknown key"),
+        ("{not json", "--stage-overrides: not valid JSON"),
+        ("[1, 2]", "--stage-overrides: must be a mapping"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: str, message: str) -> None:
+    with pytest.raises(ProfileError, match=message.replace("[", r"\[")):
+        load_profile(model="tiny", platform="cpu", stage_overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("async_chunk: {chunk_frames: -1}", "async_chunk.chunk_frames: must be >= 1"),
+        ("platforms: {tpu: {}}", "platforms.tpu: unknown platform"),
+        ("platforms: {cpu: {stages: {talker: {replicas: 0}}}}", "stages.talker.replicas: must be >= 1"),
+        ("load_format: safetensors", "load_format: must be one of auto, dummy"),
+        ("stages: {thinker: {enforce_eager: 1}}", "stages.thinker.enforce_eager: must be true or false"),
+        ("- a list", "top level must be a mapping"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path: Path, yaml_text: str, message: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ProfileError, match=message):
+        load_profile(path, platform="cpu")
