@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -100,7 +101,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         return StreamingResponse(
             _sse(stream, body.model, want_audio, include_usage), media_type="text/event-stream"
         )
-    return await _collect(stream, body.model, want_audio, audio_format)
+    watcher = asyncio.create_task(_abort_on_disconnect(request, stream))
+    try:
+        return await _collect(stream, body.model, want_audio, audio_format)
+    finally:
+        watcher.cancel()
+
+
+async def _abort_on_disconnect(request: Request, stream) -> None:
+    """A non-streaming client that hangs up should not keep the engine busy."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.1)
+    log.info("client of %s went away", stream.request_id)
+    await stream.aclose()
 
 
 def _message(message: ChatMessage, index: int) -> Message:

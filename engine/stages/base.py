@@ -76,11 +76,19 @@ class Stage(ABC):
                     if isinstance(item, Abort):
                         self._forget(item.request_id)
                     elif item.request_id not in self._aborted:
-                        self.accept(item)
+                        self._accept_safely(item)
                 if self.has_work():
                     self._step_safely()
                 self.metrics.queue_depth.labels(self.name).set(self.num_waiting())
                 self.metrics.running.labels(self.name).set(self.num_running())
+
+    def _accept_safely(self, item: Any) -> None:
+        try:
+            self.accept(item)
+        except Exception as e:
+            log.exception("%s could not take a payload of %s", self.name, item.request_id)
+            self._forget(item.request_id)
+            self.report(StageFailed(item.request_id, f"{self.name} failed: {type(e).__name__}: {e}"))
 
     def _forget(self, request_id: str) -> None:
         self.release(request_id)

@@ -116,6 +116,7 @@ class ThinkerStage(Stage):
                 self.to_talker(ThinkerToken(job.request_id, token, self.runner.embed([token])[0]))
         at_limit = len(seq.generated) >= job.max_tokens or seq.position + 1 >= self.runner.kv.max_len
         if is_eos or at_limit:
+            self._emit_text(seq, final=True)
             self.release(job.request_id)
             if job.want_audio:
                 self.to_talker(ThinkerDone(job.request_id))
@@ -123,10 +124,10 @@ class ThinkerStage(Stage):
                 ThinkerFinished(job.request_id, "stop" if is_eos else "length", len(job.token_ids), len(seq.generated))
             )
 
-    def _emit_text(self, seq: ThinkerSeq) -> None:
+    def _emit_text(self, seq: ThinkerSeq, final: bool = False) -> None:
         text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
         # Hold back an incomplete multi-byte character until its next token arrives.
-        if text.endswith("\ufffd") or len(text) <= len(seq.text):
+        if (text.endswith("\ufffd") and not final) or len(text) <= len(seq.text):
             return
         delta, seq.text = text[len(seq.text) :], text
         self.report(TextDelta(seq.job.request_id, delta, (seq.generated[-1],)))

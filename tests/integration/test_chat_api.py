@@ -154,6 +154,16 @@ def test_client_disconnect_frees_the_engine(server: Server) -> None:
     assert not any(health["stage_load"].values()), health
 
 
+def test_non_streaming_client_that_hangs_up_frees_the_engine(server: Server) -> None:
+    body = {"model": "tiny", "messages": MESSAGES, "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+    health = wait_idle(server, within_s=1.0)
+    assert health["active_requests"] == 0, health
+    assert not any(health["stage_load"].values()), health
+    assert "went away" in server.log()
+
+
 def _wav_b64(samples: np.ndarray, rate: int) -> str:
     buf = io.BytesIO()
     sf.write(buf, samples, rate, format="WAV", subtype="PCM_16")
