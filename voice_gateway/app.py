@@ -6,16 +6,28 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.api import Engine
-from voice_gateway.errors import install_error_handlers
+from voice_gateway.config import GatewayConfig
+from voice_gateway.errors import APIError, install_error_handlers
+from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.openai_chat import router as chat_router
+from voice_gateway.realtime.ws import router as realtime_router
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: Engine, gateway: GatewayConfig | None = None) -> FastAPI:
+    gateway = gateway or GatewayConfig()
+
+    async def require_api_key(request: Request) -> None:
+        if gateway.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if header[:7].lower() != "bearer " or header[7:].strip() != gateway.api_key:
+            raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
@@ -26,9 +38,13 @@ def create_app(engine: Engine) -> FastAPI:
 
     app = FastAPI(title="voice-gateway", lifespan=lifespan)
     app.state.engine = engine
+    app.state.gateway = gateway
+    app.state.gateway_metrics = GatewayMetrics()
+    app.state.sessions = 0
     app.state.started_at = int(time.time())
     install_error_handlers(app)
-    app.include_router(chat_router)
+    app.include_router(chat_router, dependencies=[Depends(require_api_key)])
+    app.include_router(realtime_router)
 
     @app.get("/health")
     async def health(request: Request) -> dict:
@@ -38,11 +54,13 @@ def create_app(engine: Engine) -> FastAPI:
             "model": info.model_id,
             "random_weights": info.is_random_weights,
             "active_requests": engine.num_active_requests(),
+            "active_sessions": app.state.sessions,
             "stage_load": engine.stage_load(),
         }
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(engine.registry), media_type=CONTENT_TYPE_LATEST)
+        text = generate_latest(engine.registry) + generate_latest(app.state.gateway_metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,12 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deploy-config", type=Path, help="deploy profile YAML (default: picked from the model)")
     parser.add_argument("--stage-overrides", help='JSON merged into the profile\'s stages, e.g. \'{"talker": {"max_batch": 8}}\'')
     parser.add_argument("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
+    parser.add_argument("--api-key", help="require this key (Authorization: Bearer, or the "
+                        "openai-insecure-api-key.<key> WebSocket subprotocol); default: the "
+                        "VOICE_GATEWAY_API_KEY environment variable, else no key")
+    parser.add_argument("--max-sessions", type=int, default=64, help="concurrent realtime sessions")
+    parser.add_argument("--max-session-seconds", type=float, default=1800.0)
+    parser.add_argument("--opus-bitrate", type=int, default=96_000, help="bits/s of Opus output (our extension)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -30,6 +37,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from voice_gateway.app import create_app
+    from voice_gateway.config import GatewayConfig
 
     try:
         profile = load_profile(args.deploy_config, model=args.model, stage_overrides=args.stage_overrides)
@@ -42,7 +50,24 @@ def serve(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         log.error("%s", e)
         return 2
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level.lower())
+    try:
+        gateway = GatewayConfig(
+            api_key=args.api_key or os.environ.get("VOICE_GATEWAY_API_KEY") or None,
+            max_sessions=args.max_sessions,
+            max_session_s=args.max_session_seconds,
+            opus_bitrate_bps=args.opus_bitrate,
+        )
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    uvicorn.run(
+        create_app(engine, gateway),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
+        ws_max_size=32 * 1024 * 1024,
+    )
     return 0
 
 

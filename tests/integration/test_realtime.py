@@ -1,0 +1,258 @@
+"""WS /v1/realtime with the official SDK's GA and beta clients, and a raw websockets client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+import websockets
+from openai import AsyncOpenAI
+
+from tests.conftest import Server, start_server, stop_server
+from voice_gateway.audio.opus import OpusPacket
+from voice_gateway.audio.resample import resample
+
+RATE = 24_000
+UTTERANCE = "Hello there. What is the weather like today?"
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * RATE), np.float32)
+
+
+@pytest.fixture(scope="session")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """The utterance spoken by espeak-ng, as float32 at 24 kHz."""
+    path = tmp_path_factory.mktemp("speech") / "utterance.wav"
+    subprocess.run(["espeak-ng", "-w", str(path), UTTERANCE], check=True)
+    samples, rate = sf.read(path, dtype="float32")
+    assert np.abs(samples).max() > 0.1
+    return resample(samples, rate, RATE)
+
+
+def client_for(server: Server) -> AsyncOpenAI:
+    ws_url = server.base_url.replace("http://", "ws://") + "/v1"
+    # the beta client always uses wss:// unless told where the WebSocket lives
+    return AsyncOpenAI(base_url=server.base_url + "/v1", websocket_base_url=ws_url, api_key="unused", max_retries=0)
+
+
+async def append_audio(conn, samples: np.ndarray, chunk_s: float = 0.1) -> None:
+    data = pcm16(samples)
+    step = int(chunk_s * RATE) * 2
+    for i in range(0, len(data), step):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(data[i : i + step]).decode())
+
+
+async def events_until(conn, last: str, timeout_s: float = 60) -> list:
+    seen = []
+    async with asyncio.timeout(timeout_s):
+        async for event in conn:
+            seen.append(event)
+            if event.type == last:
+                return seen
+    raise AssertionError(f"connection closed before {last}")
+
+
+def first(events: list, kind: str) -> int:
+    return next(i for i, e in enumerate(events) if e.type == kind)
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+async def test_a_spoken_turn_with_server_vad(server: Server, speech: np.ndarray, dialect: str) -> None:
+    audio_delta = "response.output_audio.delta" if dialect == "ga" else "response.audio.delta"
+    async with client_for(server) as client:
+        realtime = client.realtime if dialect == "ga" else client.beta.realtime
+        async with realtime.connect(model="tiny") as conn:
+            created = await conn.recv()
+            assert created.type == "session.created"
+            await append_audio(conn, np.concatenate([silence(0.5), speech, silence(1.0)]))
+            events = await events_until(conn, "response.done")
+    order = [first(events, k) for k in (
+        "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+        "response.created", audio_delta, "response.done")]
+    assert order == sorted(order), [e.type for e in events]
+    started = events[order[0]]
+    stopped = events[order[1]]
+    speech_ms = len(speech) * 1000 // RATE
+    assert 400 <= started.audio_start_ms <= 700  # the speech starts at 500 ms
+    assert 500 + speech_ms - 200 <= stopped.audio_end_ms <= 500 + speech_ms + 300
+    deltas = [e for e in events if e.type == audio_delta]
+    assert len(deltas) >= 2
+    done = events[-1].response
+    assert done.status == "completed"
+    assert done.usage.output_token_details.audio_tokens > 0
+    heard = sum(len(base64.b64decode(d.delta)) // 2 for d in deltas)
+    assert heard == done.usage.output_token_details.audio_tokens * 1920 - 555
+
+
+async def test_barge_in_cancels_the_reply(server: Server, speech: np.ndarray) -> None:
+    async with client_for(server) as client, client.realtime.connect(model="tiny") as conn:
+        await conn.recv()
+        await append_audio(conn, np.concatenate([silence(0.3), speech, silence(1.0)]))
+        events = []
+        async with asyncio.timeout(60):
+            async for event in conn:
+                events.append(event)
+                if event.type == "response.output_audio.delta":
+                    break
+        response_id = events[-1].response_id
+        # the user talks over the reply
+        await append_audio(conn, speech)
+        after = await events_until(conn, "response.done")
+    done = after[-1].response
+    assert done.id == response_id
+    assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+    assert any(e.type == "input_audio_buffer.speech_started" for e in after)
+    cut = next(i for i, e in enumerate(after) if e.type == "input_audio_buffer.speech_started")
+    assert not [e for e in after[cut:] if e.type == "response.output_audio.delta"]
+    deadline = time.monotonic() + 1.0
+    while (health := server.get("/health").json())["active_requests"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert health["active_requests"] == 0, health
+
+
+async def test_truncate_cuts_what_was_not_heard(server: Server, speech: np.ndarray) -> None:
+    async with client_for(server) as client, client.realtime.connect(model="tiny") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        await events_until(conn, "session.updated")
+        await append_audio(conn, speech)
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        events = await events_until(conn, "response.done")
+        item = events[-1].response.output[0]
+        full = item.content[0].transcript
+        await conn.conversation.item.truncate(item_id=item.id, content_index=0, audio_end_ms=1000)
+        truncated = await events_until(conn, "conversation.item.truncated")
+    assert truncated[-1].audio_end_ms == 1000
+    assert full
+
+
+def _ws_url(server: Server) -> str:
+    return server.base_url.replace("http://", "ws://") + "/v1/realtime?model=tiny"
+
+
+async def _raw_turn(ws, speech: np.ndarray) -> tuple[list[dict], list[bytes]]:
+    data = pcm16(speech)
+    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}))
+    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    await ws.send(json.dumps({"type": "response.create"}))
+    events, binary = [], []
+    async with asyncio.timeout(60):
+        while True:
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                binary.append(message)
+                continue
+            events.append(json.loads(message))
+            if events[-1]["type"] == "response.done":
+                return events, binary
+
+
+def _low_pass(samples: np.ndarray, cutoff_hz: float) -> np.ndarray:
+    spectrum = np.fft.rfft(samples)
+    spectrum[np.fft.rfftfreq(len(samples), 1 / RATE) > cutoff_hz] = 0
+    return np.fft.irfft(spectrum, len(samples))
+
+
+def _decode_opus(packets: list[OpusPacket]) -> np.ndarray:
+    decoder = av.CodecContext.create("libopus", "r")
+    decoder.sample_rate, decoder.layout = 48_000, "mono"
+    out = []
+    for p in packets:
+        for frame in decoder.decode(av.Packet(p.payload)):
+            samples = frame.to_ndarray().reshape(-1)
+            out.append(samples / 32768.0 if samples.dtype == np.int16 else samples)
+    return resample(np.concatenate(out).astype(np.float32), 48_000, RATE)
+
+
+@pytest.fixture(scope="module")
+def greedy_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    greedy = '{"talker": {"sampling": {"temperature": 0}, "code_sampling": {"temperature": 0}}}'
+    # The tiny model's "speech" is broadband noise, the hardest signal for a perceptual codec.
+    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("greedy") / "server.log",
+                             "--stage-overrides", greedy, "--opus-bitrate", "128000")
+    yield srv
+    stop_server(proc)
+
+
+async def test_opus_packets_match_the_pcm_reply(greedy_server: Server, speech: np.ndarray) -> None:
+    manual = {"turn_detection": None, "temperature": 0}
+    replies = {}
+    for fmt in ("pcm16", "opus"):
+        async with websockets.connect(_ws_url(greedy_server), additional_headers={"OpenAI-Beta": "realtime=v1"}) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "session": {**manual, "output_audio_format": fmt}}))
+            assert json.loads(await ws.recv())["type"] == "session.updated"
+            replies[fmt] = await _raw_turn(ws, speech)
+    pcm_events, pcm_binary = replies["pcm16"]
+    opus_events, opus_binary = replies["opus"]
+    assert not pcm_binary
+    assert not [e for e in opus_events if e["type"] == "response.audio.delta"]
+    reference = np.concatenate([
+        np.frombuffer(base64.b64decode(e["delta"]), "<i2").astype(np.float32) / 32768
+        for e in pcm_events if e["type"] == "response.audio.delta"])
+    packets = [OpusPacket.unpack(b) for b in opus_binary]
+    assert [p.sequence for p in packets] == list(range(packets[0].sequence, packets[0].sequence + len(packets)))
+    assert all(b.timestamp - a.timestamp == 960 for a, b in zip(packets, packets[1:]))
+    assert [p.sample_offset for p in packets] == [480 * i for i in range(len(packets))]
+    decoded = _decode_opus(packets)
+    lag = int(np.argmax(np.correlate(decoded[:RATE], reference[: RATE // 2], mode="valid")))
+    aligned = decoded[lag : lag + len(reference)]
+    n = min(len(aligned), len(reference))
+    # Compared below 11 kHz: the 24 <-> 48 kHz resamplers' transition band lies above it.
+    expected, got = _low_pass(reference[:n], 11_000), _low_pass(aligned[:n], 11_000)
+    snr_db = 10 * np.log10(np.sum(expected**2) / np.sum((expected - got) ** 2))
+    assert snr_db >= 20, snr_db
+
+
+async def test_bad_input_gets_error_events_and_the_session_lives_on(server: Server, speech: np.ndarray) -> None:
+    bad = [
+        ("{not json", "invalid_json"),
+        (json.dumps({"type": "conversation.teleport"}), "unknown_event"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": 12, "event_id": "evt_types"}), "invalid_value"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": "!!not base64!!"}), "invalid_value"),
+        (json.dumps({"type": "conversation.item.truncate", "item_id": "x", "content_index": "zero", "audio_end_ms": 5}),
+         "invalid_value"),
+        (json.dumps({"type": "input_audio_buffer.commit", "event_id": "evt_empty"}), "input_audio_buffer_commit_empty"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(16 * 1024 * 1024)).decode()}),
+         "message_too_large"),
+    ]
+    async with websockets.connect(_ws_url(server), max_size=None) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
+                                  "audio": {"input": {"turn_detection": None}}}}))
+        assert json.loads(await ws.recv())["type"] == "session.updated"
+        for message, code in bad:
+            await ws.send(message)
+            event = json.loads(await ws.recv())
+            assert event["type"] == "error", event
+            assert event["error"]["code"] == code, event
+        events, _ = await _raw_turn(ws, speech)
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_thirty_two_concurrent_sessions_each_complete_a_turn(server: Server, speech: np.ndarray) -> None:
+    async def one_turn(client: AsyncOpenAI) -> str:
+        async with client.realtime.connect(model="tiny") as conn:
+            await conn.recv()
+            await append_audio(conn, np.concatenate([silence(0.2), speech[: RATE], silence(0.8)]), chunk_s=0.25)
+            events = await events_until(conn, "response.done", timeout_s=240)
+            assert not [e for e in events if e.type == "error"]
+            return events[-1].response.status
+
+    async with client_for(server) as client:
+        statuses = await asyncio.gather(*(one_turn(client) for _ in range(32)))
+    assert statuses == ["completed"] * 32

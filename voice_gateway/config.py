@@ -1,0 +1,22 @@
+"""Gateway limits and access settings, set once from the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    api_key: str | None = None
+    max_sessions: int = 64
+    max_session_s: float = 30 * 60
+    max_append_bytes: int = 15 * 1024 * 1024  # OpenAI's limit for one input_audio_buffer.append
+    max_input_buffer_s: float = 15 * 60
+    send_queue_messages: int = 2048  # ~40 s of 20 ms Opus packets
+    # Opus is a perceptual codec: speech keeps ~24 dB SNR at 64 kb/s, but the tiny model's noise
+    # needs ~128 kb/s for 20 dB. One mono voice at 96 kb/s is 12 KB/s.
+    opus_bitrate_bps: int = 96_000
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16:
+            raise ValueError(f"impossible gateway limits: {self}")

@@ -1,0 +1,76 @@
+"""The session's input audio buffer: decoded, at 16 kHz, on one clock shared with the VAD.
+
+Every appended sample advances the session's audio clock (ms since the first
+append); the buffer holds the not-yet-committed tail of that stream, so a VAD
+segment [start_ms, end_ms] maps straight onto it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import soxr
+
+from engine.api import INPUT_SAMPLE_RATE_HZ
+
+_SAMPLES_PER_MS = INPUT_SAMPLE_RATE_HZ // 1000
+
+
+class BufferFull(Exception):
+    pass
+
+
+class InputAudioBuffer:
+    """Owns the uncommitted samples and the stream resampler that feeds them."""
+
+    def __init__(self, max_seconds: float) -> None:
+        self.max_samples = int(max_seconds * INPUT_SAMPLE_RATE_HZ)
+        self._chunks: list[np.ndarray] = []
+        self._size = 0
+        self.start_sample = 0  # clock position of the buffer's first sample
+        self._resampler: soxr.ResampleStream | None = None
+        self._resampler_rate = 0
+
+    @property
+    def end_ms(self) -> int:
+        return (self.start_sample + self._size) // _SAMPLES_PER_MS
+
+    @property
+    def duration_ms(self) -> int:
+        return self._size // _SAMPLES_PER_MS
+
+    def to_16k(self, samples: np.ndarray, rate_hz: int) -> np.ndarray:
+        """Resample one append; a stream resampler keeps append boundaries seamless."""
+        if rate_hz == INPUT_SAMPLE_RATE_HZ:
+            return samples.astype(np.float32, copy=False)
+        if self._resampler is None or self._resampler_rate != rate_hz:
+            self._resampler = soxr.ResampleStream(rate_hz, INPUT_SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
+            self._resampler_rate = rate_hz
+        return self._resampler.resample_chunk(samples.astype(np.float32, copy=False))
+
+    def append(self, samples_16k: np.ndarray) -> None:
+        if self._size + samples_16k.size > self.max_samples:
+            raise BufferFull(f"the input audio buffer holds at most {self.max_samples // INPUT_SAMPLE_RATE_HZ} s")
+        self._chunks.append(samples_16k)
+        self._size += samples_16k.size
+
+    def _all(self) -> np.ndarray:
+        if len(self._chunks) != 1:
+            self._chunks = [np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)]
+        return self._chunks[0]
+
+    def take_until(self, end_ms: int, start_ms: int = 0) -> np.ndarray:
+        """Samples from `start_ms` to `end_ms` (clock ms); everything before `end_ms` leaves the buffer."""
+        data = self._all()
+        end = min(data.size, max(0, end_ms * _SAMPLES_PER_MS - self.start_sample))
+        start = min(end, max(0, start_ms * _SAMPLES_PER_MS - self.start_sample))
+        taken = data[start:end].copy()
+        self._chunks = [data[end:]]
+        self._size = data.size - end
+        self.start_sample += end
+        return taken
+
+    def take_all(self) -> np.ndarray:
+        return self.take_until(self.end_ms + 1)
+
+    def clear(self) -> None:
+        self.take_all()

@@ -1,0 +1,65 @@
+"""A session's bounded send queue: what the transport writes out, in order.
+
+Audio of a response is tagged with its response id, so a barge-in can drop
+whatever of it is still queued at once. A reader too slow to keep the queue
+under its bound is told so; the caller then cancels its response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+Payload = str | bytes  # a JSON event, or a binary (Opus) frame
+
+
+class OutboxFull(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Entry:
+    payload: Payload
+    response_id: str | None
+
+
+class Outbox:
+    def __init__(self, max_messages: int) -> None:
+        self.max_messages = max_messages
+        self._entries: deque[_Entry] = deque()
+        self._ready = asyncio.Event()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, payload: Payload, response_id: str | None = None, *, force: bool = False) -> None:
+        """Queue a message; `force` (control events) may exceed the bound, response audio may not."""
+        if not force and len(self._entries) >= self.max_messages:
+            raise OutboxFull(f"{len(self._entries)} messages waiting")
+        self._entries.append(_Entry(payload, response_id))
+        self._ready.set()
+
+    def drop(self, response_id: str) -> int:
+        """Forget the queued messages of one response; returns how many."""
+        kept = deque(e for e in self._entries if e.response_id != response_id)
+        dropped = len(self._entries) - len(kept)
+        self._entries = kept
+        return dropped
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    def get_nowait(self) -> Payload | None:
+        return self._entries.popleft().payload if self._entries else None
+
+    async def get(self) -> Payload | None:
+        """The next message, or None once closed and empty."""
+        while not self._entries:
+            if self.closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        return self._entries.popleft().payload
