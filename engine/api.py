@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
-
 from pathlib import Path
+from typing import Literal, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -93,6 +92,7 @@ class Timings:
     ttfp_s: float | None
     total_s: float
     prompt_tokens: int
+    prompt_audio_tokens: int  # of prompt_tokens, those standing for input audio
     completion_tokens: int
     codec_frames: int
     audio_samples: int

@@ -41,6 +41,7 @@ class RequestRecord:
     queue: asyncio.Queue[OutputEvent]
     submitted_at: float
     prompt_tokens: int
+    prompt_audio_tokens: int
     first_text_at: float | None = None
     first_audio_at: float | None = None
     last_audio_at: float | None = None
@@ -155,7 +156,7 @@ class Orchestrator:
                 f"context of {cfg.max_model_len} tokens",
                 code="context_length_exceeded",
             )
-        record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len)
+        record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len, prompt.audio_tokens)
         self.records[rid] = record
         self.metrics.active.set(len(self.records))
         self.stages["thinker"].inbox.put(
@@ -193,6 +194,15 @@ class Orchestrator:
         record = self.records.get(item.request_id)
         if record is None:  # aborted or failed already
             return
+        try:
+            self._apply_report(record, item)
+        except Exception as e:  # a bug here must fail one request, not leave its client waiting forever
+            log.exception("request %s: could not handle %s", item.request_id, type(item).__name__)
+            self._close(record, Failed(item.request_id, f"internal error: {type(e).__name__}: {e}"))
+            for stage in self.stages.values():
+                stage.inbox.put(Abort(item.request_id))
+
+    def _apply_report(self, record: RequestRecord, item: Any) -> None:
         now = time.perf_counter()
         if isinstance(item, TextDelta):
             if record.first_text_at is None:
@@ -231,6 +241,7 @@ class Orchestrator:
             ttfp_s=None if record.first_audio_at is None else record.first_audio_at - t0,
             total_s=now - t0,
             prompt_tokens=record.prompt_tokens,
+            prompt_audio_tokens=record.prompt_audio_tokens,
             completion_tokens=record.thinker.completion_tokens,
             codec_frames=record.audio.codec_frames if record.audio else 0,
             audio_samples=record.audio_samples,

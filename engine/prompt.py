@@ -34,6 +34,7 @@ class Prompt:
     token_ids: list[int]
     # One entry per audio clip, in prompt order: [128, frames] log-mel features.
     audio_features: list[torch.Tensor] = field(default_factory=list)
+    audio_tokens: int = 0  # of token_ids, the <|audio_pad|> placeholders
 
 
 class PromptBuilder:
@@ -46,6 +47,7 @@ class PromptBuilder:
     def build(self, messages: tuple[Message, ...]) -> Prompt:
         ids: list[int] = []
         features: list[torch.Tensor] = []
+        audio_tokens = 0
         for message in messages:
             ids += self._encode(f"<|im_start|>{message.role}\n")
             for part in message.content:
@@ -54,11 +56,12 @@ class PromptBuilder:
                 elif isinstance(part, AudioPart):
                     mel = self._features(part.samples)
                     features.append(mel)
-                    pads = AUDIO_PAD * audio_output_frames(mel.shape[-1], self.n_window)
-                    ids += self._encode(AUDIO_START + pads + AUDIO_END)
+                    num_pads = audio_output_frames(mel.shape[-1], self.n_window)
+                    audio_tokens += num_pads
+                    ids += self._encode(AUDIO_START + AUDIO_PAD * num_pads + AUDIO_END)
             ids += self._encode("<|im_end|>\n")
         ids += self._encode("<|im_start|>assistant\n")
-        return Prompt(token_ids=ids, audio_features=features)
+        return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -12,4 +12,5 @@ if ! command -v espeak-ng >/dev/null; then
 fi
 pip install torch==2.13.0
 pip install -e '.[dev]'
+ruff check engine voice_gateway tests
 exec python -m pytest "$@"

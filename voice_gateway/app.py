@@ -16,9 +16,11 @@ from voice_gateway.errors import APIError, install_error_handlers
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.openai_chat import router as chat_router
 from voice_gateway.realtime.ws import router as realtime_router
+from voice_gateway.webrtc import WebRTCConfig
+from voice_gateway.webrtc import router as webrtc_router
 
 
-def create_app(engine: Engine, gateway: GatewayConfig | None = None) -> FastAPI:
+def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:
     gateway = gateway or GatewayConfig()
 
     async def require_api_key(request: Request) -> None:
@@ -34,6 +36,8 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None) -> FastAPI:
         try:
             yield
         finally:
+            for call in list(app.state.calls):
+                await call.close()
             await engine.stop()
 
     app = FastAPI(title="voice-gateway", lifespan=lifespan)
@@ -41,10 +45,13 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None) -> FastAPI:
     app.state.gateway = gateway
     app.state.gateway_metrics = GatewayMetrics()
     app.state.sessions = 0
+    app.state.webrtc = webrtc or WebRTCConfig()
+    app.state.calls = set()
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.include_router(chat_router, dependencies=[Depends(require_api_key)])
     app.include_router(realtime_router)
+    app.include_router(webrtc_router)
 
     @app.get("/health")
     async def health(request: Request) -> dict:

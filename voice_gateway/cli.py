@@ -30,6 +30,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent realtime sessions")
     parser.add_argument("--max-session-seconds", type=float, default=1800.0)
     parser.add_argument("--opus-bitrate", type=int, default=96_000, help="bits/s of Opus output (our extension)")
+    parser.add_argument("--webrtc-host-address", action="append", default=[], metavar="IP",
+                        help="offer WebRTC ICE candidates on this address only (repeatable; "
+                        "default: every interface but loopback)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -38,6 +41,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from voice_gateway.app import create_app
     from voice_gateway.config import GatewayConfig
+    from voice_gateway.webrtc import WebRTCConfig
 
     try:
         profile = load_profile(args.deploy_config, model=args.model, stage_overrides=args.stage_overrides)
@@ -61,7 +65,7 @@ def serve(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     uvicorn.run(
-        create_app(engine, gateway),
+        create_app(engine, gateway, WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))),
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),

@@ -178,6 +178,7 @@ def test_audio_input_goes_through_the_audio_encoder(client: openai.OpenAI) -> No
     reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=4)
     # one second of audio is 13 audio-encoder frames, plus its start/end markers
     assert reply.usage.prompt_tokens - short.usage.prompt_tokens == 13 + 2
+    assert reply.usage.prompt_tokens_details.audio_tokens == 13
     assert reply.choices[0].message.content
 
 

@@ -21,8 +21,20 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PlainSerializer, PlainValidator
-from pydantic import SerializationInfo, TypeAdapter, ValidationError, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PlainSerializer,
+    PlainValidator,
+    SerializationInfo,
+    TypeAdapter,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 
 class Dialect(StrEnum):
@@ -611,6 +623,23 @@ class OutputTextDone(_ContentEvent):
     text: str
 
 
+class OutputAudioBufferStarted(_ServerEvent):
+    """WebRTC only: the server started playing a response's audio on the track."""
+
+    type: Literal["output_audio_buffer.started"] = "output_audio_buffer.started"
+    response_id: str
+
+
+class OutputAudioBufferStopped(_ServerEvent):
+    type: Literal["output_audio_buffer.stopped"] = "output_audio_buffer.stopped"
+    response_id: str
+
+
+class OutputAudioBufferCleared(_ServerEvent):
+    type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
+    response_id: str
+
+
 class ErrorEvent(_ServerEvent):
     type: Literal["error"] = "error"
     error: ErrorDetail
@@ -642,6 +671,9 @@ ServerEvent = Union[
     OutputAudioTranscriptDone,
     OutputTextDelta,
     OutputTextDone,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
+    OutputAudioBufferCleared,
     ErrorEvent,
 ]
 

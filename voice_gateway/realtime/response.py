@@ -14,11 +14,22 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import soxr
 
-from engine.api import AudioChunk, Engine, EngineError, EngineRequest, Failed, Finished, Message, SamplingParams, TextDelta
+from engine.api import (
+    AudioChunk,
+    Engine,
+    EngineError,
+    EngineRequest,
+    Failed,
+    Finished,
+    Message,
+    SamplingParams,
+    TextDelta,
+)
 from voice_gateway.audio.g711 import alaw_encode, ulaw_encode
 from voice_gateway.audio.opus import OpusStream
 from voice_gateway.audio.wav import float_to_pcm16
@@ -31,6 +42,7 @@ from voice_gateway.realtime.events import (
     ConversationItemAdded,
     ConversationItemDone,
     ErrorDetail,
+    InputTokenDetails,
     MessageItem,
     OutputAudioDelta,
     OutputAudioDone,
@@ -41,6 +53,7 @@ from voice_gateway.realtime.events import (
     OutputPart,
     OutputTextDelta,
     OutputTextDone,
+    OutputTokenDetails,
     RealtimeResponse,
     ResponseCreated,
     ResponseDone,
@@ -48,10 +61,11 @@ from voice_gateway.realtime.events import (
     SessionConfig,
     StatusDetails,
     Usage,
-    OutputTokenDetails,
-    InputTokenDetails,
 )
 from voice_gateway.realtime.outbox import OutboxFull
+
+if TYPE_CHECKING:
+    from voice_gateway.realtime.session import AudioOut
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +110,14 @@ class ResponseRunner:
         send: Callable[[ServerEvent, str | None], None],
         send_binary: Callable[[bytes, str], None],
         opus: OpusStream | None,
+        audio_out: AudioOut | None = None,
     ) -> None:
         self.engine = engine
         self.r = response
         self.send = send
         self.send_binary = send_binary
         self.opus = opus
+        self.audio_out = audio_out
         self.audio_mode = response.config.output_modality == "audio"
         self.transcript = ""
         self.audio_samples = 0
@@ -160,7 +176,9 @@ class ResponseRunner:
                         total_tokens=t.prompt_tokens + t.completion_tokens + t.codec_frames,
                         input_tokens=t.prompt_tokens,
                         output_tokens=t.completion_tokens + t.codec_frames,
-                        input_token_details=InputTokenDetails(text_tokens=t.prompt_tokens),
+                        input_token_details=InputTokenDetails(
+                            text_tokens=t.prompt_tokens - t.prompt_audio_tokens, audio_tokens=t.prompt_audio_tokens
+                        ),
                         output_token_details=OutputTokenDetails(text_tokens=t.completion_tokens, audio_tokens=t.codec_frames),
                     )
                 elif isinstance(event, Failed):
@@ -174,6 +192,9 @@ class ResponseRunner:
         if self.r.first_audio_at is None:
             self.r.first_audio_at = time.perf_counter()
         self.audio_samples += samples.size
+        if self.audio_out is not None:
+            self.audio_out.push(samples, self.r.id)
+            return
         fmt = self.r.config.output_audio_format
         if fmt is AudioFormat.OPUS:
             assert self.opus is not None

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
-from engine.api import INPUT_SAMPLE_RATE_HZ, Engine
+from engine.api import Engine
 from voice_gateway.audio.g711 import alaw_decode, ulaw_decode
 from voice_gateway.audio.opus import OpusStream
-from voice_gateway.audio.vad import ServerVad, SpeechStarted as VadStarted, VadConfig
+from voice_gateway.audio.vad import ServerVad, VadConfig
+from voice_gateway.audio.vad import SpeechStarted as VadStarted
 from voice_gateway.audio.wav import pcm16_to_float
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
@@ -32,6 +33,14 @@ log = logging.getLogger(__name__)
 _MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
 # Room left in the context for the reply when history is trimmed (the engine has the final word).
 _REPLY_TOKENS_RESERVE = 256
+
+
+class AudioOut(Protocol):
+    """Where a transport that plays audio itself (WebRTC) takes reply audio: 24 kHz float32."""
+
+    def push(self, samples: np.ndarray, response_id: str) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 class Session:
@@ -53,7 +62,8 @@ class Session:
         self.speech_item_id: str | None = None
         self.speech_start_ms = 0
         self.opus: OpusStream | None = None
-        self.on_audio_cleared: Callable[[], None] | None = None  # WebRTC drops its playout queue here
+        # WebRTC plays replies on a media track instead of sending audio events
+        self.audio_out: AudioOut | None = None
         self._configure_audio()
         self._handlers = {
             ev.SessionUpdate: self._session_update,
@@ -149,10 +159,14 @@ class Session:
         except ValueError as e:
             self.error("invalid_audio", str(e), event_id=event.event_id, param="audio")
             return
+        await self.append_audio(samples, event.event_id)
+
+    async def append_audio(self, samples: np.ndarray, event_id: str | None = None) -> None:
+        """16 kHz float32 speech into the buffer and the VAD (WebRTC's microphone comes in here)."""
         try:
             self.buffer.append(samples)
         except BufferFull as e:
-            self.error("input_audio_buffer_full", str(e), event_id=event.event_id)
+            self.error("input_audio_buffer_full", str(e), event_id=event_id)
             return
         if self.vad is not None:
             for change in self.vad.feed(samples):
@@ -274,7 +288,7 @@ class Session:
         messages = self.conversation.to_messages(config.instructions, budget)
         previous = self.conversation.add(item)
         response = Response.new(item, config, speech_stopped_at)
-        runner = ResponseRunner(self.engine, response, self.send, self.send_binary, self.opus)
+        runner = ResponseRunner(self.engine, response, self.send, self.send_binary, self.opus, self.audio_out)
         self.response = response
         response.task = asyncio.create_task(self._run(runner, messages, previous))
 
@@ -302,8 +316,9 @@ class Session:
         self.response = None
         response.outcome.reason = reason
         dropped = self.outbox.drop(response.id)
-        if self.on_audio_cleared is not None:
-            self.on_audio_cleared()
+        if self.audio_out is not None:
+            self.audio_out.clear()
+            self.send(ev.OutputAudioBufferCleared(response_id=response.id))
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
         log.info("session %s: response %s cancelled (%s), %d queued messages dropped", self.id, response.id, reason, dropped)
