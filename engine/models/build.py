@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ import torch
 from engine.api import EngineError, ModelInfo
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
+from engine.models.full_size import build_dummy_stage, full_size_config_dict
 from engine.models.loader import load_config, load_stage, resolve_checkpoint
 from engine.models.talker_runner import TalkerRunner
 from engine.models.thinker_runner import ThinkerRunner
 from engine.models.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
+from engine.models.tokenizer import build_tokenizer
 from engine.profile import DeployProfile
 from engine.prompt import PromptBuilder
 from engine.stages.code2wav import Code2WavStage
@@ -34,21 +37,35 @@ def _check_device(device: str) -> None:
 
 
 def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | None) -> dict[str, Any]:
-    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    from transformers import AutoTokenizer, Qwen3OmniMoeConfig, WhisperFeatureExtractor
 
     stages_cfg = profile.stages
     for cfg in (stages_cfg.thinker, stages_cfg.talker, stages_cfg.code2wav):
         _check_device(cfg.device)
-    path = resolve_checkpoint(model, cache_dir or default_cache_dir())
-    config = load_config(path)
-    is_tiny = model == TINY_MODEL_ID
+    dummy = profile.load_format == "dummy"
+    if dummy:
+        # Full-size random weights need no checkpoint; the tokenizer is built like the tiny model's.
+        path = Path(tempfile.mkdtemp(prefix="vg-dummy-tokenizer-"))
+        build_tokenizer(path)
+        config = Qwen3OmniMoeConfig(**full_size_config_dict())
+        features = WhisperFeatureExtractor(feature_size=128, sampling_rate=16_000, padding_value=0.0)
+        log.warning("load_format=dummy: full-size architecture with RANDOM weights, for benchmarks only")
+    else:
+        path = resolve_checkpoint(model, cache_dir or default_cache_dir())
+        config = load_config(path)
+        features = WhisperFeatureExtractor.from_pretrained(path)
+    is_tiny = model == TINY_MODEL_ID and not dummy
     if is_tiny:
         log.warning("serving the tiny random-weight model: %s", TINY_DESCRIPTION)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    features = WhisperFeatureExtractor.from_pretrained(path)
     metrics = EngineMetrics()
 
-    thinker = load_stage(path, "thinker", device=stages_cfg.thinker.device, dtype=stages_cfg.thinker.dtype).model
+    def load(stage: str, cfg) -> torch.nn.Module:
+        if dummy:
+            return build_dummy_stage(stage, device=cfg.device, dtype=cfg.dtype)[0]
+        return load_stage(path, stage, device=cfg.device, dtype=cfg.dtype).model  # type: ignore[arg-type]
+
+    thinker = load("thinker", stages_cfg.thinker)
     thinker_runner = ThinkerRunner(
         thinker, config, max_batch=stages_cfg.thinker.max_batch, max_len=stages_cfg.thinker.max_model_len
     )
@@ -56,8 +73,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     stages: dict[str, Any] = {}
     to_talker = _unbound_report
     if has_talker:
-        talker = load_stage(path, "talker", device=stages_cfg.talker.device, dtype=stages_cfg.talker.dtype).model
-        code2wav = load_stage(path, "code2wav", device=stages_cfg.code2wav.device, dtype=stages_cfg.code2wav.dtype).model
+        talker = load("talker", stages_cfg.talker)
+        code2wav = load("code2wav", stages_cfg.code2wav)
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
             tts_embeds = thinker_runner.embed(tts_ids)
@@ -81,8 +98,12 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     speakers = tuple(sorted((config.talker_config.speaker_id or {}) if has_talker else {}))
     info = ModelInfo(
         model_id=model,
-        is_random_weights=is_tiny,
-        description=TINY_DESCRIPTION if is_tiny else f"Qwen3-Omni checkpoint at {path}",
+        is_random_weights=is_tiny or dummy,
+        description=(
+            TINY_DESCRIPTION if is_tiny
+            else "full-size Qwen3-Omni with random weights (load_format=dummy): for benchmarks only" if dummy
+            else f"Qwen3-Omni checkpoint at {path}"
+        ),
         max_model_len=stages_cfg.thinker.max_model_len,
         speakers=speakers,
         codec_frame_samples=code2wav_runner.samples_per_frame if has_talker else 0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
@@ -98,10 +99,12 @@ class Stage(ABC):
 
     def _step_safely(self) -> None:
         batch: list[str] = []
+        started = time.perf_counter()
         try:
             batch = self.step()
             if batch:
                 self.metrics.batch_size.labels(self.name).observe(len(batch))
+                self.metrics.step_seconds.labels(self.name).observe(time.perf_counter() - started)
         except Exception as e:  # a bad batch must not take the stage down
             log.exception("%s step failed", self.name)
             failed = batch or self._current_batch()

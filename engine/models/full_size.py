@@ -1,0 +1,76 @@
+"""The released Qwen3-Omni-30B-A3B-Instruct dimensions, written out in full, and `load_format: dummy`.
+
+The transformers class defaults are not these (the Thinker default has 28
+layers and a 3584 vocab). Dummy weights are random bf16 created directly on the
+target device: for benchmarks where the real weights are absent. Random models
+rarely stop on their own, so dummy profiles fix output lengths (ignore_eos).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from engine.models.tiny import tiny_config_dict
+
+_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [24, 20, 20], "interleaved": True}
+
+
+def full_size_config_dict() -> dict[str, Any]:
+    config = copy.deepcopy(tiny_config_dict())  # the token ids are the same; every size below is replaced
+    thinker = config["thinker_config"]
+    thinker["audio_config"].update(
+        d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+        downsample_hidden_size=480, output_dim=2048,
+    )
+    thinker["vision_config"].update(
+        depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=2048,
+        deepstack_visual_indexes=[8, 16, 24], num_position_embeddings=2304,
+    )
+    thinker["text_config"].update(
+        vocab_size=152064, hidden_size=2048, intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=65536,
+        rope_parameters=_ROPE,
+    )
+    talker = config["talker_config"]
+    talker.update(accept_hidden_layer=24, thinker_hidden_size=2048)
+    talker["text_config"].update(
+        vocab_size=3072, hidden_size=1024, intermediate_size=2048, num_hidden_layers=20,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=128, moe_intermediate_size=384,
+        shared_expert_intermediate_size=768, num_experts=128, num_experts_per_tok=6, norm_topk_prob=True,
+        max_position_embeddings=65536, rope_parameters=_ROPE,
+    )
+    talker["code_predictor_config"].update(
+        vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=5,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_code_groups=16,
+        layer_types=["full_attention"] * 5, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+    )
+    config["code2wav_config"].update(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=16, sliding_window=72, decoder_dim=1536,
+    )
+    return config
+
+
+def build_dummy_stage(stage: str, *, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
+    """One stage at full size with random weights, created on `device` (no host copy)."""
+    from transformers import (
+        Qwen3OmniMoeCode2Wav,
+        Qwen3OmniMoeConfig,
+        Qwen3OmniMoeTalkerForConditionalGeneration,
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+    )
+
+    config = Qwen3OmniMoeConfig(**full_size_config_dict())
+    cls, sub = {
+        "thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
+        "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
+        "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config),
+    }[stage]
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    with torch.device(device):
+        model = cls._from_config(sub, dtype=torch_dtype)
+    return model.eval(), config

@@ -1,0 +1,27 @@
+"""The dummy full-size architecture has the released model's dimensions (built on the meta device: no memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.models.full_size import build_dummy_stage
+
+
+@pytest.mark.parametrize(
+    ("stage", "billions"),
+    [("thinker", (30.0, 32.5)), ("talker", (2.5, 4.5)), ("code2wav", (0.1, 0.3))],
+)
+def test_stage_sizes(stage: str, billions: tuple[float, float]) -> None:
+    model, config = build_dummy_stage(stage, device="meta", dtype="bfloat16")
+    params = sum(p.numel() for p in model.parameters()) / 1e9
+    assert billions[0] <= params <= billions[1], params
+    assert config.talker_config.accept_hidden_layer == 24
+    if stage == "thinker":
+        text = getattr(model.model, "language_model", model.model)  # nested in transformers >= 5.2x
+        assert len(text.layers) == 48
+        assert text.layers[0].mlp.experts.gate_up_proj.shape == (128, 2 * 768, 2048)
+        assert text.embed_tokens.weight.shape == (152064, 2048)
+    if stage == "talker":
+        assert len(model.model.layers) == 20
+        assert model.model.layers[0].mlp.experts.gate_up_proj.shape == (128, 2 * 384, 1024)
+        assert len(model.code_predictor.model.layers) == 5
