@@ -37,10 +37,14 @@ class SamplingConfig:
     repetition_penalty: float = field(default=1.0, metadata=_at_least(1.0))
 
 
+MoeImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm"]  # transformers' experts kernels
+
+
 @dataclass(frozen=True, slots=True)
 class ThinkerConfig:
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    moe_implementation: MoeImplementation = "auto"
     max_batch: int = field(default=8, metadata=_at_least(1))
     max_model_len: int = field(default=2048, metadata=_at_least(16))
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
@@ -53,6 +57,7 @@ class ThinkerConfig:
 class TalkerConfig:
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    moe_implementation: MoeImplementation = "auto"
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_frames: int = field(default=4096, metadata=_at_least(1))

@@ -62,8 +62,14 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
 
     def load(stage: str, cfg) -> torch.nn.Module:
         if dummy:
-            return build_dummy_stage(stage, device=cfg.device, dtype=cfg.dtype)[0]
-        return load_stage(path, stage, device=cfg.device, dtype=cfg.dtype).model  # type: ignore[arg-type]
+            model = build_dummy_stage(stage, device=cfg.device, dtype=cfg.dtype)[0]
+        else:
+            model = load_stage(path, stage, device=cfg.device, dtype=cfg.dtype).model  # type: ignore[arg-type]
+        moe = getattr(cfg, "moe_implementation", "auto")
+        if moe != "auto":
+            model.set_experts_implementation(moe)
+        log.info("%s experts: %s", stage, getattr(model.config, "_experts_implementation", "n/a"))
+        return model
 
     thinker = load("thinker", stages_cfg.thinker)
     thinker_runner = ThinkerRunner(

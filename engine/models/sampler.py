@@ -1,64 +1,96 @@
-"""Token sampling for a batch whose rows each carry their own settings and seed."""
+"""Token sampling for a whole batch in one pass, each row with its own settings and seed.
+
+Every row's randomness comes from a counter-based hash of (its seed, its draw
+counter, the token id), so a seeded request draws the same tokens whatever batch
+it shares, with no per-row generator, no host sync and a fixed kernel count per
+step (what CUDA graphs need later).
+"""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RowSampling:
+    """A request's sampling settings and its random stream (`draws` counts the batches it was in)."""
+
     temperature: float
     top_p: float
     top_k: int
-    generator: torch.Generator
+    seed: int
+    draws: int = 0
+
+
+def new_seed(seed: int | None) -> int:
+    return random.getrandbits(62) if seed is None else seed % (1 << 62)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift on int64 (torch's >> keeps the sign)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B] seeds, [B] counters -> [B, vocab] uniforms in (0, 1): splitmix64 of (seed, counter, token)."""
+    token = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    x = (seeds * _GOLDEN + draws * _MIX1)[:, None] + token[None, :] * _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
 
 
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
-    """logits: [B, V] -> token ids [B]. Temperature 0 is greedy."""
+    """logits [B, V] -> token ids [B]. Temperature 0 is greedy. Advances each row's counter."""
+    device = logits.device
     logits = logits.float()
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for b, row in enumerate(rows):
-        row_logits = logits[b]
-        if row.temperature <= 0:
-            out[b] = row_logits.argmax()
-            continue
-        row_logits = row_logits / row.temperature
-        if 0 < row.top_k < row_logits.shape[-1]:
-            kth = torch.topk(row_logits, row.top_k).values[-1]
-            row_logits = row_logits.masked_fill(row_logits < kth, float("-inf"))
-        probs = torch.softmax(row_logits, dim=-1)
-        if row.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Drop a token when the mass before it already reaches top_p (the first always stays).
-            drop = sorted_probs.cumsum(-1) - sorted_probs >= row.top_p
-            probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-        # Exponential-race sampling (argmax of p / Exp(1)) draws from `probs` with no host sync,
-        # and the per-row generator keeps a seeded request's tokens independent of its batch.
-        noise = torch.empty_like(probs).exponential_(1.0, generator=row.generator)
-        out[b] = (probs / noise).argmax()
-    return out
+    temperature = torch.tensor([r.temperature for r in rows], device=device)
+    top_p = torch.tensor([r.top_p for r in rows], device=device)
+    top_k = torch.tensor([r.top_k for r in rows], device=device)
+    seeds = torch.tensor([r.seed for r in rows], device=device, dtype=torch.int64)
+    draws = torch.tensor([r.draws for r in rows], device=device, dtype=torch.int64)
+    for r in rows:
+        r.draws += 1
+
+    greedy = logits.argmax(dim=-1)
+    scaled = logits / temperature.clamp_min(1e-5)[:, None]
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1], device=device)[None, :]
+    keep = (top_k[:, None] <= 0) | (rank < top_k[:, None])
+    sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Drop a token when the mass before it already reaches top_p (the first always stays).
+    probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p[:, None], 0.0)
+    # Exponential race: argmax of p / Exp(1) draws from p; the noise is indexed by token id, not rank.
+    noise = -torch.log(uniform_noise(seeds, draws, logits.shape[-1])).to(probs.dtype)
+    choice = (probs / noise.gather(1, order)).argmax(dim=-1)
+    sampled = order.gather(1, choice[:, None])[:, 0]
+    return torch.where(temperature > 0, sampled, greedy)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: list[list[int]], penalty: float) -> torch.Tensor:
     """CTRL-style penalty on ids each row already produced (as transformers applies it)."""
-    if penalty == 1.0:
+    if penalty == 1.0 or not any(history):
         return logits
-    logits = logits.clone()
-    for b, ids in enumerate(history):
-        if not ids:
-            continue
-        idx = torch.tensor(ids, device=logits.device)
-        seen = logits[b, idx]
-        logits[b, idx] = torch.where(seen < 0, seen * penalty, seen / penalty)
-    return logits
-
-
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return gen
+    batch, vocab = logits.shape
+    # one scatter for the batch: padding points at an extra column that is cut off after
+    ids = torch.full((batch, max(len(h) for h in history)), vocab, dtype=torch.int64)
+    for b, h in enumerate(history):
+        ids[b, : len(h)] = torch.tensor(h, dtype=torch.int64)
+    seen = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=logits.device)
+    seen = seen.scatter(1, ids.to(logits.device), True)[:, :vocab]
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)

@@ -17,7 +17,7 @@ import torch
 
 from engine.handoff import CodecFrames, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
-from engine.models.sampler import RowSampling, apply_repetition_penalty, make_generator, sample
+from engine.models.sampler import RowSampling, apply_repetition_penalty, new_seed, sample
 from engine.models.talker_runner import TalkerRunner
 from engine.profile import TalkerConfig
 from engine.stages.base import Report, Stage
@@ -69,12 +69,13 @@ class TalkerStage(Stage):
 
     def accept(self, item: Any) -> None:
         if isinstance(item, ThinkerPrompt):
-            gen = make_generator(item.seed, self.runner.device)
+            seed = new_seed(item.seed)
             s, c = self.cfg.sampling, self.cfg.code_sampling
             self.pending[item.request_id] = TalkerSeq(
                 prompt=item,
-                sampling=RowSampling(s.temperature, s.top_p, s.top_k, gen),
-                code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, gen),
+                sampling=RowSampling(s.temperature, s.top_p, s.top_k, seed),
+                # its own stream: the same seed and counters would repeat codebook 0's noise
+                code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, new_seed(seed + 1)),
             )
             return
         seq = self.pending.get(item.request_id) or self.running.get(item.request_id)
@@ -144,8 +145,8 @@ class TalkerStage(Stage):
         past_hidden = torch.stack([s.past_hidden for s in seqs])
         codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in seqs])
         inputs = codec_sum + torch.stack([self._next_text_row(s) for s in seqs])
-        for seq, frame in zip(seqs, codes):
-            self.to_code2wav(CodecFrames(seq.request_id, frame[:, None].cpu(), is_final=False))
+        for seq, frame in zip(seqs, codes.cpu()):  # one copy to the host for the batch
+            self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
             seq.frames += 1
         logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
         for seq in seqs:
@@ -170,12 +171,12 @@ class TalkerStage(Stage):
         logits = self.runner.mask_logits(logits, allow_eos=not self.cfg.ignore_eos)
         logits = apply_repetition_penalty(logits, [s.history for s in seqs], self.cfg.sampling.repetition_penalty)
         tokens = sample(logits, [s.sampling for s in seqs])
-        for seq, token, h in zip(seqs, tokens, hidden):
-            if int(token) == self.runner.codec_eos_id:
+        for seq, token_id, token, h in zip(seqs, tokens.tolist(), tokens, hidden):
+            if token_id == self.runner.codec_eos_id:
                 self._finish(seq)
                 continue
             seq.code0, seq.past_hidden = token, h
-            seq.history.append(int(token))
+            seq.history.append(token_id)
 
     def _finish(self, seq: TalkerSeq) -> None:
         self.release(seq.request_id)

@@ -11,7 +11,7 @@ from typing import Any
 from engine.api import TextDelta
 from engine.handoff import ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
-from engine.models.sampler import RowSampling, make_generator, sample
+from engine.models.sampler import RowSampling, new_seed, sample
 from engine.models.thinker_runner import ThinkerRunner
 from engine.profile import ThinkerConfig
 from engine.stages.base import Report, Stage
@@ -55,8 +55,7 @@ class ThinkerStage(Stage):
         self.last_batch: list[str] = []
 
     def accept(self, item: ThinkerJob) -> None:
-        gen = make_generator(item.seed, self.runner.device)
-        sampling = RowSampling(item.temperature, item.top_p, item.top_k, gen)
+        sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
         self.waiting.append(ThinkerSeq(job=item, sampling=sampling))
 
     def release(self, request_id: str) -> None:
