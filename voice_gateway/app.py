@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.api import Engine
@@ -18,6 +20,9 @@ from voice_gateway.openai_chat import router as chat_router
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
+
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:
@@ -70,4 +75,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
         text = generate_latest(engine.registry) + generate_latest(app.state.gateway_metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    if WEB_DIR.is_dir():
+        # last: the demo page owns whatever path no API route took
+        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app
