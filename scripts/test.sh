@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian/Ubuntu machine, then runs every test.
-# espeak-ng speaks the test utterances; torch 2.13.0 first keeps pip on the CPU wheel.
+# torch 2.13.0 first keeps pip on the CPU wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v espeak-ng >/dev/null; then
-  if [ "$(id -u)" -eq 0 ]; then
-    apt-get update -qq && apt-get install -y -qq espeak-ng
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq espeak-ng
-  fi
+# espeak-ng speaks the test utterances; chromium runs the demo page (Playwright drives it,
+# its own browser download is never used).
+missing=()
+command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"
 fi
 pip install torch==2.13.0
 pip install -e '.[dev]'

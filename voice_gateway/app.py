@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
@@ -20,7 +20,6 @@ from voice_gateway.openai_chat import router as chat_router
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
-
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 

@@ -95,6 +95,9 @@ class CaptureProcessor extends AudioWorkletProcessor {
     this.targetRate = o.targetRate || 24000;
     this.chunkSamples = Math.round((this.targetRate * (o.chunkMs || 40)) / 1000);
     this.levelEvery = Math.round((sampleRate * (o.levelMs || 50)) / 1000);
+    // A render quantum (128 frames, ~3 ms) louder than this counts as sound; decoded digital silence is far below.
+    this.audibleRms = o.audibleRms ?? 2e-4;
+    this.audibleFrames = 0;
     this.resampler = new StreamResampler(sampleRate, this.targetRate);
     this.chunk = new Int16Array(this.chunkSamples);
     this.filled = 0;
@@ -119,17 +122,20 @@ class CaptureProcessor extends AudioWorkletProcessor {
     const input = inputs[0];
     const frames = input && input.length ? input[0] : null;
     if (!frames) return true; // no input connected (or a disabled track): nothing to measure or send
+    let blockSq = 0;
     for (let i = 0; i < frames.length; i++) {
       const v = frames[i];
-      this.sumSq += v * v;
+      blockSq += v * v;
       const a = v < 0 ? -v : v;
       if (a > this.peak) this.peak = a;
     }
+    this.sumSq += blockSq;
+    if (blockSq > this.audibleRms * this.audibleRms * frames.length) this.audibleFrames += frames.length;
     this.levelCount += frames.length;
     this.totalIn += frames.length;
     if (this.levelCount >= this.levelEvery) {
       this.port.postMessage({ type: "level", rms: Math.sqrt(this.sumSq / this.levelCount), peak: this.peak,
-                              frames: this.totalIn });
+                              frames: this.totalIn, audibleFrames: this.audibleFrames });
       this.sumSq = 0;
       this.peak = 0;
       this.levelCount = 0;

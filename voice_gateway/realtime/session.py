@@ -38,6 +38,8 @@ _REPLY_TOKENS_RESERVE = 256
 class AudioOut(Protocol):
     """Where a transport that plays audio itself (WebRTC) takes reply audio: 24 kHz float32."""
 
+    playing: str | None  # the response whose audio is still going out, if any
+
     def push(self, samples: np.ndarray, response_id: str) -> None: ...
 
     def clear(self) -> None: ...
@@ -187,8 +189,12 @@ class Session:
         assert td is not None
         self.speech_item_id, self.speech_start_ms = new_item_id(), start_ms
         self.send(ev.SpeechStarted(audio_start_ms=start_ms, item_id=self.speech_item_id))
-        if self.response is not None and td.interrupt_response:
-            await self.cancel_response("turn_detected")
+        if td.interrupt_response:
+            if self.response is not None:
+                await self.cancel_response("turn_detected")
+            elif self.audio_out is not None and self.audio_out.playing is not None:
+                # generation finished but its audio still plays out: stop that too
+                self._clear_playback(self.audio_out.playing)
 
     async def _speech_stopped(self, end_ms: int) -> None:
         td = self.config.turn_detection
@@ -308,6 +314,11 @@ class Session:
             elif response.speech_stopped_at is not None and response.first_audio_at is not None:
                 self.metrics.turn_latency.observe(response.first_audio_at - response.speech_stopped_at)
 
+    def _clear_playback(self, response_id: str) -> None:
+        assert self.audio_out is not None
+        self.audio_out.clear()
+        self.send(ev.OutputAudioBufferCleared(response_id=response_id))
+
     async def cancel_response(self, reason: str) -> None:
         """Stop the active response now: no more of its audio leaves, the engine frees it."""
         response = self.response
@@ -317,8 +328,7 @@ class Session:
         response.outcome.reason = reason
         dropped = self.outbox.drop(response.id)
         if self.audio_out is not None:
-            self.audio_out.clear()
-            self.send(ev.OutputAudioBufferCleared(response_id=response.id))
+            self._clear_playback(response.id)
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
         log.info("session %s: response %s cancelled (%s), %d queued messages dropped", self.id, response.id, reason, dropped)

@@ -1,0 +1,213 @@
+"""Drive the voice demo page in headless Chromium against a real server; print one JSON object.
+
+Run by tests/browser/test_demo.py inside a network namespace of its own (`unshare -n`, loopback only), so every
+packet, WebRTC included, stays on 127.0.0.1. It starts the server itself (the gateway serves web/
+at /), launches /usr/bin/chromium with a fake microphone playing `--wav` in a loop, runs one scenario and
+writes what the page and /health reported to `--out`.
+
+    python tests/browser/driver.py --scenario ws-opus-turn --wav speech.wav --cache-dir DIR --out-dir DIR
+
+`--url http://127.0.0.1:8000` drives an already running server instead (development).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from tests.conftest import start_server, stop_server  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream", "--allow-loopback-in-peer-connection",
+]
+TURN_TIMEOUT_MS = 120_000
+
+STATS_JS = "() => JSON.parse(JSON.stringify({state: voiceDemo.state, stats: voiceDemo.stats, replies: voiceDemo.replies()}))"
+
+
+def start_web_server(cache_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    # ICE candidates on loopback: aioice skips it unless told
+    proc, server = start_server(cache_dir, log_path, "--webrtc-host-address", "127.0.0.1")
+    return proc, server.base_url
+
+
+def health(url: str) -> dict:
+    return httpx.get(url + "/health", timeout=10).json()
+
+
+def webrtc_endpoint_status(url: str) -> int:
+    """The status a bad offer gets: 404 (or 405 from the static mount at /) means there is no WebRTC endpoint."""
+    return httpx.post(url + "/v1/realtime/calls?model=tiny", content=b"not an offer",
+                      headers={"Content-Type": "application/sdp"}, timeout=10).status_code
+
+
+def wait_health(url: str, timeout_s: float) -> tuple[bool, list[dict]]:
+    """Poll /health until no session and no engine request is left; every snapshot is returned."""
+    snapshots = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        h = health(url)
+        snapshots.append({k: h.get(k) for k in ("active_sessions", "active_requests")})
+        if h.get("active_sessions") == 0 and h.get("active_requests") == 0:
+            return True, snapshots
+        if time.monotonic() > deadline:
+            return False, snapshots
+        time.sleep(0.25)
+
+
+def open_page(browser, url: str, transport: str, console: list[str]):
+    page = browser.new_page(viewport={"width": 1360, "height": 860})
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.goto(f"{url}/?transport={transport}")
+    page.wait_for_function("() => window.voiceDemo && voiceDemo.model !== null", timeout=30_000)
+    return page
+
+
+def connect(page, transport: str) -> str | None:
+    """voiceDemo.connect(transport); the error message if it failed."""
+    return page.evaluate("""async (t) => {
+        try { await voiceDemo.connect(t); return null; } catch (e) { return String(e && e.message || e); }
+    }""", transport)
+
+
+def scenario_turn(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    console: list[str] = []
+    result["console"] = console
+    if transport == "webrtc":
+        status = webrtc_endpoint_status(url)
+        result["calls_status"] = status
+        if status in (404, 405):
+            result["skipped"] = f"POST /v1/realtime/calls answers {status}: the server has no WebRTC endpoint yet"
+            return
+    page = open_page(browser, url, transport, console)
+    result["random_notice_visible"] = page.is_visible("#random-notice")
+    result["connect_error"] = connect(page, transport)
+    if result["connect_error"] is None:
+        audio_seen = "s.packetsReceived > 0" if transport == "webrtc" else "s.audioSamplesPlayed > 0"
+        try:
+            page.wait_for_function(
+                f"() => {{ const s = voiceDemo.stats; return s.responsesCompleted >= 1 && s.lastLatencyMs !== null"
+                f" && {audio_seen}; }}", timeout=TURN_TIMEOUT_MS, polling=200)
+        except Exception as e:  # noqa: BLE001 - reported in the JSON, asserted by the test
+            result["wait_error"] = str(e).splitlines()[0]
+        page.wait_for_timeout(600)  # let the stats panel catch up before the picture
+    result["page"] = page.evaluate(STATS_JS)
+    result["transcript_html_turns"] = page.locator("#turns > li").count()
+    page.screenshot(path=str(out_dir / f"{transport}-turn.png"))
+    page.close()
+    result["health_after_close"] = wait_health(url, 15)
+
+
+def scenario_close(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    """Connect, wait until a reply is being generated, then close the page: the server must free everything."""
+    console: list[str] = []
+    result["console"] = console
+    if transport == "webrtc" and webrtc_endpoint_status(url) in (404, 405):
+        result["skipped"] = "POST /v1/realtime/calls is missing: the server has no WebRTC endpoint yet"
+        return
+    page = open_page(browser, url, transport, console)
+    result["connect_error"] = connect(page, transport)
+    if result["connect_error"] is None:
+        result["health_connected"] = health(url)
+        try:
+            page.wait_for_function("() => (voiceDemo.stats.eventCounts['response.created'] || 0) >= 1",
+                                   timeout=TURN_TIMEOUT_MS, polling=50)
+        except Exception as e:  # noqa: BLE001
+            result["wait_error"] = str(e).splitlines()[0]
+        result["health_replying"] = health(url)
+    result["page"] = page.evaluate(STATS_JS)
+    page.screenshot(path=str(out_dir / f"{transport}-close.png"))
+    page.close()
+    result["freed"], result["health_after_close"] = wait_health(url, 10)
+
+
+def scenario_barge_in(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    """The fake mic talks again while the reply plays: the page must stop it and truncate the item."""
+    console: list[str] = []
+    result["console"] = console
+    if transport == "webrtc" and webrtc_endpoint_status(url) in (404, 405):
+        result["skipped"] = "POST /v1/realtime/calls is missing: the server has no WebRTC endpoint yet"
+        return
+    page = open_page(browser, url, transport, console)
+    result["connect_error"] = connect(page, transport)
+    if result["connect_error"] is None:
+        try:
+            page.wait_for_function("() => voiceDemo.stats.truncationsAcked >= 1", timeout=TURN_TIMEOUT_MS, polling=100)
+        except Exception as e:  # noqa: BLE001
+            result["wait_error"] = str(e).splitlines()[0]
+        page.wait_for_timeout(400)
+    result["page"] = page.evaluate(STATS_JS)
+    page.screenshot(path=str(out_dir / f"{transport}-barge-in.png"))
+    page.close()
+    result["health_after_close"] = wait_health(url, 15)
+
+
+SCENARIOS = {
+    "ws-opus-turn": (scenario_turn, "ws-opus"),
+    "ws-pcm16-turn": (scenario_turn, "ws-pcm16"),
+    "webrtc-turn": (scenario_turn, "webrtc"),
+    "ws-opus-close": (scenario_close, "ws-opus"),
+    "webrtc-close": (scenario_close, "webrtc"),
+    "ws-pcm16-barge-in": (scenario_barge_in, "ws-pcm16"),
+    "ws-opus-barge-in": (scenario_barge_in, "ws-opus"),
+    "webrtc-barge-in": (scenario_barge_in, "webrtc"),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--wav", type=Path, required=True, help="the fake microphone: 16-bit PCM WAV")
+    parser.add_argument("--out-dir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="the JSON result (default: OUT_DIR/result.json)")
+    parser.add_argument("--cache-dir", type=Path, help="the tiny checkpoint's cache dir (to start a server)")
+    parser.add_argument("--url", help="drive this running server instead of starting one")
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out or args.out_dir / "result.json"
+    result: dict = {"scenario": args.scenario}
+    proc = None
+    try:
+        from playwright.sync_api import sync_playwright
+
+        if args.url:
+            url = args.url
+        else:
+            proc, url = start_web_server(args.cache_dir, args.out_dir / "server.log")
+        result["url"] = url
+        fn, transport = SCENARIOS[args.scenario]
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, headless=True,
+                args=[*CHROMIUM_FLAGS, f"--use-file-for-fake-audio-capture={args.wav.resolve()}"],
+            )
+            try:
+                fn(browser, url, transport, args.out_dir, result)
+            finally:
+                browser.close()
+    except Exception:  # noqa: BLE001 - the test prints it
+        result["driver_error"] = traceback.format_exc()
+    finally:
+        if proc is not None:
+            stop_server(proc)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "console"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
