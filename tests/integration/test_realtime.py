@@ -256,3 +256,50 @@ async def test_thirty_two_concurrent_sessions_each_complete_a_turn(server: Serve
     async with client_for(server) as client:
         statuses = await asyncio.gather(*(one_turn(client) for _ in range(32)))
     assert statuses == ["completed"] * 32
+
+
+async def test_g711_input_completes_a_turn(server: Server, speech: np.ndarray) -> None:
+    from voice_gateway.audio.g711 import ulaw_encode
+
+    narrow = resample(speech, RATE, 8000)
+    async with client_for(server) as client, client.realtime.connect(model="tiny") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "format": {"type": "audio/pcmu"}, "turn_detection": None}}})
+        await events_until(conn, "session.updated")
+        await conn.input_audio_buffer.append(audio=base64.b64encode(ulaw_encode(narrow)).decode())
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        events = await events_until(conn, "response.done")
+    committed = next(e for e in events if e.type == "conversation.item.added" and e.item.role == "user")
+    assert committed.item.content[0].type == "input_audio"
+    assert events[-1].response.status == "completed"
+    # the Thinker heard it: ~13 audio tokens per second of speech
+    assert events[-1].response.usage.input_token_details.audio_tokens >= 13 * len(speech) // RATE
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("guarded") / "server.log",
+                             "--max-sessions", "1", "--api-key", "sesame")
+    yield srv
+    stop_server(proc)
+
+
+async def test_api_key_and_session_limit_are_clear_refusals(guarded_server: Server) -> None:
+    url = _ws_url(guarded_server)
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(url):
+            pass
+    assert refused.value.response.status_code == 403  # closed before accept: no key
+    # browsers cannot set headers: the key may come as a subprotocol
+    async with websockets.connect(url, subprotocols=["realtime", "openai-insecure-api-key.sesame"]) as first:
+        assert json.loads(await first.recv())["type"] == "session.created"
+        async with websockets.connect(url, additional_headers={"Authorization": "Bearer sesame"}) as second:
+            error = json.loads(await second.recv())
+            assert error["type"] == "error" and error["error"]["code"] == "too_many_sessions"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await second.recv()
+            assert closed.value.rcvd.code == 1013
+    health = guarded_server.get("/health").json()
+    assert health["active_sessions"] == 0
