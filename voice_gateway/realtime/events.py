@@ -388,6 +388,12 @@ class ResponseCancel(_ClientEvent):
     response_id: str | None = None
 
 
+class OutputAudioBufferClear(_ClientEvent):
+    """WebRTC only: stop the reply audio that is playing now."""
+
+    type: Literal["output_audio_buffer.clear"] = "output_audio_buffer.clear"
+
+
 ClientEvent = Annotated[
     Union[
         SessionUpdate,
@@ -398,6 +404,7 @@ ClientEvent = Annotated[
         ConversationItemTruncate,
         ResponseCreate,
         ResponseCancel,
+        OutputAudioBufferClear,
     ],
     Field(discriminator="type"),
 ]

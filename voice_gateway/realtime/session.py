@@ -76,6 +76,7 @@ class Session:
             ev.ConversationItemTruncate: self._truncate,
             ev.ResponseCreate: self._response_create,
             ev.ResponseCancel: self._response_cancel,
+            ev.OutputAudioBufferClear: self._output_clear,
         }
 
     @property
@@ -286,6 +287,17 @@ class Session:
             self.error("response_cancel_not_active", "there is no active response to cancel", event_id=event.event_id)
             return
         await self.cancel_response("client_cancelled")
+
+    async def _output_clear(self, event: ev.OutputAudioBufferClear) -> None:
+        if self.audio_out is None:
+            self.error("invalid_request", "output_audio_buffer.clear is for WebRTC sessions: this one sends audio "
+                       "as events", event_id=event.event_id)
+            return
+        playing = self.audio_out.playing
+        if self.response is not None:
+            await self.cancel_response("client_cancelled")  # clears the track too
+        elif playing is not None:
+            self._clear_playback(playing)
 
     # -- responses
     def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None) -> None:

@@ -1,0 +1,77 @@
+"""Session edge cases driven directly (no socket): a reader that falls behind, and clearing WebRTC playback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+
+from engine.api import create_engine, load_profile
+from voice_gateway.config import GatewayConfig
+from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.realtime.events import Dialect
+from voice_gateway.realtime.session import Session
+
+
+def _drain(session: Session) -> list[dict]:
+    out = []
+    while (payload := session.outbox.get_nowait()) is not None:
+        out.append(json.loads(payload))
+    return out
+
+
+class RecordingOut:
+    def __init__(self) -> None:
+        self.playing: str | None = "resp_playing"
+        self.cleared = 0
+
+    def push(self, samples: np.ndarray, response_id: str) -> None:
+        self.playing = response_id
+
+    def clear(self) -> None:
+        self.cleared += 1
+        self.playing = None
+
+
+async def test_a_reader_that_falls_behind_gets_slow_consumer(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    await engine.start()
+    try:
+        # nobody drains this outbox: the reply's audio cannot be queued
+        session = Session(engine, GatewayConfig(send_queue_messages=16), Dialect.GA, GatewayMetrics(), "test")
+        session.open()
+        await session.handle(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}}))
+        await session.handle(json.dumps({"type": "response.create"}))
+        assert session.response is not None and session.response.task is not None
+        await asyncio.wait_for(session.response.task, 60)
+        events = _drain(session)
+        errors = [e for e in events if e["type"] == "error"]
+        assert [e["error"]["code"] for e in errors] == ["slow_consumer"]
+        done = next(e for e in events if e["type"] == "response.done")
+        assert done["response"]["status"] == "failed"
+        assert done["response"]["status_details"]["error"]["code"] == "slow_consumer"
+        for _ in range(50):
+            if engine.num_active_requests() == 0 and not any(engine.stage_load().values()):
+                break
+            await asyncio.sleep(0.05)
+        assert engine.num_active_requests() == 0 and not any(engine.stage_load().values())
+    finally:
+        await engine.stop()
+
+
+async def test_output_audio_buffer_clear(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    websocket = Session(engine, GatewayConfig(), Dialect.GA, GatewayMetrics(), "websocket")
+    await websocket.handle(json.dumps({"type": "output_audio_buffer.clear", "event_id": "evt_1"}))
+    error = _drain(websocket)[-1]
+    assert error["type"] == "error" and error["error"]["event_id"] == "evt_1"
+
+    webrtc = Session(engine, GatewayConfig(), Dialect.GA, GatewayMetrics(), "webrtc")
+    webrtc.audio_out = out = RecordingOut()
+    await webrtc.handle(json.dumps({"type": "output_audio_buffer.clear"}))
+    assert out.cleared == 1
+    cleared = _drain(webrtc)[-1]
+    assert cleared["type"] == "output_audio_buffer.cleared" and cleared["response_id"] == "resp_playing"
