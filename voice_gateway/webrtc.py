@@ -60,7 +60,6 @@ class ReplyTrack(MediaStreamTrack):
         super().__init__()
         self.session = session
         self._queue: deque[np.ndarray] = deque()
-        self._queued = 0
         self._pending = np.zeros(0, np.float32)
         self._resampler = soxr.ResampleStream(24_000, TRACK_RATE_HZ, 1, dtype="float32", quality="HQ")
         self._started_at: float | None = None
@@ -74,11 +73,9 @@ class ReplyTrack(MediaStreamTrack):
             self.last_response = response_id
         wide = self._resampler.resample_chunk(samples.astype(np.float32))
         self._queue.append(wide)
-        self._queued += wide.size
 
     def clear(self) -> None:
         self._queue.clear()
-        self._queued = 0
         self._pending = np.zeros(0, np.float32)
         self.playing = None
 
@@ -86,7 +83,6 @@ class ReplyTrack(MediaStreamTrack):
         while self._pending.size < FRAME_SAMPLES and self._queue:
             self._pending = np.concatenate([self._pending, self._queue.popleft()])
         frame, self._pending = self._pending[:FRAME_SAMPLES], self._pending[FRAME_SAMPLES:]
-        self._queued = self._pending.size + sum(q.size for q in self._queue)
         return frame
 
     async def recv(self) -> av.AudioFrame:

@@ -102,3 +102,19 @@ def test_barge_in_stops_the_reply_and_truncates_it(
         assert interrupted[0]["playedMs"] < interrupted[0]["receivedMs"], why
     freed, snapshots = result["health_after_close"]
     assert freed, f"the session outlived its page: {snapshots}"
+
+
+def test_push_to_talk_over_websocket_opus(tiny_checkpoint: Path, cache_dir: Path, fake_mic_wav: Path,
+                                          tmp_path: Path) -> None:
+    result = run_driver("ws-opus-push-to-talk", fake_mic_wav, cache_dir, tmp_path)
+    why = explain(result, tmp_path)
+    assert result["connect_error"] is None and "wait_error" not in result, why
+    stats = result["page"]["stats"]
+    assert stats["errors"] == [], why
+    # no server VAD: the turn is the button's hold, committed by hand
+    assert stats["eventCounts"].get("input_audio_buffer.speech_started", 0) == 0, why
+    assert stats["eventCounts"].get("input_audio_buffer.committed", 0) >= 1, why
+    assert stats["responsesCompleted"] >= 1 and stats["audioSamplesPlayed"] > 0, why
+    assert stats["lastLatencyMs"] is not None and stats["lastLatencyMs"] > 0, why
+    freed, snapshots = result["health_after_close"]
+    assert freed, f"the session outlived its page: {snapshots}"
