@@ -12,6 +12,7 @@ import torch
 from engine.api import EngineError, ModelInfo
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
+from engine.models.cuda_graphs import DEFAULT_BUCKETS, apply_cuda_graphs
 from engine.models.full_size import build_dummy_stage, full_size_config_dict
 from engine.models.loader import load_config, load_stage, resolve_checkpoint
 from engine.models.talker_runner import TalkerRunner
@@ -93,6 +94,9 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
                 max_len=stages_cfg.thinker.max_model_len + stages_cfg.talker.max_frames + 16,
             )
             code2wav_runner = Code2WavRunner(code2wav)
+        if not stages_cfg.talker.enforce_eager and stages_cfg.talker.device.startswith("cuda"):
+            buckets = tuple(b for b in DEFAULT_BUCKETS if b < stages_cfg.talker.max_batch) + (stages_cfg.talker.max_batch,)
+            apply_cuda_graphs(talker_runner, buckets)
         code2wav_stage = Code2WavStage(code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics)
         talker_stage = TalkerStage(talker_runner, stages_cfg.talker, code2wav_stage.inbox.put, _unbound_report, metrics)
         to_talker = talker_stage.inbox.put

@@ -53,32 +53,56 @@ def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int) -> torch
     return (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
 
 
+@dataclass(frozen=True, slots=True)
+class RowTensors:
+    """The batch's settings as device tensors [B] (what a captured graph reads)."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    seeds: torch.Tensor
+    draws: torch.Tensor
+
+    @staticmethod
+    def of(rows: list[RowSampling], device: torch.device | str) -> RowTensors:
+        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        return RowTensors(
+            temperature=tensor([r.temperature for r in rows], torch.float32),
+            top_p=tensor([r.top_p for r in rows], torch.float32),
+            top_k=tensor([r.top_k for r in rows], torch.int64),
+            seeds=tensor([r.seed for r in rows], torch.int64),
+            draws=tensor([r.draws for r in rows], torch.int64),
+        )
+
+
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     """logits [B, V] -> token ids [B]. Temperature 0 is greedy. Advances each row's counter."""
-    device = logits.device
-    logits = logits.float()
-    temperature = torch.tensor([r.temperature for r in rows], device=device)
-    top_p = torch.tensor([r.top_p for r in rows], device=device)
-    top_k = torch.tensor([r.top_k for r in rows], device=device)
-    seeds = torch.tensor([r.seed for r in rows], device=device, dtype=torch.int64)
-    draws = torch.tensor([r.draws for r in rows], device=device, dtype=torch.int64)
+    tokens = sample_tensors(logits, RowTensors.of(rows, logits.device))
     for r in rows:
         r.draws += 1
+    return tokens
 
+
+def sample_tensors(logits: torch.Tensor, rows: RowTensors, draw_offset: int = 0) -> torch.Tensor:
+    """`sample` with the settings already on the device: no host work, so it can be captured in a graph."""
+    device = logits.device
+    logits = logits.float()
     greedy = logits.argmax(dim=-1)
-    scaled = logits / temperature.clamp_min(1e-5)[:, None]
+    scaled = logits / rows.temperature.clamp_min(1e-5)[:, None]
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=device)[None, :]
-    keep = (top_k[:, None] <= 0) | (rank < top_k[:, None])
+    keep = (rows.top_k[:, None] <= 0) | (rank < rows.top_k[:, None])
     sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1)
     # Drop a token when the mass before it already reaches top_p (the first always stays).
-    probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p[:, None], 0.0)
+    probs = probs.masked_fill(probs.cumsum(-1) - probs >= rows.top_p[:, None], 0.0)
     # Exponential race: argmax of p / Exp(1) draws from p; the noise is indexed by token id, not rank.
-    noise = -torch.log(uniform_noise(seeds, draws, logits.shape[-1])).to(probs.dtype)
+    noise = -torch.log(uniform_noise(rows.seeds, rows.draws + draw_offset, logits.shape[-1])).to(probs.dtype)
     choice = (probs / noise.gather(1, order)).argmax(dim=-1)
     sampled = order.gather(1, choice[:, None])[:, 0]
-    return torch.where(temperature > 0, sampled, greedy)
+    return torch.where(rows.temperature > 0, sampled, greedy)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, history: list[list[int]], penalty: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.kv_cache import SlotKVCache, cache_kwarg
-from engine.models.sampler import RowSampling, sample
+from engine.models.sampler import RowSampling, RowTensors, sample_tensors
 
 
 class TalkerRunner:
@@ -54,6 +54,8 @@ class TalkerRunner:
         )
         self._cache_kw = cache_kwarg(talker.model)
         self._predictor_cache_kw = cache_kwarg(self.predictor.model)
+        # set by engine/models/cuda_graphs.py when the profile allows graphs
+        self.graphed_predictor = None
 
     def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
         return self.talker.text_projection(thinker_embeds.to(self.device, self.dtype))
@@ -109,6 +111,19 @@ class TalkerRunner:
 
         past_hidden [B, H], code0 [B] -> codes [B, num_code_groups], next talker input [B, H]
         """
+        settings = RowTensors.of(rows, self.device)
+        if self.graphed_predictor is not None and (out := self.graphed_predictor(past_hidden, code0, settings)):
+            codes, total = out
+        else:
+            codes, total = self.predict_residuals(past_hidden, code0, settings)
+        for r in rows:
+            r.draws += self.num_code_groups - 1
+        return codes, total
+
+    def predict_residuals(
+        self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 15 dependent code-predictor passes; device work only (a CUDA graph captures this)."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.predictor.config)
@@ -118,7 +133,7 @@ class TalkerRunner:
         codes, total = [code0], first
         for group in range(self.num_code_groups - 1):
             hidden = self.predictor.model(inputs_embeds=step_input, **kw).last_hidden_state[:, -1]
-            code = sample(self.predictor.lm_head[group](hidden), rows)
+            code = sample_tensors(self.predictor.lm_head[group](hidden), rows, draw_offset=group)
             codes.append(code)
             embed = self.predictor.model.codec_embedding[group](code)
             total = total + embed
