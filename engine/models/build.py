@@ -12,7 +12,7 @@ import torch
 from engine.api import EngineError, ModelInfo
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
-from engine.models.cuda_graphs import DEFAULT_BUCKETS, apply_cuda_graphs
+from engine.models.cuda_graphs import apply_talker_graphs, apply_thinker_graphs
 from engine.models.full_size import build_dummy_stage, full_size_config_dict
 from engine.models.loader import load_config, load_stage, resolve_checkpoint
 from engine.models.talker_runner import TalkerRunner
@@ -35,6 +35,18 @@ def _unbound_report(item: Any) -> None:
 def _check_device(device: str) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise EngineError(f"the deploy profile asks for {device}, but CUDA is not available here")
+
+
+def _capture(stage: str, apply: Any, runner: Any) -> None:
+    """Graphs are an optimisation: a capture that fails leaves the stage eager, loudly."""
+    try:
+        with torch.inference_mode():
+            apply(runner)
+    except Exception:
+        log.exception("%s: CUDA graph capture failed; this stage runs eagerly", stage)
+        runner.graphed_decode = None
+        if hasattr(runner, "graphed_predictor"):
+            runner.graphed_predictor = None
 
 
 def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | None) -> dict[str, Any]:
@@ -76,6 +88,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     thinker_runner = ThinkerRunner(
         thinker, config, max_batch=stages_cfg.thinker.max_batch, max_len=stages_cfg.thinker.max_model_len
     )
+    if not stages_cfg.thinker.enforce_eager and stages_cfg.thinker.device.startswith("cuda"):
+        _capture("thinker", apply_thinker_graphs, thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report
@@ -95,8 +109,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
             )
             code2wav_runner = Code2WavRunner(code2wav)
         if not stages_cfg.talker.enforce_eager and stages_cfg.talker.device.startswith("cuda"):
-            buckets = tuple(b for b in DEFAULT_BUCKETS if b < stages_cfg.talker.max_batch) + (stages_cfg.talker.max_batch,)
-            apply_cuda_graphs(talker_runner, buckets)
+            _capture("talker", apply_talker_graphs, talker_runner)
         code2wav_stage = Code2WavStage(code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics)
         talker_stage = TalkerStage(talker_runner, stages_cfg.talker, code2wav_stage.inbox.put, _unbound_report, metrics)
         to_talker = talker_stage.inbox.put

@@ -1,7 +1,7 @@
-"""CUDA graphs for the Talker's code predictor: its 15 dependent passes captured once per batch bucket.
+"""CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket.
 
-Applied to a finished `TalkerRunner` from outside (the model and the eager path
-stay as they are). Each bucket's graph reads static input tensors; a call copies
+Applied to finished runners from outside (the model and the eager path stay as
+they are). Each bucket's graph reads static input tensors; a call copies
 its rows in, replays the smallest bucket that fits, and reads the outputs back.
 Buckets are captured largest first into one shared memory pool. A batch larger
 than every bucket runs eagerly. The eager path is the reference the graphed one
@@ -11,12 +11,15 @@ is tested against.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from engine.models.kv_cache import SlotBatch, SlotKVCache
 from engine.models.sampler import RowTensors
 from engine.models.talker_runner import TalkerRunner
+from engine.models.thinker_runner import ThinkerRunner
 
 log = logging.getLogger(__name__)
 
@@ -82,5 +85,76 @@ class GraphedCodePredictor:
         return bucket.codes[:n].clone(), bucket.total[:n].clone()
 
 
-def apply_cuda_graphs(runner: TalkerRunner, buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+DecodeStep = Callable[[torch.Tensor, SlotBatch], tuple[torch.Tensor, ...]]
+
+
+@dataclass(slots=True)
+class _DecodeBucket:
+    graph: torch.cuda.CUDAGraph
+    embeds: torch.Tensor  # [B, 1, H]
+    slots: torch.Tensor  # [B]
+    starts: torch.Tensor  # [B]
+    outputs: tuple[torch.Tensor, ...]
+
+
+class GraphedDecode:
+    """One decode step (one token per slot) of a slot-KV model, captured per batch bucket.
+
+    A graph cannot change shape, so it attends over the cache's whole length (the mask hides
+    what is not written yet) and its padding rows write into the cache's scratch slot.
+    """
+
+    def __init__(self, step: DecodeStep, kv: SlotKVCache, hidden_size: int, dtype: torch.dtype,
+                 buckets: tuple[int, ...]) -> None:
+        device = kv.keys[0].device
+        self.kv = kv
+        self.buckets: dict[int, _DecodeBucket] = {}
+        pool = None
+        for size in sorted(buckets, reverse=True):
+            embeds = torch.zeros(size, 1, hidden_size, device=device, dtype=dtype)
+            slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
+            starts = torch.zeros(size, dtype=torch.long, device=device)
+            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=1, kv_len=kv.max_len)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    step(embeds, view)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                outputs = step(embeds, view)
+            pool = graph.pool()
+            self.buckets[size] = _DecodeBucket(graph, embeds, slots, starts, outputs)
+
+    def __call__(self, embeds: torch.Tensor, slots: list[int], positions: list[int]) -> tuple[torch.Tensor, ...] | None:
+        n = embeds.shape[0]
+        size = min((b for b in self.buckets if b >= n), default=None)
+        if size is None:
+            return None
+        bucket = self.buckets[size]
+        bucket.embeds[:n].copy_(embeds)
+        pad = size - n
+        bucket.slots.copy_(torch.tensor(slots + [self.kv.scratch_slot] * pad).to(bucket.slots.device, non_blocking=True))
+        bucket.starts.copy_(torch.tensor(positions + [0] * pad).to(bucket.starts.device, non_blocking=True))
+        bucket.graph.replay()
+        return tuple(out[:n].clone() for out in bucket.outputs)
+
+
+def _buckets(max_batch: int) -> tuple[int, ...]:
+    return tuple(b for b in DEFAULT_BUCKETS if b < max_batch) + (max_batch,)
+
+
+def apply_talker_graphs(runner: TalkerRunner) -> None:
+    buckets = _buckets(runner.kv.num_slots)
     runner.graphed_predictor = GraphedCodePredictor(runner, buckets)
+    runner.graphed_decode = GraphedDecode(runner.decode_step, runner.kv, runner.codec_embedding.embedding_dim,
+                                          runner.dtype, buckets)
+    log.info("talker decode captured for batch sizes %s", sorted(buckets))
+
+
+def apply_thinker_graphs(runner: ThinkerRunner) -> None:
+    buckets = _buckets(runner.kv.num_slots)
+    hidden = runner.text_model.embed_tokens.embedding_dim
+    runner.graphed_decode = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets)
+    log.info("thinker decode captured for batch sizes %s", sorted(buckets))

@@ -35,11 +35,13 @@ class SlotKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        # one slot more than requests can hold: padding rows of a captured batch write there
+        shape = (num_slots + 1, num_kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
         self.num_slots = num_slots
+        self.scratch_slot = num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))
 
     @property

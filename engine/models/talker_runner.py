@@ -56,6 +56,7 @@ class TalkerRunner:
         self._predictor_cache_kw = cache_kwarg(self.predictor.model)
         # set by engine/models/cuda_graphs.py when the profile allows graphs
         self.graphed_predictor = None
+        self.graphed_decode = None
 
     def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
         return self.talker.text_projection(thinker_embeds.to(self.device, self.dtype))
@@ -91,7 +92,13 @@ class TalkerRunner:
 
     def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs [B, H] -> logits [B, V], last hidden [B, H]."""
-        hidden = self._forward(inputs[:, None], self.kv.batch(slots, positions, 1))[:, -1]
+        if self.graphed_decode is not None and (out := self.graphed_decode(inputs[:, None], slots, positions)):
+            return out[0], out[1]
+        return self.decode_step(inputs[:, None], self.kv.batch(slots, positions, 1))
+
+    def decode_step(self, embeds: torch.Tensor, view) -> tuple[torch.Tensor, torch.Tensor]:
+        """embeds [B, 1, H] -> logits [B, V], last hidden [B, H]; device work only (a CUDA graph captures this)."""
+        hidden = self._forward(embeds, view)[:, -1]
         return self.talker.codec_head(hidden), hidden
 
     def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:

@@ -46,6 +46,7 @@ class ThinkerRunner:
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
         self._capturing = False
+        self.graphed_decode = None  # set by engine/models/cuda_graphs.py when the profile allows graphs
 
     def _capture(self, module, args, output) -> None:
         if self._capturing:
@@ -72,8 +73,13 @@ class ThinkerRunner:
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token for each slot at its position -> logits [B, V]."""
         embeds = self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device)).unsqueeze(1)
-        out = self._forward(embeds, self.kv.batch(slots, positions, 1))
-        return self.thinker.lm_head(out[:, -1])
+        if self.graphed_decode is not None and (out := self.graphed_decode(embeds, slots, positions)):
+            return out[0]
+        return self.decode_step(embeds, self.kv.batch(slots, positions, 1))[0]
+
+    def decode_step(self, embeds: torch.Tensor, view) -> tuple[torch.Tensor]:
+        """embeds [B, 1, H] -> (logits [B, V],); device work only (a CUDA graph captures this)."""
+        return (self.thinker.lm_head(self._forward(embeds, view)[:, -1]),)
 
     def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
         out = self.text_model(
