@@ -48,6 +48,8 @@ class ThinkerConfig:
     max_batch: int = field(default=8, metadata=_at_least(1))
     max_model_len: int = field(default=2048, metadata=_at_least(16))
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
+    # padded prompt tokens one prefill forward may take (1: one request per prefill)
+    prefill_token_budget: int = field(default=4096, metadata=_at_least(1))
     ignore_eos: bool = False
     enforce_eager: bool = True
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -80,15 +80,10 @@ class SlotBatch:
     # because we always pass explicit position ids and a prepared 4-D mask.
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        # key_states: [B, H, num_new, D]
-        if self.num_new == 1:
-            keys[self.slots, :, self.starts] = key_states[:, :, 0]
-            values[self.slots, :, self.starts] = value_states[:, :, 0]
-        else:
-            for b in range(key_states.shape[0]):
-                slot, start = int(self.slots[b]), int(self.starts[b])
-                keys[slot, :, start : start + self.num_new] = key_states[b]
-                values[slot, :, start : start + self.num_new] = value_states[b]
+        # key_states: [B, H, num_new, D]; the index pair [B, 1] x [B, num_new] addresses [B, num_new, H, D]
+        positions = self.starts[:, None] + torch.arange(self.num_new, device=self.starts.device)
+        keys[self.slots[:, None], :, positions] = key_states.transpose(1, 2)
+        values[self.slots[:, None], :, positions] = value_states.transpose(1, 2)
         return keys[self.slots, :, : self.kv_len], values[self.slots, :, : self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -55,20 +55,37 @@ class ThinkerRunner:
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         return self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device))
 
-    def prefill(self, slot: int, token_ids: list[int], audio_features: list[torch.Tensor], want_hidden: bool) -> PrefillOut:
-        ids = torch.tensor([token_ids], device=self.device)
+    def prefill(
+        self, slots: list[int], prompts: list[list[int]], audio: list[list[torch.Tensor]], want_hidden: bool
+    ) -> list[PrefillOut]:
+        """Several prompts in one forward, right-padded to the longest.
+
+        Padding positions write junk keys past each prompt's end; decode overwrites each of them in
+        the very step that first lets a query see it, so nothing reads them.
+        """
+        lengths = [len(p) for p in prompts]
+        ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
+        for b, prompt in enumerate(prompts):
+            ids[b, : len(prompt)] = torch.tensor(prompt)
+        ids = ids.to(self.device)
         embeds = self.text_model.embed_tokens(ids)
-        if audio_features:
-            embeds = self._merge_audio(ids, embeds, audio_features)
-        view = self.kv.batch([slot], [0], len(token_ids))
+        for b, features in enumerate(audio):
+            if features:
+                merged = self._merge_audio(ids[b : b + 1, : lengths[b]], embeds[b : b + 1, : lengths[b]], features)
+                embeds[b, : lengths[b]] = merged[0]
+        view = self.kv.batch(slots, [0] * len(prompts), max(lengths))
         self._capturing, self._captured = want_hidden, []
         try:
             out = self._forward(embeds, view)
         finally:
             self._capturing = False
-        logits = self.thinker.lm_head(out[:, -1])
-        hidden = self._captured[0][0] if want_hidden else None
-        return PrefillOut(logits=logits[0], embeds=embeds[0], hidden=hidden)
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        logits = self.thinker.lm_head(out[torch.arange(len(prompts), device=self.device), last])
+        hidden = self._captured[0] if want_hidden else None
+        return [
+            PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=None if hidden is None else hidden[b, :n])
+            for b, n in enumerate(lengths)
+        ]
 
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token for each slot at its position -> logits [B, V]."""

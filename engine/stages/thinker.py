@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from engine.api import TextDelta
 from engine.handoff import ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
@@ -76,23 +78,43 @@ class ThinkerStage(Stage):
     def step(self) -> list[str]:
         # prefill first: a new request's first token matters more than one more token for the others
         if self.waiting and self.runner.kv.num_free > 0:
-            return self._prefill(self.waiting.popleft())
+            return self._prefill(self._take_prefill_group())
         return self._decode()
 
-    def _prefill(self, seq: ThinkerSeq) -> list[str]:
-        job = seq.job
-        seq.slot = self.runner.kv.allocate()
-        self.running[job.request_id] = seq
-        self.last_batch = [job.request_id]
-        out = self.runner.prefill(seq.slot, job.token_ids, job.audio_features, want_hidden=job.want_audio)
-        seq.position = len(job.token_ids)
-        if job.want_audio:
-            assert out.hidden is not None
-            self.to_talker(
-                ThinkerPrompt(job.request_id, job.token_ids, out.embeds, out.hidden, job.speaker, job.seed)
-            )
-        token = int(sample(out.logits.unsqueeze(0), [seq.sampling])[0])
-        self._advance(seq, token)
+    def _take_prefill_group(self) -> list[ThinkerSeq]:
+        """Waiting requests for one prefill forward: as many as fit the free slots and the token budget."""
+        group = [self.waiting.popleft()]
+        padded = len(group[0].job.token_ids)
+        while self.waiting and len(group) < self.runner.kv.num_free:
+            longest = max(padded // len(group), len(self.waiting[0].job.token_ids))
+            # large enough to batch a burst of arrivals, small enough not to stall everyone's decode
+            if longest * (len(group) + 1) > self.cfg.prefill_token_budget:
+                break
+            group.append(self.waiting.popleft())
+            padded = longest * len(group)
+        return group
+
+    def _prefill(self, seqs: list[ThinkerSeq]) -> list[str]:
+        for seq in seqs:
+            seq.slot = self.runner.kv.allocate()
+            self.running[seq.job.request_id] = seq
+        self.last_batch = [s.job.request_id for s in seqs]
+        outs = self.runner.prefill(
+            [s.slot for s in seqs],
+            [s.job.token_ids for s in seqs],
+            [s.job.audio_features for s in seqs],
+            want_hidden=any(s.job.want_audio for s in seqs),
+        )
+        tokens = sample(torch.stack([o.logits for o in outs]), [s.sampling for s in seqs]).tolist()
+        for seq, out, token in zip(seqs, outs, tokens):
+            job = seq.job
+            seq.position = len(job.token_ids)
+            if job.want_audio:
+                assert out.hidden is not None
+                self.to_talker(
+                    ThinkerPrompt(job.request_id, job.token_ids, out.embeds, out.hidden, job.speaker, job.seed)
+                )
+            self._advance(seq, token)
         return self.last_batch
 
     def _decode(self) -> list[str]:

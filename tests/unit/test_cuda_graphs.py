@@ -50,8 +50,7 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path) -> None:
         hidden = runner.text_model.embed_tokens.embedding_dim
         graphed = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets=(2, 4))
         prompts = {0: [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198], 2: [151644, 872, 198, 151644, 77091, 198]}
-        for slot, ids in prompts.items():
-            runner.prefill(slot, ids, [], want_hidden=False)
+        runner.prefill(list(prompts), list(prompts.values()), [[], []], want_hidden=False)
         slots, positions, tokens = [0, 2], [len(prompts[0]), len(prompts[2])], [1000, 2000]
         embeds = runner.text_model.embed_tokens(torch.tensor(tokens, device="cuda")).unsqueeze(1)
         eager = runner.decode_step(embeds, runner.kv.batch(slots, positions, 1))[0]
