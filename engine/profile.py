@@ -63,6 +63,7 @@ class TalkerConfig:
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_frames: int = field(default=4096, metadata=_at_least(1))
+    max_prefill_batch: int = field(default=64, metadata=_at_least(1))  # prompts per prefill forward
     ignore_eos: bool = False
     enforce_eager: bool = True
     default_speaker: str = "ethan"

@@ -85,10 +85,18 @@ class TalkerRunner:
         codec_track = torch.cat([torch.zeros(3, text_track.shape[-1], device=self.device, dtype=self.dtype), self.codec_embedding(codec_ids)])
         return torch.cat([rows, text_track + codec_track])
 
-    def prefill(self, slot: int, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> logits [V], last hidden [H]."""
-        hidden = self._forward(prompt[None], self.kv.batch([slot], [0], prompt.shape[0]))
-        return self.talker.codec_head(hidden[0, -1]), hidden[0, -1]
+    def prefill(self, slots: list[int], prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Talker prompts ([L_b, H] each) in one right-padded forward -> logits [B, V], last hidden [B, H].
+
+        Padding writes junk keys past each prompt; decode overwrites each before any query sees it.
+        """
+        lengths = [p.shape[0] for p in prompts]
+        batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
+        for b, prompt in enumerate(prompts):
+            batch[b, : lengths[b]] = prompt
+        hidden = self._forward(batch, self.kv.batch(slots, [0] * len(prompts), max(lengths)))
+        last = hidden[torch.arange(len(prompts), device=self.device), torch.tensor(lengths, device=self.device) - 1]
+        return self.talker.codec_head(last), last
 
     def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs [B, H] -> logits [B, V], last hidden [B, H]."""

@@ -95,16 +95,12 @@ class TalkerStage(Stage):
         if seq is not None:
             self.runner.kv.free(seq.slot)
 
-    def _prefillable(self) -> TalkerSeq | None:
-        if self.runner.kv.num_free == 0:
-            return None
-        for seq in self.pending.values():
-            if seq.first_text is not None:
-                return seq
-            if seq.thinker_done:  # an empty reply has nothing to say
-                self._finish(seq)
-                return None
-        return None
+    def _prefillable(self) -> list[TalkerSeq]:
+        """Pending requests whose first text token is here, as many as there are free slots."""
+        for seq in [s for s in self.pending.values() if s.first_text is None and s.thinker_done]:
+            self._finish(seq)  # an empty reply has nothing to say
+        ready = [s for s in self.pending.values() if s.first_text is not None]
+        return ready[: min(self.runner.kv.num_free, self.cfg.max_prefill_batch)]
 
     def _ready(self) -> list[TalkerSeq]:
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
@@ -119,22 +115,24 @@ class TalkerStage(Stage):
         return len(self.running)
 
     def step(self) -> list[str]:
-        seq = self._prefillable()
-        if seq is not None:
-            return self._prefill(seq)
+        seqs = self._prefillable()
+        if seqs:
+            return self._prefill(seqs)
         return self._decode(self._ready())
 
-    def _prefill(self, seq: TalkerSeq) -> list[str]:
-        self.pending.pop(seq.request_id)
-        p = seq.prompt
-        seq.slot = self.runner.kv.allocate()
-        self.running[seq.request_id] = seq
-        self.last_batch = [seq.request_id]
-        assert seq.first_text is not None
-        prompt = self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker)
-        logits, hidden = self.runner.prefill(seq.slot, prompt)
-        seq.position = prompt.shape[0]
-        self._take_code0([seq], logits[None], hidden[None])
+    def _prefill(self, seqs: list[TalkerSeq]) -> list[str]:
+        prompts = []
+        for seq in seqs:
+            self.pending.pop(seq.request_id)
+            seq.slot = self.runner.kv.allocate()
+            self.running[seq.request_id] = seq
+            p = seq.prompt
+            assert seq.first_text is not None
+            prompts.append(self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker))
+            seq.position = prompts[-1].shape[0]
+        self.last_batch = [s.request_id for s in seqs]
+        logits, hidden = self.runner.prefill([s.slot for s in seqs], prompts)
+        self._take_code0(seqs, logits, hidden)
         return self.last_batch
 
     def _decode(self, seqs: list[TalkerSeq]) -> list[str]:
