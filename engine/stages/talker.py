@@ -142,7 +142,7 @@ class TalkerStage(Stage):
         code0 = torch.stack([s.code0 for s in seqs])
         past_hidden = torch.stack([s.past_hidden for s in seqs])
         codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in seqs])
-        inputs = codec_sum + torch.stack([self._next_text_row(s) for s in seqs])
+        inputs = codec_sum + self._next_text_rows(seqs)
         for seq, frame in zip(seqs, codes.cpu()):  # one copy to the host for the batch
             self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
             seq.frames += 1
@@ -157,13 +157,24 @@ class TalkerStage(Stage):
             self._take_code0([seqs[i] for i in live], logits[live], hidden[live])
         return self.last_batch
 
-    def _next_text_row(self, seq: TalkerSeq) -> torch.Tensor:
-        if seq.text_rows:
-            return self.runner.text_projection(seq.text_rows.popleft())
-        if not seq.eos_fed:
-            seq.eos_fed = True
-            return self.runner.tts_eos
-        return self.runner.tts_pad
+    def _next_text_rows(self, seqs: list[TalkerSeq]) -> torch.Tensor:
+        """Each request's next text-track row [B, H]: its next Thinker token, then tts_eos once, then tts_pad."""
+        rows: list[torch.Tensor | None] = []
+        fresh: list[tuple[int, torch.Tensor]] = []
+        for i, seq in enumerate(seqs):
+            if seq.text_rows:
+                fresh.append((i, seq.text_rows.popleft()))
+                rows.append(None)
+            elif not seq.eos_fed:
+                seq.eos_fed = True
+                rows.append(self.runner.tts_eos)
+            else:
+                rows.append(self.runner.tts_pad)
+        if fresh:  # one projection for the batch, not one per request
+            projected = self.runner.text_projection(torch.stack([row for _, row in fresh]))
+            for (i, _), row in zip(fresh, projected):
+                rows[i] = row
+        return torch.stack(rows)  # type: ignore[arg-type]
 
     def _take_code0(self, seqs: list[TalkerSeq], logits: torch.Tensor, hidden: torch.Tensor) -> None:
         logits = self.runner.mask_logits(logits, allow_eos=not self.cfg.ignore_eos)
