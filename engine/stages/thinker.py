@@ -28,7 +28,10 @@ class ThinkerSeq:
     slot: int = -1
     position: int = 0  # tokens in the KV cache
     generated: list[int] = field(default_factory=list)
-    text: str = ""
+    # incremental detokenisation: ids before `text_from` are emitted and never decoded again;
+    # [text_from, text_to) were decoded last time and give the context for the next piece
+    text_from: int = 0
+    text_to: int = 0
 
 
 class ThinkerStage(Stage):
@@ -146,9 +149,12 @@ class ThinkerStage(Stage):
             )
 
     def _emit_text(self, seq: ThinkerSeq, final: bool = False) -> None:
-        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        """Emit the text the newest tokens added, decoding only a short window, not the whole reply."""
+        ids = seq.generated
+        before = self.tokenizer.decode(ids[seq.text_from : seq.text_to], skip_special_tokens=True)
+        after = self.tokenizer.decode(ids[seq.text_from :], skip_special_tokens=True)
         # Hold back an incomplete multi-byte character until its next token arrives.
-        if (text.endswith("\ufffd") and not final) or len(text) <= len(seq.text):
+        if (after.endswith("\ufffd") and not final) or len(after) <= len(before):
             return
-        delta, seq.text = text[len(seq.text) :], text
-        self.report(TextDelta(seq.job.request_id, delta, (seq.generated[-1],)))
+        seq.text_from, seq.text_to = seq.text_to, len(ids)
+        self.report(TextDelta(seq.job.request_id, after[len(before) :], tuple(ids[seq.text_from : seq.text_to])))

@@ -48,12 +48,6 @@ def health(url: str) -> dict:
     return httpx.get(url + "/health", timeout=10).json()
 
 
-def webrtc_endpoint_status(url: str) -> int:
-    """The status a bad offer gets: 404 (or 405 from the static mount at /) means there is no WebRTC endpoint."""
-    return httpx.post(url + "/v1/realtime/calls?model=tiny", content=b"not an offer",
-                      headers={"Content-Type": "application/sdp"}, timeout=10).status_code
-
-
 def wait_health(url: str, timeout_s: float) -> tuple[bool, list[dict]]:
     """Poll /health until no session and no engine request is left; every snapshot is returned."""
     snapshots = []
@@ -84,97 +78,72 @@ def connect(page, transport: str) -> str | None:
     }""", transport)
 
 
-def scenario_turn(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
-    console: list[str] = []
-    result["console"] = console
-    if transport == "webrtc":
-        status = webrtc_endpoint_status(url)
-        result["calls_status"] = status
-        if status in (404, 405):
-            result["skipped"] = f"POST /v1/realtime/calls answers {status}: the server has no WebRTC endpoint yet"
-            return
+def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad"):
+    """Open the demo, pick the turn mode, connect; the page, with console output and any error in `result`."""
+    result["console"] = console = []
     page = open_page(browser, url, transport, console)
     result["random_notice_visible"] = page.is_visible("#random-notice")
+    page.evaluate("(m) => voiceDemo.setMode(m)", mode)
     result["connect_error"] = connect(page, transport)
-    if result["connect_error"] is None:
-        audio_seen = "s.packetsReceived > 0" if transport == "webrtc" else "s.audioSamplesPlayed > 0"
-        try:
-            page.wait_for_function(
-                f"() => {{ const s = voiceDemo.stats; return s.responsesCompleted >= 1 && s.lastLatencyMs !== null"
-                f" && {audio_seen}; }}", timeout=TURN_TIMEOUT_MS, polling=200)
-        except Exception as e:  # noqa: BLE001 - reported in the JSON, asserted by the test
-            result["wait_error"] = str(e).splitlines()[0]
-        page.wait_for_timeout(600)  # let the stats panel catch up before the picture
+    return page
+
+
+def wait_for(page, predicate_js: str, result: dict, polling_ms: int) -> None:
+    try:
+        page.wait_for_function(predicate_js, timeout=TURN_TIMEOUT_MS, polling=polling_ms)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON, asserted by the test
+        result["wait_error"] = str(e).splitlines()[0]
+
+
+def close_page(page, out_dir: Path, picture: str, result: dict) -> None:
     result["page"] = page.evaluate(STATS_JS)
     result["transcript_html_turns"] = page.locator("#turns > li").count()
-    page.screenshot(path=str(out_dir / f"{transport}-turn.png"))
+    page.screenshot(path=str(out_dir / picture))
     page.close()
+
+
+def scenario_turn(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    page = start_page(browser, url, transport, result)
+    if result["connect_error"] is None:
+        audio_seen = "s.packetsReceived > 0" if transport == "webrtc" else "s.audioSamplesPlayed > 0"
+        wait_for(page, "() => { const s = voiceDemo.stats; return s.responsesCompleted >= 1"
+                 f" && s.lastLatencyMs !== null && {audio_seen}; }}", result, 200)
+        page.wait_for_timeout(600)  # let the stats panel catch up before the picture
+    close_page(page, out_dir, f"{transport}-turn.png", result)
     result["health_after_close"] = wait_health(url, 15)
 
 
 def scenario_close(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
     """Connect, wait until a reply is being generated, then close the page: the server must free everything."""
-    console: list[str] = []
-    result["console"] = console
-    if transport == "webrtc" and webrtc_endpoint_status(url) in (404, 405):
-        result["skipped"] = "POST /v1/realtime/calls is missing: the server has no WebRTC endpoint yet"
-        return
-    page = open_page(browser, url, transport, console)
-    result["connect_error"] = connect(page, transport)
+    page = start_page(browser, url, transport, result)
     if result["connect_error"] is None:
         result["health_connected"] = health(url)
-        try:
-            page.wait_for_function("() => (voiceDemo.stats.eventCounts['response.created'] || 0) >= 1",
-                                   timeout=TURN_TIMEOUT_MS, polling=50)
-        except Exception as e:  # noqa: BLE001
-            result["wait_error"] = str(e).splitlines()[0]
+        wait_for(page, "() => (voiceDemo.stats.eventCounts['response.created'] || 0) >= 1", result, 50)
         result["health_replying"] = health(url)
-    result["page"] = page.evaluate(STATS_JS)
-    page.screenshot(path=str(out_dir / f"{transport}-close.png"))
-    page.close()
+    close_page(page, out_dir, f"{transport}-close.png", result)
     result["freed"], result["health_after_close"] = wait_health(url, 10)
 
 
 def scenario_barge_in(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
     """The fake mic talks again while the reply plays: the page must stop it and truncate the item."""
-    console: list[str] = []
-    result["console"] = console
-    if transport == "webrtc" and webrtc_endpoint_status(url) in (404, 405):
-        result["skipped"] = "POST /v1/realtime/calls is missing: the server has no WebRTC endpoint yet"
-        return
-    page = open_page(browser, url, transport, console)
-    result["connect_error"] = connect(page, transport)
+    page = start_page(browser, url, transport, result)
     if result["connect_error"] is None:
-        try:
-            page.wait_for_function("() => voiceDemo.stats.truncationsAcked >= 1", timeout=TURN_TIMEOUT_MS, polling=100)
-        except Exception as e:  # noqa: BLE001
-            result["wait_error"] = str(e).splitlines()[0]
+        wait_for(page, "() => voiceDemo.stats.truncationsAcked >= 1", result, 100)
         page.wait_for_timeout(400)
-    result["page"] = page.evaluate(STATS_JS)
-    page.screenshot(path=str(out_dir / f"{transport}-barge-in.png"))
-    page.close()
+    close_page(page, out_dir, f"{transport}-barge-in.png", result)
     result["health_after_close"] = wait_health(url, 15)
 
 
 def scenario_push_to_talk(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
     """Hold the talk button for 3 s of the fake mic, release: a committed turn and a completed reply."""
-    console: list[str] = []
-    result["console"] = console
-    page = open_page(browser, url, transport, console)
-    page.evaluate("() => voiceDemo.setMode('ptt')")
-    result["connect_error"] = connect(page, transport)
+    page = start_page(browser, url, transport, result, mode="ptt")
     if result["connect_error"] is None:
         page.evaluate("() => voiceDemo.pushToTalk.press()")
         page.wait_for_timeout(3000)
         page.evaluate("() => voiceDemo.pushToTalk.release()")
-        try:
-            page.wait_for_function("() => voiceDemo.stats.responsesCompleted >= 1 && voiceDemo.stats.audioSamplesPlayed > 0",
-                                   timeout=TURN_TIMEOUT_MS, polling=200)
-        except Exception as e:  # noqa: BLE001 - reported in the JSON, asserted by the test
-            result["wait_error"] = str(e).splitlines()[0]
-    result["page"] = page.evaluate(STATS_JS)
-    page.screenshot(path=str(out_dir / f"{transport}-push-to-talk.png"))
-    page.close()
+        wait_for(page, "() => voiceDemo.stats.responsesCompleted >= 1 && voiceDemo.stats.audioSamplesPlayed > 0",
+                 result, 200)
+    close_page(page, out_dir, f"{transport}-push-to-talk.png", result)
     result["health_after_close"] = wait_health(url, 15)
 
 

@@ -18,11 +18,6 @@ if _reason is not None:
     pytest.skip(_reason, allow_module_level=True)
 
 
-def _skip_if_no_webrtc(result: dict) -> None:
-    if result.get("skipped"):
-        pytest.skip(result["skipped"])
-
-
 def _assert_turn(result: dict, out_dir: Path, transport: str) -> dict:
     why = explain(result, out_dir)
     assert result["connect_error"] is None, why
@@ -56,7 +51,6 @@ def test_a_turn_over_websocket_opus(tiny_checkpoint: Path, cache_dir: Path, fake
 
 def test_a_turn_over_webrtc(tiny_checkpoint: Path, cache_dir: Path, fake_mic_wav: Path, tmp_path: Path) -> None:
     result = run_driver("webrtc-turn", fake_mic_wav, cache_dir, tmp_path)
-    _skip_if_no_webrtc(result)
     stats = _assert_turn(result, tmp_path, "webrtc")
     why = explain(result, tmp_path)
     assert stats["packetsReceived"] > 0, why  # RTP packets of the reply track
@@ -71,7 +65,6 @@ def test_closing_the_page_frees_the_session(
 ) -> None:
     """The page is closed while a reply is under way: /health must show no session and no request soon after."""
     result = run_driver(f"{transport}-close", fake_mic_wav, cache_dir, tmp_path)
-    _skip_if_no_webrtc(result)
     why = explain(result, tmp_path)
     assert result["connect_error"] is None, why
     assert "wait_error" not in result, why
@@ -87,7 +80,6 @@ def test_barge_in_stops_the_reply_and_truncates_it(
 ) -> None:
     """The fake user speaks again while the reply plays: the page drops the rest and tells the server what was heard."""
     result = run_driver(f"{transport}-barge-in", barge_in_wav, cache_dir, tmp_path)
-    _skip_if_no_webrtc(result)
     why = explain(result, tmp_path)
     assert result["connect_error"] is None, why
     assert "wait_error" not in result, why
