@@ -1,9 +1,10 @@
 """Code2Wav stage: cuts each reply's codec frames into chunks and decodes ready chunks in one batch.
 
 Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first
-packet, then `chunk_frames`, each decoded with `left_context_frames` of context.
-Chunk boundaries depend only on frame counts, never on timing, so a reply's audio
-is the same however the stages interleave. Async chunk off: one decode when the
+packet, then `chunk_frames`. Streaming (the default) carries each reply's decoder state
+in a slot between chunks; otherwise each chunk re-decodes `left_context_frames` of
+context. Chunk boundaries depend only on frame counts, never on timing, so a reply's
+audio is the same however the stages interleave. Async chunk off: one decode when the
 Talker finishes.
 """
 
@@ -19,6 +20,7 @@ from engine.api import AudioChunk
 from engine.handoff import AudioFinished, CodecFrames
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
+from engine.models.code2wav_stream import StreamBatch, StreamingCode2Wav
 from engine.profile import ChunkConfig, Code2WavConfig
 from engine.stages.base import Report, Stage
 
@@ -31,7 +33,9 @@ class Code2WavSeq:
     pieces: list[torch.Tensor] = field(default_factory=list)
     num_frames: int = 0
     decoded_frames: int = 0
+    emitted_samples: int = 0
     is_final: bool = False
+    slot: int | None = None  # streaming state slot, held from the first chunk to the last
 
     def frames(self) -> torch.Tensor:
         if len(self.pieces) > 1:
@@ -45,13 +49,21 @@ class Code2WavStage(Stage):
     name = "code2wav"
 
     def __init__(
-        self, runner: Code2WavRunner, cfg: Code2WavConfig, chunks: ChunkConfig, report: Report, metrics: EngineMetrics
+        self,
+        runner: Code2WavRunner,
+        cfg: Code2WavConfig,
+        chunks: ChunkConfig,
+        report: Report,
+        metrics: EngineMetrics,
+        stream: StreamingCode2Wav | None = None,
     ) -> None:
         super().__init__(report, metrics)
         self.runner = runner
+        self.stream = stream
         self.cfg = cfg
         self.chunks = chunks
         self.seqs: dict[str, Code2WavSeq] = {}
+        self.free_slots = list(range(stream.num_slots))[::-1] if stream else []
         self.last_batch: list[str] = []
 
     def accept(self, item: CodecFrames) -> None:
@@ -62,7 +74,9 @@ class Code2WavStage(Stage):
         seq.is_final = seq.is_final or item.is_final
 
     def release(self, request_id: str) -> None:
-        self.seqs.pop(request_id, None)
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None and seq.slot is not None:
+            self.free_slots.append(seq.slot)
 
     def _next_end(self, seq: Code2WavSeq) -> int | None:
         """End frame of the next chunk to decode, or None when it is not ready yet."""
@@ -75,7 +89,10 @@ class Code2WavStage(Stage):
         return seq.num_frames if seq.is_final else None
 
     def has_work(self) -> bool:
-        return any(self._next_end(s) is not None for s in self.seqs.values())
+        return any(self._next_end(s) is not None and self._can_start(s) for s in self.seqs.values())
+
+    def _can_start(self, seq: Code2WavSeq) -> bool:
+        return self.stream is None or seq.slot is not None or bool(self.free_slots)
 
     def num_waiting(self) -> int:
         return sum(self._next_end(s) is None for s in self.seqs.values())
@@ -85,23 +102,50 @@ class Code2WavStage(Stage):
 
     def step(self) -> list[str]:
         ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
+        if self.stream:  # a reply starts only when a state slot is free; held ones go first
+            ready.sort(key=lambda item: item[0].slot is None)
+            ready = ready[: self.cfg.max_batch]
+            for seq, _ in ready:
+                if seq.slot is None and self.free_slots:
+                    seq.slot = self.free_slots.pop()
+            ready = [(s, end) for s, end in ready if s.slot is not None]
         ready = ready[: self.cfg.max_batch]
         self.last_batch = [s.request_id for s, _ in ready]
         # final with every frame decoded already: only the end of the stream is left to send
         closing = [s for s, end in ready if end == s.decoded_frames]
         to_decode = [(s, end) for s, end in ready if end > s.decoded_frames]
         if to_decode:
-            windows = [self.runner.window(s.decoded_frames, end, self.chunks.left_context_frames) for s, end in to_decode]
-            audio = self.runner.decode_windows([s.frames() for s, _ in to_decode], windows)
-            for (seq, end), window, samples in zip(to_decode, windows, audio):
+            audio = self._decode_streaming(to_decode) if self.stream else self._decode_windows(to_decode)
+            for (seq, end), samples in zip(to_decode, audio):
                 seq.decoded_frames = end
-                self._emit(seq, window.emit_start, samples.numpy())
+                self._emit(seq, seq.emitted_samples, samples.numpy())
         for seq in closing:
             end_sample = seq.num_frames * self.runner.samples_per_frame - self.runner.tail_samples
             self._emit(seq, max(0, end_sample), np.zeros(0, dtype=np.float32))
         return self.last_batch
 
+    def _decode_windows(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
+        windows = [self.runner.window(s.decoded_frames, end, self.chunks.left_context_frames) for s, end in to_decode]
+        return self.runner.decode_windows([s.frames() for s, _ in to_decode], windows)
+
+    def _decode_streaming(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
+        assert self.stream is not None
+        sizes = [end - s.decoded_frames for s, end in to_decode]
+        codes = torch.zeros(len(to_decode), self.runner.num_quantizers, max(sizes), dtype=torch.long)
+        for b, ((seq, end), n) in enumerate(zip(to_decode, sizes)):
+            codes[b, :, :n] = seq.frames()[:, seq.decoded_frames : end]
+        batch = StreamBatch(
+            codes,
+            slots=torch.tensor([s.slot for s, _ in to_decode]),
+            new_frames=torch.tensor(sizes),
+            past_frames=torch.tensor([s.decoded_frames for s, _ in to_decode]),
+        )
+        wav, valid = self.stream.decode(batch)
+        wav, valid = wav.cpu(), valid.tolist()
+        return [wav[b, : valid[b]] for b in range(len(to_decode))]
+
     def _emit(self, seq: Code2WavSeq, sample_offset: int, samples: np.ndarray) -> None:
+        seq.emitted_samples = sample_offset + len(samples)
         is_last = seq.is_final and seq.decoded_frames == seq.num_frames
         self.report(AudioChunk(seq.request_id, samples, sample_offset, is_last))
         if is_last:
