@@ -163,6 +163,10 @@ class Engine(Protocol):
 
 def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
     """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use)."""
+    if profile.backend == "transformers_generate":
+        from engine.reference import ReferenceEngine
+
+        return ReferenceEngine.from_model(model, profile, cache_dir)
     from engine.orchestrator import Orchestrator
 
     return Orchestrator.from_model(model, profile, cache_dir)

@@ -82,6 +82,10 @@ class Code2WavConfig:
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     enforce_eager: bool = True
+    # Carry each reply's decoder state between chunks instead of re-decoding left context
+    # (exactly the one-shot decode); `max_streams` replies hold state at once.
+    streaming: bool = True
+    max_streams: int = field(default=128, metadata=_at_least(1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +95,7 @@ class ChunkConfig:
     enabled: bool = True
     initial_chunk_frames: int = field(default=4, metadata=_at_least(1))
     chunk_frames: int = field(default=25, metadata=_at_least(1))
-    left_context_frames: int = field(default=25, metadata=_at_least(1))
+    left_context_frames: int = field(default=25, metadata=_at_least(1))  # unused when code2wav.streaming
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,9 @@ class StagesConfig:
     thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
     talker: TalkerConfig = field(default_factory=TalkerConfig)
     code2wav: Code2WavConfig = field(default_factory=Code2WavConfig)
+    # each stage queues its GPU work on its own CUDA stream (off: all share the default stream).
+    # Off by default: one H200 run with it on stalled (benchmarks/h200/NOTES.md, rung 8).
+    own_cuda_streams: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +113,8 @@ class DeployProfile:
     name: str
     model: str = "tiny"
     load_format: Literal["auto", "dummy"] = "auto"
+    # staged: our engine; transformers_generate: the library's generate(return_audio=True), the benchmark baseline
+    backend: Literal["staged", "transformers_generate"] = "staged"
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
 

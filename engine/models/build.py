@@ -12,6 +12,7 @@ import torch
 from engine.api import EngineError, ModelInfo
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
+from engine.models.code2wav_stream import StreamingCode2Wav
 from engine.models.cuda_graphs import apply_talker_graphs, apply_thinker_graphs
 from engine.models.full_size import build_dummy_stage, full_size_config_dict
 from engine.models.loader import load_config, load_stage, resolve_checkpoint
@@ -110,7 +111,12 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
             code2wav_runner = Code2WavRunner(code2wav)
         if not stages_cfg.talker.enforce_eager and stages_cfg.talker.device.startswith("cuda"):
             _capture("talker", apply_talker_graphs, talker_runner)
-        code2wav_stage = Code2WavStage(code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics)
+        stream = None
+        if stages_cfg.code2wav.streaming and profile.async_chunk.enabled:
+            stream = StreamingCode2Wav(code2wav, stages_cfg.code2wav.max_streams)
+        code2wav_stage = Code2WavStage(
+            code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics, stream
+        )
         talker_stage = TalkerStage(talker_runner, stages_cfg.talker, code2wav_stage.inbox.put, _unbound_report, metrics)
         to_talker = talker_stage.inbox.put
         stages = {"talker": talker_stage, "code2wav": code2wav_stage}
@@ -132,6 +138,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         codec_frame_samples=code2wav_runner.samples_per_frame if has_talker else 0,
     )
     prompt_builder = PromptBuilder(tokenizer, features, n_window=config.thinker_config.audio_config.n_window)
+    for stage in (thinker_stage, *stages.values()):
+        stage.own_cuda_stream = stages_cfg.own_cuda_streams
     return {
         "info": info,
         "profile": profile,

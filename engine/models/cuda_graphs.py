@@ -4,8 +4,11 @@ Applied to finished runners from outside (the model and the eager path stay as
 they are). Each bucket's graph reads static input tensors; a call copies
 its rows in, replays the smallest bucket that fits, and reads the outputs back.
 Buckets are captured largest first into one shared memory pool. A batch larger
-than every bucket runs eagerly. The eager path is the reference the graphed one
-is tested against.
+than every bucket runs eagerly. Each graph family is captured on its own stream:
+cuBLAS bakes a workspace chosen per capture stream into the graph, and stages
+replay their graphs concurrently on their own streams, so one shared capture
+stream would let two stages' GEMMs write the same workspace at once. The eager
+path is the reference the graphed one is tested against.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class GraphedCodePredictor:
         self.runner = runner
         self.buckets: dict[int, _Bucket] = {}
         pool = None
+        capture_stream = torch.cuda.Stream()
         hidden = runner.codec_embedding.embedding_dim
         for size in sorted(buckets, reverse=True):
             past_hidden = torch.zeros(size, hidden, device=runner.device, dtype=runner.dtype)
@@ -62,7 +66,7 @@ class GraphedCodePredictor:
                     runner.predict_residuals(past_hidden, code0, rows)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
                 codes, total = runner.predict_residuals(past_hidden, code0, rows)
             pool = graph.pool()
             self.buckets[size] = _Bucket(graph, past_hidden, code0, rows, codes, total)
@@ -110,6 +114,7 @@ class GraphedDecode:
         self.kv = kv
         self.buckets: dict[int, _DecodeBucket] = {}
         pool = None
+        capture_stream = torch.cuda.Stream(device)
         for size in sorted(buckets, reverse=True):
             embeds = torch.zeros(size, 1, hidden_size, device=device, dtype=dtype)
             slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
@@ -122,7 +127,7 @@ class GraphedDecode:
                     step(embeds, view)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
                 outputs = step(embeds, view)
             pool = graph.pool()
             self.buckets[size] = _DecodeBucket(graph, embeds, slots, starts, outputs)

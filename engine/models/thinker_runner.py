@@ -52,8 +52,8 @@ class ThinkerRunner:
         if self._capturing:
             self._captured.append(output[0] if isinstance(output, tuple) else output)
 
-    def embed(self, token_ids: list[int]) -> torch.Tensor:
-        return self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device))
+    def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        return self.text_model.embed_tokens(torch.as_tensor(token_ids, device=self.device))
 
     def prefill(
         self, slots: list[int], prompts: list[list[int]], audio: list[list[torch.Tensor]], want_hidden: bool

@@ -3,6 +3,12 @@
 A step is one batched forward over the requests that are ready. Requests join
 and leave between steps; an `Abort` in the inbox frees a request before the next
 step. A failing step fails the requests in it, and the loop goes on.
+
+On a GPU each stage queues its kernels on its own CUDA stream, so one stage's host
+sync (reading sampled tokens, copying audio out) never waits for another stage's
+queued work, and the stages' kernels can overlap. A GPU tensor handed to the next
+stage is complete when sent (the sender has synced on a result computed after it);
+the receiver ties its lifetime to its own stream (`adopt`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ _ABORTED_MEMORY = 4096
 
 class Stage(ABC):
     name: str
+    runner: Any  # the stage's model runner; its `device` picks the stream
+    own_cuda_stream = True
 
     def __init__(self, report: Report, metrics: EngineMetrics) -> None:
         self.inbox = Inbox()
@@ -71,7 +79,9 @@ class Stage(ABC):
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        with torch.inference_mode():
+        device = torch.device(getattr(self.runner, "device", "cpu"))
+        stream = torch.cuda.Stream(device) if device.type == "cuda" and self.own_cuda_stream else None
+        with torch.inference_mode(), torch.cuda.stream(stream):
             while not self._stop.is_set():
                 for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):
                     if isinstance(item, Abort):
@@ -82,6 +92,13 @@ class Stage(ABC):
                     self._step_safely()
                 self.metrics.queue_depth.labels(self.name).set(self.num_waiting())
                 self.metrics.running.labels(self.name).set(self.num_running())
+
+    @staticmethod
+    def adopt(tensor: torch.Tensor) -> torch.Tensor:
+        """Keep a tensor made on another stage's stream alive until this stage's queued reads of it finish."""
+        if tensor.is_cuda:
+            tensor.record_stream(torch.cuda.current_stream(tensor.device))
+        return tensor
 
     def _accept_safely(self, item: Any) -> None:
         try:

@@ -69,6 +69,7 @@ class TalkerStage(Stage):
 
     def accept(self, item: Any) -> None:
         if isinstance(item, ThinkerPrompt):
+            self.adopt(item.embeds), self.adopt(item.hidden)
             seed = new_seed(item.seed)
             s, c = self.cfg.sampling, self.cfg.code_sampling
             self.pending[item.request_id] = TalkerSeq(
@@ -82,6 +83,7 @@ class TalkerStage(Stage):
         if seq is None:  # aborted meanwhile
             return
         if isinstance(item, ThinkerToken):
+            self.adopt(item.embed)
             if seq.first_text is None:
                 seq.first_text = item.embed
             else:

@@ -108,8 +108,8 @@ class ThinkerStage(Stage):
             [s.job.audio_features for s in seqs],
             want_hidden=any(s.job.want_audio for s in seqs),
         )
-        tokens = sample(torch.stack([o.logits for o in outs]), [s.sampling for s in seqs]).tolist()
-        for seq, out, token in zip(seqs, outs, tokens):
+        tokens, embeds = self._sample(torch.stack([o.logits for o in outs]), seqs)
+        for seq, out, token, embed in zip(seqs, outs, tokens, embeds):
             job = seq.job
             seq.position = len(job.token_ids)
             if job.want_audio:
@@ -117,27 +117,35 @@ class ThinkerStage(Stage):
                 self.to_talker(
                     ThinkerPrompt(job.request_id, job.token_ids, out.embeds, out.hidden, job.speaker, job.seed)
                 )
-            self._advance(seq, token)
+            self._advance(seq, token, embed)
         return self.last_batch
 
     def _decode(self) -> list[str]:
         seqs = list(self.running.values())
         self.last_batch = [s.job.request_id for s in seqs]
         logits = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], [s.generated[-1] for s in seqs])
-        tokens = sample(logits, [s.sampling for s in seqs]).tolist()
-        for seq, token in zip(seqs, tokens):
+        tokens, embeds = self._sample(logits, seqs)
+        for seq, token, embed in zip(seqs, tokens, embeds):
             seq.position += 1
-            self._advance(seq, token)
+            self._advance(seq, token, embed)
         return self.last_batch
 
-    def _advance(self, seq: ThinkerSeq, token: int) -> None:
+    def _sample(self, logits: torch.Tensor, seqs: list[ThinkerSeq]) -> tuple[list[int], list[torch.Tensor | None]]:
+        """The batch's next tokens and, for the Talker, their embeddings: one lookup for the batch,
+        queued before the host reads the tokens, so the embeddings are done when they are sent."""
+        ids = sample(logits, [s.sampling for s in seqs])
+        embeds = self.runner.embed(ids) if any(s.job.want_audio for s in seqs) else [None] * len(seqs)
+        return ids.tolist(), list(embeds)
+
+    def _advance(self, seq: ThinkerSeq, token: int, embed: torch.Tensor | None) -> None:
         job = seq.job
         is_eos = token in self.eos_ids
         if not is_eos:
             seq.generated.append(token)
             self._emit_text(seq)
             if job.want_audio:
-                self.to_talker(ThinkerToken(job.request_id, token, self.runner.embed([token])[0]))
+                assert embed is not None
+                self.to_talker(ThinkerToken(job.request_id, token, embed))
         at_limit = len(seq.generated) >= job.max_tokens or seq.position + 1 >= self.runner.kv.max_len
         if is_eos or at_limit:
             self._emit_text(seq, final=True)

@@ -1,0 +1,76 @@
+"""Each stage's step in isolation on the GPU (no other stage running): where a step's time goes.
+
+Builds the engine's parts for a profile without starting the stage threads, then times one
+Thinker decode step, the Talker's code predictor, its decode step and its sampling tail, and one
+Code2Wav chunk, at several batch sizes. Wall = host time of the call including a sync.
+
+    PYTHONPATH=. python3 benchmarks/h200/stage_steps.py --profile benchmarks/h200/dummy-stage-streams.yaml --out steps.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from engine.api import load_profile
+from engine.models.build import build_engine_parts
+from engine.models.code2wav_stream import StreamBatch
+from engine.models.sampler import RowSampling, apply_repetition_penalty, sample
+
+
+def timed(fn, iters: int = 10) -> dict[str, float]:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        walls.append(1000 * (time.perf_counter() - t0))
+    return {"wall_ms": sorted(walls)[len(walls) // 2]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--profile", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    parts = build_engine_parts("dummy", load_profile(args.profile, model="dummy"), None)
+    thinker, talker, code2wav = (parts["stages"][n] for n in ("thinker", "talker", "code2wav"))
+    results = []
+    with torch.inference_mode():
+        for batch in (1, 16, 64):
+            slots, positions = list(range(batch)), [100] * batch
+            ids = [1000 + i for i in range(batch)]
+            row = {"batch": batch}
+            row["thinker_decode"] = timed(lambda: thinker.runner.decode(slots, positions, ids))
+            tr = talker.runner
+            hidden = torch.randn(batch, tr.codec_embedding.embedding_dim, device="cuda", dtype=tr.dtype)
+            code0 = torch.randint(0, 2000, (batch,), device="cuda")
+            rows = [RowSampling(0.9, 0.8, 50, i) for i in range(batch)]
+            row["talker_predictor"] = timed(lambda: tr.residual_codes(hidden, code0, rows))
+            row["talker_decode"] = timed(lambda: tr.decode(slots, positions, hidden))
+            logits, _ = tr.decode(slots, positions, hidden)
+            history = [list(range(100)) for _ in range(batch)]
+
+            def tail() -> list[int]:
+                masked = apply_repetition_penalty(tr.mask_logits(logits, allow_eos=False), history, 1.05)
+                return sample(masked, rows).tolist()
+
+            row["talker_sampling_tail"] = timed(tail)
+            codes = torch.randint(0, 2048, (batch, 16, 25), device="cuda")
+            step = StreamBatch(codes, torch.arange(batch), torch.full((batch,), 25), torch.full((batch,), 50))
+            row["code2wav_chunk25"] = timed(lambda: code2wav.stream.decode(step), iters=5)
+            results.append(row)
+            print(row, flush=True)
+    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "profile": str(args.profile),
+                                   "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
