@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="voice-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_arguments(sub.add_parser("serve", help="run the server"))
-    add_bench_arguments(sub.add_parser("bench", help="load-test a running server"))
+    add_bench_arguments(sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)"))
     args = parser.parse_args(argv)
     level = getattr(args, "log_level", "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

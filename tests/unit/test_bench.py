@@ -1,4 +1,5 @@
-"""Tests for voice_gateway.bench: pure helpers with hand-made inputs plus one loopback end-to-end run."""
+"""Tests for voice_gateway.bench: pure helpers with hand-made inputs plus loopback end-to-end runs
+against a minimal fake server (the ladder against real servers is in tests/integration/test_bench_ladder.py)."""
 
 from __future__ import annotations
 
@@ -51,27 +52,32 @@ def test_stat_of_empty_is_all_none() -> None:
 
 
 def test_summarize_level_counts_only_successes() -> None:
-    ok1 = RequestRecord(0, 2, ok=True, ttft_s=0.1, ttfp_s=0.2, rtf=0.5, latency_s=1.0,
-                        audio_s=2.0, underruns=1, stall_ms=30.0, chunk_gaps_ms=[10.0, 20.0])
-    ok2 = RequestRecord(1, 2, ok=True, ttft_s=0.3, ttfp_s=0.4, rtf=1.5, latency_s=3.0,
-                        audio_s=4.0, underruns=2, stall_ms=10.0, chunk_gaps_ms=[30.0])
-    bad = RequestRecord(2, 2, ok=False, error="HTTP 500: boom", ttft_s=99.0)
-    lv = summarize_level(2, [ok1, ok2, bad], wall_s=4.0)
-    assert (lv.num_requests, lv.completed, lv.failures) == (3, 2, 1)
+    ok1 = RequestRecord(0, 2, ok=True, ttft_s=0.1, ttfp_s=0.2, rtf=0.5, latency_s=1.0, prompt_tokens=20,
+                        completion_tokens=50, audio_frames=10, audio_s=2.0, underruns=1, stall_ms=30.0,
+                        chunk_gaps_ms=[10.0, 20.0])
+    ok2 = RequestRecord(1, 2, ok=True, ttft_s=0.3, ttfp_s=0.4, rtf=1.5, latency_s=3.0, prompt_tokens=30,
+                        completion_tokens=50, audio_frames=10, audio_s=4.0, underruns=0, stall_ms=10.0,
+                        chunk_gaps_ms=[30.0])
+    bad = RequestRecord(2, 2, ok=False, error="HTTP 500: boom", ttft_s=99.0, underruns=5)
+    lv = summarize_level(2, [ok1, ok2, bad], wall_s=4.0, prompt_words=16)
+    assert (lv.num_requests, lv.completed, lv.failures, lv.prompt_words) == (3, 2, 1, 16)
     assert lv.req_per_s == pytest.approx(0.5)
     assert lv.ttft_s.mean == pytest.approx(0.2)  # the failed record's 99 s is excluded
     assert lv.ttfp_s.p50 == pytest.approx(0.3)
     assert lv.rtf.mean == pytest.approx(1.0)
     assert lv.audio_s_mean == pytest.approx(3.0)
-    assert lv.underruns == 3
+    assert (lv.underruns, lv.underrun_requests) == (1, 1)  # the failed record's 5 are excluded
     assert lv.stall_ms_mean == pytest.approx(20.0)
-    assert lv.chunk_gap_ms_p99 == pytest.approx(29.8)
+    assert lv.chunk_gap_ms.mean == pytest.approx(20.0) and lv.chunk_gap_ms.p50 == pytest.approx(20.0)
+    assert lv.chunk_gap_ms.p99 == pytest.approx(29.8)
+    assert (lv.prompt_tokens_mean, lv.completion_tokens_mean, lv.audio_frames_mean) == (25.0, 50.0, 10.0)
 
 
 def test_summarize_level_all_failed() -> None:
     lv = summarize_level(1, [RequestRecord(0, 1, error="x")], wall_s=1.0)
     assert (lv.completed, lv.failures, lv.req_per_s) == (0, 1, 0.0)
-    assert lv.ttfp_s == Stat() and lv.audio_s_mean is None and lv.chunk_gap_ms_p99 is None
+    assert lv.ttfp_s == Stat() and lv.audio_s_mean is None and lv.chunk_gap_ms == Stat()
+    assert lv.prompt_tokens_mean is None and lv.underrun_requests == 0
 
 
 # ----------------------------------------------------------------------------- SSE parsing
@@ -101,7 +107,7 @@ def test_stream_timer_measures_ttft_ttfp_rtf_and_usage() -> None:
         (100.50, _chunk({"audio": {"id": "a1", "data": _pcm_b64(0.5), "transcript": "Hi"}})),
         (100.80, _chunk({"content": " there", "audio": {"data": _pcm_b64(0.25)}})),
         (101.00, _chunk({}, finish="stop")),
-        (101.01, _chunk(usage={"completion_tokens": 7,
+        (101.01, _chunk(usage={"prompt_tokens": 11, "completion_tokens": 7,
                                "completion_tokens_details": {"audio_tokens": 12}})),
         (101.02, "[DONE]"),
     ]
@@ -114,8 +120,8 @@ def test_stream_timer_measures_ttft_ttfp_rtf_and_usage() -> None:
     assert rec.audio_s == pytest.approx(0.75)
     assert rec.rtf == pytest.approx(0.80 / 0.75)
     assert rec.latency_s == pytest.approx(1.02)
-    assert (rec.finish_reason, rec.completion_tokens, rec.audio_frames) == ("stop", 7, 12)
-    assert rec.chunk_gaps_ms == pytest.approx([50.0, 100.0, 300.0, 300.0, 200.0, 10.0])
+    assert (rec.finish_reason, rec.prompt_tokens, rec.completion_tokens, rec.audio_frames) == ("stop", 11, 7, 12)
+    assert rec.chunk_gaps_ms == pytest.approx([300.0])  # between audio chunks only, not text events
     # playback: 0.5 s from t=0.5 plays until 1.0; the 2nd chunk arrives at 0.8 -> no stall
     assert (rec.underruns, rec.stall_ms) == (0, 0.0)
 
@@ -159,29 +165,42 @@ def test_playback_counts_each_stall_and_resumes_from_arrival() -> None:
 # ----------------------------------------------------------------------------- request building / CLI
 
 def test_build_payload_shapes() -> None:
-    cfg = BenchConfig(prompt_tokens=5, max_tokens=33, seed=7)
-    body = bench.build_payload(cfg, "m", 3)
+    cfg = BenchConfig(max_tokens=33, seed=7)
+    body = bench.build_payload(cfg, "m", 3, prompt_words=5)
     assert body["model"] == "m" and body["stream"] is True and body["max_tokens"] == 33
     assert body["modalities"] == ["text", "audio"] and body["seed"] == 7
     assert body["audio"] == {"voice": "ethan", "format": "pcm16"}
     assert body["stream_options"] == {"include_usage": True}
     assert len(body["messages"][0]["content"].split()) == 5
-    text_only = bench.build_payload(BenchConfig(modalities=["text"], seed=None), "m", 0)
+    assert body["messages"][0]["content"].startswith("#3 ")
+    assert len(bench.build_payload(cfg, "m", 3, prompt_words=512)["messages"][0]["content"].split()) == 512
+    text_only = bench.build_payload(BenchConfig(modalities=["text"], seed=None), "m", 0, prompt_words=4)
     assert "audio" not in text_only and "seed" not in text_only
 
 
 def test_cli_arguments_parse() -> None:
     parser = argparse.ArgumentParser()
     bench.add_bench_arguments(parser)
-    args = parser.parse_args(["--concurrency", "2,16", "--modalities", "text", "--label", "x"])
+    args = parser.parse_args(["--concurrency", "2,16", "--prompt-tokens", "16,128,512", "--modalities", "text",
+                              "--label", "x"])
     cfg = bench.config_from_args(args, ["voice-gateway", "bench", "--concurrency", "2,16"])
     assert cfg.concurrency == [2, 16] and cfg.modalities == ["text"] and cfg.label == "x"
+    assert cfg.prompt_tokens == [16, 128, 512]
+    assert cfg.levels() == [(16, 2), (16, 16), (128, 2), (128, 16), (512, 2), (512, 16)]
     assert cfg.url == "http://127.0.0.1:8000" and cfg.warmup == 1 and cfg.model is None
     assert cfg.out_dir == Path("benchmarks/local")
+    # unset sweep flags take BenchConfig's defaults: the DESIGN.md section 7 workload
+    default = bench.config_from_args(parser.parse_args([]), [])
+    assert default.concurrency == [1, 16, 32, 64] and default.max_tokens == 40 and default.prompt_tokens == [16]
+    ladder = bench.config_from_args(parser.parse_args(["--ladder", "benchmarks/h200/ladder.yaml"]), [])
+    assert ladder.out_dir == Path("benchmarks/local/ladder")
+    assert parser.parse_args(["--rows", "baseline,stage-streams"]).rows == ["baseline", "stage-streams"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--concurrency", "0,4"])
     with pytest.raises(SystemExit):
         parser.parse_args(["--modalities", "video"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--warmup", "-1"])
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -246,7 +265,7 @@ def fake_server() -> Iterator[tuple[str, type[_FakeOmni]]]:
 async def test_run_bench_end_to_end_writes_json_and_png(fake_server, tmp_path: Path) -> None:
     url, handler = fake_server
     cfg = BenchConfig(url=url, concurrency=[1, 3], warmup=2, label="e2e", out_dir=tmp_path,
-                      argv=["voice-gateway", "bench", "--label", "e2e"], prompt_tokens=8)
+                      argv=["voice-gateway", "bench", "--label", "e2e"], prompt_tokens=[8])
     result = await bench.run_bench(cfg)
 
     # 2 warm-ups + max(2C, 4) requests per level
@@ -261,7 +280,7 @@ async def test_run_bench_end_to_end_writes_json_and_png(fake_server, tmp_path: P
         assert [r.index for r in lv.records] == list(range(lv.num_requests))  # warm-ups excluded
 
     data = json.loads((tmp_path / "e2e.json").read_text())
-    assert data["schema_version"] == 1 and data["label"] == "e2e"
+    assert data["schema_version"] == 2 and data["label"] == "e2e"
     assert data["command"] == "voice-gateway bench --label e2e"
     assert data["config"]["model"] == "fake-omni" and data["config"]["concurrency"] == [1, 3]
     assert data["server_models"]["data"][0]["id"] == "fake-omni"
@@ -269,6 +288,7 @@ async def test_run_bench_end_to_end_writes_json_and_png(fake_server, tmp_path: P
     assert "hostname" not in json.dumps(data["machine"]).lower()
     lv0 = data["levels"][0]
     assert set(lv0["ttfp_s"]) == {"mean", "p50", "p99"} and len(lv0["records"]) == 4
+    assert lv0["prompt_words"] == 8 and lv0["chunk_gap_ms"]["p99"] is not None and lv0["audio_frames_mean"] == 6
     assert (tmp_path / "e2e.png").read_bytes().startswith(PNG_MAGIC)
 
     # text-only run (no audio metrics at all) must still plot, then compare both runs via the CLI

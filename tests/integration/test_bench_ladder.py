@@ -1,0 +1,101 @@
+"""`voice-gateway bench --ladder` end to end: a real server per row (the transformers generate()
+baseline and the staged engine, tiny model on the CPU), JSON per row, ladder.json and figures;
+a row whose server cannot start is recorded as failed and the ladder goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FRAMES = 12  # per reply: short, so both rows finish in seconds on two CPU cores
+TEXT_TOKENS = 4
+
+
+def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "voice_gateway.cli", "bench", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_ladder_runs_baseline_and_staged_rows(tiny_checkpoint: Path, cache_dir: Path, tmp_path: Path) -> None:
+    # the benchmark workload: fixed reply lengths, EOS ignored
+    overrides = json.dumps({"thinker": {"ignore_eos": True}, "talker": {"max_frames": FRAMES, "ignore_eos": True}})
+    ladder = tmp_path / "ladder.yaml"
+    ladder.write_text(f"""
+title: tiny CPU ladder (test)
+bench: {{concurrency: [1, 2], num_requests: 2, warmup: 1, max_tokens: {TEXT_TOKENS}}}
+rows:
+  - name: baseline
+    what: transformers generate(return_audio=True), one request at a time
+    serve: [tiny, --deploy-config, benchmarks/cpu-tiny/tiny-generate-baseline.yaml, --cache-dir, "{cache_dir}",
+            --stage-overrides, '{overrides}']
+  - name: staged
+    what: the staged engine, async chunked audio
+    serve: [tiny, --cache-dir, "{cache_dir}", --stage-overrides, '{overrides}']
+    bench: {{concurrency: [2]}}
+""")
+    out = tmp_path / "out"
+    result = _bench("--ladder", str(ladder), "--out-dir", str(out), "--warmup", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    data = json.loads((out / "ladder.json").read_text())
+    assert data["title"] == "tiny CPU ladder (test)" and "--ladder" in data["command"]
+    assert {"processor", "cpu_count", "python", "versions", "gpu"} <= data["machine"].keys()
+    assert data["machine"]["versions"]["torch"] and data["machine"]["versions"]["transformers"]
+    rows = data["rows"]
+    assert [(r["name"], r["status"], r["error"]) for r in rows] == [("baseline", "ok", None), ("staged", "ok", None)]
+    assert [[lv["concurrency"] for lv in r["levels"]] for r in rows] == [[1, 2], [2]]  # the row's bench wins
+    for row in rows:
+        assert "-m voice_gateway.cli serve tiny" in row["serve_command"] and row["startup_s"] > 0
+        assert row["config"]["warmup"] == 0 and row["config"]["max_tokens"] == TEXT_TOKENS  # command line > file
+        for lv in row["levels"]:
+            assert lv["failures"] == 0 and lv["completed"] == 2 and lv["req_per_s"] > 0
+            assert lv["ttfp_s"]["mean"] > 0 and lv["rtf"]["p99"] > 0 and lv["audio_s_mean"] > 0
+            # fixed length: max_tokens text tokens and the profile's codec frames, in both backends
+            assert lv["audio_frames_mean"] == FRAMES and lv["completion_tokens_mean"] == TEXT_TOKENS + FRAMES
+
+    baseline = json.loads((out / "baseline.json").read_text())
+    staged = json.loads((out / "staged.json").read_text())
+    assert baseline["row"]["what"].startswith("transformers generate") and baseline["label"] == "baseline"
+    for record in baseline["levels"][0]["records"]:
+        # nothing streams early: the whole reply's audio is one chunk, sent when generate() returns
+        assert record["ok"] and record["chunk_gaps_ms"] == [] and record["audio_frames"] == FRAMES
+        assert record["ttfp_s"] >= record["ttft_s"] > 0
+    for record in staged["levels"][0]["records"]:
+        assert record["ok"] and len(record["chunk_gaps_ms"]) >= 1  # audio streams in chunks
+    assert (out / "logs" / "baseline.log").read_text()
+    for name in data["plots"]:
+        assert (out / name).read_bytes().startswith(PNG_MAGIC)
+    assert len(data["plots"]) == 5
+
+
+def test_a_row_that_cannot_start_is_recorded_and_the_ladder_goes_on(cache_dir: Path, tmp_path: Path) -> None:
+    ladder = tmp_path / "ladder.yaml"
+    ladder.write_text(f"""
+rows:
+  - name: bad-profile
+    what: the server exits at once
+    serve: [tiny, --cache-dir, "{cache_dir}", --stage-overrides, '{{"talker": {{"max_batch": 0}}}}']
+  - name: too-slow
+    what: the server does not answer /health in time
+    serve: tiny --cache-dir {cache_dir}
+    startup_timeout_s: 0.5
+""")
+    out = tmp_path / "out"
+    result = _bench("--ladder", str(ladder), "--out-dir", str(out), "--concurrency", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = json.loads((out / "ladder.json").read_text())["rows"]
+    assert [(r["name"], r["status"], r["levels"]) for r in rows] == [("bad-profile", "failed", []),
+                                                                      ("too-slow", "failed", [])]
+    assert "exited with code 2" in rows[0]["error"]
+    assert "stages.talker.max_batch: must be >= 1" in rows[0]["error"]  # the server's log tail
+    assert "no answer from" in rows[1]["error"] and "within 0.5 s" in rows[1]["error"]
+    bad = json.loads((out / "bad-profile.json").read_text())
+    assert bad["row"]["status"] == "failed" and bad["levels"] == [] and bad["config"]["concurrency"] == [1]
+    assert (out / "at_max_concurrency.png").read_bytes().startswith(PNG_MAGIC)

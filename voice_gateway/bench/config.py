@@ -1,0 +1,108 @@
+"""What one sweep does (`BenchConfig`), and checking sweep settings that come from a ladder file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+class BenchError(RuntimeError):
+    """Setup problem that makes a run meaningless (no model to target, a bad ladder file)."""
+
+
+# The DESIGN.md section 7 workload: concurrency 1/16/32/64, replies of 40 text tokens (the server's
+# profile fixes the codec frames and, with random weights, ignores EOS).
+@dataclass
+class BenchConfig:
+    url: str = "http://127.0.0.1:8000"
+    model: str | None = None  # None: first id from GET /v1/models
+    concurrency: list[int] = field(default_factory=lambda: [1, 16, 32, 64])
+    prompt_tokens: list[int] = field(default_factory=lambda: [16])  # approximate, in words
+    num_requests: int | None = None  # None: max(2*C, 4) per level
+    warmup: int = 1  # unrecorded requests before each level
+    max_tokens: int = 40
+    modalities: list[str] = field(default_factory=lambda: ["text", "audio"])
+    voice: str = "ethan"
+    seed: int | None = 0  # fixed seed keeps outputs identical across runs being compared
+    label: str = "bench"
+    out_dir: Path = Path("benchmarks/local")
+    timeout: float = 300.0
+    argv: list[str] = field(default_factory=list)  # exact command line, stored verbatim
+    show_progress: bool = True
+
+    def levels(self) -> list[tuple[int, int]]:
+        """(prompt words, concurrency) pairs in run order: each is one level with its own warm-up."""
+        return [(p, c) for p in self.prompt_tokens for c in self.concurrency]
+
+
+# Sweep settings a ladder file (top-level `bench:` or a row's `bench:`) may set, with their checks.
+def _positive_ints(value: Any) -> list[int]:
+    values = [value] if isinstance(value, int) else value
+    if (not isinstance(values, list) or not values
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values)):
+        raise ValueError("must be a positive integer or a non-empty list of them")
+    return list(values)
+
+
+def _int_at_least(lo: int) -> Any:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"must be an integer >= {lo}")
+        return value
+    return check
+
+
+def _modalities(value: Any) -> list[str]:
+    if value not in (["text"], ["text", "audio"], ["audio", "text"]):
+        raise ValueError("must be [text] or [text, audio]")
+    return list(value)
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("must be a positive number of seconds")
+    return float(value)
+
+
+def _seed(value: Any) -> int | None:
+    return None if value is None else _int_at_least(0)(value)
+
+
+SWEEP_KEYS = {
+    "concurrency": _positive_ints,
+    "prompt_tokens": _positive_ints,
+    "num_requests": _int_at_least(1),
+    "warmup": _int_at_least(0),
+    "max_tokens": _int_at_least(1),
+    "modalities": _modalities,
+    "voice": str,
+    "seed": _seed,
+    "timeout": _seconds,
+}
+assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}
+
+
+def sweep_overrides(raw: Any, where: str) -> dict[str, Any]:
+    """Checked sweep settings from a ladder file; errors name the key's path."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BenchError(f"{where}: must be a mapping, got {type(raw).__name__}")
+    out = {}
+    for key, value in raw.items():
+        if key not in SWEEP_KEYS:
+            raise BenchError(f"{where}.{key}: unknown key (expected one of {', '.join(SWEEP_KEYS)})")
+        try:
+            out[key] = SWEEP_KEYS[key](value)
+        except (ValueError, TypeError) as exc:
+            raise BenchError(f"{where}.{key}: {exc}, got {value!r}") from exc
+    return out
+
+
+def with_overrides(config: BenchConfig, *layers: dict[str, Any]) -> BenchConfig:
+    """Later layers win: e.g. the ladder file's defaults, then the command line, then one row."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    return replace(config, **merged)

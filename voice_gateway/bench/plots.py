@@ -1,0 +1,171 @@
+"""PNG figures from sweep results (level dicts as stored in the JSON): one run or an overlay of
+runs on three panels, and the ladder's figures (one per metric, rows as lines; rows as bars at
+the highest concurrency)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Level = dict[str, Any]
+Run = tuple[str, list[Level]]  # (label, levels)
+
+_PANELS = (("ttfp_s", "TTFP (s)", "time to first audio"),
+           ("rtf", "RTF", "real-time factor (< 1 keeps up)"),
+           ("req_per_s", "req/s", "throughput"))
+_STYLES = ("-", "--", ":", "-.")
+
+
+def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
+    # Figure + FigureCanvasAgg, imported lazily: no pyplot, so no global backend state, and the
+    # CLI does not pay matplotlib's import cost unless it plots.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def _save(fig: Any, out_png: Path) -> Path:
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    return out_png
+
+
+def _by_prompt(levels: list[Level]) -> list[tuple[int | None, list[Level]]]:
+    """Levels split by prompt length (JSON from before prompt lengths has none), each sorted by concurrency."""
+    groups: dict[int | None, list[Level]] = {}
+    for lv in levels:
+        groups.setdefault(lv.get("prompt_words"), []).append(lv)
+    return [(p, sorted(g, key=lambda lv: lv["concurrency"])) for p, g in groups.items()]
+
+
+def _several_prompts(runs: list[Run]) -> bool:
+    return len({lv.get("prompt_words") for _, levels in runs for lv in levels}) > 1
+
+
+def _value(lv: Level, key: str, pct: str | None) -> float:
+    v = lv[key] if pct is None else lv[key][pct]
+    return np.nan if v is None else float(v)
+
+
+def plot_runs(runs: list[Run], out_png: Path, title: str) -> Path:
+    """p50/p99 TTFP and RTF and req/s against concurrency; one colour per run, one style per prompt length."""
+    fig, axes = _figure(15, 4.5, 3)
+    several = _several_prompts(runs)
+    for i, (label, levels) in enumerate(runs):
+        for j, (prompt, group) in enumerate(_by_prompt(levels)):
+            name = f"{label} P={prompt}" if several else label
+            color, style, xs = f"C{i % 10}", _STYLES[j % len(_STYLES)], [lv["concurrency"] for lv in group]
+            for ax, (key, _, _) in zip(axes, _PANELS):
+                if key == "req_per_s":
+                    ax.plot(xs, [_value(lv, key, None) for lv in group], "o" + style, color=color, label=name)
+                    continue
+                for pct, marker in (("p50", "o"), ("p99", "x")):
+                    ax.plot(xs, [_value(lv, key, pct) for lv in group], marker + style, color=color,
+                            alpha=1.0 if pct == "p50" else 0.6, label=f"{name} {pct}")
+    axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ticks = sorted({lv["concurrency"] for _, levels in runs for lv in levels})
+    for ax, (_, ylabel, subtitle) in zip(axes, _PANELS):
+        ax.set(xlabel="concurrency", ylabel=ylabel, title=subtitle, xticks=ticks)
+        ax.grid(True, alpha=0.3)
+        if runs:
+            ax.legend(fontsize="small")
+    fig.suptitle(title)
+    return _save(fig, out_png)
+
+
+def plot_compare(json_paths: list[Path], out_png: Path) -> Path:
+    """Overlay several bench JSONs (e.g. async chunk on vs off, or ladder rows) on the same three panels."""
+    runs = []
+    for path in json_paths:
+        data = json.loads(Path(path).read_text())
+        runs.append((str(data.get("label") or Path(path).stem), data["levels"]))
+    return plot_runs(runs, out_png, title="voice-gateway bench: " + " vs ".join(r[0] for r in runs))
+
+
+# The ladder's figures: file stem, title, y label, how to read a level.
+LADDER_METRICS: tuple[tuple[str, str, str, Callable[[Level], float]], ...] = (
+    ("req_per_s", "throughput", "completed req/s", lambda lv: _value(lv, "req_per_s", None)),
+    ("ttfp_mean", "mean time to first audio", "TTFP mean (s)", lambda lv: _value(lv, "ttfp_s", "mean")),
+    ("rtf_mean", "mean real-time factor (< 1 keeps up)", "RTF mean", lambda lv: _value(lv, "rtf", "mean")),
+    ("ttfp_p99", "p99 time to first audio", "TTFP p99 (s)", lambda lv: _value(lv, "ttfp_s", "p99")),
+)
+
+
+def _log_if_wide(ax: Any, values: list[float]) -> None:
+    finite = [v for v in values if np.isfinite(v) and v > 0]
+    if finite and max(finite) / min(finite) > 30:  # the baseline row is often 10-100x the rest
+        ax.set_yscale("log")
+
+
+def plot_ladder_metric(runs: list[Run], stem: str, title: str, ylabel: str, read: Callable[[Level], float],
+                       out_dir: Path, suptitle: str) -> Path:
+    fig, (ax,) = _figure(8, 5, 1)
+    values: list[float] = []
+    several = _several_prompts(runs)
+    for i, (label, levels) in enumerate(runs):
+        for j, (prompt, group) in enumerate(_by_prompt(levels)):
+            ys = [read(lv) for lv in group]
+            values += ys
+            ax.plot([lv["concurrency"] for lv in group], ys, "o" + _STYLES[j % len(_STYLES)], color=f"C{i % 10}",
+                    label=f"{label} P={prompt}" if several else label)
+    ticks = sorted({lv["concurrency"] for _, levels in runs for lv in levels})
+    if ticks and ticks[-1] / ticks[0] >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrency", ylabel=ylabel, title=title)
+    if ticks:
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+    if stem.startswith("rtf"):
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    _log_if_wide(ax, values)
+    ax.grid(True, alpha=0.3)
+    if runs:
+        ax.legend(fontsize="small")
+    fig.suptitle(suptitle)
+    return _save(fig, out_dir / f"{stem}.png")
+
+
+def plot_ladder_bars(runs: list[Run], out_png: Path, suptitle: str) -> Path:
+    """Each row at the highest concurrency it reached (marked when below the ladder's highest)."""
+    top = max((lv["concurrency"] for _, levels in runs for lv in levels), default=0)
+    prompts = sorted({p for _, levels in runs for p, _ in _by_prompt(levels)}, key=lambda p: (p is None, p))
+    fig, axes = _figure(4.2 * len(LADDER_METRICS), 4.8, len(LADDER_METRICS))
+    width = 0.8 / max(len(prompts), 1)
+    xs = np.arange(len(runs))
+    for ax, (stem, title, ylabel, read) in zip(axes, LADDER_METRICS):
+        values: list[float] = []
+        for j, prompt in enumerate(prompts):
+            heights, notes = [], []
+            for _, levels in runs:
+                group = [lv for lv in levels if lv.get("prompt_words") == prompt]
+                best = max(group, key=lambda lv: lv["concurrency"], default=None)
+                heights.append(np.nan if best is None else read(best))
+                notes.append("" if best is None or best["concurrency"] == top else f"c={best['concurrency']}")
+            values += heights
+            bars = ax.bar(xs + (j - (len(prompts) - 1) / 2) * width, np.nan_to_num(heights), width,
+                          label=None if prompt is None else f"P={prompt}", color=f"C{j % 10}")
+            for bar, note, h in zip(bars, notes, heights):
+                label = "n/a" if not np.isfinite(h) else note
+                if label:
+                    ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                                va="bottom", fontsize="x-small")
+        ax.set_xticks(xs, [label for label, _ in runs], rotation=30, ha="right", fontsize="small")
+        ax.set(ylabel=ylabel, title=title)
+        _log_if_wide(ax, values)
+        ax.grid(True, axis="y", alpha=0.3)
+        if len(prompts) > 1:
+            ax.legend(fontsize="small")
+    fig.suptitle(f"{suptitle}: each row at concurrency {top}")
+    return _save(fig, out_png)
+
+
+def plot_ladder(runs: list[Run], out_dir: Path, title: str) -> list[Path]:
+    paths = [plot_ladder_metric(runs, stem, t, ylabel, read, out_dir, title)
+             for stem, t, ylabel, read in LADDER_METRICS]
+    return [*paths, plot_ladder_bars(runs, out_dir / "at_max_concurrency.png", title)]

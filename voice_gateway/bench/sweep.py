@@ -1,0 +1,174 @@
+"""The sweep: drives a live server's streaming /v1/chat/completions at each (prompt length,
+concurrency) level, warm-up first, and writes ``{out_dir}/{label}.json`` plus a ``{label}.png``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shlex
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from itertools import cycle, islice
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
+from voice_gateway.bench.config import BenchConfig, BenchError
+from voice_gateway.bench.machine import machine_info
+from voice_gateway.bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
+from voice_gateway.bench.plots import plot_runs
+from voice_gateway.bench.stats import LevelResult, summarize_level
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2  # 2: prompt-length levels, audio-only chunk gaps as a Stat, token means
+_FILLER = ("please describe in a warm spoken style how a lighthouse keeper spends a stormy "
+           "night on a small island and what sounds she hears until dawn").split()
+
+
+@dataclass
+class BenchResult:  # serialized as-is (plus schema_version) to {label}.json
+    label: str
+    created: str
+    command: str
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    server_models: dict[str, Any] | None
+    levels: list[LevelResult]
+
+
+def make_prompt(n_words: int, index: int) -> str:
+    # The index prefix varies prompts so a prefix cache cannot serve every request.
+    return " ".join([f"#{index}", *islice(cycle(_FILLER), max(n_words - 1, 0))])
+
+
+def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": make_prompt(prompt_words, index)}],
+        "modalities": list(config.modalities),
+        "stream": True,
+        "max_tokens": config.max_tokens,
+        "stream_options": {"include_usage": True},
+    }
+    if "audio" in config.modalities:
+        body["audio"] = {"voice": config.voice, "format": "pcm16"}
+    if config.seed is not None:
+        body["seed"] = config.seed
+    return body
+
+
+async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str,
+                      index: int, concurrency: int, prompt_words: int) -> RequestRecord:
+    rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
+    decoder = SSEDecoder()
+    payload = build_payload(config, model, index, prompt_words)
+    t_send = time.perf_counter()
+    timer = StreamTimer(rec, t_send)
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
+            rec.status = resp.status_code
+            if resp.status_code >= 400:
+                rec.error = f"HTTP {resp.status_code}: {error_text(await resp.aread())}"
+                return rec
+            async for line in resp.aiter_lines():
+                if (data := decoder.feed(line)) is not None:
+                    timer.on_data(data, time.perf_counter())
+            if (data := decoder.flush()) is not None:
+                timer.on_data(data, time.perf_counter())
+        timer.finish(time.perf_counter())
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # One broken response must not abort the level: record it as a failure.
+        rec.error = f"{type(exc).__name__}: {exc}"
+        return rec
+    rec.ok = timer.done
+    rec.error = None if timer.done else "stream ended without data: [DONE]"
+    return rec
+
+
+async def _run_pool(client: httpx.AsyncClient, config: BenchConfig, model: str, workers: int,
+                    indices: Iterable[int], concurrency: int, prompt_words: int,
+                    on_done: Callable[[], None]) -> list[RequestRecord]:
+    pending = iter(indices)  # shared: each worker pulls the next index when it becomes free
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        for index in pending:
+            records.append(await one_request(client, config, model, index, concurrency, prompt_words))
+            on_done()
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return sorted(records, key=lambda r: r.index)
+
+
+async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, prompt_words: int,
+                    concurrency: int, progress: Progress) -> LevelResult:
+    n = config.num_requests or max(2 * concurrency, 4)
+    task = progress.add_task(f"P={prompt_words} C={concurrency}", total=config.warmup + n)
+    advance = lambda: progress.advance(task)  # noqa: E731
+    warm = await _run_pool(client, config, model, max(min(concurrency, config.warmup), 1),
+                           range(-config.warmup, 0), concurrency, prompt_words, advance)
+    if failed := [r.error for r in warm if not r.ok]:
+        log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
+                    failed[0])
+    t0 = time.perf_counter()
+    records = await _run_pool(client, config, model, concurrency, range(n), concurrency, prompt_words, advance)
+    return summarize_level(concurrency, records, time.perf_counter() - t0, prompt_words)
+
+
+async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:
+    try:
+        resp = await client.get("/v1/models")
+        resp.raise_for_status()
+        return resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("GET /v1/models failed: %s", exc)
+        return None
+
+
+async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
+    """Run every level against the server at config.url; writes nothing."""
+    # trust_env=False: proxies from the environment would distort latency numbers.
+    async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
+                                 limits=httpx.Limits(max_connections=max(config.concurrency)),
+                                 trust_env=False) as client:
+        models = await fetch_models(client)
+        ids = [m.get("id") for m in (models or {}).get("data") or [] if isinstance(m, dict)]
+        model = config.model or next((i for i in ids if i), None)
+        if model is None:
+            raise BenchError(f"no --model given and {config.url}/v1/models listed none")
+        levels = []
+        with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
+            for prompt_words, concurrency in config.levels():
+                levels.append(await run_level(client, config, model, prompt_words, concurrency, progress))
+    cfg = asdict(replace(config, model=model))
+    for key in ("argv", "show_progress"):
+        cfg.pop(key)
+    return BenchResult(label=config.label, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       command=shlex.join(config.argv), config=cfg, machine=machine_info(),
+                       server_models=models, levels=levels)
+
+
+async def run_bench(config: BenchConfig) -> BenchResult:
+    result = await measure(config)
+    write_outputs(result, Path(config.out_dir))
+    return result
+
+
+def write_json(payload: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str) + "\n")
+    return path
+
+
+def write_outputs(result: BenchResult, out_dir: Path) -> tuple[Path, Path]:
+    json_path = write_json(asdict(result), out_dir / f"{result.label}.json")
+    png_path = plot_runs([(result.label, [asdict(lv) for lv in result.levels])], out_dir / f"{result.label}.png",
+                         title=f"voice-gateway bench: {result.label}")
+    log.info("wrote %s and %s", json_path, png_path)
+    return json_path, png_path
