@@ -102,14 +102,14 @@ class Code2WavStage(Stage):
 
     def step(self) -> list[str]:
         ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
-        if self.stream:  # a reply starts only when a state slot is free; held ones go first
+        if self.stream:  # replies already holding a state slot go first
             ready.sort(key=lambda item: item[0].slot is None)
-            ready = ready[: self.cfg.max_batch]
+        ready = ready[: self.cfg.max_batch]
+        if self.stream:  # a new reply starts only when a slot is free
             for seq, _ in ready:
                 if seq.slot is None and self.free_slots:
                     seq.slot = self.free_slots.pop()
             ready = [(s, end) for s, end in ready if s.slot is not None]
-        ready = ready[: self.cfg.max_batch]
         self.last_batch = [s.request_id for s, _ in ready]
         # final with every frame decoded already: only the end of the stream is left to send
         closing = [s for s, end in ready if end == s.decoded_frames]

@@ -22,7 +22,9 @@ FRAMES = 10
 PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour of the evening sea."]
 
 
-async def _run_engine(cache_dir: Path, device: str) -> list[tuple[list[int], list[int], np.ndarray, Finished]]:
+async def _run_engine(
+    cache_dir: Path, device: str, code2wav: dict
+) -> list[tuple[list[int], list[int], np.ndarray, Finished]]:
     greedy = {"temperature": 0}
     on = {"device": device}
     profile = load_profile(
@@ -31,7 +33,7 @@ async def _run_engine(cache_dir: Path, device: str) -> list[tuple[list[int], lis
         stage_overrides={
             "thinker": on,
             "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy},
-            "code2wav": on,
+            "code2wav": {**on, **code2wav},
         },
     )
     engine = create_engine("tiny", profile, cache_dir)
@@ -60,13 +62,19 @@ async def _run_engine(cache_dir: Path, device: str) -> list[tuple[list[int], lis
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
-    "device",
-    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))],
+    ("device", "code2wav"),
+    [
+        ("cpu", {}),
+        ("cpu", {"max_streams": 1}),  # the second reply's audio waits for the first's state slot
+        ("cpu", {"streaming": False}),  # chunks re-decode their left context instead
+        pytest.param("cuda", {}, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+    ],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cuda"],
 )
-def test_engine_equals_transformers_generate(tiny_checkpoint: Path, cache_dir: Path, device: str) -> None:
+def test_engine_equals_transformers_generate(tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    results = asyncio.run(_run_engine(cache_dir, device))
+    results = asyncio.run(_run_engine(cache_dir, device, code2wav))
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for prompt_ids, tokens, audio, finished in results:
         assert finished.timings.codec_frames == FRAMES
