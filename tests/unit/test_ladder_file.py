@@ -27,7 +27,8 @@ def _ladder(tmp_path: Path, text: str) -> Path:
 def test_shipped_ladders_parse() -> None:
     h200 = load_ladder(REPO / "benchmarks/h200/ladder.yaml")
     assert [r.name for r in h200.rows] == ["baseline", "eager", "sampler-moe-grouped", "graphed-predictor",
-                                          "graphed-decode", "batched-prefill", "batched-talker-prefill"]
+                                          "graphed-decode", "batched-prefill", "batched-talker-prefill",
+                                          "streaming-code2wav", "stage-streams"]
     assert h200.bench["concurrency"] == [1, 16, 32, 64] and h200.bench["max_tokens"] == 40
     for row in h200.rows:  # every profile a row names exists, and the baseline is the generate() backend
         config = Path(row.serve[row.serve.index("--deploy-config") + 1])
