@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.admission import RequestStream, resolve_max_tokens, resolve_speaker
 from engine.api import (
     SAMPLE_RATE_HZ,
     AudioChunk,
@@ -49,32 +50,6 @@ class RequestRecord:
     thinker: ThinkerFinished | None = None
     audio: AudioFinished | None = None
     done: bool = False
-
-
-class RequestStream:
-    """Async iterator over one request's events; closing it early aborts the request."""
-
-    def __init__(self, engine: Orchestrator, record: RequestRecord) -> None:
-        self._engine = engine
-        self._record = record
-        self.request_id = record.request.request_id
-        self._ended = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> OutputEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event = await self._record.queue.get()
-        if isinstance(event, (Finished, Failed)):
-            self._ended = True
-        return event
-
-    async def aclose(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self._engine.abort(self.request_id)
 
 
 class Orchestrator:
@@ -130,32 +105,12 @@ class Orchestrator:
         rid = request.request_id
         if rid in self.records:
             raise EngineError(f"request id {rid} is already in use")
-        speaker = (request.speaker or self.profile.stages.talker.default_speaker).lower()
-        if request.want_audio:
-            if not self.has_talker:
-                raise EngineError("this model has no talker: ask for text only")
-            if speaker not in self.info.speakers:
-                raise EngineError(f"unknown voice {request.speaker!r}; available: {', '.join(self.info.speakers)}")
+        speaker = resolve_speaker(request, self.profile, self.info.speakers if self.has_talker else ())
         cfg = self.profile.stages.thinker
         sp = request.sampling
-        max_tokens = sp.max_tokens if sp.max_tokens is not None else cfg.default_max_tokens
-        if max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1")
         prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
         prompt_len = len(prompt.token_ids)
-        if prompt_len + 1 > cfg.max_model_len:
-            raise EngineError(
-                f"the prompt is {prompt_len} tokens; this model's context is {cfg.max_model_len} tokens",
-                code="context_length_exceeded",
-            )
-        if sp.max_tokens is None:
-            max_tokens = min(max_tokens, cfg.max_model_len - prompt_len)
-        elif prompt_len + max_tokens > cfg.max_model_len:
-            raise EngineError(
-                f"the prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds this model's "
-                f"context of {cfg.max_model_len} tokens",
-                code="context_length_exceeded",
-            )
+        max_tokens = resolve_max_tokens(sp.max_tokens, cfg, prompt_len)
         record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len, prompt.audio_tokens)
         self.records[rid] = record
         self.metrics.active.set(len(self.records))
@@ -174,7 +129,7 @@ class Orchestrator:
             )
         )
         log.info("request %s submitted: %d prompt tokens, audio=%s", rid, prompt_len, request.want_audio)
-        return RequestStream(self, record)
+        return RequestStream(rid, record.queue, self.abort)
 
     def abort(self, request_id: str) -> None:
         record = self.records.get(request_id)

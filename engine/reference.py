@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.admission import RequestStream, resolve_max_tokens, resolve_speaker
 from engine.api import (
     SAMPLE_RATE_HZ,
     AudioChunk,
@@ -72,30 +73,6 @@ class _Job:
     queue: asyncio.Queue[OutputEvent]
     submitted_at: float
     done: bool = False
-
-
-class _ReplyStream:
-    """Async iterator over one request's events; closing it early aborts the request."""
-
-    def __init__(self, engine: ReferenceEngine, job: _Job) -> None:
-        self._engine, self._job = engine, job
-        self.request_id = job.request.request_id
-        self._ended = False
-
-    def __aiter__(self) -> _ReplyStream:
-        return self
-
-    async def __anext__(self) -> OutputEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event = await self._job.queue.get()
-        self._ended = isinstance(event, (Finished, Failed))
-        return event
-
-    async def aclose(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self._engine.abort(self.request_id)
 
 
 class ReferenceEngine:
@@ -179,26 +156,21 @@ class ReferenceEngine:
         return {STAGE: len(self._jobs)}
 
     # -- requests
-    async def submit(self, request: EngineRequest) -> _ReplyStream:
+    async def submit(self, request: EngineRequest) -> RequestStream:
         assert self._loop is not None, "engine not started"
         rid = request.request_id
         if rid in self._jobs:
             raise EngineError(f"request id {rid} is already in use")
-        speaker = (request.speaker or self.profile.stages.talker.default_speaker).lower()
-        if request.want_audio:
-            if not self.info.speakers:
-                raise EngineError("this model has no talker: ask for text only")
-            if speaker not in self.info.speakers:
-                raise EngineError(f"unknown voice {request.speaker!r}; available: {', '.join(self.info.speakers)}")
+        speaker = resolve_speaker(request, self.profile, self.info.speakers)
         prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
-        max_tokens = _max_tokens(request.sampling.max_tokens, self.profile.stages.thinker, len(prompt.token_ids))
+        max_tokens = resolve_max_tokens(request.sampling.max_tokens, self.profile.stages.thinker, len(prompt.token_ids))
         job = _Job(request, prompt, max_tokens, speaker, asyncio.Queue(), time.perf_counter())
         self._jobs[rid] = job
         self.metrics.active.set(len(self._jobs))
         self.metrics.queue_depth.labels(STAGE).set(self._waiting.qsize() + 1)
         self._waiting.put(job)
         log.info("request %s queued: %d prompt tokens, audio=%s", rid, len(prompt.token_ids), request.want_audio)
-        return _ReplyStream(self, job)
+        return RequestStream(rid, job.queue, self.abort)
 
     def abort(self, request_id: str) -> None:
         job = self._jobs.get(request_id)
@@ -307,22 +279,6 @@ class ReferenceEngine:
         self._jobs.pop(job.request.request_id, None)
         self.metrics.active.set(len(self._jobs))
         job.queue.put_nowait(event)
-
-
-def _max_tokens(requested: int | None, cfg: Any, prompt_len: int) -> int:
-    """The staged engine's rule: the profile's default, clipped to the context; too long is an error."""
-    if prompt_len + 1 > cfg.max_model_len:
-        raise EngineError(f"the prompt is {prompt_len} tokens; this model's context is {cfg.max_model_len} tokens",
-                          code="context_length_exceeded")
-    if requested is None:
-        return min(cfg.default_max_tokens, cfg.max_model_len - prompt_len)
-    if requested < 1:
-        raise EngineError("max_tokens must be at least 1")
-    if prompt_len + requested > cfg.max_model_len:
-        raise EngineError(
-            f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceeds this model's "
-            f"context of {cfg.max_model_len} tokens", code="context_length_exceeded")
-    return requested
 
 
 def _audio_inputs(prompt: Prompt, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
