@@ -37,7 +37,10 @@ class SamplingConfig:
     repetition_penalty: float = field(default=1.0, metadata=_at_least(1.0))
 
 
-MoeImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm"]  # transformers' experts kernels
+# transformers' experts kernels, or ours (engine/models/fused_moe.py)
+MoeImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm", "fused_triton"]
+# decode steps: SDPA over a gathered copy of the cache, or ours straight from it (engine/models/slot_attention.py)
+DecodeAttention = Literal["sdpa", "triton"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class ThinkerConfig:
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     moe_implementation: MoeImplementation = "auto"
+    decode_attention: DecodeAttention = "sdpa"
     max_batch: int = field(default=8, metadata=_at_least(1))
     max_model_len: int = field(default=2048, metadata=_at_least(16))
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
@@ -60,6 +64,7 @@ class TalkerConfig:
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     moe_implementation: MoeImplementation = "auto"
+    decode_attention: DecodeAttention = "sdpa"
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_frames: int = field(default=4096, metadata=_at_least(1))
@@ -86,6 +91,9 @@ class Code2WavConfig:
     # (exactly the one-shot decode); `max_streams` replies hold state at once.
     streaming: bool = True
     max_streams: int = field(default=128, metadata=_at_least(1))
+    # On a GPU, pad streaming steps to fixed (batch, frames) buckets, all met once at start-up:
+    # a shape cuDNN first meets under load costs ~200 ms.
+    bucket_shapes: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
+
+# Without a GPU our Triton kernels run in Triton's CPU interpreter; it is chosen when a kernel
+# module is imported, so before any test imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engine.models.tiny import ensure_tiny_checkpoint
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +52,47 @@ def _capture(stage: str, apply: Any, runner: Any) -> None:
             runner.graphed_predictor = None
 
 
+def _check_triton(stage: str, cfg) -> None:
+    """The Triton paths run on a GPU, or on the CPU in Triton's interpreter (tests); say so before loading."""
+    wants = cfg.moe_implementation == "fused_triton" or cfg.decode_attention == "triton"
+    if not wants:
+        return
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise EngineError(f"stages.{stage}: fused_triton / decode_attention: triton need the triton package") from None
+    if not cfg.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise EngineError(f"stages.{stage}: the Triton kernels need a CUDA device (or TRITON_INTERPRET=1 on the CPU)")
+
+
+def _use_slot_attention(model: torch.nn.Module, runner: Any) -> None:
+    from engine.models import slot_attention
+
+    slot_attention.enable(model)
+    runner.kv.decode_kernel = True
+
+
+def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode2Wav:
+    """On a GPU, steps are padded to a fixed set of shapes, each met once here rather than under load."""
+    if not (cfg.bucket_shapes and cfg.device.startswith("cuda")):
+        return StreamingCode2Wav(code2wav, cfg.max_streams)
+    batches = sorted({b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b < cfg.max_batch} | {cfg.max_batch})
+    stream = StreamingCode2Wav(code2wav, cfg.max_streams, batch_buckets=tuple(batches),
+                               frame_buckets=(chunks.initial_chunk_frames, chunks.chunk_frames))
+    started = time.perf_counter()
+    count = stream.warm_up()
+    log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)
+    return stream
+
+
 def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | None) -> dict[str, Any]:
     from transformers import AutoTokenizer, Qwen3OmniMoeConfig, WhisperFeatureExtractor
 
     stages_cfg = profile.stages
     for cfg in (stages_cfg.thinker, stages_cfg.talker, stages_cfg.code2wav):
         _check_device(cfg.device)
+    _check_triton("thinker", stages_cfg.thinker)
+    _check_triton("talker", stages_cfg.talker)
     dummy = profile.load_format == "dummy"
     if dummy:
         # Full-size random weights need no checkpoint; the tokenizer is built like the tiny model's.
@@ -80,7 +117,11 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         else:
             model = load_stage(path, stage, device=cfg.device, dtype=cfg.dtype).model  # type: ignore[arg-type]
         moe = getattr(cfg, "moe_implementation", "auto")
-        if moe != "auto":
+        if moe == "fused_triton":
+            from engine.models import fused_moe
+
+            fused_moe.enable(model)
+        elif moe != "auto":
             model.set_experts_implementation(moe)
         log.info("%s experts: %s", stage, getattr(model.config, "_experts_implementation", "n/a"))
         return model
@@ -89,6 +130,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     thinker_runner = ThinkerRunner(
         thinker, config, max_batch=stages_cfg.thinker.max_batch, max_len=stages_cfg.thinker.max_model_len
     )
+    if stages_cfg.thinker.decode_attention == "triton":
+        _use_slot_attention(thinker_runner.text_model, thinker_runner)
     if not stages_cfg.thinker.enforce_eager and stages_cfg.thinker.device.startswith("cuda"):
         _capture("thinker", apply_thinker_graphs, thinker_runner)
     has_talker = bool(config.enable_audio_output)
@@ -109,11 +152,13 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
                 max_len=stages_cfg.thinker.max_model_len + stages_cfg.talker.max_frames + 16,
             )
             code2wav_runner = Code2WavRunner(code2wav)
+        if stages_cfg.talker.decode_attention == "triton":
+            _use_slot_attention(talker.model, talker_runner)
         if not stages_cfg.talker.enforce_eager and stages_cfg.talker.device.startswith("cuda"):
             _capture("talker", apply_talker_graphs, talker_runner)
         stream = None
         if stages_cfg.code2wav.streaming and profile.async_chunk.enabled:
-            stream = StreamingCode2Wav(code2wav, stages_cfg.code2wav.max_streams)
+            stream = _streaming_code2wav(code2wav, stages_cfg.code2wav, profile.async_chunk)
         code2wav_stage = Code2WavStage(
             code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics, stream
         )

@@ -11,6 +11,11 @@ Rows of a batch are right-padded: every layer is causal (the transposed convolut
 a sample only once both of their inputs exist), so padding never reaches a valid sample,
 and each state is read back at the row's own valid end. The model's own modules do the
 arithmetic; this file only routes state around them.
+
+Shape buckets: on a GPU each (batch, frames) shape the convolutions first meet costs ~200 ms
+(cuDNN builds its plans), so with `batch_buckets` / `frame_buckets` a step is padded up to
+the next bucket (padding rows write into a scratch slot) and `warm_up()` meets every bucket
+once at start-up. Which shapes exist is then fixed, and none is first met under load.
 """
 
 from __future__ import annotations
@@ -39,8 +44,13 @@ class StreamBatch:
 class StreamingCode2Wav:
     """Decodes chunks for up to `num_slots` concurrent replies, carrying state per slot."""
 
-    def __init__(self, code2wav: nn.Module, num_slots: int) -> None:
+    def __init__(
+        self, code2wav: nn.Module, num_slots: int, *, batch_buckets: tuple[int, ...] = (),
+        frame_buckets: tuple[int, ...] = (),
+    ) -> None:
         self.model = code2wav
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.frame_buckets = tuple(sorted(frame_buckets))
         cfg = code2wav.config
         param = next(code2wav.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -50,17 +60,18 @@ class StreamingCode2Wav:
         transformer = code2wav.pre_transformer
         assert set(cfg.layer_types[: cfg.num_hidden_layers]) == {"sliding_attention"}, cfg.layer_types
         attn = transformer.layers[0].self_attn
-        kv_shape = (num_slots, cfg.num_key_value_heads, self.window - 1, attn.head_dim)
+        self.scratch_slot = num_slots  # padding rows of a bucket write their state here
+        kv_shape = (num_slots + 1, cfg.num_key_value_heads, self.window - 1, attn.head_dim)
         self.kv = [(self._zeros(kv_shape), self._zeros(kv_shape)) for _ in transformer.layers]
         # one state tensor per stateful convolution, keyed by the module, in forward order
         self.conv_state: dict[nn.Module, torch.Tensor] = {}
         for module in code2wav.modules():
             if isinstance(module, _CausalConv) and module.padding:
                 assert module.stride == 1, "strided causal convolutions are not streamed"
-                self.conv_state[module] = self._zeros((num_slots, module.conv.in_channels, module.padding))
+                self.conv_state[module] = self._zeros((num_slots + 1, module.conv.in_channels, module.padding))
             elif isinstance(module, _TransConv) and module.conv.kernel_size[0] > module.conv.stride[0]:
                 assert module.conv.kernel_size[0] == 2 * module.conv.stride[0], "look-ahead of one input expected"
-                self.conv_state[module] = self._zeros((num_slots, module.conv.in_channels, 1))
+                self.conv_state[module] = self._zeros((num_slots + 1, module.conv.in_channels, 1))
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, device=self.device, dtype=self.dtype)
@@ -71,6 +82,35 @@ class StreamingCode2Wav:
 
         Row b's valid samples continue its reply exactly where its previous chunk stopped.
         """
+        rows, _, frames = batch.codes.shape
+        padded = self._pad(batch, _bucket(rows, self.batch_buckets), _bucket(frames, self.frame_buckets))
+        wav, valid = self._decode(padded)
+        return wav[:rows], valid[:rows]
+
+    @torch.inference_mode()
+    def warm_up(self) -> int:
+        """Decode one step of every bucket shape (into the scratch slot); returns how many."""
+        shapes = [(b, f) for b in self.batch_buckets for f in self.frame_buckets]
+        for rows, frames in shapes:
+            codes = torch.zeros(rows, self.model.config.num_quantizers, frames, dtype=torch.long)
+            scratch = torch.full((rows,), self.scratch_slot)
+            self._decode(StreamBatch(codes, scratch, torch.full((rows,), frames), torch.zeros(rows, dtype=torch.long)))
+        return len(shapes)
+
+    def _pad(self, batch: StreamBatch, rows: int, frames: int) -> StreamBatch:
+        n, quantizers, t = batch.codes.shape
+        if (rows, frames) == (n, t):
+            return batch
+        codes = torch.zeros(rows, quantizers, frames, dtype=batch.codes.dtype, device=batch.codes.device)
+        codes[:n, :, :t] = batch.codes
+
+        def extend(values: torch.Tensor, fill: int) -> torch.Tensor:
+            return torch.cat([values.cpu(), torch.full((rows - n,), fill, dtype=values.dtype)])
+
+        return StreamBatch(codes, extend(batch.slots, self.scratch_slot), extend(batch.new_frames, 1),
+                           extend(batch.past_frames, 0))
+
+    def _decode(self, batch: StreamBatch) -> tuple[torch.Tensor, torch.Tensor]:
         dev = self.device
         slots, new, past = (t.to(dev) for t in (batch.slots, batch.new_frames, batch.past_frames))
         fresh = past == 0
@@ -164,6 +204,11 @@ class StreamingCode2Wav:
             hidden = residual + layer.self_attn_layer_scale(attn.o_proj(out.transpose(1, 2).flatten(2)))
             hidden = hidden + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
         return transformer.norm(hidden)
+
+
+def _bucket(size: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds `size`; `size` itself past the largest."""
+    return next((b for b in buckets if b >= size), size)
 
 
 def _take(joined: torch.Tensor, valid: torch.Tensor, size: int, dim: int = -1) -> torch.Tensor:

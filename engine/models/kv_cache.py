@@ -43,6 +43,8 @@ class SlotKVCache:
         self.num_slots = num_slots
         self.scratch_slot = num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))
+        # set by engine/models/slot_attention.py: decode steps read the buffers in place
+        self.decode_kernel = False
 
     @property
     def num_free(self) -> int:
@@ -76,6 +78,11 @@ class SlotBatch:
     num_new: int
     kv_len: int
 
+    @property
+    def uses_kernel(self) -> bool:
+        """A one-token step that the slot decode-attention kernel serves from the buffers in place."""
+        return self.cache.decode_kernel and self.num_new == 1
+
     # transformers' attention layers call these two; the rest of the Cache API is unused
     # because we always pass explicit position ids and a prepared 4-D mask.
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -84,6 +91,8 @@ class SlotBatch:
         positions = self.starts[:, None] + torch.arange(self.num_new, device=self.starts.device)
         keys[self.slots[:, None], :, positions] = key_states.transpose(1, 2)
         values[self.slots[:, None], :, positions] = value_states.transpose(1, 2)
+        if self.uses_kernel:
+            return keys, values
         return keys[self.slots, :, : self.kv_len], values[self.slots, :, : self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -98,6 +107,12 @@ class SlotBatch:
             self.slots.shape[0], 1, self.num_new, self.kv_len
         )
         return mask.masked_fill(key_pos > query_pos, torch.finfo(dtype).min)
+
+    def forward_kwargs(self, dtype: torch.dtype) -> dict:
+        """What a decoder forward over this view takes besides its inputs and the cache."""
+        if self.uses_kernel:  # the kernel masks by each row's length; it finds this view by name
+            return {"attention_mask": None, "position_ids": self.position_ids(), "slot_view": self}
+        return {"attention_mask": self.attention_mask(dtype), "position_ids": self.position_ids()}
 
     def position_ids(self) -> torch.Tensor:
         """Text positions [B, num_new]; text-and-audio prompts use plain positions in Qwen3-Omni."""

@@ -110,13 +110,7 @@ class TalkerRunner:
         return self.talker.codec_head(hidden), hidden
 
     def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
-        out = self.talker.model(
-            inputs_embeds=embeds,
-            attention_mask=view.attention_mask(embeds.dtype),
-            position_ids=view.position_ids(),
-            use_cache=True,
-            **{self._cache_kw: view},
-        )
+        out = self.talker.model(inputs_embeds=embeds, use_cache=True, **view.forward_kwargs(embeds.dtype), **{self._cache_kw: view})
         return out.last_hidden_state
 
     def residual_codes(

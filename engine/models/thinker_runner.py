@@ -99,13 +99,7 @@ class ThinkerRunner:
         return (self.thinker.lm_head(self._forward(embeds, view)[:, -1]),)
 
     def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
-        out = self.text_model(
-            inputs_embeds=embeds,
-            attention_mask=view.attention_mask(embeds.dtype),
-            position_ids=view.position_ids(),
-            use_cache=True,
-            **{self._cache_kw: view},
-        )
+        out = self.text_model(inputs_embeds=embeds, use_cache=True, **view.forward_kwargs(embeds.dtype), **{self._cache_kw: view})
         return out.last_hidden_state
 
     def _merge_audio(self, ids: torch.Tensor, embeds: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:

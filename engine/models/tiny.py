@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TINY_VERSION = "v2"
+TINY_VERSION = "v3"
 TINY_SEED = 1234
 TINY_MODEL_ID = "tiny"
 TINY_DESCRIPTION = (
@@ -163,6 +163,10 @@ def build_tiny_checkpoint(out_dir: Path) -> None:
         for name, p in model.named_parameters():
             if name.endswith("codec_head.weight") or "lm_head" in name:
                 p.normal_(0.0, 0.5)
+            elif name.startswith("talker.") and ".experts." in name:
+                # transformers' init skips the talker's stacked experts (left as torch.empty: near-zero
+                # garbage); a MoE that adds nothing would let a wrong experts path pass every test
+                p.normal_(0.0, 0.02)  # the std transformers gives the thinker's experts
         # Random Code2Wav output is ~1e-7 loud; scale its last conv so the noise is audible (~-20 dBFS).
         codes = torch.randint(0, 2048, (1, 16, 25), generator=torch.Generator().manual_seed(TINY_SEED))
         rms = model.code2wav(codes).pow(2).mean().sqrt()

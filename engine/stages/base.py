@@ -38,6 +38,9 @@ class Stage(ABC):
     name: str
     runner: Any  # the stage's model runner; its `device` picks the stream
     own_cuda_stream = True
+    # With own streams, the GPU schedules a higher-priority stage's kernels first (lower is higher):
+    # stages nearer the audio go first, so the Thinker, which runs ahead, yields to them.
+    stream_priority = 0
 
     def __init__(self, report: Report, metrics: EngineMetrics) -> None:
         self.inbox = Inbox()
@@ -80,7 +83,9 @@ class Stage(ABC):
 
     def _run(self) -> None:
         device = torch.device(getattr(self.runner, "device", "cpu"))
-        stream = torch.cuda.Stream(device) if device.type == "cuda" and self.own_cuda_stream else None
+        own = device.type == "cuda" and self.own_cuda_stream
+        # a CUDA graph replayed on a stream runs at that stream's priority
+        stream = torch.cuda.Stream(device, priority=self.stream_priority) if own else None
         with torch.inference_mode(), torch.cuda.stream(stream):
             while not self._stop.is_set():
                 for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):

@@ -59,12 +59,16 @@ def _stream(stream: StreamingCode2Wav, replies: list[torch.Tensor], chunkings: l
     return [torch.cat(a) for a in audio]
 
 
-def test_streamed_chunks_join_into_the_one_shot_decode(model: torch.nn.Module) -> None:
+@pytest.mark.parametrize("buckets", [{}, {"batch_buckets": (2, 8), "frame_buckets": (4, 25)}],
+                         ids=["exact-shapes", "padded-to-buckets"])
+def test_streamed_chunks_join_into_the_one_shot_decode(model: torch.nn.Module, buckets: dict) -> None:
     frames = [37, 90, 5, 1]
     replies = [_codes(n, seed=n) for n in frames]
     chunkings = [[4, 25, 8], [1, 1, 30, 25, 33], [2, 3], [1]]
     assert [sum(c) for c in chunkings] == frames
-    stream = StreamingCode2Wav(model, num_slots=12)
+    stream = StreamingCode2Wav(model, num_slots=12, **buckets)
+    if buckets:
+        assert stream.warm_up() == 4  # and the scratch slot's garbage must not leak into any reply
     with torch.inference_mode():
         whole = [model(r[None])[0, 0].clamp(-1, 1) for r in replies]
         streamed = _stream(stream, replies, chunkings)

@@ -39,7 +39,8 @@ def test_graphed_code_predictor_equals_eager(tiny_checkpoint: Path) -> None:
                        RowTensors.of([rows[0]] * 9, "cuda")) is None  # larger than every bucket: eager
 
 
-def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path) -> None:
+@pytest.mark.parametrize("kernels", [False, True], ids=["sdpa-grouped-mm", "triton-kernels"])
+def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool) -> None:
     from engine.models.cuda_graphs import GraphedDecode
     from engine.models.thinker_runner import ThinkerRunner
 
@@ -47,6 +48,12 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path) -> None:
     loaded = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
     with torch.inference_mode():
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=64)
+        if kernels:
+            from engine.models import fused_moe, slot_attention
+
+            fused_moe.enable(loaded.model)
+            slot_attention.enable(runner.text_model)
+            runner.kv.decode_kernel = True
         hidden = runner.text_model.embed_tokens.embedding_dim
         graphed = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets=(2, 4))
         prompts = {0: [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198], 2: [151644, 872, 198, 151644, 77091, 198]}

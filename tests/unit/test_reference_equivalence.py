@@ -8,6 +8,8 @@ concurrently in the engine, so their Talker and Code2Wav forwards are shared.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,17 +25,17 @@ PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour o
 
 
 async def _run_engine(
-    cache_dir: Path, device: str, code2wav: dict
+    cache_dir: Path, device: str, code2wav: dict, kernels: dict
 ) -> list[tuple[list[int], list[int], np.ndarray, Finished]]:
     greedy = {"temperature": 0}
-    on = {"device": device}
+    on = {"device": device, **kernels}
     profile = load_profile(
         model="tiny",
         platform="cpu",
         stage_overrides={
             "thinker": on,
             "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy},
-            "code2wav": {**on, **code2wav},
+            "code2wav": {"device": device, **code2wav},
         },
     )
     engine = create_engine("tiny", profile, cache_dir)
@@ -60,21 +62,32 @@ async def _run_engine(
         await engine.stop()
 
 
+KERNELS = {"moe_implementation": "fused_triton", "decode_attention": "triton"}
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on a CPU: interpreter only")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
-    ("device", "code2wav"),
+    ("device", "code2wav", "kernels"),
     [
-        ("cpu", {}),
-        ("cpu", {"max_streams": 1}),  # the second reply's audio waits for the first's state slot
-        ("cpu", {"streaming": False}),  # chunks re-decode their left context instead
-        pytest.param("cuda", {}, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+        ("cpu", {}, {}),
+        ("cpu", {"max_streams": 1}, {}),  # the second reply's audio waits for the first's state slot
+        ("cpu", {"streaming": False}, {}),  # chunks re-decode their left context instead
+        # our Triton MoE and decode attention, in Triton's CPU interpreter
+        pytest.param("cpu", {}, KERNELS, marks=[needs_triton, needs_interpreter]),
+        pytest.param("cuda", {}, {}, marks=needs_cuda),
+        pytest.param("cuda", {}, KERNELS, marks=[needs_cuda, needs_triton]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cuda"],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-triton-kernels", "cuda", "cuda-triton-kernels"],
 )
-def test_engine_equals_transformers_generate(tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict) -> None:
+def test_engine_equals_transformers_generate(
+    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, kernels: dict
+) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    results = asyncio.run(_run_engine(cache_dir, device, code2wav))
+    results = asyncio.run(_run_engine(cache_dir, device, code2wav, kernels))
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for prompt_ids, tokens, audio, finished in results:
         assert finished.timings.codec_frames == FRAMES

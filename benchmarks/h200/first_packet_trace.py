@@ -1,0 +1,106 @@
+"""A timeline of one reply at concurrency 1: every stage step from submit to the first audio packet.
+
+Starts the engine in-process for a profile, runs two warm-up replies, then one traced reply and
+prints each stage step (start, duration, batch) in milliseconds since submit. Also times Code2Wav
+on chunk shapes it has not seen yet (new batch sizes), to show what a first-seen shape costs.
+
+    PYTHONPATH=. python3 benchmarks/h200/first_packet_trace.py --profile benchmarks/h200/dummy-stage-streams.yaml --out trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from engine.api import (
+    AudioChunk,
+    EngineRequest,
+    Message,
+    SamplingParams,
+    TextDelta,
+    TextPart,
+    create_engine,
+    load_profile,
+)
+from engine.models.code2wav_stream import StreamBatch
+
+EVENTS: list[tuple[float, str, float, int]] = []  # (start s, stage, duration ms, batch)
+
+
+def traced(stage) -> None:
+    step = stage.step
+
+    def wrapper():
+        t0 = time.perf_counter()
+        ids = step()  # host time: a step's own host syncs are inside it
+        EVENTS.append((t0, stage.name, 1000 * (time.perf_counter() - t0), len(ids)))
+        return ids
+
+    stage.step = wrapper
+
+
+async def one(engine, i: int) -> dict:
+    words = " ".join(["please tell me about the weather"] * 6)
+    request = EngineRequest(f"t{i}", (Message("user", (TextPart(words),)),), True, "ethan", SamplingParams(max_tokens=40))
+    t0 = time.perf_counter()
+    marks = {"submit": t0}
+    stream = await engine.submit(request)
+    async for event in stream:
+        if isinstance(event, TextDelta) and "first_text" not in marks:
+            marks["first_text"] = time.perf_counter()
+        if isinstance(event, AudioChunk) and "first_audio" not in marks:
+            marks["first_audio"] = time.perf_counter()
+    marks["done"] = time.perf_counter()
+    return marks
+
+
+async def run(profile_path: Path, model: str) -> dict:
+    engine = create_engine(model, load_profile(profile_path, model=model), None)
+    await engine.start()
+    stages = engine.stages
+    device = stages["code2wav"].runner.device
+    try:
+        for i in range(2):
+            await one(engine, i)
+        for stage in stages.values():
+            traced(stage)
+        EVENTS.clear()
+        marks = await one(engine, 9)
+        t0 = marks["submit"]
+        timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b}
+                    for t, s, d, b in sorted(EVENTS) if t - t0 < marks["first_audio"] - t0 + 0.05]
+        result = {"marks_ms": {k: round(1000 * (v - t0), 1) for k, v in marks.items()}, "timeline": timeline}
+        code2wav = stages["code2wav"]
+        cold = []
+        with torch.inference_mode():
+            for batch, frames in ((3, 25), (5, 25), (7, 21), (3, 25)):
+                codes = torch.randint(0, 2048, (batch, 16, frames), device=device)
+                step = StreamBatch(codes, torch.arange(batch), torch.full((batch,), frames),
+                                   torch.full((batch,), 29))
+                t = time.perf_counter()
+                code2wav.stream.decode(step)[0].cpu()
+                cold.append({"batch": batch, "frames": frames, "ms": round(1000 * (time.perf_counter() - t), 1)})
+        result["code2wav_first_seen_shapes"] = cold
+        return result
+    finally:
+        await engine.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--profile", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="dummy")
+    args = parser.parse_args()
+    result = asyncio.run(run(args.profile, args.model))
+    print(json.dumps(result, indent=1))
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

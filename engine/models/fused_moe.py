@@ -1,0 +1,206 @@
+"""Fused mixture-of-experts (Triton), as a transformers experts implementation.
+
+transformers' `grouped_mm` path runs a dozen ops per layer around two grouped
+GEMMs and materialises the gate/up product. Here each (token, expert) pair is
+placed in blocks of `block_m` rows that all belong to one expert; one kernel
+reads an expert's gate and up rows once per block, applies SiLU(gate) * up and
+writes the activation; a second multiplies by the down projection and the
+routing weight. An expert's weights are read once per block of its tokens, and
+the block layout has a fixed size for a given token count, so a CUDA graph can
+capture it.
+
+`enable(model)` registers the implementation under `EXPERTS_NAME` and sets it on
+the model. Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI
+tests it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.triton_launch import dot_precision, launch_guard
+
+EXPERTS_NAME = "vg_fused_moe"
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without triton: the kernels are simply unavailable
+    triton = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    pair_ids: torch.Tensor  # [num_blocks * block_m] (token * top_k + k), `num_pairs` where a row is padding
+    block_expert: torch.Tensor  # [num_blocks] the expert of each block; `num_experts` past the last used block
+    block_m: int
+
+
+def block_layout(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> BlockLayout:
+    """Group (token, k) pairs by expert, each expert's run padded to a multiple of `block_m`.
+
+    Shapes depend only on the number of pairs, never on the routing, and nothing syncs with the
+    host: a CUDA graph can capture this. At most min(E, pairs) experts are used, each wasting
+    fewer than `block_m` rows, which bounds the padded length.
+    """
+    experts = top_k_index.reshape(-1)
+    num_pairs = experts.numel()
+    device = experts.device
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(0, experts, torch.ones_like(experts))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    order = torch.argsort(experts, stable=True)
+    sorted_experts = experts[order]
+    rank = torch.arange(num_pairs, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    dest = (padded_end - padded)[sorted_experts] + rank
+    max_rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    num_blocks = (max_rows + block_m - 1) // block_m
+    pair_ids = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.long, device=device)
+    pair_ids[dest] = order
+    block_starts = torch.arange(num_blocks, device=device) * block_m
+    block_expert = torch.searchsorted(padded_end, block_starts, right=True)
+    return BlockLayout(pair_ids, block_expert, block_m)
+
+
+def fused_experts_reference(
+    hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """The same function pair by pair in float32: hidden [T, H], gate_up [E, 2I, H], down [E, H, I] -> [T, H]."""
+    inter = down.shape[-1]
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for t in range(hidden.shape[0]):
+        for k in range(top_k_index.shape[1]):
+            e = int(top_k_index[t, k])
+            gu = gate_up[e].float() @ hidden[t].float()
+            act = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
+            out[t] += float(top_k_weights[t, k]) * (down[e].float() @ act)
+    return out
+
+
+if triton is not None:
+
+    # the pair count changes with every batch: no recompile for its divisibility
+    @triton.jit(do_not_specialize=["num_pairs"])
+    def _gate_up_kernel(
+        X, W, Act, PairIds, BlockExpert, num_pairs, num_experts,
+        stride_xt, stride_we, stride_wn, stride_wk, stride_ap,
+        hidden_dim: tl.constexpr, inter_dim: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        block = tl.program_id(0)
+        expert = tl.load(BlockExpert + block)
+        if expert >= num_experts:
+            return
+        pairs = tl.load(PairIds + block * BLOCK_M + tl.arange(0, BLOCK_M))
+        real = pairs < num_pairs
+        tokens = pairs // TOP_K
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < inter_dim
+        ks = tl.arange(0, BLOCK_K)
+        x_ptrs = X + tokens[:, None] * stride_xt + ks[None, :]
+        w_base = W + expert * stride_we + ks[:, None] * stride_wk
+        gate_ptrs = w_base + cols[None, :] * stride_wn
+        up_ptrs = w_base + (cols + inter_dim)[None, :] * stride_wn
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, hidden_dim, BLOCK_K):
+            k_ok = (k0 + ks) < hidden_dim
+            x = tl.load(x_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
+            w_mask = k_ok[:, None] & col_ok[None, :]
+            gate += tl.dot(x, tl.load(gate_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
+            up += tl.dot(x, tl.load(up_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
+            x_ptrs += BLOCK_K
+            gate_ptrs += BLOCK_K * stride_wk
+            up_ptrs += BLOCK_K * stride_wk
+        act = gate * tl.sigmoid(gate) * up
+        tl.store(Act + pairs[:, None] * stride_ap + cols[None, :], act.to(Act.dtype.element_ty),
+                 mask=real[:, None] & col_ok[None, :])
+
+    @triton.jit(do_not_specialize=["num_pairs"])
+    def _down_kernel(
+        Act, W, Weights, Out, PairIds, BlockExpert, num_pairs, num_experts,
+        stride_ap, stride_we, stride_wn, stride_wk, stride_op,
+        hidden_dim: tl.constexpr, inter_dim: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        block = tl.program_id(0)
+        expert = tl.load(BlockExpert + block)
+        if expert >= num_experts:
+            return
+        pairs = tl.load(PairIds + block * BLOCK_M + tl.arange(0, BLOCK_M))
+        real = pairs < num_pairs
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < hidden_dim
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = Act + pairs[:, None] * stride_ap + ks[None, :]
+        w_ptrs = W + expert * stride_we + cols[None, :] * stride_wn + ks[:, None] * stride_wk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, inter_dim, BLOCK_K):
+            k_ok = (k0 + ks) < inter_dim
+            a = tl.load(a_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
+            acc += tl.dot(a, tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0), input_precision=PRECISION)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K * stride_wk
+        weight = tl.load(Weights + pairs, mask=real, other=0.0).to(tl.float32)
+        acc = acc * weight[:, None]
+        tl.store(Out + pairs[:, None] * stride_op + cols[None, :], acc.to(Out.dtype.element_ty),
+                 mask=real[:, None] & col_ok[None, :])
+
+
+def fused_experts(
+    hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
+) -> torch.Tensor:
+    """hidden [T, H], gate_up [E, 2I, H], down [E, H, I], top_k_index/weights [T, K] -> [T, H]."""
+    if triton is None:
+        raise RuntimeError("the fused MoE path needs triton (pip install triton), or use another moe_implementation")
+    num_tokens, hidden_dim = hidden.shape
+    num_experts, _, inter_dim = down.shape
+    top_k = top_k_index.shape[1]
+    num_pairs = num_tokens * top_k
+    # decode: a few tokens per expert, so small blocks waste little; prefill: bigger blocks reuse weights more
+    block_m = 16 if num_pairs <= 4 * num_experts else 64
+    layout = block_layout(top_k_index, num_experts, block_m)
+    num_blocks = layout.block_expert.numel()
+    hidden = hidden.contiguous()
+    act = torch.empty(num_pairs, inter_dim, dtype=hidden.dtype, device=hidden.device)
+    out = torch.empty(num_pairs, hidden_dim, dtype=hidden.dtype, device=hidden.device)
+    weights = top_k_weights.reshape(-1).contiguous()
+    with launch_guard():
+        _gate_up_kernel[(num_blocks, triton.cdiv(inter_dim, block_n))](
+            hidden, gate_up, act, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
+            hidden.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2), act.stride(0),
+            hidden_dim=hidden_dim, inter_dim=inter_dim, TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            PRECISION=dot_precision(hidden.dtype),
+        )
+        _down_kernel[(num_blocks, triton.cdiv(hidden_dim, block_n))](
+            act, down, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
+            act.stride(0), down.stride(0), down.stride(1), down.stride(2), out.stride(0),
+            hidden_dim=hidden_dim, inter_dim=inter_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            PRECISION=dot_precision(hidden.dtype),
+        )
+    return out.view(num_tokens, top_k, hidden_dim).sum(dim=1)
+
+
+def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+    """transformers' experts-function signature (gated, concatenated [gate; up], no bias)."""
+    return fused_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)
+
+
+def enable(model: torch.nn.Module) -> None:
+    """Register the implementation and make every experts module of `model` call it."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj"):
+            layout_ok = (getattr(module, "has_gate", True) and not getattr(module, "has_bias", False)
+                         and not getattr(module, "is_transposed", False) and getattr(module, "is_concatenated", True))
+            probe = torch.linspace(-4, 4, 9)
+            is_silu = torch.allclose(module.act_fn(probe), torch.nn.functional.silu(probe))
+            if not layout_ok or not is_silu:
+                raise ValueError(f"{type(module).__name__}: the fused MoE kernels need [gate; up] weights and SiLU")
+    ALL_EXPERTS_FUNCTIONS.register(EXPERTS_NAME, fused_experts_forward)
+    model.set_experts_implementation(EXPERTS_NAME)
