@@ -82,6 +82,12 @@ def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode
     started = time.perf_counter()
     count = stream.warm_up()
     log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)
+    if not cfg.enforce_eager:
+        try:
+            log.info("code2wav: %d step shapes captured as CUDA graphs", stream.capture_graphs())
+        except Exception:
+            log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
+            stream.graphs.clear()
     return stream
 
 

@@ -15,7 +15,8 @@ arithmetic; this file only routes state around them.
 Shape buckets: on a GPU each (batch, frames) shape the convolutions first meet costs ~200 ms
 (cuDNN builds its plans), so with `batch_buckets` / `frame_buckets` a step is padded up to
 the next bucket (padding rows write into a scratch slot) and `warm_up()` meets every bucket
-once at start-up. Which shapes exist is then fixed, and none is first met under load.
+once at start-up. Which shapes exist is then fixed, and none is first met under load; a step
+has no host sync, so `capture_graphs()` can also hold each bucket as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class StreamingCode2Wav:
         assert set(cfg.layer_types[: cfg.num_hidden_layers]) == {"sliding_attention"}, cfg.layer_types
         attn = transformer.layers[0].self_attn
         self.scratch_slot = num_slots  # padding rows of a bucket write their state here
+        # (rows, frames) -> (graph, its static input batch, its static (audio, valid) outputs)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StreamBatch, tuple[torch.Tensor, torch.Tensor]]] = {}
         kv_shape = (num_slots + 1, cfg.num_key_value_heads, self.window - 1, attn.head_dim)
         self.kv = [(self._zeros(kv_shape), self._zeros(kv_shape)) for _ in transformer.layers]
         # one state tensor per stateful convolution, keyed by the module, in forward order
@@ -84,8 +87,38 @@ class StreamingCode2Wav:
         """
         rows, _, frames = batch.codes.shape
         padded = self._pad(batch, _bucket(rows, self.batch_buckets), _bucket(frames, self.frame_buckets))
-        wav, valid = self._decode(padded)
-        return wav[:rows], valid[:rows]
+        graphed = self.graphs.get((padded.codes.shape[0], padded.codes.shape[2]))
+        if graphed is None:
+            wav, valid = self._decode(padded)
+            return wav[:rows], valid[:rows]
+        graph, static, (wav, valid) = graphed
+        for name in ("codes", "slots", "new_frames", "past_frames"):
+            getattr(static, name).copy_(getattr(padded, name))
+        graph.replay()
+        return wav[:rows].clone(), valid[:rows].clone()
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> int:
+        """A CUDA graph per bucket shape, largest first into one memory pool; returns how many."""
+        pool = None
+        capture_stream = torch.cuda.Stream(self.device)
+        quantizers = self.model.config.num_quantizers
+        for rows, frames in sorted(((b, f) for b in self.batch_buckets for f in self.frame_buckets), reverse=True):
+            def full(value: int) -> torch.Tensor:
+                return torch.full((rows,), value, dtype=torch.long, device=self.device)
+
+            static = StreamBatch(torch.zeros(rows, quantizers, frames, dtype=torch.long, device=self.device),
+                                 full(self.scratch_slot), full(frames), full(0))
+            capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(capture_stream):  # lazy handle set-up stays out of the capture
+                self._decode(static)
+            torch.cuda.current_stream(self.device).wait_stream(capture_stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
+                outputs = self._decode(static)
+            pool = graph.pool()
+            self.graphs[(rows, frames)] = (graph, static, outputs)
+        return len(self.graphs)
 
     @torch.inference_mode()
     def warm_up(self) -> int:
