@@ -56,7 +56,8 @@ class ThinkerConfig:
     prefill_token_budget: int = field(default=4096, metadata=_at_least(1))
     ignore_eos: bool = False
     enforce_eager: bool = True
-    # with graphs on: one-prompt prefills replayed per prompt-length bucket (32..512 tokens)
+    # with graphs on: one-prompt prefills replayed per prompt-length bucket (32..512 tokens).
+    # Off everywhere until the H200 has run its tests (benchmarks/h200/NOTES.md).
     graph_prefill: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 

@@ -156,6 +156,7 @@ class _PrefillBucket:
     graph: torch.cuda.CUDAGraph
     embeds: torch.Tensor  # [1, L, H]
     slots: torch.Tensor  # [1]
+    starts: torch.Tensor  # [1], always 0; held so its memory stays the graph's
     last: torch.Tensor  # [1] index of the prompt's last row
     outputs: tuple[torch.Tensor, ...]
 
@@ -180,8 +181,9 @@ class GraphedPrefill:
             embeds = torch.zeros(1, size, hidden_size, device=device, dtype=dtype)
             slots = torch.full((1,), kv.scratch_slot, dtype=torch.long, device=device)
             last = torch.zeros(1, dtype=torch.long, device=device)
-            view = SlotBatch(cache=kv, slots=slots, starts=torch.zeros(1, dtype=torch.long, device=device),
-                             num_new=size, kv_len=size)
+            # every tensor a graph reads must outlive it: a freed one's memory is handed out again
+            starts = torch.zeros(1, dtype=torch.long, device=device)
+            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=size, kv_len=size)
             capture_stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(capture_stream):
                 for _ in range(2):
@@ -191,7 +193,7 @@ class GraphedPrefill:
             with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
                 outputs = step(embeds, view, last)
             pool = graph.pool()
-            self.buckets[size] = _PrefillBucket(graph, embeds, slots, last, outputs)
+            self.buckets[size] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
     def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...] | None:
         """embeds [1, n, H] into `slot` -> the step's outputs; None when n exceeds every bucket."""
