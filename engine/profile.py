@@ -56,6 +56,9 @@ class ThinkerConfig:
     prefill_token_budget: int = field(default=4096, metadata=_at_least(1))
     ignore_eos: bool = False
     enforce_eager: bool = True
+    # with graphs on: one-prompt prefills replayed per prompt-length bucket (32..512 tokens).
+    # Off everywhere until the H200 has run its tests (benchmarks/h200/NOTES.md).
+    graph_prefill: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -71,6 +74,7 @@ class TalkerConfig:
     max_prefill_batch: int = field(default=64, metadata=_at_least(1))  # prompts per prefill forward
     ignore_eos: bool = False
     enforce_eager: bool = True
+    graph_prefill: bool = False  # as the Thinker's
     default_speaker: str = "ethan"
     sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.9, top_p=1.0, top_k=50, repetition_penalty=1.05)

@@ -6,6 +6,7 @@ import logging
 import os
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def _capture(stage: str, apply: Any, runner: Any) -> None:
     except Exception:
         log.exception("%s: CUDA graph capture failed; this stage runs eagerly", stage)
         runner.graphed_decode = None
+        runner.graphed_prefill = None
         if hasattr(runner, "graphed_predictor"):
             runner.graphed_predictor = None
 
@@ -139,7 +141,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     if stages_cfg.thinker.decode_attention == "triton":
         _use_slot_attention(thinker_runner.text_model, thinker_runner)
     if not stages_cfg.thinker.enforce_eager and stages_cfg.thinker.device.startswith("cuda"):
-        _capture("thinker", apply_thinker_graphs, thinker_runner)
+        _capture("thinker", partial(apply_thinker_graphs, prefill=stages_cfg.thinker.graph_prefill), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report
@@ -161,7 +163,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         if stages_cfg.talker.decode_attention == "triton":
             _use_slot_attention(talker.model, talker_runner)
         if not stages_cfg.talker.enforce_eager and stages_cfg.talker.device.startswith("cuda"):
-            _capture("talker", apply_talker_graphs, talker_runner)
+            _capture("talker", partial(apply_talker_graphs, prefill=stages_cfg.talker.graph_prefill), talker_runner)
         stream = None
         if stages_cfg.code2wav.streaming and profile.async_chunk.enabled:
             stream = _streaming_code2wav(code2wav, stages_cfg.code2wav, profile.async_chunk)

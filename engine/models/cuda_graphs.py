@@ -1,4 +1,5 @@
-"""CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket.
+"""CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket;
+one-prompt prefills (Thinker, Talker), per prompt-length bucket.
 
 Applied to finished runners from outside (the model and the eager path stay as
 they are). Each bucket's graph reads static input tensors; a call copies
@@ -146,20 +147,90 @@ class GraphedDecode:
         return tuple(out[:n].clone() for out in bucket.outputs)
 
 
+PrefillStep = Callable[[torch.Tensor, SlotBatch, torch.Tensor], tuple[torch.Tensor, ...]]
+PREFILL_BUCKETS = (32, 64, 128, 256, 512)
+
+
+@dataclass(slots=True)
+class _PrefillBucket:
+    graph: torch.cuda.CUDAGraph
+    embeds: torch.Tensor  # [1, L, H]
+    slots: torch.Tensor  # [1]
+    starts: torch.Tensor  # [1], always 0; held so its memory stays the graph's
+    last: torch.Tensor  # [1] index of the prompt's last row
+    outputs: tuple[torch.Tensor, ...]
+
+
+class GraphedPrefill:
+    """One prompt's prefill, captured per prompt-length bucket.
+
+    An eager prefill is host-bound (the Thinker's 48 layers launch ~4000 kernels for ~15 ms of
+    GPU work) and shares the host with the other stages' threads, which is what a lone
+    request's first packet waits on. The prompt is right-padded to its bucket: every layer is
+    causal, so padding rows change no real row, and the keys they write past the prompt are
+    overwritten by decode before any query sees them.
+    """
+
+    def __init__(self, step: PrefillStep, kv: SlotKVCache, hidden_size: int, dtype: torch.dtype,
+                 buckets: tuple[int, ...] = PREFILL_BUCKETS) -> None:
+        device = kv.keys[0].device
+        self.buckets: dict[int, _PrefillBucket] = {}
+        pool = None
+        capture_stream = torch.cuda.Stream(device)
+        for size in sorted((b for b in buckets if b <= kv.max_len), reverse=True):
+            embeds = torch.zeros(1, size, hidden_size, device=device, dtype=dtype)
+            slots = torch.full((1,), kv.scratch_slot, dtype=torch.long, device=device)
+            last = torch.zeros(1, dtype=torch.long, device=device)
+            # every tensor a graph reads must outlive it: a freed one's memory is handed out again
+            starts = torch.zeros(1, dtype=torch.long, device=device)
+            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=size, kv_len=size)
+            capture_stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(capture_stream):
+                for _ in range(2):
+                    step(embeds, view, last)
+            torch.cuda.current_stream(device).wait_stream(capture_stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
+                outputs = step(embeds, view, last)
+            pool = graph.pool()
+            self.buckets[size] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
+
+    def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...] | None:
+        """embeds [1, n, H] into `slot` -> the step's outputs; None when n exceeds every bucket."""
+        n = embeds.shape[1]
+        size = min((b for b in self.buckets if b >= n), default=None)
+        if size is None:
+            return None
+        bucket = self.buckets[size]
+        bucket.embeds[:, :n].copy_(embeds)
+        bucket.slots.fill_(slot)
+        bucket.last.fill_(n - 1)
+        bucket.graph.replay()
+        return tuple(out.clone() for out in bucket.outputs)
+
+
 def _buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(b for b in DEFAULT_BUCKETS if b < max_batch) + (max_batch,)
 
 
-def apply_talker_graphs(runner: TalkerRunner) -> None:
+def apply_talker_graphs(runner: TalkerRunner, prefill: bool = False) -> None:
     buckets = _buckets(runner.kv.num_slots)
     runner.graphed_predictor = GraphedCodePredictor(runner, buckets)
-    runner.graphed_decode = GraphedDecode(runner.decode_step, runner.kv, runner.codec_embedding.embedding_dim,
-                                          runner.dtype, buckets)
+    hidden = runner.codec_embedding.embedding_dim
+    runner.graphed_decode = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets)
     log.info("talker decode captured for batch sizes %s", sorted(buckets))
+    if not prefill:
+        return
+    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype)
+    log.info("talker prefill captured for prompt lengths %s", sorted(runner.graphed_prefill.buckets))
 
 
-def apply_thinker_graphs(runner: ThinkerRunner) -> None:
+def apply_thinker_graphs(runner: ThinkerRunner, prefill: bool = False) -> None:
     buckets = _buckets(runner.kv.num_slots)
     hidden = runner.text_model.embed_tokens.embedding_dim
     runner.graphed_decode = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets)
     log.info("thinker decode captured for batch sizes %s", sorted(buckets))
+    if not prefill:
+        return
+    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype)
+    log.info("thinker prefill captured for prompt lengths %s", sorted(runner.graphed_prefill.buckets))

@@ -57,6 +57,7 @@ class TalkerRunner:
         # set by engine/models/cuda_graphs.py when the profile allows graphs
         self.graphed_predictor = None
         self.graphed_decode = None
+        self.graphed_prefill = None
 
     def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
         return self.talker.text_projection(thinker_embeds.to(self.device, self.dtype))
@@ -90,6 +91,9 @@ class TalkerRunner:
 
         Padding writes junk keys past each prompt; decode overwrites each before any query sees it.
         """
+        if self.graphed_prefill is not None and len(prompts) == 1:
+            if out := self.graphed_prefill(prompts[0][None], slots[0]):
+                return out[0], out[1]
         lengths = [p.shape[0] for p in prompts]
         batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
         for b, prompt in enumerate(prompts):
@@ -97,6 +101,12 @@ class TalkerRunner:
         hidden = self._forward(batch, self.kv.batch(slots, [0] * len(prompts), max(lengths)))
         last = hidden[torch.arange(len(prompts), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         return self.talker.codec_head(last), last
+
+    def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prompt, embeds [1, L, H] -> (logits at row `last` [1, V], its hidden [1, H]);
+        device work only (a CUDA graph captures this)."""
+        hidden = self._forward(embeds, view)[0].index_select(0, last)
+        return self.talker.codec_head(hidden), hidden
 
     def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs [B, H] -> logits [B, V], last hidden [B, H]."""

@@ -46,7 +46,9 @@ class ThinkerRunner:
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
         self._capturing = False
-        self.graphed_decode = None  # set by engine/models/cuda_graphs.py when the profile allows graphs
+        # set by engine/models/cuda_graphs.py when the profile allows graphs
+        self.graphed_decode = None
+        self.graphed_prefill = None
 
     def _capture(self, module, args, output) -> None:
         if self._capturing:
@@ -63,6 +65,12 @@ class ThinkerRunner:
         Padding positions write junk keys past each prompt's end; decode overwrites each of them in
         the very step that first lets a query see it, so nothing reads them.
         """
+        if self.graphed_prefill is not None and len(prompts) == 1 and not audio[0]:
+            embeds = self.text_model.embed_tokens(torch.tensor(prompts[0], device=self.device))[None]
+            if out := self.graphed_prefill(embeds, slots[0]):
+                logits, hidden = out
+                captured = hidden[0, : len(prompts[0])] if want_hidden else None
+                return [PrefillOut(logits=logits[0], embeds=embeds[0], hidden=captured)]
         lengths = [len(p) for p in prompts]
         ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
         for b, prompt in enumerate(prompts):
@@ -86,6 +94,16 @@ class ThinkerRunner:
             PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=None if hidden is None else hidden[b, :n])
             for b, n in enumerate(lengths)
         ]
+
+    def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prompt, embeds [1, L, H] -> (logits at row `last` [1, V], the captured layer's rows [1, L, H]);
+        device work only (a CUDA graph captures this)."""
+        self._capturing, self._captured = True, []
+        try:
+            out = self._forward(embeds, view)
+        finally:
+            self._capturing = False
+        return self.thinker.lm_head(out[0].index_select(0, last)), self._captured[0]
 
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token for each slot at its position -> logits [B, V]."""

@@ -70,3 +70,33 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool) 
         before = runner.kv.keys[0][1].clone()
         graphed(torch.cat([embeds, embeds[:1]]), [0, 2, 3], positions + [0])
         assert torch.equal(runner.kv.keys[0][1], before)
+
+
+def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
+    from engine.models import fused_moe
+    from engine.models.cuda_graphs import GraphedPrefill
+    from engine.models.thinker_runner import ThinkerRunner
+
+    thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
+    talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")
+    with torch.inference_mode():
+        fused_moe.enable(thinker.model)  # capturable in any dtype
+        fused_moe.enable(talker.model)
+        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=128)
+        ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
+        eager = runner.prefill([0], [ids], [[]], want_hidden=True)[0]
+        runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv,
+                                                runner.text_model.embed_tokens.embedding_dim, runner.dtype, (16, 64))
+        graphed = runner.prefill([1], [ids], [[]], want_hidden=True)[0]
+        assert torch.equal(graphed.embeds, eager.embeds)
+        assert (graphed.logits.float() - eager.logits.float()).norm() / eager.logits.float().norm() < 2e-2
+        assert (graphed.hidden.float() - eager.hidden.float()).norm() / eager.hidden.float().norm() < 2e-2
+        assert runner.prefill([2], [ids * 5], [[]], want_hidden=False)[0].logits.shape == eager.logits.shape  # eager
+
+        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
+        prompt = torch.randn(13, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype)
+        logits, hidden = talk.prefill([0], [prompt])
+        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompt.shape[-1], talk.dtype, (16, 32))
+        g_logits, g_hidden = talk.prefill([1], [prompt])
+        assert (g_logits.float() - logits.float()).norm() / logits.float().norm() < 2e-2
+        assert (g_hidden.float() - hidden.float()).norm() / hidden.float().norm() < 2e-2

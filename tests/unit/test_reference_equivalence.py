@@ -79,8 +79,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         pytest.param("cpu", {}, KERNELS, marks=[needs_triton, needs_interpreter]),
         pytest.param("cuda", {}, {}, marks=needs_cuda),
         pytest.param("cuda", {}, KERNELS, marks=[needs_cuda, needs_triton]),
+        # everything the GPU profile turns on: kernels, CUDA graphs (prefill, decode, predictor, Code2Wav)
+        pytest.param("cuda", {"enforce_eager": False}, {**KERNELS, "enforce_eager": False, "graph_prefill": True},
+                     marks=[needs_cuda, needs_triton]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-triton-kernels", "cuda", "cuda-triton-kernels"],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-triton-kernels", "cuda", "cuda-triton-kernels",
+         "cuda-graphs-kernels"],
 )
 def test_engine_equals_transformers_generate(
     tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, kernels: dict
