@@ -10,6 +10,9 @@ each other: they meet here.
 from __future__ import annotations
 
 import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,6 +92,48 @@ class Inbox:
 
     def qsize(self) -> int:
         return self._queue.qsize()
+
+
+class StickyRouter:
+    """Payloads for a stage with replicas: a request's first payload goes to the replica with the
+    fewest requests in flight, and every later one to the same replica, until its last."""
+
+    _FORGOTTEN_MEMORY = 4096
+
+    def __init__(self, inboxes: list[Inbox], is_last: Callable[[Any], bool]) -> None:
+        self.inboxes = inboxes
+        self.is_last = is_last
+        self._owner: dict[str, int] = {}
+        self.in_flight = [0] * len(inboxes)
+        # payloads the sender queued before it saw an abort must not place the request again
+        self._forgotten: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()  # several replicas upstream may route at once
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            if item.request_id in self._forgotten:
+                return  # every replica has the abort; nobody wants this
+            owner = self._owner.get(item.request_id)
+            if owner is None:
+                owner = min(range(len(self.inboxes)), key=self.in_flight.__getitem__)
+                self._owner[item.request_id] = owner
+                self.in_flight[owner] += 1
+            if self.is_last(item):
+                self._drop(item.request_id)
+        self.inboxes[owner].put(item)
+
+    def forget(self, request_id: str) -> None:
+        """An aborted or failed request: it sends no last payload, and what it still sends is dropped."""
+        with self._lock:
+            self._drop(request_id)
+            self._forgotten[request_id] = None
+            if len(self._forgotten) > self._FORGOTTEN_MEMORY:
+                self._forgotten.popitem(last=False)
+
+    def _drop(self, request_id: str) -> None:
+        owner = self._owner.pop(request_id, None)
+        if owner is not None:
+            self.in_flight[owner] -= 1
 
 
 # What stages report to the orchestrator, besides the public TextDelta / AudioChunk events.

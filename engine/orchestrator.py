@@ -27,7 +27,7 @@ from engine.api import (
     TextDelta,
     Timings,
 )
-from engine.handoff import Abort, AudioFinished, StageFailed, ThinkerFinished, ThinkerJob
+from engine.handoff import Abort, AudioFinished, StageFailed, StickyRouter, ThinkerFinished, ThinkerJob
 from engine.metrics import EngineMetrics
 from engine.profile import DeployProfile
 from engine.prompt import PromptBuilder
@@ -62,6 +62,7 @@ class Orchestrator:
         stages: dict[str, Stage],
         metrics: EngineMetrics,
         has_talker: bool,
+        routers: tuple[StickyRouter, ...] = (),
     ) -> None:
         self.info = info
         self.profile = profile
@@ -70,6 +71,7 @@ class Orchestrator:
         self.metrics = metrics
         self.registry = metrics.registry
         self.has_talker = has_talker
+        self.routers = routers  # in front of stages with replicas
         self.records: dict[str, RequestRecord] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -133,12 +135,17 @@ class Orchestrator:
 
     def abort(self, request_id: str) -> None:
         record = self.records.get(request_id)
-        for stage in self.stages.values():
-            stage.inbox.put(Abort(request_id))
+        self._abort_everywhere(request_id)
         if record is not None:
             log.info("request %s aborted", request_id)
             self.metrics.requests.labels("aborted").inc()
             self._close(record, Failed(request_id, "aborted"))
+
+    def _abort_everywhere(self, request_id: str) -> None:
+        for stage in self.stages.values():
+            stage.inbox.put(Abort(request_id))
+        for router in self.routers:
+            router.forget(request_id)
 
     # -- stage reports (stage threads -> event loop)
     def _report_threadsafe(self, item: Any) -> None:
@@ -154,8 +161,7 @@ class Orchestrator:
         except Exception as e:  # a bug here must fail one request, not leave its client waiting forever
             log.exception("request %s: could not handle %s", item.request_id, type(item).__name__)
             self._close(record, Failed(item.request_id, f"internal error: {type(e).__name__}: {e}"))
-            for stage in self.stages.values():
-                stage.inbox.put(Abort(item.request_id))
+            self._abort_everywhere(item.request_id)
 
     def _apply_report(self, record: RequestRecord, item: Any) -> None:
         now = time.perf_counter()
@@ -181,8 +187,7 @@ class Orchestrator:
         elif isinstance(item, StageFailed):
             log.error("request %s failed: %s", item.request_id, item.reason)
             self.metrics.requests.labels("failed").inc()
-            for stage in self.stages.values():
-                stage.inbox.put(Abort(item.request_id))
+            self._abort_everywhere(item.request_id)
             self._close(record, Failed(item.request_id, item.reason))
             return
         if record.thinker is not None and (record.audio is not None or not record.request.want_audio):

@@ -6,6 +6,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from engine.api import EngineError, ModelInfo
+from engine.handoff import StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
 from engine.models.code2wav_stream import StreamingCode2Wav
@@ -93,6 +95,46 @@ def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode
     return stream
 
 
+def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, stages_cfg) -> TalkerRunner:
+    cfg = stages_cfg.talker
+    with torch.inference_mode():
+        runner = TalkerRunner(
+            talker, config, tts_embeds, max_batch=cfg.max_batch,
+            # A reply's talker sequence: the user turns plus one row per frame.
+            max_len=stages_cfg.thinker.max_model_len + cfg.max_frames + 16,
+        )
+    if cfg.decode_attention == "triton":
+        _use_slot_attention(talker.model, runner)
+    if not cfg.enforce_eager and cfg.device.startswith("cuda"):
+        _capture("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill), runner)
+    return runner
+
+
+def _code2wav_stage(code2wav: torch.nn.Module, cfg, profile: DeployProfile, metrics: EngineMetrics) -> Code2WavStage:
+    with torch.inference_mode():
+        runner = Code2WavRunner(code2wav)
+    stream = None
+    if cfg.streaming and profile.async_chunk.enabled:
+        stream = _streaming_code2wav(code2wav, cfg, profile.async_chunk)
+    return Code2WavStage(runner, cfg, profile.async_chunk, _unbound_report, metrics, stream)
+
+
+def _route(stages: list[Any], is_last: Callable[[Any], bool], routers: list[StickyRouter]) -> Callable[[Any], None]:
+    """Where payloads for a stage go: its inbox, or a sticky router over its replicas' inboxes."""
+    if len(stages) == 1:
+        return stages[0].inbox.put
+    router = StickyRouter([stage.inbox for stage in stages], is_last)
+    routers.append(router)
+    return router.put
+
+
+def _named(kind: str, stages: list[Any]) -> dict[str, Any]:
+    if len(stages) > 1:
+        for i, stage in enumerate(stages):
+            stage.name = f"{kind}.{i}"  # metrics, logs and thread names tell replicas apart
+    return {stage.name: stage for stage in stages}
+
+
 def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | None) -> dict[str, Any]:
     from transformers import AutoTokenizer, Qwen3OmniMoeConfig, WhisperFeatureExtractor
 
@@ -145,34 +187,26 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report
+    routers: list[StickyRouter] = []
+    samples_per_frame = 0
     if has_talker:
         talker = load("talker", stages_cfg.talker)
         code2wav = load("code2wav", stages_cfg.code2wav)
+        # Replicas share their stage's weights; each has its own caches, graphs, state and thread.
+        code2wav_stages = [_code2wav_stage(code2wav, stages_cfg.code2wav, profile, metrics)
+                           for _ in range(stages_cfg.code2wav.replicas)]
+        samples_per_frame = code2wav_stages[0].runner.samples_per_frame
+        to_code2wav = _route(code2wav_stages, lambda item: item.is_final, routers)
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
             tts_embeds = thinker_runner.embed(tts_ids)
-            talker_runner = TalkerRunner(
-                talker,
-                config,
-                tts_embeds,
-                max_batch=stages_cfg.talker.max_batch,
-                # A reply's talker sequence: the user turns plus one row per frame.
-                max_len=stages_cfg.thinker.max_model_len + stages_cfg.talker.max_frames + 16,
-            )
-            code2wav_runner = Code2WavRunner(code2wav)
-        if stages_cfg.talker.decode_attention == "triton":
-            _use_slot_attention(talker.model, talker_runner)
-        if not stages_cfg.talker.enforce_eager and stages_cfg.talker.device.startswith("cuda"):
-            _capture("talker", partial(apply_talker_graphs, prefill=stages_cfg.talker.graph_prefill), talker_runner)
-        stream = None
-        if stages_cfg.code2wav.streaming and profile.async_chunk.enabled:
-            stream = _streaming_code2wav(code2wav, stages_cfg.code2wav, profile.async_chunk)
-        code2wav_stage = Code2WavStage(
-            code2wav_runner, stages_cfg.code2wav, profile.async_chunk, _unbound_report, metrics, stream
-        )
-        talker_stage = TalkerStage(talker_runner, stages_cfg.talker, code2wav_stage.inbox.put, _unbound_report, metrics)
-        to_talker = talker_stage.inbox.put
-        stages = {"talker": talker_stage, "code2wav": code2wav_stage}
+        talker_stages = [
+            TalkerStage(_talker_runner(talker, config, tts_embeds, stages_cfg), stages_cfg.talker, to_code2wav,
+                        _unbound_report, metrics)
+            for _ in range(stages_cfg.talker.replicas)
+        ]
+        to_talker = _route(talker_stages, lambda item: isinstance(item, ThinkerDone), routers)
+        stages = {**_named("talker", talker_stages), **_named("code2wav", code2wav_stages)}
     eos_ids = {config.im_end_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
     thinker_stage = ThinkerStage(
         thinker_runner, stages_cfg.thinker, tokenizer, eos_ids, to_talker, _unbound_report, metrics
@@ -188,7 +222,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         ),
         max_model_len=stages_cfg.thinker.max_model_len,
         speakers=speakers,
-        codec_frame_samples=code2wav_runner.samples_per_frame if has_talker else 0,
+        codec_frame_samples=samples_per_frame,
     )
     prompt_builder = PromptBuilder(tokenizer, features, n_window=config.thinker_config.audio_config.n_window)
     for stage in (thinker_stage, *stages.values()):
@@ -200,4 +234,5 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         "stages": {"thinker": thinker_stage, **stages},
         "metrics": metrics,
         "has_talker": has_talker,
+        "routers": tuple(routers),
     }

@@ -25,7 +25,7 @@ PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour o
 
 
 async def _run_engine(
-    cache_dir: Path, device: str, code2wav: dict, kernels: dict
+    cache_dir: Path, device: str, code2wav: dict, kernels: dict, replicas: int
 ) -> list[tuple[list[int], list[int], np.ndarray, Finished]]:
     greedy = {"temperature": 0}
     on = {"device": device, **kernels}
@@ -34,8 +34,8 @@ async def _run_engine(
         platform="cpu",
         stage_overrides={
             "thinker": on,
-            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy},
-            "code2wav": {"device": device, **code2wav},
+            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
+            "code2wav": {"device": device, "replicas": replicas, **code2wav},
         },
     )
     engine = create_engine("tiny", profile, cache_dir)
@@ -57,7 +57,11 @@ async def _run_engine(
         return engine.prompt_builder.build(request.messages).token_ids, tokens, np.concatenate(audio), finished
 
     try:
-        return await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
+        if replicas > 1:  # the two replies went to different replicas of each stage
+            for name in ("talker.0", "talker.1", "code2wav.0", "code2wav.1"):
+                assert engine.registry.get_sample_value("engine_stage_batch_size_count", {"stage": name}), name
+        return results
     finally:
         await engine.stop()
 
@@ -70,28 +74,29 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
-    ("device", "code2wav", "kernels"),
+    ("device", "code2wav", "kernels", "replicas"),
     [
-        ("cpu", {}, {}),
-        ("cpu", {"max_streams": 1}, {}),  # the second reply's audio waits for the first's state slot
-        ("cpu", {"streaming": False}, {}),  # chunks re-decode their left context instead
+        ("cpu", {}, {}, 1),
+        ("cpu", {"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
+        ("cpu", {"streaming": False}, {}, 1),  # chunks re-decode their left context instead
+        ("cpu", {}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
         # our Triton MoE and decode attention, in Triton's CPU interpreter
-        pytest.param("cpu", {}, KERNELS, marks=[needs_triton, needs_interpreter]),
-        pytest.param("cuda", {}, {}, marks=needs_cuda),
-        pytest.param("cuda", {}, KERNELS, marks=[needs_cuda, needs_triton]),
+        pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
+        pytest.param("cuda", {}, {}, 1, marks=needs_cuda),
+        pytest.param("cuda", {}, KERNELS, 1, marks=[needs_cuda, needs_triton]),
         # everything the GPU profile turns on: kernels, CUDA graphs (prefill, decode, predictor, Code2Wav)
-        pytest.param("cuda", {"enforce_eager": False}, {**KERNELS, "enforce_eager": False, "graph_prefill": True},
+        pytest.param("cuda", {"enforce_eager": False}, {**KERNELS, "enforce_eager": False, "graph_prefill": True}, 1,
                      marks=[needs_cuda, needs_triton]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-triton-kernels", "cuda", "cuda-triton-kernels",
-         "cuda-graphs-kernels"],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-triton-kernels", "cuda",
+         "cuda-triton-kernels", "cuda-graphs-kernels"],
 )
 def test_engine_equals_transformers_generate(
-    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, kernels: dict
+    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, kernels: dict, replicas: int
 ) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    results = asyncio.run(_run_engine(cache_dir, device, code2wav, kernels))
+    results = asyncio.run(_run_engine(cache_dir, device, code2wav, kernels, replicas))
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for prompt_ids, tokens, audio, finished in results:
         assert finished.timings.codec_frames == FRAMES
