@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
+from engine.models.cuda_graphs import capture
+
 _CausalConv = hf.Qwen3OmniMoeCausalConvNet
 _TransConv = hf.Qwen3OmniMoeCausalTransConvNet
 
@@ -109,13 +111,7 @@ class StreamingCode2Wav:
 
             static = StreamBatch(torch.zeros(rows, quantizers, frames, dtype=torch.long, device=self.device),
                                  full(self.scratch_slot), full(frames), full(0))
-            capture_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(capture_stream):  # lazy handle set-up stays out of the capture
-                self._decode(static)
-            torch.cuda.current_stream(self.device).wait_stream(capture_stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
-                outputs = self._decode(static)
+            graph, outputs = capture(lambda: self._decode(static), pool, capture_stream)
             pool = graph.pool()
             self.graphs[(rows, frames)] = (graph, static, outputs)
         return len(self.graphs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,6 +29,25 @@ from engine.models.thinker_runner import ThinkerRunner
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
+    it on `stream` into `pool`; returns the graph and the outputs its replays overwrite."""
+    side = torch.cuda.Stream(stream.device)
+    side.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(stream.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        outputs = fn()
+    return graph, outputs
+
+
+def smallest_bucket(buckets: dict[int, Any], size: int) -> int | None:
+    return min((b for b in buckets if b >= size), default=None)
 
 
 @dataclass(slots=True)
@@ -59,16 +79,8 @@ class GraphedCodePredictor:
                 seeds=torch.arange(size, dtype=torch.long, device=runner.device),
                 draws=torch.zeros(size, dtype=torch.long, device=runner.device),
             )
-            # warm up on a side stream so lazy initialisation stays out of the capture
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    runner.predict_residuals(past_hidden, code0, rows)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
-                codes, total = runner.predict_residuals(past_hidden, code0, rows)
+            graph, (codes, total) = capture(lambda: runner.predict_residuals(past_hidden, code0, rows), pool,
+                                            capture_stream)
             pool = graph.pool()
             self.buckets[size] = _Bucket(graph, past_hidden, code0, rows, codes, total)
         log.info("code predictor captured for batch sizes %s", sorted(self.buckets))
@@ -78,7 +90,7 @@ class GraphedCodePredictor:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Replay the smallest bucket that fits; None when the batch is larger than every bucket."""
         n = past_hidden.shape[0]
-        size = min((b for b in self.buckets if b >= n), default=None)
+        size = smallest_bucket(self.buckets, n)
         if size is None:
             return None
         bucket = self.buckets[size]
@@ -121,21 +133,13 @@ class GraphedDecode:
             slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
             starts = torch.zeros(size, dtype=torch.long, device=device)
             view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=1, kv_len=kv.max_len)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    step(embeds, view)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
-                outputs = step(embeds, view)
+            graph, outputs = capture(lambda: step(embeds, view), pool, capture_stream)
             pool = graph.pool()
             self.buckets[size] = _DecodeBucket(graph, embeds, slots, starts, outputs)
 
     def __call__(self, embeds: torch.Tensor, slots: list[int], positions: list[int]) -> tuple[torch.Tensor, ...] | None:
         n = embeds.shape[0]
-        size = min((b for b in self.buckets if b >= n), default=None)
+        size = smallest_bucket(self.buckets, n)
         if size is None:
             return None
         bucket = self.buckets[size]
@@ -184,21 +188,14 @@ class GraphedPrefill:
             # every tensor a graph reads must outlive it: a freed one's memory is handed out again
             starts = torch.zeros(1, dtype=torch.long, device=device)
             view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=size, kv_len=size)
-            capture_stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(capture_stream):
-                for _ in range(2):
-                    step(embeds, view, last)
-            torch.cuda.current_stream(device).wait_stream(capture_stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
-                outputs = step(embeds, view, last)
+            graph, outputs = capture(lambda: step(embeds, view, last), pool, capture_stream)
             pool = graph.pool()
             self.buckets[size] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
     def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...] | None:
         """embeds [1, n, H] into `slot` -> the step's outputs; None when n exceeds every bucket."""
         n = embeds.shape[1]
-        size = min((b for b in self.buckets if b >= n), default=None)
+        size = smallest_bucket(self.buckets, n)
         if size is None:
             return None
         bucket = self.buckets[size]
