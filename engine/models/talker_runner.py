@@ -120,7 +120,8 @@ class TalkerRunner:
         return self.talker.codec_head(hidden), hidden
 
     def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
-        out = self.talker.model(inputs_embeds=embeds, use_cache=True, **view.forward_kwargs(embeds.dtype), **{self._cache_kw: view})
+        kwargs = {**view.forward_kwargs(embeds.dtype), self._cache_kw: view}
+        out = self.talker.model(inputs_embeds=embeds, use_cache=True, **kwargs)
         return out.last_hidden_state
 
     def residual_codes(

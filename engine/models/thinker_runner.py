@@ -117,7 +117,8 @@ class ThinkerRunner:
         return (self.thinker.lm_head(self._forward(embeds, view)[:, -1]),)
 
     def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
-        out = self.text_model(inputs_embeds=embeds, use_cache=True, **view.forward_kwargs(embeds.dtype), **{self._cache_kw: view})
+        kwargs = {**view.forward_kwargs(embeds.dtype), self._cache_kw: view}
+        out = self.text_model(inputs_embeds=embeds, use_cache=True, **kwargs)
         return out.last_hidden_state
 
     def _merge_audio(self, ids: torch.Tensor, embeds: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:
