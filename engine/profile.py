@@ -106,8 +106,19 @@ class ChunkConfig:
 
     enabled: bool = True
     initial_chunk_frames: int = field(default=4, metadata=_at_least(1))
+    # sizes of the chunks after the first, before `chunk_frames` takes over (e.g. [8, 16]): while
+    # a player's buffer is short, chunks that take less time to make than they play keep it fed
+    ramp_frames: tuple[int, ...] = field(default=(), metadata=_at_least(1))
     chunk_frames: int = field(default=25, metadata=_at_least(1))
     left_context_frames: int = field(default=25, metadata=_at_least(1))  # unused when code2wav.streaming
+
+    def size(self, index: int) -> int:
+        """Frames in a reply's chunk number `index` (0 = the first)."""
+        schedule = (self.initial_chunk_frames, *self.ramp_frames)
+        return schedule[index] if index < len(schedule) else self.chunk_frames
+
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({self.initial_chunk_frames, *self.ramp_frames, self.chunk_frames}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +229,11 @@ def _coerce(hint: Any, value: Any, meta: Any, path: str) -> Any:
         if value not in allowed:
             raise ProfileError(f"{path}: must be one of {', '.join(map(str, allowed))}, got {value!r}")
         return value
+    if origin is tuple:  # tuple[X, ...], written as a YAML list
+        if not isinstance(value, list):
+            raise ProfileError(f"{path}: must be a list, got {value!r}")
+        (item,) = (arg for arg in typing.get_args(hint) if arg is not Ellipsis)
+        return tuple(_coerce(item, v, meta, f"{path}[{i}]") for i, v in enumerate(value))
     if origin in (typing.Union, types.UnionType):
         raise AssertionError(f"unions are not used in profiles: {path}")
     if hint is bool:

@@ -82,7 +82,7 @@ def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode
         return StreamingCode2Wav(code2wav, cfg.max_streams)
     batches = sorted({b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b < cfg.max_batch} | {cfg.max_batch})
     stream = StreamingCode2Wav(code2wav, cfg.max_streams, batch_buckets=tuple(batches),
-                               frame_buckets=(chunks.initial_chunk_frames, chunks.chunk_frames))
+                               frame_buckets=chunks.sizes())
     started = time.perf_counter()
     count = stream.warm_up()
     log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)

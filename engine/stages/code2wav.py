@@ -1,7 +1,7 @@
 """Code2Wav stage: cuts each reply's codec frames into chunks and decodes ready chunks in one batch.
 
 Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first
-packet, then `chunk_frames`. Streaming (the default) carries each reply's decoder state
+packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Streaming (the default) carries each reply's decoder state
 in a slot between chunks; otherwise each chunk re-decodes `left_context_frames` of
 context. Chunk boundaries depend only on frame counts, never on timing, so a reply's
 audio is the same however the stages interleave. Async chunk off: one decode when the
@@ -33,6 +33,7 @@ class Code2WavSeq:
     pieces: list[torch.Tensor] = field(default_factory=list)
     num_frames: int = 0
     decoded_frames: int = 0
+    decoded_chunks: int = 0
     emitted_samples: int = 0
     is_final: bool = False
     slot: int | None = None  # streaming state slot, held from the first chunk to the last
@@ -84,7 +85,7 @@ class Code2WavStage(Stage):
         pending = seq.num_frames - seq.decoded_frames
         if not self.chunks.enabled:
             return seq.num_frames if seq.is_final else None
-        size = self.chunks.initial_chunk_frames if seq.decoded_frames == 0 else self.chunks.chunk_frames
+        size = self.chunks.size(seq.decoded_chunks)
         if pending >= size:
             return seq.decoded_frames + size
         return seq.num_frames if seq.is_final else None
@@ -119,6 +120,7 @@ class Code2WavStage(Stage):
             audio = self._decode_streaming(to_decode) if self.stream else self._decode_windows(to_decode)
             for (seq, end), samples in zip(to_decode, audio):
                 seq.decoded_frames = end
+                seq.decoded_chunks += 1
                 self._emit(seq, seq.emitted_samples, samples.numpy())
         for seq in closing:
             end_sample = seq.num_frames * self.runner.samples_per_frame - self.runner.tail_samples

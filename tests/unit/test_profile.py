@@ -47,10 +47,20 @@ def test_bad_overrides_name_the_key(overrides: str, message: str) -> None:
         load_profile(model="tiny", platform="cpu", stage_overrides=overrides)
 
 
+def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("async_chunk: {initial_chunk_frames: 4, ramp_frames: [8, 16], chunk_frames: 25}")
+    chunks = load_profile(path, platform="cpu").async_chunk
+    assert [chunks.size(i) for i in range(5)] == [4, 8, 16, 25, 25]
+    assert chunks.sizes() == (4, 8, 16, 25)
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "message"),
     [
         ("async_chunk: {chunk_frames: -1}", "async_chunk.chunk_frames: must be >= 1"),
+        ("async_chunk: {ramp_frames: 8}", "async_chunk.ramp_frames: must be a list"),
+        ("async_chunk: {ramp_frames: [8, 0]}", r"async_chunk.ramp_frames\[1\]: must be >= 1"),
         ("platforms: {tpu: {}}", "platforms.tpu: unknown platform"),
         ("platforms: {cpu: {stages: {talker: {replicas: 0}}}}", "stages.talker.replicas: must be >= 1"),
         ("load_format: safetensors", "load_format: must be one of auto, dummy"),

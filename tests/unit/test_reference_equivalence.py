@@ -8,6 +8,7 @@ concurrently in the engine, so their Talker and Code2Wav forwards are shared.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -26,9 +27,10 @@ PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour o
 
 async def _run_engine(
     cache_dir: Path, device: str, code2wav: dict, kernels: dict, replicas: int
-) -> list[tuple[list[int], list[int], np.ndarray, Finished]]:
+) -> list[tuple[list[int], list[int], list[np.ndarray], Finished]]:
     greedy = {"temperature": 0}
     on = {"device": device, **kernels}
+    ramp = code2wav.pop("ramp_frames", None)  # a chunk schedule, not a Code2Wav setting
     profile = load_profile(
         model="tiny",
         platform="cpu",
@@ -38,6 +40,8 @@ async def _run_engine(
             "code2wav": {"device": device, "replicas": replicas, **code2wav},
         },
     )
+    if ramp:
+        profile = dataclasses.replace(profile, async_chunk=dataclasses.replace(profile.async_chunk, ramp_frames=ramp))
     engine = create_engine("tiny", profile, cache_dir)
     await engine.start()
 
@@ -54,7 +58,7 @@ async def _run_engine(
                 audio.append(event.samples)
             elif isinstance(event, Finished):
                 finished = event
-        return engine.prompt_builder.build(request.messages).token_ids, tokens, np.concatenate(audio), finished
+        return engine.prompt_builder.build(request.messages).token_ids, tokens, audio, finished
 
     try:
         results = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
@@ -80,6 +84,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("cpu", {"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
         ("cpu", {"streaming": False}, {}, 1),  # chunks re-decode their left context instead
         ("cpu", {}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
+        ("cpu", {"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
         # our Triton MoE and decode attention, in Triton's CPU interpreter
         pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
         pytest.param("cuda", {}, {}, 1, marks=needs_cuda),
@@ -88,7 +93,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         pytest.param("cuda", {"enforce_eager": False}, {**KERNELS, "enforce_eager": False, "graph_prefill": True}, 1,
                      marks=[needs_cuda, needs_triton]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-triton-kernels", "cuda",
+    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-chunk-ramp", "cpu-triton-kernels", "cuda",
          "cuda-triton-kernels", "cuda-graphs-kernels"],
 )
 def test_engine_equals_transformers_generate(
@@ -96,10 +101,14 @@ def test_engine_equals_transformers_generate(
 ) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    results = asyncio.run(_run_engine(cache_dir, device, code2wav, kernels, replicas))
+    ramp = code2wav.get("ramp_frames")
+    results = asyncio.run(_run_engine(cache_dir, device, dict(code2wav), kernels, replicas))
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
-    for prompt_ids, tokens, audio, finished in results:
+    for prompt_ids, tokens, chunks, finished in results:
         assert finished.timings.codec_frames == FRAMES
+        if ramp:  # 2 + 3 + 4 frames, then the last 1: four chunks with audio
+            assert len([c for c in chunks if c.size]) == 4
+        audio = np.concatenate(chunks)
         with torch.inference_mode():
             # transformers never feeds a reply's last token back, so it speaks one token less:
             # ask it for one more to speak the same text.
