@@ -43,7 +43,7 @@ def _check_device(device: str) -> None:
         raise EngineError(f"the deploy profile asks for {device}, but CUDA is not available here")
 
 
-def _capture(stage: str, apply: Any, runner: Any) -> None:
+def _graphs_or_eager(stage: str, apply: Any, runner: Any) -> None:
     """Graphs are an optimisation: a capture that fails leaves the stage eager, loudly."""
     try:
         with torch.inference_mode():
@@ -106,7 +106,7 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
     if cfg.decode_attention == "triton":
         _use_slot_attention(talker.model, runner)
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
-        _capture("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill), runner)
+        _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill), runner)
     return runner
 
 
@@ -183,7 +183,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     if stages_cfg.thinker.decode_attention == "triton":
         _use_slot_attention(thinker_runner.text_model, thinker_runner)
     if not stages_cfg.thinker.enforce_eager and stages_cfg.thinker.device.startswith("cuda"):
-        _capture("thinker", partial(apply_thinker_graphs, prefill=stages_cfg.thinker.graph_prefill), thinker_runner)
+        _graphs_or_eager("thinker", partial(apply_thinker_graphs, prefill=stages_cfg.thinker.graph_prefill), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report
