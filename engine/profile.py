@@ -41,6 +41,8 @@ class SamplingConfig:
 MoeImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm", "fused_triton"]
 # decode steps: SDPA over a gathered copy of the cache, or ours straight from it (engine/models/slot_attention.py)
 DecodeAttention = Literal["sdpa", "triton"]
+# the Talker's code predictor: transformers' modules, or engine/models/static_predictor.py (plain or torch.compile'd)
+CodePredictor = Literal["transformers", "static", "compiled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class TalkerConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     moe_implementation: MoeImplementation = "auto"
     decode_attention: DecodeAttention = "sdpa"
+    code_predictor: CodePredictor = "transformers"
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_frames: int = field(default=4096, metadata=_at_least(1))

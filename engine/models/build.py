@@ -21,6 +21,7 @@ from engine.models.code2wav_stream import StreamingCode2Wav
 from engine.models.cuda_graphs import apply_talker_graphs, apply_thinker_graphs
 from engine.models.full_size import build_dummy_stage, full_size_config_dict
 from engine.models.loader import load_config, load_stage, resolve_checkpoint
+from engine.models.static_predictor import StaticCodePredictor
 from engine.models.talker_runner import TalkerRunner
 from engine.models.thinker_runner import ThinkerRunner
 from engine.models.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
@@ -54,6 +55,8 @@ def _graphs_or_eager(stage: str, apply: Any, runner: Any) -> None:
         runner.graphed_prefill = None
         if hasattr(runner, "graphed_predictor"):
             runner.graphed_predictor = None
+        if getattr(runner, "static_predictor", None) is not None and runner.static_predictor.compiled:
+            runner.static_predictor = None  # torch.compile may be what failed: back to transformers' predictor
 
 
 def _check_triton(stage: str, cfg) -> None:
@@ -95,7 +98,19 @@ def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode
     return stream
 
 
-def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, stages_cfg) -> TalkerRunner:
+def _static_predictor(talker: torch.nn.Module, cfg) -> StaticCodePredictor | None:
+    """One for all replicas: it holds no per-request state, and fuses the shared weights once."""
+    if cfg.code_predictor == "transformers":
+        return None
+    with torch.inference_mode():
+        predictor = StaticCodePredictor(talker.code_predictor, talker.model.codec_embedding,
+                                        compiled=cfg.code_predictor == "compiled")
+    log.info("talker code predictor: %s", cfg.code_predictor)
+    return predictor
+
+
+def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, stages_cfg,
+                   static_predictor: StaticCodePredictor | None) -> TalkerRunner:
     cfg = stages_cfg.talker
     with torch.inference_mode():
         runner = TalkerRunner(
@@ -103,6 +118,7 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
             # A reply's talker sequence: the user turns plus one row per frame.
             max_len=stages_cfg.thinker.max_model_len + cfg.max_frames + 16,
         )
+    runner.static_predictor = static_predictor
     if cfg.decode_attention == "triton":
         _use_slot_attention(talker.model, runner)
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
@@ -200,9 +216,10 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
             tts_embeds = thinker_runner.embed(tts_ids)
+        static_predictor = _static_predictor(talker, stages_cfg.talker)
         talker_stages = [
-            TalkerStage(_talker_runner(talker, config, tts_embeds, stages_cfg), stages_cfg.talker, to_code2wav,
-                        _unbound_report, metrics)
+            TalkerStage(_talker_runner(talker, config, tts_embeds, stages_cfg, static_predictor), stages_cfg.talker,
+                        to_code2wav, _unbound_report, metrics)
             for _ in range(stages_cfg.talker.replicas)
         ]
         to_talker = _route(talker_stages, lambda item: isinstance(item, ThinkerDone), routers)

@@ -58,6 +58,8 @@ class TalkerRunner:
         self.graphed_predictor = None
         self.graphed_decode = None
         self.graphed_prefill = None
+        # set by engine/models/build.py when the profile asks for engine/models/static_predictor.py
+        self.static_predictor = None
 
     def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
         return self.talker.text_projection(thinker_embeds.to(self.device, self.dtype))
@@ -144,7 +146,10 @@ class TalkerRunner:
         self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The 15 dependent code-predictor passes; device work only (a CUDA graph captures this)."""
+        if self.static_predictor is not None:
+            return self.static_predictor(past_hidden, code0, rows)
         from transformers import DynamicCache
+
 
         cache = DynamicCache(config=self.predictor.config)
         kw = {self._predictor_cache_kw: cache, "use_cache": True}

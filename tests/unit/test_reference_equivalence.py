@@ -29,6 +29,8 @@ async def _run_engine(
     cache_dir: Path, device: str, code2wav: dict, kernels: dict, replicas: int
 ) -> list[tuple[list[int], list[int], list[np.ndarray], Finished]]:
     greedy = {"temperature": 0}
+    kernels = dict(kernels)
+    talker_only = {"code_predictor": kernels.pop("code_predictor")} if "code_predictor" in kernels else {}
     on = {"device": device, **kernels}
     ramp = code2wav.pop("ramp_frames", None)  # a chunk schedule, not a Code2Wav setting
     profile = load_profile(
@@ -36,7 +38,7 @@ async def _run_engine(
         platform="cpu",
         stage_overrides={
             "thinker": on,
-            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
+            "talker": {**on, **talker_only, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
             "code2wav": {"device": device, "replicas": replicas, **code2wav},
         },
     )
@@ -85,15 +87,19 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("cpu", {"streaming": False}, {}, 1),  # chunks re-decode their left context instead
         ("cpu", {}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
         ("cpu", {"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
+        ("cpu", {}, {"code_predictor": "static"}, 1),  # engine/models/static_predictor.py
         # our Triton MoE and decode attention, in Triton's CPU interpreter
         pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
         pytest.param("cuda", {}, {}, 1, marks=needs_cuda),
         pytest.param("cuda", {}, KERNELS, 1, marks=[needs_cuda, needs_triton]),
-        # everything the GPU profile turns on: kernels, CUDA graphs (prefill, decode, predictor, Code2Wav)
-        pytest.param("cuda", {"enforce_eager": False}, {**KERNELS, "enforce_eager": False, "graph_prefill": True}, 1,
+        # everything the GPU profile turns on: kernels, CUDA graphs (prefill, decode, predictor, Code2Wav),
+        # the compiled code predictor
+        pytest.param("cuda", {"enforce_eager": False},
+                     {**KERNELS, "enforce_eager": False, "graph_prefill": True, "code_predictor": "compiled"}, 1,
                      marks=[needs_cuda, needs_triton]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-chunk-ramp", "cpu-triton-kernels", "cuda",
+    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-chunk-ramp", "cpu-static-predictor",
+         "cpu-triton-kernels", "cuda",
          "cuda-triton-kernels", "cuda-graphs-kernels"],
 )
 def test_engine_equals_transformers_generate(

@@ -1,0 +1,142 @@
+"""The Talker's code predictor as one fixed-shape step per position, which torch.compile can fuse.
+
+transformers runs the predictor through a DynamicCache that grows by one key per pass,
+so every pass has new shapes, and each of its 5 layers launches ~55 small kernels: at
+batch 64 the 15 passes of one frame take 17 ms on an H200 for 0.6 ms of weight reads
+(benchmarks/h200/NOTES.md). Here every position runs the same step: one token per row
+against a zeroed KV buffer of all 16 positions, masked past the current one. The math is
+transformers' (eager attention, its RMSNorm and RoPE, the same weights); q/k/v and
+gate/up are each one GEMM, over fused weights that the transformers modules keep as
+views, so no memory is duplicated and the eager path still works. With `compiled`, the
+step and the sampler go through torch.compile once each (the batch size is dynamic), and
+the frame is then captured as one CUDA graph as before (engine/models/cuda_graphs.py).
+
+The first pass of transformers takes two tokens (the Talker's hidden state, then the
+embedding of codebook 0); here they are two single-token steps, which causal attention
+makes the same computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from engine.models.sampler import RowTensors, sample_tensors
+
+log = logging.getLogger(__name__)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _fuse(modules: list[torch.nn.Linear]) -> torch.Tensor:
+    """One weight for several Linear layers of the same input; the layers keep views into it."""
+    fused = torch.cat([m.weight.detach() for m in modules])
+    offset = 0
+    for m in modules:
+        rows = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(fused[offset : offset + rows], requires_grad=False)
+        offset += rows
+    return fused
+
+
+class _Layer:
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        if any(m.bias is not None for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)):
+            raise ValueError("static code predictor: attention biases are not supported")
+        self.qkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
+        self.o, self.down = attn.o_proj.weight, mlp.down_proj.weight
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
+        self.q_size, self.kv_size = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
+        self.intermediate = mlp.gate_proj.weight.shape[0]
+
+
+class StaticCodePredictor:
+    """predictor(past_hidden [B, H], code0 [B], rows) -> codes [B, G], summed codec embedding [B, H]."""
+
+    def __init__(self, predictor: torch.nn.Module, codec_embedding: torch.nn.Embedding, *, compiled: bool = False) -> None:
+        config = predictor.config
+        model = predictor.model
+        if getattr(config, "sliding_window", None) and "sliding_attention" in (config.layer_types or ()):
+            if config.sliding_window < config.num_code_groups:
+                raise ValueError("static code predictor: a sliding window shorter than a frame is not supported")
+        self.num_groups = config.num_code_groups
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.layers = [_Layer(layer) for layer in model.layers[: config.num_hidden_layers]]
+        self.norm = model.norm
+        self.lm_heads = [head.weight for head in predictor.lm_head]
+        self.embeddings = [codec_embedding, *model.codec_embedding]
+        param = self.lm_heads[0]
+        self.device, self.dtype = param.device, param.dtype
+        positions = torch.arange(self.num_groups, device=self.device)
+        # transformers' rotary embedding for the 16 positions, in the model dtype as it hands them over
+        self.cos, self.sin = model.rotary_emb(self.lm_heads[0][None], positions[None])
+        self.cos, self.sin = self.cos[0], self.sin[0]
+        self.positions = positions
+        self.position_ids = [torch.tensor([p], device=self.device) for p in range(self.num_groups)]
+        self.step, self.sample = self._step, sample_tensors
+        self.compiled = compiled
+        if compiled:
+            self.step = torch.compile(self._step, fullgraph=True)
+            self.sample = torch.compile(sample_tensors, fullgraph=True)
+
+    def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = past_hidden.shape[0]
+        shape = (len(self.layers), batch, self.num_kv_heads, self.num_groups, self.head_dim)
+        # zeroed, not empty: a masked position still multiplies its value by a weight of 0
+        keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        values = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self._dynamic_batch((keys, 1), (values, 1), (past_hidden, 0))
+        self.step(past_hidden, self.position_ids[0], keys, values)
+        first = self.embeddings[0](code0)
+        codes, total, step_input = [code0], first, first
+        for group in range(self.num_groups - 1):
+            self._dynamic_batch((step_input, 0))
+            hidden = self.step(step_input, self.position_ids[group + 1], keys, values)
+            logits = F.linear(hidden, self.lm_heads[group])
+            settings = RowTensors(rows.temperature, rows.top_p, rows.top_k, rows.seeds, rows.draws + group)
+            self._dynamic_batch((logits, 0), *((getattr(settings, f.name), 0) for f in dataclasses.fields(settings)))
+            code = self.sample(logits, settings)
+            codes.append(code)
+            step_input = self.embeddings[group + 1](code)
+            total = total + step_input
+        return torch.stack(codes, dim=1), total
+
+    def _dynamic_batch(self, *dims: tuple[torch.Tensor, int]) -> None:
+        """Compile once for every batch size above 1 (torch.compile would first specialise on the first it saw)."""
+        if self.compiled and dims[0][0].shape[dims[0][1]] > 1:
+            for tensor, dim in dims:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+    def _step(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """One token per row at `position` (a [1] tensor) -> the final-normed hidden state [B, H];
+        writes each layer's key and value at `position`."""
+        batch = x.shape[0]
+        cos, sin = self.cos.index_select(0, position), self.sin.index_select(0, position)
+        masked = self.positions > position
+        groups = self.num_heads // self.num_kv_heads
+        for i, layer in enumerate(self.layers):
+            h = layer.input_norm(x)
+            q, k, v = F.linear(h, layer.qkv).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+            q = _rotate(layer.q_norm(q.view(batch, self.num_heads, self.head_dim)), cos, sin)
+            k = _rotate(layer.k_norm(k.view(batch, self.num_kv_heads, self.head_dim)), cos, sin)
+            keys[i].index_copy_(2, position, k[:, :, None])
+            values[i].index_copy_(2, position, v.view(batch, self.num_kv_heads, 1, self.head_dim))
+            # [B, kv heads, query heads per kv head, D] against [B, kv heads, positions, D]
+            scores = q.view(batch, self.num_kv_heads, groups, self.head_dim) @ keys[i].transpose(-1, -2) * self.scaling
+            weights = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1, dtype=torch.float32)
+            attn = (weights.to(v.dtype) @ values[i]).reshape(batch, self.num_heads * self.head_dim)
+            x = x + F.linear(attn, layer.o)
+            gate, up = F.linear(layer.post_norm(x), layer.gate_up).split(layer.intermediate, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return self.norm(x)

@@ -1,0 +1,58 @@
+"""engine/models/static_predictor.py == transformers' code predictor, for the same inputs and seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.models.loader import load_stage
+from engine.models.sampler import RowSampling, RowTensors
+from engine.models.static_predictor import StaticCodePredictor
+from engine.models.talker_runner import TalkerRunner
+
+
+def _rows(n: int, device: str) -> RowTensors:
+    # greedy and sampled rows side by side, with counters well into a reply
+    return RowTensors.of([RowSampling(temperature=0.9 if b % 2 else 0.0, top_p=0.8, top_k=50, seed=100 + b, draws=7)
+                          for b in range(n)], device)
+
+
+def _compare(tiny_checkpoint: Path, device: str, compiled: bool, atol: float) -> None:
+    loaded = load_stage(tiny_checkpoint, "talker", device=device, dtype="float32")
+    hidden = loaded.config.thinker_config.text_config.hidden_size
+    with torch.inference_mode():
+        runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, hidden), max_batch=8, max_len=64)
+        static = StaticCodePredictor(runner.predictor, runner.codec_embedding, compiled=compiled)
+        gen = torch.Generator(device=device).manual_seed(0)
+        for n in (1, 3, 8, 5):
+            past = torch.randn(n, runner.codec_embedding.embedding_dim, device=device, generator=gen)
+            code0 = torch.randint(0, 2048, (n,), device=device, generator=gen)
+            expected_codes, expected_total = runner.predict_residuals(past, code0, _rows(n, device))
+            codes, total = static(past, code0, _rows(n, device))
+            assert torch.equal(codes, expected_codes), n
+            assert torch.allclose(total, expected_total, atol=atol), n
+        # the runner hands its passes to the static predictor once it has one
+        runner.static_predictor = static
+        assert torch.equal(runner.predict_residuals(past, code0, _rows(5, device))[0], codes)
+
+
+def test_static_predictor_equals_transformers(tiny_checkpoint: Path) -> None:
+    _compare(tiny_checkpoint, "cpu", compiled=False, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.compile's Triton kernels need a CUDA GPU")
+def test_compiled_static_predictor_equals_transformers_on_cuda(tiny_checkpoint: Path) -> None:
+    _compare(tiny_checkpoint, "cuda", compiled=True, atol=1e-4)
+
+
+def test_fused_weights_are_shared_with_transformers(tiny_checkpoint: Path) -> None:
+    """q/k/v and gate/up become one GEMM each without a second copy of the weights."""
+    loaded = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
+    attn = loaded.model.code_predictor.model.layers[0].self_attn
+    before = attn.k_proj.weight.detach().clone()
+    static = StaticCodePredictor(loaded.model.code_predictor, loaded.model.model.codec_embedding)
+    layer = static.layers[0]
+    assert attn.k_proj.weight.data_ptr() == layer.qkv[layer.q_size :].data_ptr()
+    assert torch.equal(attn.k_proj.weight, before)
