@@ -43,10 +43,16 @@ def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int) -> torch.Tensor:
+def token_terms(vocab: int, device: torch.device | str) -> torch.Tensor:
+    """Each token id's share of the hash [vocab]. torch.compile callers pass it in as a tensor:
+    inductor (torch 2.11) folds arange * a 64-bit constant into an int32 index expression it cannot emit."""
+    return torch.arange(vocab, device=device, dtype=torch.int64) * _GOLDEN
+
+
+def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int, terms: torch.Tensor | None = None) -> torch.Tensor:
     """[B] seeds, [B] counters -> [B, vocab] uniforms in (0, 1): splitmix64 of (seed, counter, token)."""
-    token = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = (seeds * _GOLDEN + draws * _MIX1)[:, None] + token[None, :] * _GOLDEN
+    terms = token_terms(vocab, seeds.device) if terms is None else terms
+    x = (seeds * _GOLDEN + draws * _MIX1)[:, None] + terms[None, :]
     x = (x ^ _shr(x, 30)) * _MIX1
     x = (x ^ _shr(x, 27)) * _MIX2
     x = x ^ _shr(x, 31)
@@ -85,8 +91,11 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     return tokens
 
 
-def sample_tensors(logits: torch.Tensor, rows: RowTensors, draw_offset: int = 0) -> torch.Tensor:
-    """`sample` with the settings already on the device: no host work, so it can be captured in a graph."""
+def sample_tensors(
+    logits: torch.Tensor, rows: RowTensors, draw_offset: int = 0, terms: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`sample` with the settings already on the device: no host work, so it can be captured in a graph.
+    `terms`: `token_terms(vocab)`, held by a caller that compiles this."""
     device = logits.device
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
@@ -99,7 +108,7 @@ def sample_tensors(logits: torch.Tensor, rows: RowTensors, draw_offset: int = 0)
     # Drop a token when the mass before it already reaches top_p (the first always stays).
     probs = probs.masked_fill(probs.cumsum(-1) - probs >= rows.top_p[:, None], 0.0)
     # Exponential race: argmax of p / Exp(1) draws from p; the noise is indexed by token id, not rank.
-    noise = -torch.log(uniform_noise(rows.seeds, rows.draws + draw_offset, logits.shape[-1])).to(probs.dtype)
+    noise = -torch.log(uniform_noise(rows.seeds, rows.draws + draw_offset, logits.shape[-1], terms)).to(probs.dtype)
     choice = (probs / noise.gather(1, order)).argmax(dim=-1)
     sampled = order.gather(1, choice[:, None])[:, 0]
     return torch.where(rows.temperature > 0, sampled, greedy)

@@ -24,7 +24,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from engine.models.sampler import RowTensors, sample_tensors
+from engine.models.sampler import RowTensors, sample_tensors, token_terms
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class StaticCodePredictor:
         self.cos, self.sin = self.cos[0], self.sin[0]
         self.positions = positions
         self.position_ids = [torch.tensor([p], device=self.device) for p in range(self.num_groups)]
+        self.token_terms = token_terms(self.lm_heads[0].shape[0], self.device)
         self.step, self.sample = self._step, sample_tensors
         self.compiled = compiled
         if compiled:
@@ -106,7 +107,7 @@ class StaticCodePredictor:
             logits = F.linear(hidden, self.lm_heads[group])
             settings = RowTensors(rows.temperature, rows.top_p, rows.top_k, rows.seeds, rows.draws + group)
             self._dynamic_batch((logits, 0), *((getattr(settings, f.name), 0) for f in dataclasses.fields(settings)))
-            code = self.sample(logits, settings)
+            code = self.sample(logits, settings, 0, self.token_terms)
             codes.append(code)
             step_input = self.embeddings[group + 1](code)
             total = total + step_input
