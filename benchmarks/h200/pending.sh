@@ -15,7 +15,7 @@ ladder() {
 case "${1:-checks}" in
   checks)
     timeout 170 python3 -m pytest -q -p no:cacheprovider tests/unit/test_cuda_graphs.py tests/unit/test_static_predictor.py \
-      tests/unit/test_reference_equivalence.py tests/unit/test_code2wav_stream.py -k "cuda or graph" 2>&1 | tail -6
+      tests/unit/test_reference_equivalence.py tests/unit/test_code2wav_stream.py -k "${TESTS:-cuda or graph}" 2>&1 | tail -6
     timeout 150 python3 benchmarks/h200/predictor_bench.py --out "$OUT/predictor-bench.json" 2>&1 | grep -v Warning | tail -12
     ladder 250 compiled-predictor ;;
   rows)
