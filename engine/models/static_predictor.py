@@ -92,13 +92,7 @@ class StaticCodePredictor:
             self.sample = torch.compile(sample_tensors, fullgraph=True)
 
     def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = past_hidden.shape[0]
-        shape = (len(self.layers), batch, self.num_kv_heads, self.num_groups, self.head_dim)
-        # zeroed, not empty: a masked position still multiplies its value by a weight of 0
-        keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        values = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        self._dynamic_batch((keys, 1), (values, 1), (past_hidden, 0))
-        self.step(past_hidden, self.position_ids[0], keys, values)
+        keys, values = self._start_frame(past_hidden)
         first = self.embeddings[0](code0)
         codes, total, step_input = [code0], first, first
         for group in range(self.num_groups - 1):
@@ -112,6 +106,28 @@ class StaticCodePredictor:
             step_input = self.embeddings[group + 1](code)
             total = total + step_input
         return torch.stack(codes, dim=1), total
+
+    def teacher_forced_logits(self, past_hidden: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Every group's logits [B, G - 1, V] for a given frame codes [B, G]: what a test compares with
+        transformers' predictor run over the same frame, free of sampling's near-ties."""
+        keys, values = self._start_frame(past_hidden)
+        logits = []
+        for group in range(self.num_groups - 1):
+            step_input = self.embeddings[group](codes[:, group])
+            self._dynamic_batch((step_input, 0))
+            hidden = self.step(step_input, self.position_ids[group + 1], keys, values)
+            logits.append(F.linear(hidden, self.lm_heads[group]))
+        return torch.stack(logits, dim=1)
+
+    def _start_frame(self, past_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A frame's KV buffers, with position 0 (the Talker's hidden state) written."""
+        shape = (len(self.layers), past_hidden.shape[0], self.num_kv_heads, self.num_groups, self.head_dim)
+        # zeroed, not empty: a masked position still multiplies its value by a weight of 0
+        keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        values = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self._dynamic_batch((keys, 1), (values, 1), (past_hidden, 0))
+        self.step(past_hidden, self.position_ids[0], keys, values)
+        return keys, values
 
     def _dynamic_batch(self, *dims: tuple[torch.Tensor, int]) -> None:
         """Compile once for every batch size above 1 (torch.compile would first specialise on the first it saw)."""
