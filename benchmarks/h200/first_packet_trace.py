@@ -1,7 +1,9 @@
-"""A timeline of one reply at concurrency 1: every stage step from submit to the first audio packet.
+"""A timeline of one reply: every stage step from submit to the first audio packet.
 
 Starts the engine in-process for a profile, runs two warm-up replies, then one traced reply and
-prints each stage step (start, duration, batch) in milliseconds since submit. Also times Code2Wav
+prints each stage step (start, duration, batch) in milliseconds since submit, and each stage's
+step count and summed time in that window. With --background N, N other replies run in a
+closed loop while the traced one is made (what a reply meets at concurrency N + 1). Also times Code2Wav
 on chunk shapes it has not seen yet (new batch sizes), to show what a first-seen shape costs.
 
     PYTHONPATH=. python3 benchmarks/h200/first_packet_trace.py --profile benchmarks/h200/dummy-stage-streams.yaml --out trace.json
@@ -59,7 +61,12 @@ async def one(engine, i: int) -> dict:
     return marks
 
 
-async def run(profile_path: Path, model: str) -> dict:
+async def loop_replies(engine, i: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await one(engine, 1000 + i)
+
+
+async def run(profile_path: Path, model: str, background: int) -> dict:
     engine = create_engine(model, load_profile(profile_path, model=model), None)
     await engine.start()
     stages = engine.stages
@@ -67,14 +74,29 @@ async def run(profile_path: Path, model: str) -> dict:
     try:
         for i in range(2):
             await one(engine, i)
+        stop = asyncio.Event()
+        others = []
+        for i in range(background):  # staggered, as a closed loop's arrivals are once it runs
+            others.append(asyncio.create_task(loop_replies(engine, i, stop)))
+            await asyncio.sleep(0.05)
+        if background:
+            await asyncio.sleep(6.0)
         for stage in stages.values():
             traced(stage)
         EVENTS.clear()
         marks = await one(engine, 9)
+        stop.set()
+        await asyncio.gather(*others)
         t0 = marks["submit"]
-        timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b}
-                    for t, s, d, b in sorted(EVENTS) if t - t0 < marks["first_audio"] - t0 + 0.05]
-        result = {"marks_ms": {k: round(1000 * (v - t0), 1) for k, v in marks.items()}, "timeline": timeline}
+        window = [(t, s, d, b) for t, s, d, b in sorted(EVENTS) if t0 <= t < marks["first_audio"] + 0.05]
+        timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b} for t, s, d, b in window]
+        per_stage = {}
+        for _, s, d, _ in window:
+            entry = per_stage.setdefault(s, {"steps": 0, "ms": 0.0})
+            entry["steps"] += 1
+            entry["ms"] = round(entry["ms"] + d, 1)
+        result = {"background": background, "marks_ms": {k: round(1000 * (v - t0), 1) for k, v in marks.items()},
+                  "per_stage": per_stage, "timeline": timeline}
         code2wav = stages["code2wav"]
         cold = []
         with torch.inference_mode():
@@ -96,9 +118,10 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="dummy")
+    parser.add_argument("--background", type=int, default=0, help="other replies in a closed loop meanwhile")
     args = parser.parse_args()
-    result = asyncio.run(run(args.profile, args.model))
-    print(json.dumps(result, indent=1))
+    result = asyncio.run(run(args.profile, args.model, args.background))
+    print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
     args.out.write_text(json.dumps(result, indent=1))
 
 

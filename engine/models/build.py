@@ -123,6 +123,7 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
         _use_slot_attention(talker.model, runner)
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
         _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill), runner)
+        runner.graph_groups = cfg.graph_prefill_groups
     return runner
 
 
@@ -200,6 +201,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         _use_slot_attention(thinker_runner.text_model, thinker_runner)
     if not stages_cfg.thinker.enforce_eager and stages_cfg.thinker.device.startswith("cuda"):
         _graphs_or_eager("thinker", partial(apply_thinker_graphs, prefill=stages_cfg.thinker.graph_prefill), thinker_runner)
+        thinker_runner.graph_groups = stages_cfg.thinker.graph_prefill_groups
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report

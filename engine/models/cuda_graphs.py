@@ -192,6 +192,9 @@ class GraphedPrefill:
             pool = graph.pool()
             self.buckets[size] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
+    def fits(self, length: int) -> bool:
+        return smallest_bucket(self.buckets, length) is not None
+
     def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...] | None:
         """embeds [1, n, H] into `slot` -> the step's outputs; None when n exceeds every bucket."""
         n = embeds.shape[1]

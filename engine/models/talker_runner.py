@@ -58,6 +58,7 @@ class TalkerRunner:
         self.graphed_predictor = None
         self.graphed_decode = None
         self.graphed_prefill = None
+        self.graph_groups = False  # a group of prompts as one prefill replay each, too
         # set by engine/models/build.py when the profile asks for engine/models/static_predictor.py
         self.static_predictor = None
 
@@ -93,9 +94,10 @@ class TalkerRunner:
 
         Padding writes junk keys past each prompt; decode overwrites each before any query sees it.
         """
-        if self.graphed_prefill is not None and len(prompts) == 1:
-            if out := self.graphed_prefill(prompts[0][None], slots[0]):
-                return out[0], out[1]
+        graphs = self.graphed_prefill
+        if graphs is not None and (len(prompts) == 1 or self.graph_groups) and all(graphs.fits(len(p)) for p in prompts):
+            outs = [graphs(prompt[None], slot) for slot, prompt in zip(slots, prompts)]  # one replay each
+            return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         lengths = [p.shape[0] for p in prompts]
         batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
         for b, prompt in enumerate(prompts):

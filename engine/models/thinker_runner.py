@@ -49,6 +49,7 @@ class ThinkerRunner:
         # set by engine/models/cuda_graphs.py when the profile allows graphs
         self.graphed_decode = None
         self.graphed_prefill = None
+        self.graph_groups = False  # a group of prompts as one prefill replay each, too
 
     def _capture(self, module, args, output) -> None:
         if self._capturing:
@@ -65,12 +66,8 @@ class ThinkerRunner:
         Padding positions write junk keys past each prompt's end; decode overwrites each of them in
         the very step that first lets a query see it, so nothing reads them.
         """
-        if self.graphed_prefill is not None and len(prompts) == 1 and not audio[0]:
-            embeds = self.text_model.embed_tokens(torch.tensor(prompts[0], device=self.device))[None]
-            if out := self.graphed_prefill(embeds, slots[0]):
-                logits, hidden = out
-                captured = hidden[0, : len(prompts[0])] if want_hidden else None
-                return [PrefillOut(logits=logits[0], embeds=embeds[0], hidden=captured)]
+        if self._replays(prompts) and not any(audio):
+            return [self._replay(slot, prompt, want_hidden) for slot, prompt in zip(slots, prompts)]
         lengths = [len(p) for p in prompts]
         ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
         for b, prompt in enumerate(prompts):
@@ -94,6 +91,16 @@ class ThinkerRunner:
             PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=None if hidden is None else hidden[b, :n])
             for b, n in enumerate(lengths)
         ]
+
+    def _replays(self, prompts: list) -> bool:
+        """Whether these prompts run as one graph replay each (engine/models/cuda_graphs.py)."""
+        graphs = self.graphed_prefill
+        return graphs is not None and (len(prompts) == 1 or self.graph_groups) and all(graphs.fits(len(p)) for p in prompts)
+
+    def _replay(self, slot: int, prompt: list[int], want_hidden: bool) -> PrefillOut:
+        embeds = self.text_model.embed_tokens(torch.tensor(prompt, device=self.device))[None]
+        logits, hidden = self.graphed_prefill(embeds, slot)
+        return PrefillOut(logits=logits[0], embeds=embeds[0], hidden=hidden[0, : len(prompt)] if want_hidden else None)
 
     def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One prompt, embeds [1, L, H] -> (logits at row `last` [1, V], the captured layer's rows [1, L, H]);

@@ -84,19 +84,25 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         fused_moe.enable(talker.model)
         runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=128)
         ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
-        eager = runner.prefill([0], [ids], [[]], want_hidden=True)[0]
+        group = [ids, ids[:9]]
+        eager = runner.prefill([0, 2], group, [[], []], want_hidden=True)
         runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv,
                                                 runner.text_model.embed_tokens.embedding_dim, runner.dtype, (16, 64))
-        graphed = runner.prefill([1], [ids], [[]], want_hidden=True)[0]
-        assert torch.equal(graphed.embeds, eager.embeds)
-        assert (graphed.logits.float() - eager.logits.float()).norm() / eager.logits.float().norm() < 2e-2
-        assert (graphed.hidden.float() - eager.hidden.float()).norm() / eager.hidden.float().norm() < 2e-2
-        assert runner.prefill([2], [ids * 5], [[]], want_hidden=False)[0].logits.shape == eager.logits.shape  # eager
+        runner.graph_groups = True  # the group as one replay per prompt
+        for graphed, expected in zip(runner.prefill([1, 3], group, [[], []], want_hidden=True), eager):
+            assert torch.equal(graphed.embeds, expected.embeds)
+            assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
+        assert runner.prefill([2], [ids * 5], [[]], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
 
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
-        prompt = torch.randn(13, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype)
-        logits, hidden = talk.prefill([0], [prompt])
-        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompt.shape[-1], talk.dtype, (16, 32))
-        g_logits, g_hidden = talk.prefill([1], [prompt])
-        assert (g_logits.float() - logits.float()).norm() / logits.float().norm() < 2e-2
-        assert (g_hidden.float() - hidden.float()).norm() / hidden.float().norm() < 2e-2
+        prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
+        logits, hidden = talk.prefill([0, 2], prompts)
+        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype, (16, 32))
+        talk.graph_groups = True
+        g_logits, g_hidden = talk.prefill([1, 3], prompts)
+        for b in range(2):
+            assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2
+
+
+def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
