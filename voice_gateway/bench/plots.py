@@ -18,6 +18,11 @@ _PANELS = (("ttfp_s", "TTFP (s)", "time to first audio"),
            ("rtf", "RTF", "real-time factor (< 1 keeps up)"),
            ("req_per_s", "req/s", "throughput"))
 _STYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D")  # the 11th run on reuses the 10 colours: a new marker tells it apart
+
+
+def _marker(run: int) -> str:
+    return _MARKERS[run // 10 % len(_MARKERS)]
 
 
 def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
@@ -64,7 +69,7 @@ def plot_runs(runs: list[Run], out_png: Path, title: str) -> Path:
             color, style, xs = f"C{i % 10}", _STYLES[j % len(_STYLES)], [lv["concurrency"] for lv in group]
             for ax, (key, _, _) in zip(axes, _PANELS):
                 if key == "req_per_s":
-                    ax.plot(xs, [_value(lv, key, None) for lv in group], "o" + style, color=color, label=name)
+                    ax.plot(xs, [_value(lv, key, None) for lv in group], _marker(i) + style, color=color, label=name)
                     continue
                 for pct, marker in (("p50", "o"), ("p99", "x")):
                     ax.plot(xs, [_value(lv, key, pct) for lv in group], marker + style, color=color,
@@ -113,7 +118,7 @@ def plot_ladder_metric(runs: list[Run], stem: str, title: str, ylabel: str, read
         for j, (prompt, group) in enumerate(_by_prompt(levels)):
             ys = [read(lv) for lv in group]
             values += ys
-            ax.plot([lv["concurrency"] for lv in group], ys, "o" + _STYLES[j % len(_STYLES)], color=f"C{i % 10}",
+            ax.plot([lv["concurrency"] for lv in group], ys, _marker(i) + _STYLES[j % len(_STYLES)], color=f"C{i % 10}",
                     label=f"{label} P={prompt}" if several else label)
     ticks = sorted({lv["concurrency"] for _, levels in runs for lv in levels})
     if ticks and ticks[-1] / ticks[0] >= 8:
