@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# What the next device session should run first, in calls of under 10 minutes each, from the repo root:
+# A device session's first calls, each under 10 minutes, from the repo root:
 #   run(carry=[".whl"], command="bash benchmarks/h200/pending.sh checks")
-#   run(carry=[".whl"], command="bash benchmarks/h200/pending.sh rows")
-# `checks`: the GPU tests not yet run on the H200 (graphed prefill, the compiled code predictor),
-# the predictor bench, and the compiled-predictor ladder row. `rows`: the rows stacked on it.
+#   run(carry=[".whl"], command="bash benchmarks/h200/pending.sh rows <row>,<row>")
+# `checks`: the GPU tests (TESTS narrows their -k), the predictor bench, and the compiled-predictor
+# ladder row. `rows`: any ladder rows (default: graphed-prefill,chunk-ramp).
 # Results land in $OUT; copy ladder/*.json into benchmarks/h200/ladder/ and --replot here.
 source benchmarks/h200/gpu_site.sh >/dev/null 2>&1 || exit 1
 OUT=${OUT:-/tmp/out}
