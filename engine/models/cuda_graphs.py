@@ -192,8 +192,10 @@ class GraphedPrefill:
             pool = graph.pool()
             self.buckets[size] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
-    def fits(self, length: int) -> bool:
-        return smallest_bucket(self.buckets, length) is not None
+    def takes(self, lengths: list[int], groups: bool) -> bool:
+        """Whether prompts of these lengths run as one replay each: one prompt, or a group when
+        `groups` (graph_prefill_groups), and every prompt within a bucket."""
+        return (len(lengths) == 1 or groups) and all(smallest_bucket(self.buckets, n) is not None for n in lengths)
 
     def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...] | None:
         """embeds [1, n, H] into `slot` -> the step's outputs; None when n exceeds every bucket."""

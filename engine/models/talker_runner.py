@@ -95,8 +95,8 @@ class TalkerRunner:
         Padding writes junk keys past each prompt; decode overwrites each before any query sees it.
         """
         graphs = self.graphed_prefill
-        if graphs is not None and (len(prompts) == 1 or self.graph_groups) and all(graphs.fits(len(p)) for p in prompts):
-            outs = [graphs(prompt[None], slot) for slot, prompt in zip(slots, prompts)]  # one replay each
+        if graphs is not None and graphs.takes([p.shape[0] for p in prompts], self.graph_groups):
+            outs = [graphs(prompt[None], slot) for slot, prompt in zip(slots, prompts)]
             return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         lengths = [p.shape[0] for p in prompts]
         batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
@@ -151,7 +151,6 @@ class TalkerRunner:
         if self.static_predictor is not None:
             return self.static_predictor(past_hidden, code0, rows)
         from transformers import DynamicCache
-
 
         cache = DynamicCache(config=self.predictor.config)
         kw = {self._predictor_cache_kw: cache, "use_cache": True}

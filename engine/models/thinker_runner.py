@@ -66,7 +66,8 @@ class ThinkerRunner:
         Padding positions write junk keys past each prompt's end; decode overwrites each of them in
         the very step that first lets a query see it, so nothing reads them.
         """
-        if self._replays(prompts) and not any(audio):
+        graphs = self.graphed_prefill
+        if graphs is not None and graphs.takes([len(p) for p in prompts], self.graph_groups) and not any(audio):
             return [self._replay(slot, prompt, want_hidden) for slot, prompt in zip(slots, prompts)]
         lengths = [len(p) for p in prompts]
         ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
@@ -91,11 +92,6 @@ class ThinkerRunner:
             PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=None if hidden is None else hidden[b, :n])
             for b, n in enumerate(lengths)
         ]
-
-    def _replays(self, prompts: list) -> bool:
-        """Whether these prompts run as one graph replay each (engine/models/cuda_graphs.py)."""
-        graphs = self.graphed_prefill
-        return graphs is not None and (len(prompts) == 1 or self.graph_groups) and all(graphs.fits(len(p)) for p in prompts)
 
     def _replay(self, slot: int, prompt: list[int], want_hidden: bool) -> PrefillOut:
         embeds = self.text_model.embed_tokens(torch.tensor(prompt, device=self.device))[None]
