@@ -19,14 +19,11 @@ makes the same computation.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 import torch.nn.functional as F
 
 from engine.models.sampler import RowTensors, sample_tensors, token_terms
-
-log = logging.getLogger(__name__)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -76,13 +73,11 @@ class StaticCodePredictor:
         self.norm = model.norm
         self.lm_heads = [head.weight for head in predictor.lm_head]
         self.embeddings = [codec_embedding, *model.codec_embedding]
-        param = self.lm_heads[0]
-        self.device, self.dtype = param.device, param.dtype
-        positions = torch.arange(self.num_groups, device=self.device)
+        self.device, self.dtype = self.lm_heads[0].device, self.lm_heads[0].dtype
+        self.positions = torch.arange(self.num_groups, device=self.device)
         # transformers' rotary embedding for the 16 positions, in the model dtype as it hands them over
-        self.cos, self.sin = model.rotary_emb(self.lm_heads[0][None], positions[None])
-        self.cos, self.sin = self.cos[0], self.sin[0]
-        self.positions = positions
+        cos, sin = model.rotary_emb(self.lm_heads[0][None], self.positions[None])
+        self.cos, self.sin = cos[0], sin[0]
         self.position_ids = [torch.tensor([p], device=self.device) for p in range(self.num_groups)]
         self.token_terms = token_terms(self.lm_heads[0].shape[0], self.device)
         self.step, self.sample = self._step, sample_tensors
