@@ -2,7 +2,7 @@
 
 Full-size Talker with random bf16 weights, alone on the GPU. For each form, eager and replayed
 from a CUDA graph: the median wall time of one frame at batch 1, 16 and 64, the CUDA kernels one
-eager frame launches and their summed GPU time, and how many codes equal those of transformers'
+eager frame launches, their summed GPU time and the twelve that take the most of it, and how many codes equal those of transformers'
 eager predictor for the same inputs and seeds (half the rows greedy, half sampled). bf16 rounds
 differently when kernels are fused, so a near-tie can flip a code: the fraction is recorded,
 not asserted (the exact-equality tests run in float32, tests/unit/test_static_predictor.py).
@@ -50,7 +50,13 @@ def kernels(fn) -> dict[str, float]:
         fn()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"kernels": len(events), "gpu_ms": sum(e.device_time_total for e in events) / 1000}
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e.device_time_total)
+    # what to fuse next: the kernels that take the frame's GPU time
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {"kernels": len(events), "gpu_ms": sum(e.device_time_total for e in events) / 1000,
+            "top_kernels": [{"name": n[:120], "count": len(t), "ms": round(sum(t) / 1000, 3)} for n, t in top]}
 
 
 def main() -> None:
