@@ -1,9 +1,10 @@
 """The Talker's code predictor, one frame (15 dependent passes), in each form the engine has.
 
 Full-size Talker with random bf16 weights, alone on the GPU. For each form, eager and replayed
-from a CUDA graph: the median wall time of one frame at batch 1, 16 and 64, the CUDA kernels one
-eager frame launches, their summed GPU time and the twelve that take the most of it, and how many codes equal those of transformers'
-eager predictor for the same inputs and seeds (half the rows greedy, half sampled). bf16 rounds
+from a CUDA graph: the median wall time of one frame at batch 1, 16 and 64; the CUDA kernels one
+eager frame launches, their summed GPU time and the twelve that take the most of it; and how many
+codes equal those of transformers' eager predictor for the same inputs and seeds (half the rows
+greedy, half sampled). bf16 rounds
 differently when kernels are fused, so a near-tie can flip a code: the fraction is recorded,
 not asserted (the exact-equality tests run in float32, tests/unit/test_static_predictor.py).
 
