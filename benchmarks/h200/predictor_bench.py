@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.h200.timing import median_wall_ms
 from engine.models.cuda_graphs import GraphedCodePredictor
 from engine.models.full_size import build_dummy_stage
 from engine.models.sampler import RowSampling, RowTensors
@@ -27,19 +28,6 @@ from engine.models.static_predictor import StaticCodePredictor
 from engine.models.talker_runner import TalkerRunner
 
 BATCHES = (1, 16, 64)
-
-
-def wall_ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    walls = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        walls.append(1000 * (time.perf_counter() - t0))
-    return sorted(walls)[len(walls) // 2]
 
 
 def kernels(fn) -> dict[str, float]:
@@ -100,8 +88,8 @@ def main() -> None:
                 graphed_codes = graphed(past, code0, rows)[0]
                 row = {
                     "form": name, "batch": batch,
-                    "eager_ms": wall_ms(lambda: runner.predict_residuals(past, code0, rows)),
-                    "graphed_ms": wall_ms(lambda: graphed(past, code0, rows)),
+                    "eager_ms": median_wall_ms(lambda: runner.predict_residuals(past, code0, rows), 20, 3),
+                    "graphed_ms": median_wall_ms(lambda: graphed(past, code0, rows), 20, 3),
                     **kernels(lambda: runner.predict_residuals(past, code0, rows)),
                     "codes_equal_reference": float((codes == reference[batch]).float().mean()),
                     "graphed_codes_equal_eager": float((graphed_codes == codes).float().mean()),

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.h200.timing import median_wall_ms
 from engine.api import load_profile
 from engine.models.build import build_engine_parts
 from engine.models.code2wav_stream import StreamBatch
@@ -23,16 +23,7 @@ from engine.models.sampler import RowSampling, apply_repetition_penalty, sample
 
 
 def timed(fn, iters: int = 10) -> dict[str, float]:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    walls = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        walls.append(1000 * (time.perf_counter() - t0))
-    return {"wall_ms": sorted(walls)[len(walls) // 2]}
+    return {"wall_ms": median_wall_ms(fn, iters)}
 
 
 def main() -> None:

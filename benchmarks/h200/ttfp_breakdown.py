@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.h200.timing import median_wall_ms, synced_ms
 from engine.api import Message, TextPart, load_profile
 from engine.models.build import build_engine_parts
 from engine.models.code2wav_stream import StreamBatch
@@ -24,18 +24,8 @@ from engine.models.sampler import RowSampling
 
 
 def wall_ms(fn, iters: int = 5) -> dict[str, float]:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    cold = 1000 * (time.perf_counter() - t0)
-    walls = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        walls.append(1000 * (time.perf_counter() - t0))
-    return {"cold_ms": cold, "warm_ms": sorted(walls)[len(walls) // 2]}
+    cold = synced_ms(fn)
+    return {"cold_ms": cold, "warm_ms": median_wall_ms(fn, iters, warmup=0)}
 
 
 def main() -> None:
