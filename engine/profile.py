@@ -61,8 +61,8 @@ class ThinkerConfig:
     # with graphs on: one-prompt prefills replayed per prompt-length bucket (32..512 tokens);
     # on in the GPU profile (a lone reply's first packet: 0.45 -> 0.10 s on the H200).
     graph_prefill: bool = False
-    # ... and a group of prompts as one replay each, rather than one eager forward: a replay costs its
-    # GPU time, an eager forward ~4000 launches from a host the other stages share (~250-400 ms at c=64)
+    # ... and groups of prompts too, per (prompts, length) bucket up to `prefill_token_budget` tokens: an
+    # eager group forward is ~4000 launches from a host the other stages share (~250-400 ms at c=64)
     graph_prefill_groups: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -81,7 +81,7 @@ class TalkerConfig:
     ignore_eos: bool = False
     enforce_eager: bool = True
     graph_prefill: bool = False  # as the Thinker's
-    graph_prefill_groups: bool = False  # as the Thinker's
+    graph_prefill_groups: bool = False  # as the Thinker's, up to max_prefill_batch prompts
     default_speaker: str = "ethan"
     sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.9, top_p=1.0, top_k=50, repetition_penalty=1.05)

@@ -122,8 +122,8 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
     if cfg.decode_attention == "triton":
         _use_slot_attention(talker.model, runner)
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
-        _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill), runner)
-        runner.graph_groups = cfg.graph_prefill_groups
+        _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill,
+                                           groups=cfg.graph_prefill_groups, max_group=cfg.max_prefill_batch), runner)
     return runner
 
 
@@ -200,8 +200,10 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     if stages_cfg.thinker.decode_attention == "triton":
         _use_slot_attention(thinker_runner.text_model, thinker_runner)
     if not stages_cfg.thinker.enforce_eager and stages_cfg.thinker.device.startswith("cuda"):
-        _graphs_or_eager("thinker", partial(apply_thinker_graphs, prefill=stages_cfg.thinker.graph_prefill), thinker_runner)
-        thinker_runner.graph_groups = stages_cfg.thinker.graph_prefill_groups
+        thinker_cfg = stages_cfg.thinker
+        _graphs_or_eager("thinker", partial(apply_thinker_graphs, prefill=thinker_cfg.graph_prefill,
+                                            groups=thinker_cfg.graph_prefill_groups,
+                                            max_tokens=thinker_cfg.prefill_token_budget), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report

@@ -1,5 +1,5 @@
 """CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket;
-one-prompt prefills (Thinker, Talker), per prompt-length bucket.
+prefills (Thinker, Talker), per (prompts, prompt length) bucket.
 
 Applied to finished runners from outside (the model and the eager path stay as
 they are). Each bucket's graph reads static input tensors; a call copies
@@ -15,7 +15,7 @@ path is the reference the graphed one is tested against.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,69 +153,93 @@ class GraphedDecode:
 
 PrefillStep = Callable[[torch.Tensor, SlotBatch, torch.Tensor], tuple[torch.Tensor, ...]]
 PREFILL_BUCKETS = (32, 64, 128, 256, 512)
+GROUP_TOKENS = 4096  # the largest group graph: prompts x padded length
+
+
+def plan_prefill(shapes: Iterable[tuple[int, int]], lengths: list[int]) -> list[slice] | None:
+    """A group of prompts as consecutive runs, one replay each, for graphs captured at these (prompts,
+    length) shapes; None when it runs eagerly (a prompt longer than every bucket, or a group when only
+    one-prompt graphs exist)."""
+    shapes = list(shapes)
+    length = min((n for _, n in shapes if n >= max(lengths)), default=None)
+    if length is None:
+        return None
+    widest = max(b for b, n in shapes if n == length)
+    if widest == 1 and len(lengths) > 1:
+        return None  # one replay per prompt costs more than one eager forward (ladder rung 17, session 5)
+    return [slice(i, i + widest) for i in range(0, len(lengths), widest)]
 
 
 @dataclass(slots=True)
 class _PrefillBucket:
     graph: torch.cuda.CUDAGraph
-    embeds: torch.Tensor  # [1, L, H]
-    slots: torch.Tensor  # [1]
-    starts: torch.Tensor  # [1], always 0; held so its memory stays the graph's
-    last: torch.Tensor  # [1] index of the prompt's last row
+    embeds: torch.Tensor  # [B, L, H]
+    slots: torch.Tensor  # [B]
+    starts: torch.Tensor  # [B], always 0; held so its memory stays the graph's
+    last: torch.Tensor  # [B] index of each prompt's last row
     outputs: tuple[torch.Tensor, ...]
 
 
 class GraphedPrefill:
-    """One prompt's prefill, captured per prompt-length bucket.
+    """Prefills captured per (prompts, prompt length) bucket.
 
-    An eager prefill is host-bound (the Thinker's 48 layers launch ~4000 kernels for ~15 ms of
-    GPU work) and shares the host with the other stages' threads, which is what a lone
-    request's first packet waits on. The prompt is right-padded to its bucket: every layer is
-    causal, so padding rows change no real row, and the keys they write past the prompt are
-    overwritten by decode before any query sees them.
+    An eager prefill is host-bound: the Thinker's 48 layers launch ~4000 kernels for ~15 ms of
+    GPU work, from a host the other stages' threads share, so at c=64 a group of prompts took
+    250-400 ms however few they were. Replayed, a group costs its GPU time. Prompts are
+    right-padded to the bucket's length and the group to its number of prompts: every layer is
+    causal, so padding rows change no real row; padding prompts write into the cache's scratch
+    slot, and the keys padding rows write past a prompt are overwritten by decode before any
+    query sees them. With `batches=(1,)` only one-prompt prefills are captured.
     """
 
     def __init__(self, step: PrefillStep, kv: SlotKVCache, hidden_size: int, dtype: torch.dtype,
-                 buckets: tuple[int, ...] = PREFILL_BUCKETS) -> None:
+                 lengths: tuple[int, ...] = PREFILL_BUCKETS, batches: tuple[int, ...] = (1,),
+                 max_tokens: int = GROUP_TOKENS) -> None:
         device = kv.keys[0].device
-        self.buckets: dict[int, _PrefillBucket] = {}
+        self.kv = kv
+        shapes = [(b, n) for b in batches for n in lengths if n <= kv.max_len and (b == 1 or b * n <= max_tokens)]
+        self.buckets: dict[tuple[int, int], _PrefillBucket] = {}
         pool = None
         capture_stream = torch.cuda.Stream(device)
-        for size in sorted((b for b in buckets if b <= kv.max_len), reverse=True):
-            embeds = torch.zeros(1, size, hidden_size, device=device, dtype=dtype)
-            slots = torch.full((1,), kv.scratch_slot, dtype=torch.long, device=device)
-            last = torch.zeros(1, dtype=torch.long, device=device)
+        for size, length in sorted(shapes, key=lambda s: -s[0] * s[1]):  # largest first into the shared pool
+            embeds = torch.zeros(size, length, hidden_size, device=device, dtype=dtype)
+            slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
+            last = torch.zeros(size, dtype=torch.long, device=device)
             # every tensor a graph reads must outlive it: a freed one's memory is handed out again
-            starts = torch.zeros(1, dtype=torch.long, device=device)
-            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=size, kv_len=size)
+            starts = torch.zeros(size, dtype=torch.long, device=device)
+            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=length, kv_len=length)
             graph, outputs = capture(lambda: step(embeds, view, last), pool, capture_stream)
             pool = graph.pool()
-            self.buckets[size] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
+            self.buckets[size, length] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
-    def takes(self, lengths: list[int], groups: bool) -> bool:
-        """Whether prompts of these lengths run as one replay each: one prompt, or a group when
-        `groups` (graph_prefill_groups), and every prompt within a bucket."""
-        return (len(lengths) == 1 or groups) and all(smallest_bucket(self.buckets, n) is not None for n in lengths)
+    def plan(self, lengths: list[int]) -> list[slice] | None:
+        return plan_prefill(self.buckets, lengths)
 
-    def __call__(self, embeds: torch.Tensor, slot: int) -> tuple[torch.Tensor, ...] | None:
-        """embeds [1, n, H] into `slot` -> the step's outputs; None when n exceeds every bucket."""
-        n = embeds.shape[1]
-        size = smallest_bucket(self.buckets, n)
-        if size is None:
-            return None
-        bucket = self.buckets[size]
-        bucket.embeds[:, :n].copy_(embeds)
-        bucket.slots.fill_(slot)
-        bucket.last.fill_(n - 1)
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]:
+        """Right-padded embeds [n, L, H] into `slots` -> the step's outputs for the n rows;
+        (n, L) must fit a bucket (`plan` says which runs do)."""
+        n, width = embeds.shape[:2]
+        length = min(k for _, k in self.buckets if k >= width)
+        size = min(b for b, k in self.buckets if k == length and b >= n)
+        bucket = self.buckets[size, length]
+        bucket.embeds[:n, :width].copy_(embeds)
+        pad = size - n
+        bucket.slots.copy_(torch.tensor(slots + [self.kv.scratch_slot] * pad).to(bucket.slots.device, non_blocking=True))
+        bucket.last.copy_(torch.tensor([k - 1 for k in lengths] + [0] * pad).to(bucket.last.device, non_blocking=True))
         bucket.graph.replay()
-        return tuple(out.clone() for out in bucket.outputs)
+        return tuple(out[:n].clone() for out in bucket.outputs)
 
 
 def _buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(b for b in DEFAULT_BUCKETS if b < max_batch) + (max_batch,)
 
 
-def apply_talker_graphs(runner: TalkerRunner, prefill: bool = False) -> None:
+def _prefill_batches(groups: bool, max_batch: int) -> tuple[int, ...]:
+    return _buckets(max_batch) if groups else (1,)
+
+
+def apply_talker_graphs(runner: TalkerRunner, prefill: bool = False, groups: bool = False,
+                        max_group: int = 64) -> None:
     buckets = _buckets(runner.kv.num_slots)
     runner.graphed_predictor = GraphedCodePredictor(runner, buckets)
     hidden = runner.codec_embedding.embedding_dim
@@ -223,16 +247,19 @@ def apply_talker_graphs(runner: TalkerRunner, prefill: bool = False) -> None:
     log.info("talker decode captured for batch sizes %s", sorted(buckets))
     if not prefill:
         return
-    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype)
-    log.info("talker prefill captured for prompt lengths %s", sorted(runner.graphed_prefill.buckets))
+    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+                                            batches=_prefill_batches(groups, min(max_group, runner.kv.num_slots)))
+    log.info("talker prefill captured for (prompts, length) %s", sorted(runner.graphed_prefill.buckets))
 
 
-def apply_thinker_graphs(runner: ThinkerRunner, prefill: bool = False) -> None:
+def apply_thinker_graphs(runner: ThinkerRunner, prefill: bool = False, groups: bool = False,
+                         max_tokens: int = GROUP_TOKENS) -> None:
     buckets = _buckets(runner.kv.num_slots)
     hidden = runner.text_model.embed_tokens.embedding_dim
     runner.graphed_decode = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets)
     log.info("thinker decode captured for batch sizes %s", sorted(buckets))
     if not prefill:
         return
-    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype)
-    log.info("thinker prefill captured for prompt lengths %s", sorted(runner.graphed_prefill.buckets))
+    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+                                            batches=_prefill_batches(groups, runner.kv.num_slots), max_tokens=max_tokens)
+    log.info("thinker prefill captured for (prompts, length) %s", sorted(runner.graphed_prefill.buckets))

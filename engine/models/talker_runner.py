@@ -58,7 +58,6 @@ class TalkerRunner:
         self.graphed_predictor = None
         self.graphed_decode = None
         self.graphed_prefill = None
-        self.graph_groups = False  # a group of prompts as one prefill replay each, too
         # set by engine/models/build.py when the profile asks for engine/models/static_predictor.py
         self.static_predictor = None
 
@@ -94,22 +93,23 @@ class TalkerRunner:
 
         Padding writes junk keys past each prompt; decode overwrites each before any query sees it.
         """
-        graphs = self.graphed_prefill
-        if graphs is not None and graphs.takes([p.shape[0] for p in prompts], self.graph_groups):
-            outs = [graphs(prompt[None], slot) for slot, prompt in zip(slots, prompts)]
-            return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         lengths = [p.shape[0] for p in prompts]
         batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
         for b, prompt in enumerate(prompts):
             batch[b, : lengths[b]] = prompt
+        graphs = self.graphed_prefill
+        if graphs is not None and (runs := graphs.plan(lengths)) is not None:
+            outs = [graphs(batch[run], slots[run], lengths[run]) for run in runs]
+            return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
         hidden = self._forward(batch, self.kv.batch(slots, [0] * len(prompts), max(lengths)))
         last = hidden[torch.arange(len(prompts), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         return self.talker.codec_head(last), last
 
     def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One prompt, embeds [1, L, H] -> (logits at row `last` [1, V], its hidden [1, H]);
+        """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], its hidden [B, H]);
         device work only (a CUDA graph captures this)."""
-        hidden = self._forward(embeds, view)[0].index_select(0, last)
+        out = self._forward(embeds, view)
+        hidden = out[torch.arange(out.shape[0], device=out.device), last]
         return self.talker.codec_head(hidden), hidden
 
     def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

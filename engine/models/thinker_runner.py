@@ -49,7 +49,6 @@ class ThinkerRunner:
         # set by engine/models/cuda_graphs.py when the profile allows graphs
         self.graphed_decode = None
         self.graphed_prefill = None
-        self.graph_groups = False  # a group of prompts as one prefill replay each, too
 
     def _capture(self, module, args, output) -> None:
         if self._capturing:
@@ -61,14 +60,11 @@ class ThinkerRunner:
     def prefill(
         self, slots: list[int], prompts: list[list[int]], audio: list[list[torch.Tensor]], want_hidden: bool
     ) -> list[PrefillOut]:
-        """Several prompts in one forward, right-padded to the longest.
+        """Several prompts in one forward, right-padded to the longest (replayed when graphs are captured).
 
         Padding positions write junk keys past each prompt's end; decode overwrites each of them in
         the very step that first lets a query see it, so nothing reads them.
         """
-        graphs = self.graphed_prefill
-        if graphs is not None and graphs.takes([len(p) for p in prompts], self.graph_groups) and not any(audio):
-            return [self._replay(slot, prompt, want_hidden) for slot, prompt in zip(slots, prompts)]
         lengths = [len(p) for p in prompts]
         ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
         for b, prompt in enumerate(prompts):
@@ -79,34 +75,35 @@ class ThinkerRunner:
             if features:
                 merged = self._merge_audio(ids[b : b + 1, : lengths[b]], embeds[b : b + 1, : lengths[b]], features)
                 embeds[b, : lengths[b]] = merged[0]
-        view = self.kv.batch(slots, [0] * len(prompts), max(lengths))
-        self._capturing, self._captured = want_hidden, []
-        try:
-            out = self._forward(embeds, view)
-        finally:
-            self._capturing = False
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)
-        logits = self.thinker.lm_head(out[torch.arange(len(prompts), device=self.device), last])
-        hidden = self._captured[0] if want_hidden else None
+        graphs = self.graphed_prefill
+        if graphs is not None and not any(audio) and (runs := graphs.plan(lengths)) is not None:
+            outs = [graphs(embeds[run], slots[run], lengths[run]) for run in runs]
+            logits, hidden = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        else:
+            view = self.kv.batch(slots, [0] * len(prompts), max(lengths))
+            self._capturing, self._captured = want_hidden, []
+            try:
+                out = self._forward(embeds, view)
+            finally:
+                self._capturing = False
+            last = torch.tensor([n - 1 for n in lengths], device=self.device)
+            logits = self.thinker.lm_head(out[torch.arange(len(prompts), device=self.device), last])
+            hidden = self._captured[0] if want_hidden else None
         return [
-            PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=None if hidden is None else hidden[b, :n])
+            PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=hidden[b, :n] if want_hidden else None)
             for b, n in enumerate(lengths)
         ]
 
-    def _replay(self, slot: int, prompt: list[int], want_hidden: bool) -> PrefillOut:
-        embeds = self.text_model.embed_tokens(torch.tensor(prompt, device=self.device))[None]
-        logits, hidden = self.graphed_prefill(embeds, slot)
-        return PrefillOut(logits=logits[0], embeds=embeds[0], hidden=hidden[0, : len(prompt)] if want_hidden else None)
-
     def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One prompt, embeds [1, L, H] -> (logits at row `last` [1, V], the captured layer's rows [1, L, H]);
-        device work only (a CUDA graph captures this)."""
+        """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], the captured
+        layer's rows [B, L, H]); device work only (a CUDA graph captures this)."""
         self._capturing, self._captured = True, []
         try:
             out = self._forward(embeds, view)
         finally:
             self._capturing = False
-        return self.thinker.lm_head(out[0].index_select(0, last)), self._captured[0]
+        rows = torch.arange(out.shape[0], device=out.device)
+        return self.thinker.lm_head(out[rows, last]), self._captured[0]
 
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token for each slot at its position -> logits [B, V]."""

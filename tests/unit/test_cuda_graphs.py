@@ -82,23 +82,35 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
     with torch.inference_mode():
         fused_moe.enable(thinker.model)  # capturable in any dtype
         fused_moe.enable(talker.model)
-        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=128)
+        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=8, max_len=128)
         ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
-        group = [ids, ids[:9]]
-        eager = runner.prefill([0, 2], group, [[], []], want_hidden=True)
-        runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv,
-                                                runner.text_model.embed_tokens.embedding_dim, runner.dtype, (16, 64))
-        runner.graph_groups = True  # the group as one replay per prompt
-        for graphed, expected in zip(runner.prefill([1, 3], group, [[], []], want_hidden=True), eager):
-            assert torch.equal(graphed.embeds, expected.embeds)
-            assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
+        group = [ids, ids[:9], ids[3:]]
+        eager = runner.prefill([0, 2, 4], group, [[], [], []], want_hidden=True)
+        eager_keys = runner.kv.keys[0][[0, 2, 4], :, :14].clone()
+        hidden_size = runner.text_model.embed_tokens.embedding_dim
+        # (4, 16) holds the group with one padding prompt; (2, 16) alone would split it in two runs
+        for batches in ((1, 2, 4), (1, 2)):
+            runner.kv.keys[0].zero_()
+            runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
+                                                    lengths=(16, 64), batches=batches, max_tokens=64)
+            assert (4, 64) not in runner.graphed_prefill.buckets  # over max_tokens
+            graphed_outs = runner.prefill([1, 3, 5], group, [[], [], []], want_hidden=True)
+            for graphed, expected in zip(graphed_outs, eager):
+                assert torch.equal(graphed.embeds, expected.embeds)
+                assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
+            for real, n in zip((1, 3, 5), map(len, group)):
+                assert rel(runner.kv.keys[0][real, :, :n], eager_keys[(real - 1) // 2, :, :n]) < 2e-2
+            # the padding prompt wrote only the scratch slot
+            assert not runner.kv.keys[0][[0, 2, 4, 6, 7]].any()
+        single = runner.prefill([6], [ids], [[]], want_hidden=True)[0]
+        assert rel(single.logits, eager[0].logits) < 2e-2
         assert runner.prefill([2], [ids * 5], [[]], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
 
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
         prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
         logits, hidden = talk.prefill([0, 2], prompts)
-        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype, (16, 32))
-        talk.graph_groups = True
+        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype, (16, 32),
+                                              batches=(1, 2))
         g_logits, g_hidden = talk.prefill([1, 3], prompts)
         for b in range(2):
             assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2

@@ -37,24 +37,44 @@ def test_batched_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
 
 
 def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) -> None:
-    """What a graphed prefill replays (engine/models/cuda_graphs.py), run eagerly: a prompt padded to
-    its bucket gives the same logits, captured rows and decode as the plain prefill."""
+    """What a graphed prefill replays (engine/models/cuda_graphs.py), run eagerly: prompts padded to
+    their (prompts, length) bucket give the same logits, captured rows and decode as the plain prefill."""
     from engine.models.kv_cache import SlotBatch
 
     loaded = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
     builder = PromptBuilder(AutoTokenizer.from_pretrained(tiny_checkpoint),
                             WhisperFeatureExtractor.from_pretrained(tiny_checkpoint), n_window=50)
-    ids = builder.build((Message("user", (TextPart("a prompt shorter than its bucket"),)),)).token_ids
+    group = [builder.build((Message("user", (TextPart(text),)),)).token_ids
+             for text in ("a prompt shorter than its bucket", "and one more, a little longer than the first one")]
     with torch.inference_mode():
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=128)
-        plain = runner.prefill([0], [ids], [[]], True)[0]
+        plain = runner.prefill([0, 1], group, [[], []], True)
         bucket = 64
-        assert len(ids) < bucket
-        padded = torch.randn(1, bucket, runner.text_model.embed_tokens.embedding_dim)  # junk past the prompt
-        padded[0, : len(ids)] = runner.embed(ids)
-        view = SlotBatch(runner.kv, torch.tensor([1]), torch.tensor([0]), num_new=bucket, kv_len=bucket)
-        logits, hidden = runner.prefill_step(padded, view, torch.tensor([len(ids) - 1]))
-        assert torch.allclose(logits[0], plain.logits, atol=1e-4)
-        assert torch.allclose(hidden[0, : len(ids)], plain.hidden, atol=1e-4)
-        # the junk keys past the prompt are overwritten by decode before anything reads them
-        assert torch.allclose(runner.decode([0], [len(ids)], [7]), runner.decode([1], [len(ids)], [7]), atol=1e-4)
+        assert max(map(len, group)) < bucket
+        padded = torch.randn(4, bucket, runner.text_model.embed_tokens.embedding_dim)  # junk past each prompt
+        for b, ids in enumerate(group):
+            padded[b, : len(ids)] = runner.embed(ids)
+        scratch = runner.kv.scratch_slot  # two padding prompts, both written into the scratch slot
+        view = SlotBatch(runner.kv, torch.tensor([2, 3, scratch, scratch]), torch.zeros(4, dtype=torch.long),
+                         num_new=bucket, kv_len=bucket)
+        logits, hidden = runner.prefill_step(padded, view, torch.tensor([len(group[0]) - 1, len(group[1]) - 1, 0, 0]))
+        for b, ids in enumerate(group):
+            assert torch.allclose(logits[b], plain[b].logits, atol=1e-4)
+            assert torch.allclose(hidden[b, : len(ids)], plain[b].hidden, atol=1e-4)
+        # the junk keys past each prompt are overwritten by decode before anything reads them
+        positions = [len(ids) for ids in group]
+        assert torch.allclose(runner.decode([0, 1], positions, [7, 9]), runner.decode([2, 3], positions, [7, 9]),
+                              atol=1e-4)
+
+
+def test_prefill_plan_splits_groups_into_captured_runs() -> None:
+    from engine.models.cuda_graphs import plan_prefill
+
+    one_prompt = [(1, 32), (1, 64)]
+    assert plan_prefill(one_prompt, [20]) == [slice(0, 1)]
+    assert plan_prefill(one_prompt, [20, 30]) is None  # a group runs as one eager forward
+    assert plan_prefill(one_prompt, [65]) is None  # longer than every bucket
+    groups = one_prompt + [(2, 32), (4, 32), (2, 64)]
+    assert plan_prefill(groups, [20, 30, 5]) == [slice(0, 4)]
+    assert plan_prefill(groups, [20, 40, 5]) == [slice(0, 2), slice(2, 4)]  # at 64 tokens, two prompts a replay
+    assert plan_prefill(groups, [3] * 9) == [slice(0, 4), slice(4, 8), slice(8, 12)]
