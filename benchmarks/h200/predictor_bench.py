@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.h200.timing import median_wall_ms
+from benchmarks.h200.timing import kernels, median_wall_ms
 from engine.models.cuda_graphs import GraphedCodePredictor
 from engine.models.full_size import build_dummy_stage
 from engine.models.sampler import RowSampling, RowTensors
@@ -28,24 +28,6 @@ from engine.models.static_predictor import StaticCodePredictor
 from engine.models.talker_runner import TalkerRunner
 
 BATCHES = (1, 16, 64)
-
-
-def kernels(fn) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict[str, list[float]] = {}
-    for e in events:
-        by_name.setdefault(e.name, []).append(e.device_time_total)
-    # what to fuse next: the kernels that take the frame's GPU time
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
-    return {"kernels": len(events), "gpu_ms": sum(e.device_time_total for e in events) / 1000,
-            "top_kernels": [{"name": n[:120], "count": len(t), "ms": round(sum(t) / 1000, 3)} for n, t in top]}
 
 
 def main() -> None:

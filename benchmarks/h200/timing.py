@@ -1,4 +1,4 @@
-"""Host wall time of GPU work, synced: what the H200 bench scripts time steps with."""
+"""Host wall time of GPU work, synced, and the kernels it runs: what the H200 bench scripts measure steps with."""
 
 from __future__ import annotations
 
@@ -21,3 +21,22 @@ def median_wall_ms(fn: Callable[[], object], iters: int = 10, warmup: int = 2) -
     for _ in range(warmup):
         fn()
     return sorted(synced_ms(fn) for _ in range(iters))[iters // 2]
+
+
+def kernels(fn: Callable[[], object], top: int = 12) -> dict:
+    """The CUDA kernels one call runs (replayed graphs' included): count, summed GPU time, and the
+    `top` that take the most of it (what to fuse or tune next)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e.device_time_total)
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"kernels": len(events), "gpu_ms": sum(e.device_time_total for e in events) / 1000,
+            "top_kernels": [{"name": n[:120], "count": len(t), "ms": round(sum(t) / 1000, 3)} for n, t in ranked]}
