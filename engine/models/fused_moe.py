@@ -43,22 +43,23 @@ def block_layout(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> B
 
     Shapes depend only on the number of pairs, never on the routing, and nothing syncs with the
     host: a CUDA graph can capture this. At most min(E, pairs) experts are used, each wasting
-    fewer than `block_m` rows, which bounds the padded length.
+    fewer than `block_m` rows, which bounds the padded length. A pair's place within its expert's
+    run is a running count over a one-hot of the routing, not a sort: a stable argsort of a few
+    hundred ids is one 27 us radix-sort launch, 48 of them in a Thinker step at batch 64.
     """
     experts = top_k_index.reshape(-1)
     num_pairs = experts.numel()
     device = experts.device
-    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(0, experts, torch.ones_like(experts))
+    onehot = torch.nn.functional.one_hot(experts, num_experts).to(torch.int32)  # [pairs, E]
+    counts = onehot.sum(0, dtype=torch.long)
+    rank = (onehot.cumsum(0, dtype=torch.int32) - onehot).gather(1, experts[:, None])[:, 0]
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
-    order = torch.argsort(experts, stable=True)
-    sorted_experts = experts[order]
-    rank = torch.arange(num_pairs, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
-    dest = (padded_end - padded)[sorted_experts] + rank
+    dest = (padded_end - padded)[experts] + rank
     max_rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
     num_blocks = (max_rows + block_m - 1) // block_m
     pair_ids = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.long, device=device)
-    pair_ids[dest] = order
+    pair_ids[dest] = torch.arange(num_pairs, device=device)
     block_starts = torch.arange(num_blocks, device=device) * block_m
     block_expert = torch.searchsorted(padded_end, block_starts, right=True)
     return BlockLayout(pair_ids, block_expert, block_m)

@@ -61,6 +61,8 @@ def test_block_layout_places_every_pair_once_in_its_experts_blocks() -> None:
             assert pairs.numel() == 0
         else:
             assert pairs.numel() > 0 and (flat[pairs] == expert).all()
+    # experts in order, and each expert's pairs in their own order: what a stable sort by expert gives
+    assert torch.equal(real, torch.argsort(flat, stable=True))
     # the shape depends only on the number of pairs: a graph can hold it for any routing
     other = fused_moe.block_layout(torch.zeros_like(top_k_index), num_experts, block_m)
     assert other.pair_ids.shape == layout.pair_ids.shape and other.block_expert.shape == layout.block_expert.shape
