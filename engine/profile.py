@@ -64,6 +64,9 @@ class ThinkerConfig:
     # ... and groups of prompts too, per (prompts, length) bucket up to `prefill_token_budget` tokens: an
     # eager group forward is ~4000 launches from a host the other stages share (~250-400 ms at c=64)
     graph_prefill_groups: bool = False
+    # with graphs on: decoder layers through torch.compile while the decode graphs are captured
+    # (fuses each layer's small kernels; compiles at start-up, never while serving)
+    compile_decode: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -82,6 +85,7 @@ class TalkerConfig:
     enforce_eager: bool = True
     graph_prefill: bool = False  # as the Thinker's
     graph_prefill_groups: bool = False  # as the Thinker's, up to max_prefill_batch prompts
+    compile_decode: bool = False  # as the Thinker's
     default_speaker: str = "ethan"
     sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.9, top_p=1.0, top_k=50, repetition_penalty=1.05)

@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help=f"also each step's kernels at batch {KERNELS_AT}")
     args = parser.parse_args()
     parts = build_engine_parts("dummy", load_profile(args.profile, model="dummy"), None)
-    thinker, talker, code2wav = (parts["stages"][n] for n in ("thinker", "talker", "code2wav"))
+    stages = parts["stages"]  # with replicas, the first of each
+    thinker, talker, code2wav = (stages.get(n) or stages[f"{n}.0"] for n in ("thinker", "talker", "code2wav"))
     results = []
     with torch.inference_mode():
         for batch in (1, 16, 64):

@@ -123,7 +123,8 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
         _use_slot_attention(talker.model, runner)
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
         _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill,
-                                           groups=cfg.graph_prefill_groups, max_group=cfg.max_prefill_batch), runner)
+                                           groups=cfg.graph_prefill_groups, max_group=cfg.max_prefill_batch,
+                                           compile_decode=cfg.compile_decode), runner)
     return runner
 
 
@@ -203,7 +204,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         thinker_cfg = stages_cfg.thinker
         _graphs_or_eager("thinker", partial(apply_thinker_graphs, prefill=thinker_cfg.graph_prefill,
                                             groups=thinker_cfg.graph_prefill_groups,
-                                            max_tokens=thinker_cfg.prefill_token_budget), thinker_runner)
+                                            max_tokens=thinker_cfg.prefill_token_budget,
+                                            compile_decode=thinker_cfg.compile_decode), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report

@@ -85,6 +85,9 @@ class SlotBatch:
 
     # transformers' attention layers call these two; the rest of the Cache API is unused
     # because we always pass explicit position ids and a prepared 4-D mask.
+    # Never compiled: its `layer_idx` picks a Python list item, which would specialise a compiled
+    # decoder layer (engine/models/cuda_graphs.py) once per layer; its writes run between regions.
+    @torch.compiler.disable
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
         # key_states: [B, H, num_new, D]; the index pair [B, 1] x [B, num_new] addresses [B, num_new, H, D]

@@ -39,9 +39,12 @@ def test_graphed_code_predictor_equals_eager(tiny_checkpoint: Path) -> None:
                        RowTensors.of([rows[0]] * 9, "cuda")) is None  # larger than every bucket: eager
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["sdpa-grouped-mm", "triton-kernels"])
-def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool) -> None:
-    from engine.models.cuda_graphs import GraphedDecode
+@pytest.mark.parametrize(("kernels", "compiled"), [(False, False), (True, False), (True, True)],
+                         ids=["sdpa-grouped-mm", "triton-kernels", "triton-kernels-compiled-layers"])
+def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool, compiled: bool) -> None:
+    import contextlib
+
+    from engine.models.cuda_graphs import GraphedDecode, compiled_layers
     from engine.models.thinker_runner import ThinkerRunner
 
     # bf16 as deployed: transformers' float32 grouped_mm path copies from the host, which a graph cannot hold
@@ -55,7 +58,8 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool) 
             slot_attention.enable(runner.text_model)
             runner.kv.decode_kernel = True
         hidden = runner.text_model.embed_tokens.embedding_dim
-        graphed = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets=(2, 4))
+        with compiled_layers(runner.text_model.layers) if compiled else contextlib.nullcontext():
+            graphed = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets=(1, 2, 4))
         prompts = {0: [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198], 2: [151644, 872, 198, 151644, 77091, 198]}
         runner.prefill(list(prompts), list(prompts.values()), [[], []], want_hidden=False)
         slots, positions, tokens = [0, 2], [len(prompts[0]), len(prompts[2])], [1000, 2000]

@@ -92,10 +92,11 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
         pytest.param("cuda", {}, {}, 1, marks=needs_cuda),
         pytest.param("cuda", {}, KERNELS, 1, marks=[needs_cuda, needs_triton]),
-        # everything the GPU profile turns on: kernels, CUDA graphs (prefill, decode, predictor, Code2Wav),
-        # the compiled code predictor
+        # everything the GPU profile turns on: kernels, CUDA graphs (prefills alone and in groups, decode
+        # with compiled layers, predictor, Code2Wav), the compiled code predictor
         pytest.param("cuda", {"enforce_eager": False},
-                     {**KERNELS, "enforce_eager": False, "graph_prefill": True, "code_predictor": "compiled"}, 1,
+                     {**KERNELS, "enforce_eager": False, "graph_prefill": True, "graph_prefill_groups": True,
+                      "compile_decode": True, "code_predictor": "compiled"}, 1,
                      marks=[needs_cuda, needs_triton]),
     ],
     ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-chunk-ramp", "cpu-static-predictor",

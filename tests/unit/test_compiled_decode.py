@@ -1,0 +1,45 @@
+"""Decoder layers through torch.compile (`compile_decode`, engine/models/cuda_graphs.py) == eager layers,
+in their CPU form: the same decode step, compiled by inductor for the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters
+
+from engine.models.cuda_graphs import compiled_layers
+from engine.models.loader import load_stage
+from engine.models.talker_runner import TalkerRunner
+from engine.models.thinker_runner import ThinkerRunner
+
+PROMPT = [151644, 872, 198, 9707, 11, 1246, 525]
+
+
+def test_compiled_thinker_and_talker_layers_decode_as_eager(tiny_checkpoint: Path) -> None:
+    thinker = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
+    talker = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
+    with torch.inference_mode():
+        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=64)
+        runner.prefill([0, 1, 2], [PROMPT, PROMPT[:5], PROMPT[2:]], [[], [], []], want_hidden=False)
+        slots, positions, tokens = [0, 1, 2], [7, 5, 5], [1000, 2000, 3000]
+        eager = runner.decode(slots, positions, tokens)
+        layers = runner.text_model.layers
+        graphs_before = counters["stats"]["unique_graphs"]
+        with compiled_layers(layers):
+            for n in (3, 2, 1):  # batch 1 and any larger batch: two compilations, shared by every layer
+                assert torch.allclose(runner.decode(slots[:n], positions[:n], tokens[:n]), eager[:n], atol=1e-4)
+        # a few regions (the cache write between them), each for batch 1 and larger: not one set per layer
+        assert counters["stats"]["unique_graphs"] - graphs_before < 4 * len(layers)
+        assert all("forward" not in vars(layer) for layer in layers)  # the class's own forward again
+
+        hidden = thinker.config.thinker_config.text_config.hidden_size
+        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, hidden), max_batch=4, max_len=64)
+        width = talk.codec_embedding.embedding_dim
+        gen = torch.Generator().manual_seed(0)
+        talk.prefill([0, 1], [torch.randn(n, width, generator=gen) for n in (6, 9)])
+        inputs = torch.randn(2, width, generator=gen)
+        logits, last = talk.decode([0, 1], [6, 9], inputs)
+        with compiled_layers(talk.talker.model.layers):
+            c_logits, c_last = talk.decode([0, 1], [6, 9], inputs)
+        assert torch.allclose(c_logits, logits, atol=1e-4) and torch.allclose(c_last, last, atol=1e-4)
