@@ -50,11 +50,11 @@ if triton is not None:
 
     @triton.jit
     def _decode_kernel(
-        Q, K, V, Out, Slots, Lengths, scale,
+        Q, K, V, Out, Slots, Lengths,
         stride_qb, stride_qh, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl,
         stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, SCALE: tl.constexpr,
     ):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -75,7 +75,7 @@ if triton is not None:
             inside = pos < length
             k = tl.load(k_base + pos[:, None] * stride_kl + dims[None, :], mask=inside[:, None], other=0.0)
             v = tl.load(v_base + pos[:, None] * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [GROUP_PAD, BLOCK_N] in float32
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * SCALE  # [GROUP_PAD, BLOCK_N] in float32
             scores = tl.where(inside[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             p = tl.exp(scores - m_new[:, None])
@@ -103,11 +103,12 @@ def decode_attention(
     out = torch.empty_like(query)
     with launch_guard():
         _decode_kernel[(batch, num_kv_heads)](
-            query, keys, values, out, slots, lengths, scale,
+            query, keys, values, out, slots, lengths,
             query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
             values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
             GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_N=block_n,
-            PRECISION=dot_precision(query.dtype),
+            # a constant, not an argument: torch.compile would pass a Python float as float64
+            PRECISION=dot_precision(query.dtype), SCALE=scale,
         )
     return out
 
