@@ -20,7 +20,7 @@ from benchmarks.h200.timing import kernels, median_wall_ms
 from engine.api import load_profile
 from engine.models.build import build_engine_parts
 from engine.models.code2wav_stream import StreamBatch
-from engine.models.sampler import RowSampling, apply_repetition_penalty, sample
+from engine.models.sampler import RowSampling, sample
 
 
 KERNELS_AT = 64  # with --kernels, the batch whose steps are profiled kernel by kernel
@@ -54,11 +54,13 @@ def main() -> None:
             row["talker_predictor"] = timed(lambda: tr.residual_codes(hidden, code0, rows), profiled=profiled)
             row["talker_decode"] = timed(lambda: tr.decode(slots, positions, hidden), profiled=profiled)
             logits, _ = tr.decode(slots, positions, hidden)
-            history = [list(range(100)) for _ in range(batch)]
+            on_device = torch.tensor(slots, device="cuda")
 
-            def tail() -> list[int]:
-                masked = apply_repetition_penalty(tr.mask_logits(logits, allow_eos=False), history, 1.05)
-                return sample(masked, rows).tolist()
+            def tail() -> list[int]:  # what TalkerStage._take_code0 does on the device
+                masked = tr.penalise_repeats(tr.mask_logits(logits, allow_eos=False), on_device, 1.05)
+                tokens = sample(masked, rows)
+                tr.remember_codes(on_device, tokens)
+                return tokens.tolist()
 
             row["talker_sampling_tail"] = timed(tail, profiled=profiled)
             codes = torch.randint(0, 2048, (batch, 16, 25), device="cuda")

@@ -114,16 +114,9 @@ def sample_tensors(
     return torch.where(rows.temperature > 0, sampled, greedy)
 
 
-def apply_repetition_penalty(logits: torch.Tensor, history: list[list[int]], penalty: float) -> torch.Tensor:
-    """CTRL-style penalty on ids each row already produced (as transformers applies it)."""
-    if penalty == 1.0 or not any(history):
+def penalise_seen(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style repetition penalty (as transformers applies it) on the ids `seen` [B, V] marks."""
+    if penalty == 1.0:
         return logits
-    batch, vocab = logits.shape
-    # one scatter for the batch: padding points at an extra column that is cut off after
-    ids = torch.full((batch, max(len(h) for h in history)), vocab, dtype=torch.int64)
-    for b, h in enumerate(history):
-        ids[b, : len(h)] = torch.tensor(h, dtype=torch.int64)
-    seen = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=logits.device)
-    seen = seen.scatter(1, ids.to(logits.device), True)[:, :vocab]
     penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
     return torch.where(seen, penalised, logits)

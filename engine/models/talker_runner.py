@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.kv_cache import SlotKVCache, cache_kwarg
-from engine.models.sampler import RowSampling, RowTensors, sample_tensors
+from engine.models.sampler import RowSampling, RowTensors, penalise_seen, sample_tensors
 
 
 class TalkerRunner:
@@ -52,6 +52,9 @@ class TalkerRunner:
             dtype=self.dtype,
             device=self.device,
         )
+        # per slot, the codebook-0 ids its reply has produced (the repetition penalty's history), kept on
+        # the device: a step marks its tokens with one scatter, whatever the replies' lengths
+        self.seen_codes = torch.zeros(max_batch, vocab, dtype=torch.bool, device=self.device)
         self._cache_kw = cache_kwarg(talker.model)
         self._predictor_cache_kw = cache_kwarg(self.predictor.model)
         # set by engine/models/cuda_graphs.py when the profile allows graphs
@@ -165,6 +168,17 @@ class TalkerRunner:
             total = total + embed
             step_input = embed[:, None]
         return torch.stack(codes, dim=1), total
+
+    def forget_codes(self, slots: list[int]) -> None:
+        """New replies in these slots: nothing produced yet."""
+        self.seen_codes[torch.tensor(slots, device=self.device)] = False
+
+    def penalise_repeats(self, logits: torch.Tensor, slots: torch.Tensor, penalty: float) -> torch.Tensor:
+        """logits [B, V] of the replies in `slots` [B], with the ids each already produced penalised."""
+        return penalise_seen(logits, self.seen_codes[slots], penalty)
+
+    def remember_codes(self, slots: torch.Tensor, codes: torch.Tensor) -> None:
+        self.seen_codes[slots, codes] = True
 
     def mask_logits(self, logits: torch.Tensor, *, allow_eos: bool) -> torch.Tensor:
         suppress = self.suppress.clone() if not allow_eos else self.suppress

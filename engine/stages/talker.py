@@ -17,12 +17,23 @@ import torch
 
 from engine.handoff import CodecFrames, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
-from engine.models.sampler import RowSampling, apply_repetition_penalty, new_seed, sample
+from engine.models.sampler import RowSampling, new_seed, sample
 from engine.models.talker_runner import TalkerRunner
 from engine.profile import TalkerConfig
 from engine.stages.base import Report, Stage
 
 log = logging.getLogger(__name__)
+
+
+def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+    """Start copying a GPU tensor to the host; returns the copy and a wait for it (a no-op on the CPU)."""
+    if not tensor.is_cuda:
+        return tensor, lambda: None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done.synchronize
 
 
 @dataclass(slots=True)
@@ -38,7 +49,6 @@ class TalkerSeq:
     position: int = 0
     code0: torch.Tensor | None = None  # [] the next frame's codebook-0 id
     past_hidden: torch.Tensor | None = None  # [H]
-    history: list[int] = field(default_factory=list)
     frames: int = 0
 
     @property
@@ -134,6 +144,7 @@ class TalkerStage(Stage):
             prompts.append(self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker))
             seq.position = prompts[-1].shape[0]
         self.last_batch = [s.request_id for s in seqs]
+        self.runner.forget_codes([s.slot for s in seqs])
         logits, hidden = self.runner.prefill([s.slot for s in seqs], prompts)
         self._take_code0(seqs, logits, hidden)
         return self.last_batch
@@ -146,10 +157,13 @@ class TalkerStage(Stage):
         past_hidden = torch.stack([s.past_hidden for s in seqs])
         codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in seqs])
         inputs = codec_sum + self._next_text_rows(seqs)
-        for seq, frame in zip(seqs, codes.cpu()):  # one copy to the host for the batch
+        frames, copied = _to_host(codes)  # one copy for the batch, queued before the decode step
+        # the decode step is queued before the host waits for the codes: the GPU goes straight on
+        logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
+        copied()
+        for seq, frame in zip(seqs, frames):
             self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
             seq.frames += 1
-        logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
         for seq in seqs:
             seq.position += 1
         done = [s for s in seqs if s.frames >= self.cfg.max_frames or s.position >= self.runner.kv.max_len]
@@ -180,15 +194,16 @@ class TalkerStage(Stage):
         return torch.stack(rows)  # type: ignore[arg-type]
 
     def _take_code0(self, seqs: list[TalkerSeq], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        slots = torch.tensor([s.slot for s in seqs]).to(logits.device, non_blocking=True)
         logits = self.runner.mask_logits(logits, allow_eos=not self.cfg.ignore_eos)
-        logits = apply_repetition_penalty(logits, [s.history for s in seqs], self.cfg.sampling.repetition_penalty)
+        logits = self.runner.penalise_repeats(logits, slots, self.cfg.sampling.repetition_penalty)
         tokens = sample(logits, [s.sampling for s in seqs])
+        self.runner.remember_codes(slots, tokens)
         for seq, token_id, token, h in zip(seqs, tokens.tolist(), tokens, hidden):
             if token_id == self.runner.codec_eos_id:
                 self._finish(seq)
                 continue
             seq.code0, seq.past_hidden = token, h
-            seq.history.append(token_id)
 
     def _finish(self, seq: TalkerSeq) -> None:
         self.release(seq.request_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.sampler import RowSampling, apply_repetition_penalty, sample
+from engine.models.sampler import RowSampling, penalise_seen, sample
 
 
 def _logits(batch: int, vocab: int, seed: int) -> torch.Tensor:
@@ -48,7 +48,10 @@ def test_repetition_penalty_matches_transformers() -> None:
 
     logits = _logits(3, 50, 1)
     history = [[1, 2, 2], [], [49, 0]]
-    ours = apply_repetition_penalty(logits, history, 1.3)
+    seen = torch.zeros(3, 50, dtype=torch.bool)
+    for b, h in enumerate(history):
+        seen[b, h] = True
+    ours = penalise_seen(logits, seen, 1.3)
     processor = RepetitionPenaltyLogitsProcessor(1.3)
     for b, h in enumerate(history):
         expected = processor(torch.tensor([h or [0]]), logits[b : b + 1].clone()) if h else logits[b : b + 1]

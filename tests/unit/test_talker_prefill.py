@@ -45,3 +45,31 @@ def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) 
         assert torch.allclose(step_logits, logits, atol=1e-4) and torch.allclose(step_hidden, hidden, atol=1e-4)
         step = torch.randn(1, 64, generator=gen)
         assert torch.allclose(runner.decode([0], [13], step)[0], runner.decode([1], [13], step)[0], atol=1e-4)
+
+
+def test_repetition_history_on_the_device_follows_each_slots_reply(tiny_checkpoint: Path) -> None:
+    """The runner's per-slot table of produced codes penalises exactly what a per-reply list would."""
+    from engine.models.sampler import penalise_seen
+
+    loaded = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, 64, generator=gen), max_batch=4, max_len=64)
+        vocab = runner.seen_codes.shape[1]
+        histories: dict[int, list[int]] = {0: [], 2: [], 3: []}
+        runner.forget_codes(list(histories))
+        for step in range(6):
+            if step == 3:  # slot 2's reply ends; a new one takes the slot and starts with no history
+                runner.forget_codes([2])
+                histories[2] = []
+            slots = torch.tensor(list(histories))
+            logits = torch.randn(len(histories), vocab, generator=gen) * 3
+            expected_seen = torch.zeros(len(histories), vocab, dtype=torch.bool)
+            for row, history in enumerate(histories.values()):
+                expected_seen[row, history] = True
+            assert torch.equal(runner.penalise_repeats(logits, slots, 1.3), penalise_seen(logits, expected_seen, 1.3))
+            codes = torch.randint(0, 8, (len(histories),), generator=gen)  # few ids: repeats happen
+            runner.remember_codes(slots, codes)
+            for history, code in zip(histories.values(), codes.tolist()):
+                history.append(code)
+        assert runner.seen_codes[1].sum() == 0  # a slot no reply held
