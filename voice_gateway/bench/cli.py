@@ -104,32 +104,34 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
 
 def print_summary(result: BenchResult, console: Console) -> None:
     table = Table(title=f"bench {result.label} ({result.config['model']})")
-    for col in ("P", "C", "req/s", "fail", "TTFT mean/p99", "TTFP mean/p50/p99", "RTF mean/p99", "gap p99 ms",
-                "audio s", "underruns"):
+    for col in ("P", "C", "req/s", "fail", "TTFT mean/p99", "TTFP mean/p50/p99", "server TTFT/TTFP", "RTF mean/p99",
+                "gap p99 ms", "audio s", "underruns", "client lag p99 ms"):
         table.add_column(col, justify="right")
     for lv in result.levels:
         table.add_row(str(lv.prompt_words), str(lv.concurrency), _fmt(lv.req_per_s, ".2f"), str(lv.failures),
                       f"{_fmt(lv.ttft_s.mean)}/{_fmt(lv.ttft_s.p99)}",
                       f"{_fmt(lv.ttfp_s.mean)}/{_fmt(lv.ttfp_s.p50)}/{_fmt(lv.ttfp_s.p99)}",
+                      f"{_fmt(lv.server_ttft_mean_s)}/{_fmt(lv.server_ttfp_mean_s)}",
                       f"{_fmt(lv.rtf.mean)}/{_fmt(lv.rtf.p99)}", _fmt(lv.chunk_gap_ms.p99, ".0f"),
-                      _fmt(lv.audio_s_mean, ".2f"), f"{lv.underruns} ({lv.underrun_requests} req)")
+                      _fmt(lv.audio_s_mean, ".2f"), f"{lv.underruns} ({lv.underrun_requests} req)",
+                      _fmt(lv.client_lag_ms.p99, ".1f"))
     console.print(table)
 
 
 def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:
     table = Table(title="ladder: each row at its highest concurrency")
-    for col in ("row", "status", "P", "C", "req/s", "TTFP mean", "TTFP p99", "RTF mean", "fail"):
+    for col in ("row", "status", "P", "C", "req/s", "TTFP mean", "TTFP p99", "server TTFP", "RTF mean", "fail"):
         table.add_column(col, justify="left" if col in ("row", "status") else "right")
     for row in rows:
         top = max((lv["concurrency"] for lv in row["levels"]), default=None)
         status = row["status"] if row["status"] == "ok" else f"[red]{row['status']}[/]"
         shown = [lv for lv in row["levels"] if lv["concurrency"] == top]
         if not shown:
-            table.add_row(row["name"], status, *["-"] * 7)
+            table.add_row(row["name"], status, *["-"] * 8)
         for lv in shown:
             table.add_row(row["name"], status, str(lv["prompt_words"]), str(lv["concurrency"]),
                           _fmt(lv["req_per_s"], ".2f"), _fmt(lv["ttfp_s"]["mean"]), _fmt(lv["ttfp_s"]["p99"]),
-                          _fmt(lv["rtf"]["mean"]), str(lv["failures"]))
+                          _fmt(lv.get("server_ttfp_mean_s")), _fmt(lv["rtf"]["mean"]), str(lv["failures"]))
     console.print(table)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,13 @@ class LevelResult:
     underrun_requests: int  # replies that stalled at least once
     stall_ms_mean: float | None
     records: list[RequestRecord]
+    # the server's own view (its /metrics, engine submit to first event), when it exports one:
+    # the gap to ttft_s/ttfp_s is what HTTP, the event loop and the client add
+    server_ttft_mean_s: float | None = None
+    server_ttfp_mean_s: float | None = None
+    # how late this client's own event loop woke for a 5 ms timer meanwhile: when it is busy, every
+    # client-side time above is late by about this much
+    client_lag_ms: Stat = field(default_factory=Stat)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import Progress
 
@@ -22,7 +23,7 @@ from voice_gateway.bench.config import BenchConfig, BenchError
 from voice_gateway.bench.machine import machine_info
 from voice_gateway.bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from voice_gateway.bench.plots import plot_runs
-from voice_gateway.bench.stats import LevelResult, summarize_level
+from voice_gateway.bench.stats import LevelResult, Stat, summarize_level
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,43 @@ async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, 
     if failed := [r.error for r in warm if not r.ok]:
         log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
                     failed[0])
+    before = await engine_latency_sums(client)
+    lags: list[float] = []
+    watch = asyncio.create_task(_watch_loop_lag(lags))
     t0 = time.perf_counter()
-    records = await _run_pool(client, config, model, concurrency, range(n), concurrency, prompt_words, advance)
-    return summarize_level(concurrency, records, time.perf_counter() - t0, prompt_words)
+    try:
+        records = await _run_pool(client, config, model, concurrency, range(n), concurrency, prompt_words, advance)
+    finally:
+        watch.cancel()
+    level = summarize_level(concurrency, records, time.perf_counter() - t0, prompt_words)
+    after = await engine_latency_sums(client)
+    means = {name: (after[name][0] - before[name][0]) / count
+             for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
+    return replace(level, server_ttft_mean_s=means.get("engine_ttft_seconds"),
+                   server_ttfp_mean_s=means.get("engine_ttfp_seconds"), client_lag_ms=Stat.of(lags))
+
+
+async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lags.append(1000 * (time.perf_counter() - t - period_s))
+
+
+async def engine_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's TTFT and TTFP histograms from its /metrics; empty when it has none."""
+    try:
+        resp = await client.get("/metrics")
+        resp.raise_for_status()
+        families = list(text_string_to_metric_families(resp.text))
+    except (httpx.HTTPError, ValueError):
+        return {}
+    sums: dict[str, tuple[float, float]] = {}
+    for family in families:
+        if family.name in ("engine_ttft_seconds", "engine_ttfp_seconds"):
+            values = {sample.name: sample.value for sample in family.samples}
+            sums[family.name] = (values[f"{family.name}_sum"], values[f"{family.name}_count"])
+    return sums
 
 
 async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:
