@@ -3,8 +3,9 @@
 Thinker -> Talker: the prompt's rows first (`ThinkerPrompt`), then one row per
 decoded token (`ThinkerToken`), then `ThinkerDone`; so the Talker starts while
 the Thinker still decodes. Talker -> Code2Wav: codec frames (`CodecFrames`) as
-they are produced; Code2Wav cuts them into chunks itself. Stages never import
-each other: they meet here.
+they are produced; Code2Wav cuts them into chunks itself. Talker -> Thinker, when
+the Thinker paces itself: which replies' text the Talker consumed (`SpeechProgress`).
+Stages never import each other: they meet here.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ class CodecFrames:
     request_id: str
     frames: torch.Tensor  # [num_quantizers, T] codes
     is_final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechProgress:
+    """Talker -> Thinker after a step: the replies that consumed one text row, and those the Talker
+    finished (which need no more pacing). About many requests, so it carries no `request_id`."""
+
+    consumed: tuple[str, ...]
+    finished: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

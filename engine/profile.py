@@ -67,6 +67,13 @@ class ThinkerConfig:
     # with graphs on: decoder layers through torch.compile while the decode graphs are captured
     # (fuses each layer's small kernels; compiles at start-up, never while serving)
     compile_decode: bool = False
+    # prefill buckets x1.5 apart, not x2 (lengths 32, 48, 64, 96, ...; prompts 1, 2, 3, 4, 6, 8, 12, ...):
+    # less padding for about three times the graphs
+    fine_prefill_buckets: bool = False
+    # with audio out: decode only while some reply's text is fewer than this many tokens ahead of what
+    # its Talker has consumed (0: never wait). Text runs ~2x faster than speech; the steps that
+    # outrun it only take the GPU from the stages that make the audio.
+    pace_text_lead: int = field(default=0, metadata=_at_least(0))
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -86,6 +93,7 @@ class TalkerConfig:
     graph_prefill: bool = False  # as the Thinker's
     graph_prefill_groups: bool = False  # as the Thinker's, up to max_prefill_batch prompts
     compile_decode: bool = False  # as the Thinker's
+    fine_prefill_buckets: bool = False  # as the Thinker's
     default_speaker: str = "ethan"
     sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.9, top_p=1.0, top_k=50, repetition_penalty=1.05)

@@ -124,7 +124,8 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
         _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill,
                                            groups=cfg.graph_prefill_groups, max_group=cfg.max_prefill_batch,
-                                           compile_decode=cfg.compile_decode), runner)
+                                           compile_decode=cfg.compile_decode,
+                                           fine_prefill=cfg.fine_prefill_buckets), runner)
     return runner
 
 
@@ -205,7 +206,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         _graphs_or_eager("thinker", partial(apply_thinker_graphs, prefill=thinker_cfg.graph_prefill,
                                             groups=thinker_cfg.graph_prefill_groups,
                                             max_tokens=thinker_cfg.prefill_token_budget,
-                                            compile_decode=thinker_cfg.compile_decode), thinker_runner)
+                                            compile_decode=thinker_cfg.compile_decode,
+                                            fine_prefill=thinker_cfg.fine_prefill_buckets), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
     to_talker = _unbound_report
@@ -234,6 +236,10 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     thinker_stage = ThinkerStage(
         thinker_runner, stages_cfg.thinker, tokenizer, eos_ids, to_talker, _unbound_report, metrics
     )
+    if stages_cfg.thinker.pace_text_lead:
+        for stage in stages.values():
+            if isinstance(stage, TalkerStage):
+                stage.to_thinker = thinker_stage.inbox.put
     speakers = tuple(sorted((config.talker_config.speaker_id or {}) if has_talker else {}))
     info = ModelInfo(
         model_id=model,

@@ -3,6 +3,7 @@
 A request is prefilled once its prompt rows and first text token have arrived.
 Each later step consumes one more text row (or tts_eos, then tts_pad once the
 Thinker is done); a request whose next row has not arrived sits the step out.
+When the Thinker paces itself, each step tells it which replies consumed a row.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.handoff import CodecFrames, ThinkerDone, ThinkerPrompt, ThinkerToken
+from engine.handoff import CodecFrames, SpeechProgress, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
 from engine.models.sampler import RowSampling, new_seed, sample
 from engine.models.talker_runner import TalkerRunner
@@ -77,6 +78,9 @@ class TalkerStage(Stage):
         self.pending: dict[str, TalkerSeq] = {}
         self.running: dict[str, TalkerSeq] = {}
         self.last_batch: list[str] = []
+        self.to_thinker: Callable[[SpeechProgress], None] | None = None  # set when the Thinker paces itself
+        self._consumed: list[str] = []  # this step's, for the next SpeechProgress
+        self._finished: list[str] = []
 
     def accept(self, item: Any) -> None:
         if isinstance(item, ThinkerPrompt):
@@ -128,10 +132,13 @@ class TalkerStage(Stage):
         return len(self.running)
 
     def step(self) -> list[str]:
+        self._consumed.clear()  # a failed step's are void
+        self._finished.clear()
         seqs = self._prefillable()
-        if seqs:
-            return self._prefill(seqs)
-        return self._decode(self._ready())
+        batch = self._prefill(seqs) if seqs else self._decode(self._ready())
+        if self.to_thinker is not None and (self._consumed or self._finished):
+            self.to_thinker(SpeechProgress(tuple(self._consumed), tuple(self._finished)))
+        return batch
 
     def _prefill(self, seqs: list[TalkerSeq]) -> list[str]:
         prompts = []
@@ -143,6 +150,7 @@ class TalkerStage(Stage):
             assert seq.first_text is not None
             prompts.append(self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker))
             seq.position = prompts[-1].shape[0]
+            self._consumed.append(seq.request_id)  # its first text row is in the prompt
         self.last_batch = [s.request_id for s in seqs]
         self.runner.forget_codes([s.slot for s in seqs])
         logits, hidden = self.runner.prefill([s.slot for s in seqs], prompts)
@@ -182,6 +190,7 @@ class TalkerStage(Stage):
             if seq.text_rows:
                 fresh.append((i, seq.text_rows.popleft()))
                 rows.append(None)
+                self._consumed.append(seq.request_id)
             elif not seq.eos_fed:
                 seq.eos_fed = True
                 rows.append(self.runner.tts_eos)
@@ -207,4 +216,5 @@ class TalkerStage(Stage):
 
     def _finish(self, seq: TalkerSeq) -> None:
         self.release(seq.request_id)
+        self._finished.append(seq.request_id)
         self.to_code2wav(CodecFrames(seq.request_id, torch.zeros(self.runner.num_code_groups, 0, dtype=torch.long), True))

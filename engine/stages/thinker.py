@@ -1,4 +1,10 @@
-"""Thinker stage: schedules prefill and batched decode, streams text, feeds the Talker row by row."""
+"""Thinker stage: schedules prefill and batched decode, streams text, feeds the Talker row by row.
+
+With `pace_text_lead`, a decode step runs only while some reply's text is less than that many
+tokens ahead of its speech (what the Talker reports it consumed): every reply still gets a
+token per step, but the Thinker no longer races ahead taking GPU time the Talker and Code2Wav
+need, and each step it does take serves a larger batch.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ from typing import Any
 import torch
 
 from engine.api import TextDelta
-from engine.handoff import ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
+from engine.handoff import SpeechProgress, ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
 from engine.models.sampler import RowSampling, new_seed, sample
 from engine.models.thinker_runner import ThinkerRunner
@@ -32,6 +38,8 @@ class ThinkerSeq:
     # [text_from, text_to) were decoded last time and give the context for the next piece
     text_from: int = 0
     text_to: int = 0
+    spoken: int = 0  # text rows the Talker has consumed (when pacing)
+    talker_done: bool = False
 
 
 class ThinkerStage(Stage):
@@ -59,7 +67,15 @@ class ThinkerStage(Stage):
         self.running: dict[str, ThinkerSeq] = {}
         self.last_batch: list[str] = []
 
-    def accept(self, item: ThinkerJob) -> None:
+    def accept(self, item: ThinkerJob | SpeechProgress) -> None:
+        if isinstance(item, SpeechProgress):
+            for request_id in item.consumed:
+                if (seq := self.running.get(request_id)) is not None:
+                    seq.spoken += 1
+            for request_id in item.finished:
+                if (seq := self.running.get(request_id)) is not None:
+                    seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
+            return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
         self.waiting.append(ThinkerSeq(job=item, sampling=sampling))
 
@@ -70,7 +86,14 @@ class ThinkerStage(Stage):
             self.runner.kv.free(seq.slot)
 
     def has_work(self) -> bool:
-        return bool(self.running) or (bool(self.waiting) and self.runner.kv.num_free > 0)
+        return self._wants_decode() or (bool(self.waiting) and self.runner.kv.num_free > 0)
+
+    def _wants_decode(self) -> bool:
+        lead = self.cfg.pace_text_lead
+        return any(
+            not lead or not s.job.want_audio or s.talker_done or len(s.generated) - s.spoken < lead
+            for s in self.running.values()
+        )
 
     def num_waiting(self) -> int:
         return len(self.waiting)
@@ -80,6 +103,7 @@ class ThinkerStage(Stage):
 
     def step(self) -> list[str]:
         # prefill first: a new request's first token matters more than one more token for the others
+        # (and `has_work` said a decode is wanted when this is not so)
         if self.waiting and self.runner.kv.num_free > 0:
             return self._prefill(self._take_prefill_group())
         return self._decode()
