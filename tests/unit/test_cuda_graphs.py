@@ -92,8 +92,9 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         eager = runner.prefill([0, 2, 4], group, [[], [], []], want_hidden=True)
         eager_keys = runner.kv.keys[0][[0, 2, 4], :, :14].clone()
         hidden_size = runner.text_model.embed_tokens.embedding_dim
-        # (4, 16) holds the group with one padding prompt; (2, 16) alone would split it in two runs
-        for batches in ((1, 2, 4), (1, 2)):
+        # (4, 16) holds the group with one padding prompt; (2, 16) alone would split it in two runs;
+        # (3, 16), a fine bucket, holds it exactly
+        for batches in ((1, 2, 4), (1, 2), (1, 2, 3)):
             runner.kv.keys[0].zero_()
             runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
                                                     lengths=(16, 64), batches=batches, max_tokens=64)

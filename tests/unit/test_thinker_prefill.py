@@ -78,3 +78,18 @@ def test_prefill_plan_splits_groups_into_captured_runs() -> None:
     assert plan_prefill(groups, [20, 30, 5]) == [slice(0, 4)]
     assert plan_prefill(groups, [20, 40, 5]) == [slice(0, 2), slice(2, 4)]  # at 64 tokens, two prompts a replay
     assert plan_prefill(groups, [3] * 9) == [slice(0, 4), slice(4, 8), slice(8, 12)]
+
+
+def test_fine_prefill_buckets_pad_less() -> None:
+    from engine.models.cuda_graphs import GROUP_TOKENS, _prefill_shapes, plan_prefill, prefill_bucket
+
+    def shapes(fine: bool) -> list[tuple[int, int]]:
+        sizes = _prefill_shapes(True, fine, 64)
+        return [(b, n) for b in sizes["batches"] for n in sizes["lengths"] if b == 1 or b * n <= GROUP_TOKENS]
+
+    lengths = [44] * 40  # a burst of the bench's prompts
+    assert plan_prefill(shapes(False), lengths) == plan_prefill(shapes(True), lengths) == [slice(0, 64)]
+    assert prefill_bucket(shapes(False), 40, 44) == (64, 64)
+    assert prefill_bucket(shapes(True), 40, 44) == (48, 48)  # 2304 rows, not 4096
+    assert prefill_bucket(shapes(True), 1, 100) == (1, 128) and prefill_bucket(shapes(True), 5, 20) == (6, 32)
+    assert _prefill_shapes(False, True, 64)["batches"] == (1,)
