@@ -34,6 +34,10 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offer WebRTC ICE candidates on this address only (repeatable; "
                         "default: every interface but loopback)")
     parser.add_argument("--log-level", default="info")
+    # uvicorn's own choices; "auto" takes uvloop and httptools (installed with us) over asyncio and h11
+    # (at c=64 the pure-Python pair cost ~0.2 s of each reply's first packet before the engine saw it)
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop")
+    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -69,6 +73,8 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
+        loop=args.loop,
+        http=args.http,
         # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
         ws_max_size=32 * 1024 * 1024,
     )

