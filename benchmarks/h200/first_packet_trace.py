@@ -7,6 +7,10 @@ closed loop while the traced one is made (what a reply meets at concurrency N + 
 on chunk shapes it has not seen yet (new batch sizes), to show what a first-seen shape costs.
 
     PYTHONPATH=. python3 benchmarks/h200/first_packet_trace.py --profile benchmarks/h200/dummy-stage-streams.yaml --out trace.json
+
+With --closed-loop C, runs a bench level in-process instead: C workers start at once, each sending
+its next reply when the last ends; prints TTFT/TTFP of the first wave (a burst) and of the later
+replies, and keeps the first wave's stage timeline.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from engine.api import (
 )
 from engine.models.code2wav_stream import StreamBatch
 
-EVENTS: list[tuple[float, str, float, int]] = []  # (start s, stage, duration ms, batch)
+EVENTS: list[tuple[float, str, float, int, bool]] = []  # (start s, stage, duration ms, batch, has the traced reply)
+TRACED = "t9"
 
 
 def traced(stage) -> None:
@@ -40,7 +45,7 @@ def traced(stage) -> None:
     def wrapper():
         t0 = time.perf_counter()
         ids = step()  # host time: a step's own host syncs are inside it
-        EVENTS.append((t0, stage.name, 1000 * (time.perf_counter() - t0), len(ids)))
+        EVENTS.append((t0, stage.name, 1000 * (time.perf_counter() - t0), len(ids), TRACED in ids))
         return ids
 
     stage.step = wrapper
@@ -66,7 +71,41 @@ async def loop_replies(engine, i: int, stop: asyncio.Event) -> None:
         await one(engine, 1000 + i)
 
 
-async def run(profile_path: Path, model: str, background: int) -> dict:
+def summary_ms(marks: list[dict], key: str) -> dict:
+    values = sorted(1000 * (m[key] - m["submit"]) for m in marks)
+    return {"mean": round(sum(values) / len(values), 1), "p50": round(values[len(values) // 2], 1),
+            "max": round(values[-1], 1)}
+
+
+async def closed_loop(engine, concurrency: int, requests: int) -> dict:
+    """What `voice-gateway bench` does at one level, in-process: `concurrency` workers start together
+    (a burst) and each sends its next reply when the last one ends. Keeps the first wave's timeline."""
+    for stage in engine.stages.values():
+        traced(stage)
+    EVENTS.clear()
+    pending = iter(range(requests))
+    marks: list[dict] = []
+
+    async def worker() -> None:
+        for i in pending:
+            marks.append({"index": i, **await one(engine, 2000 + i)})
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    first_wave = [m for m in marks if m["index"] < concurrency]
+    end = max(m["first_audio"] for m in first_wave)
+    timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b}
+                for t, s, d, b, _ in sorted(EVENTS) if t0 <= t < end + 0.02]
+    result = {"concurrency": concurrency, "requests": requests, "req_per_s": round(requests / wall, 2)}
+    for name, group in (("all", marks), ("first_wave", first_wave), ("later", [m for m in marks if m not in first_wave])):
+        if group:
+            result[name] = {k: summary_ms(group, k) for k in ("first_text", "first_audio")}
+    result["first_wave_timeline"] = timeline
+    return result
+
+
+async def run(profile_path: Path, model: str, background: int, replies: int, loop: tuple[int, int] | None) -> dict:
     engine = create_engine(model, load_profile(profile_path, model=model), None)
     await engine.start()
     stages = engine.stages
@@ -74,6 +113,8 @@ async def run(profile_path: Path, model: str, background: int) -> dict:
     try:
         for i in range(2):
             await one(engine, i)
+        if loop is not None:
+            return await closed_loop(engine, *loop)
         stop = asyncio.Event()
         others = []
         for i in range(background):  # staggered, as a closed loop's arrivals are once it runs
@@ -83,19 +124,25 @@ async def run(profile_path: Path, model: str, background: int) -> dict:
             await asyncio.sleep(6.0)
         for stage in stages.values():
             traced(stage)
+        earlier = []  # more traced replies before the one whose timeline is kept: one reply is noisy
+        for i in range(replies - 1):
+            m = await one(engine, 100 + i)
+            earlier.append({k: round(1000 * (v - m["submit"]), 1) for k, v in m.items()})
         EVENTS.clear()
-        marks = await one(engine, 9)
+        marks = await one(engine, int(TRACED[1:]))
         stop.set()
         await asyncio.gather(*others)
         t0 = marks["submit"]
-        window = [(t, s, d, b) for t, s, d, b in sorted(EVENTS) if t0 <= t < marks["first_audio"] + 0.05]
-        timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b} for t, s, d, b in window]
+        window = [e for e in sorted(EVENTS) if t0 <= e[0] < marks["first_audio"] + 0.05]
+        timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b, "traced": mine}
+                    for t, s, d, b, mine in window]
         per_stage = {}
-        for _, s, d, _ in window:
+        for _, s, d, _, _ in window:
             entry = per_stage.setdefault(s, {"steps": 0, "ms": 0.0})
             entry["steps"] += 1
             entry["ms"] = round(entry["ms"] + d, 1)
         result = {"background": background, "marks_ms": {k: round(1000 * (v - t0), 1) for k, v in marks.items()},
+                  "earlier_replies_marks_ms": earlier,
                   "per_stage": per_stage, "timeline": timeline}
         code2wav = stages["code2wav"]
         cold = []
@@ -119,9 +166,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="dummy")
     parser.add_argument("--background", type=int, default=0, help="other replies in a closed loop meanwhile")
+    parser.add_argument("--replies", type=int, default=1, help="traced replies in turn; the last one's timeline is kept")
+    parser.add_argument("--closed-loop", type=int, default=0, metavar="C",
+                        help="instead: C workers in a closed loop, as the bench runs a level (a burst first)")
+    parser.add_argument("--requests", type=int, default=0, help="replies in the closed loop (default 2 x C)")
     args = parser.parse_args()
-    result = asyncio.run(run(args.profile, args.model, args.background))
-    print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, indent=1))
+    loop = (args.closed_loop, args.requests or 2 * args.closed_loop) if args.closed_loop else None
+    result = asyncio.run(run(args.profile, args.model, args.background, args.replies, loop))
+    print(json.dumps({k: v for k, v in result.items() if "timeline" not in k}, indent=1))
     args.out.write_text(json.dumps(result, indent=1))
 
 

@@ -22,7 +22,6 @@ from engine.models.build import build_engine_parts
 from engine.models.code2wav_stream import StreamBatch
 from engine.models.sampler import RowSampling, sample
 
-
 KERNELS_AT = 64  # with --kernels, the batch whose steps are profiled kernel by kernel
 
 
