@@ -31,12 +31,14 @@ def test_shipped_ladders_parse() -> None:
                                           "streaming-code2wav", "fused-moe", "decode-attention", "code2wav-buckets",
                                           "stage-streams", "graphed-code2wav", "compiled-predictor",
                                           "graphed-prefill", "chunk-ramp", "replicas", "prefill-groups",
-                                          "compiled-decode", "gpu-profile"]
+                                          "compiled-decode", "gpu-profile", "text-pacing", "fine-prefill", "http-stack",
+                                          "first-chunk-2", "unpaced"]
     assert h200.bench["concurrency"] == [1, 16, 32, 64] and h200.bench["max_tokens"] == 40
     for row in h200.rows:  # every profile a row names exists, and the baseline is the generate() backend
         config = Path(row.serve[row.serve.index("--deploy-config") + 1])
         assert (REPO / config).is_file(), config
-    assert h200.rows[0].serve == ["dummy", "--deploy-config", "benchmarks/h200/generate-baseline.yaml"]
+    assert h200.rows[0].serve == ["dummy", "--deploy-config", "benchmarks/h200/generate-baseline.yaml",
+                                  "--http", "h11", "--loop", "asyncio"]
     cpu = load_ladder(REPO / "benchmarks/cpu-tiny/ladder.yaml")
     assert len(cpu.rows) == 3 and "generate-baseline" in cpu.rows[0].serve[-1]
 

@@ -23,6 +23,21 @@ def test_platform_delta_is_merged() -> None:
     assert cuda.stages.thinker.device == "cuda" and cuda.stages.thinker.dtype == "bfloat16"
 
 
+def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
+    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rung 22 (http-stack) measured."""
+    shipped = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
+    measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-fine-prefill.yaml", model="dummy")
+    switches = ("enforce_eager", "moe_implementation", "decode_attention", "graph_prefill", "graph_prefill_groups",
+                "fine_prefill_buckets", "compile_decode")
+    for stage in ("thinker", "talker"):
+        for key in switches:
+            assert getattr(getattr(shipped.stages, stage), key) == getattr(getattr(measured.stages, stage), key), key
+    assert shipped.stages.thinker.pace_text_lead == measured.stages.thinker.pace_text_lead == 5
+    assert shipped.stages.talker.code_predictor == measured.stages.talker.code_predictor
+    assert shipped.stages.own_cuda_streams == measured.stages.own_cuda_streams
+    assert shipped.async_chunk == measured.async_chunk
+
+
 def test_stage_overrides_refine_one_key() -> None:
     profile = load_profile(model="tiny", platform="cpu", stage_overrides='{"talker": {"max_batch": 3}}')
     assert profile.stages.talker.max_batch == 3
