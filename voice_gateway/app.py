@@ -11,6 +11,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.api import Engine
 from voice_gateway.config import GatewayConfig
@@ -22,6 +23,19 @@ from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+class StampArrival:
+    """Pure ASGI middleware: marks when the server hands a request to the app (`request.state.received_at`),
+    before its body is read and validated, so latency metrics can start there."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["received_at"] = time.perf_counter()
+        await self.app(scope, receive, send)
 
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:
@@ -53,6 +67,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.state.calls = set()
     app.state.started_at = int(time.time())
     install_error_handlers(app)
+    app.add_middleware(StampArrival)
     app.include_router(chat_router, dependencies=[Depends(require_api_key)])
     app.include_router(realtime_router)
     app.include_router(webrtc_router)

@@ -1,4 +1,4 @@
-"""Gateway metrics (sessions, turn latency, cancellations); the engine keeps its own registry."""
+"""Gateway metrics (sessions, turn latency, chat first-chunk latency, cancellations); the engine keeps its own registry."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ class GatewayMetrics:
         )
         self.protocol_errors = Counter("gateway_protocol_errors", "Error events sent to clients", ["code"], registry=r)
         self.refused_sessions = Counter("gateway_refused_sessions", "Sessions refused at connect", ["reason"], registry=r)
+        # against engine_ttft/ttfp_seconds (from submit to the engine's event): what the HTTP side adds
+        self.chat_ttft = Histogram(
+            "gateway_chat_ttft_seconds", "Chat completion: request handed to the app to its first text chunk written",
+            buckets=_TURN_BUCKETS_S, registry=r,
+        )
+        self.chat_ttfp = Histogram(
+            "gateway_chat_ttfp_seconds", "Chat completion: request handed to the app to its first audio chunk written",
+            buckets=_TURN_BUCKETS_S, registry=r,
+        )

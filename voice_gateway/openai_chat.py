@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from engine.api import (
 )
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio, float_to_pcm16
 from voice_gateway.errors import APIError
+from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.openai_models import ChatCompletionRequest, ChatMessage, InputAudioContent
 
 log = logging.getLogger(__name__)
@@ -98,8 +100,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         raise APIError(400, str(e), code=e.code) from e
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        received_at = getattr(request.state, "received_at", time.perf_counter())
         return StreamingResponse(
-            _sse(stream, body.model, want_audio, include_usage), media_type="text/event-stream"
+            _sse(stream, body.model, want_audio, include_usage, FirstChunks(received_at, request.app.state.gateway_metrics)),
+            media_type="text/event-stream",
         )
     watcher = asyncio.create_task(_abort_on_disconnect(request, stream))
     try:
@@ -194,7 +198,27 @@ async def _collect(stream, model: str, want_audio: bool, audio_format: str) -> J
     )
 
 
-async def _sse(stream, model: str, want_audio: bool, include_usage: bool) -> AsyncIterator[bytes]:
+@dataclass(slots=True)
+class FirstChunks:
+    """Observes the first text and the first audio chunk of one streamed reply, from its arrival."""
+
+    received_at: float
+    metrics: GatewayMetrics
+    text_seen: bool = False
+    audio_seen: bool = False
+
+    def text(self) -> None:
+        if not self.text_seen:
+            self.text_seen = True
+            self.metrics.chat_ttft.observe(time.perf_counter() - self.received_at)
+
+    def audio(self) -> None:
+        if not self.audio_seen:
+            self.audio_seen = True
+            self.metrics.chat_ttfp.observe(time.perf_counter() - self.received_at)
+
+
+async def _sse(stream, model: str, want_audio: bool, include_usage: bool, first: FirstChunks) -> AsyncIterator[bytes]:
     created = int(time.time())
     audio_id = f"audio_{uuid.uuid4().hex}"
 
@@ -217,9 +241,11 @@ async def _sse(stream, model: str, want_audio: bool, include_usage: bool) -> Asy
             if isinstance(event, TextDelta):
                 # With audio, OpenAI streams the text as the audio's transcript.
                 yield chunk({"audio": {"transcript": event.text}} if want_audio else {"content": event.text})
+                first.text()  # back here once the chunk is written
             elif isinstance(event, AudioChunk):
                 data = base64.b64encode(float_to_pcm16(event.samples)).decode()
                 yield chunk({"audio": {"data": data, "expires_at": created + AUDIO_TTL_S}})
+                first.audio()
             elif isinstance(event, Finished):
                 yield chunk({}, event.finish_reason)
                 if include_usage:

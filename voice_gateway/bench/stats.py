@@ -53,6 +53,9 @@ class LevelResult:
     # the gap to ttft_s/ttfp_s is what HTTP, the event loop and the client add
     server_ttft_mean_s: float | None = None
     server_ttfp_mean_s: float | None = None
+    # ... and from the request's arrival in the app to the chunk written: adds the HTTP side's share
+    server_http_ttft_mean_s: float | None = None
+    server_http_ttfp_mean_s: float | None = None
     # how late this client's own event loop woke for a 5 ms timer meanwhile: when it is busy, every
     # client-side time above is late by about this much
     client_lag_ms: Stat = field(default_factory=Stat)

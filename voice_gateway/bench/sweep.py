@@ -130,7 +130,9 @@ async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, 
     means = {name: (after[name][0] - before[name][0]) / count
              for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
     return replace(level, server_ttft_mean_s=means.get("engine_ttft_seconds"),
-                   server_ttfp_mean_s=means.get("engine_ttfp_seconds"), client_lag_ms=Stat.of(lags))
+                   server_ttfp_mean_s=means.get("engine_ttfp_seconds"),
+                   server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
+                   server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
 
 
 async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
@@ -140,8 +142,13 @@ async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
         lags.append(1000 * (time.perf_counter() - t - period_s))
 
 
+_LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
+                       "gateway_chat_ttfp_seconds")
+
+
 async def engine_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
-    """(sum, count) of the server's TTFT and TTFP histograms from its /metrics; empty when it has none."""
+    """(sum, count) of the server's TTFT and TTFP histograms from its /metrics (the engine's, from
+    submit, and the gateway's, from the request's arrival); empty when it has none."""
     try:
         resp = await client.get("/metrics")
         resp.raise_for_status()
@@ -150,7 +157,7 @@ async def engine_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[floa
         return {}
     sums: dict[str, tuple[float, float]] = {}
     for family in families:
-        if family.name in ("engine_ttft_seconds", "engine_ttfp_seconds"):
+        if family.name in _LATENCY_HISTOGRAMS:
             values = {sample.name: sample.value for sample in family.samples}
             sums[family.name] = (values[f"{family.name}_sum"], values[f"{family.name}_count"])
     return sums
