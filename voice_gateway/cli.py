@@ -35,7 +35,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "default: every interface but loopback)")
     parser.add_argument("--log-level", default="info")
     # uvicorn's own choices; "auto" takes uvloop and httptools (installed with us) over asyncio and h11
-    # (at c=64 the pure-Python pair cost ~0.2 s of each reply's first packet before the engine saw it)
+    # (H200 ladder rung 22: at c=64, 19.4 -> 20.1 req/s and mean first packet 0.59 -> 0.50 s)
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop")
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
 

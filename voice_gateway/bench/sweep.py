@@ -117,7 +117,7 @@ async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, 
     if failed := [r.error for r in warm if not r.ok]:
         log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
                     failed[0])
-    before = await engine_latency_sums(client)
+    before = await server_latency_sums(client)
     lags: list[float] = []
     watch = asyncio.create_task(_watch_loop_lag(lags))
     t0 = time.perf_counter()
@@ -126,7 +126,7 @@ async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, 
     finally:
         watch.cancel()
     level = summarize_level(concurrency, records, time.perf_counter() - t0, prompt_words)
-    after = await engine_latency_sums(client)
+    after = await server_latency_sums(client)
     means = {name: (after[name][0] - before[name][0]) / count
              for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
     return replace(level, server_ttft_mean_s=means.get("engine_ttft_seconds"),
@@ -146,7 +146,7 @@ _LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_ch
                        "gateway_chat_ttfp_seconds")
 
 
-async def engine_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
+async def server_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
     """(sum, count) of the server's TTFT and TTFP histograms from its /metrics (the engine's, from
     submit, and the gateway's, from the request's arrival); empty when it has none."""
     try:
