@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine.handoff import Abort, Inbox, SpeechProgress, StageFailed
+from engine.handoff import Abort, Inbox, StageFailed
 from engine.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,8 @@ class Stage(ABC):
                 for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):
                     if isinstance(item, Abort):
                         self._forget(item.request_id)
-                    elif isinstance(item, SpeechProgress) or item.request_id not in self._aborted:
+                    # a payload about many requests (no `request_id`) is never an aborted one's
+                    elif getattr(item, "request_id", None) not in self._aborted:
                         self._accept_safely(item)
                 if self.has_work():
                     self._step_safely()

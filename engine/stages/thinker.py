@@ -90,9 +90,10 @@ class ThinkerStage(Stage):
 
     def _wants_decode(self) -> bool:
         lead = self.cfg.pace_text_lead
+        if not lead:
+            return bool(self.running)
         return any(
-            not lead or not s.job.want_audio or s.talker_done or len(s.generated) - s.spoken < lead
-            for s in self.running.values()
+            not s.job.want_audio or s.talker_done or len(s.generated) - s.spoken < lead for s in self.running.values()
         )
 
     def num_waiting(self) -> int:
