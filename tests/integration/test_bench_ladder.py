@@ -62,6 +62,8 @@ rows:
             assert 0 < lv["server_ttft_mean_s"] <= lv["server_http_ttft_mean_s"] <= lv["ttft_s"]["mean"]
             assert 0 < lv["server_ttfp_mean_s"] <= lv["server_http_ttfp_mean_s"] <= lv["ttfp_s"]["mean"]
             assert lv["client_lag_ms"]["p99"] >= lv["client_lag_ms"]["mean"] >= -1  # sampled while it ran
+            # the headers leave once the engine took the request, before its first text
+            assert 0 < lv["headers_s"]["mean"] <= lv["ttft_s"]["mean"]
             # fixed length: max_tokens text tokens and the profile's codec frames, in both backends
             assert lv["audio_frames_mean"] == FRAMES and lv["completion_tokens_mean"] == TEXT_TOKENS + FRAMES
 

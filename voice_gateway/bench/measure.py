@@ -25,6 +25,7 @@ class RequestRecord:
     ok: bool = False
     error: str | None = None
     status: int | None = None
+    headers_s: float | None = None  # the response's status line and headers
     ttft_s: float | None = None
     ttfp_s: float | None = None
     latency_s: float | None = None

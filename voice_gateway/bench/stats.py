@@ -59,6 +59,9 @@ class LevelResult:
     # how late this client's own event loop woke for a 5 ms timer meanwhile: when it is busy, every
     # client-side time above is late by about this much
     client_lag_ms: Stat = field(default_factory=Stat)
+    # request sent -> response headers: the server sends them once the engine took the request, so
+    # a large value here is the request's way in (client pool, connect, the server's accept)
+    headers_s: Stat = field(default_factory=Stat)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -83,5 +86,5 @@ def summarize_level(concurrency: int, records: list[RequestRecord], wall_s: floa
         underruns=sum(r.underruns for r in ok),
         underrun_requests=sum(1 for r in ok if r.underruns),
         stall_ms_mean=_mean(r.stall_ms for r in ok),
-        records=records,
+        records=records, headers_s=Stat.of(r.headers_s for r in ok),
     )
