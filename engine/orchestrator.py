@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -79,6 +80,7 @@ class Orchestrator:
         self._reports: deque[Any] = deque()
         self._reports_lock = threading.Lock()
         self._drain_scheduled = False
+        self._prior_switch_interval: float | None = None
 
     @classmethod
     def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Orchestrator:
@@ -89,6 +91,11 @@ class Orchestrator:
     # -- lifecycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if interval_ms := self.profile.stages.gil_switch_interval_ms:
+            self._prior_switch_interval = sys.getswitchinterval()
+            log.info("GIL switch interval %.2f ms while the engine runs (was %.2f ms)", interval_ms,
+                     1000 * self._prior_switch_interval)
+            sys.setswitchinterval(interval_ms / 1000)
         for stage in self.stages.values():
             stage.report = self._report_threadsafe
             stage.start()
@@ -98,6 +105,9 @@ class Orchestrator:
             await asyncio.to_thread(stage.stop)
         for record in list(self.records.values()):
             self._close(record, Failed(record.request.request_id, "server shutting down"))
+        if self._prior_switch_interval is not None:
+            sys.setswitchinterval(self._prior_switch_interval)
+            self._prior_switch_interval = None
 
     def num_active_requests(self) -> int:
         return len(self.records)

@@ -148,6 +148,10 @@ class StagesConfig:
     # each stage queues its GPU work on its own CUDA stream (off: all share the default stream).
     # Off by default: one H200 run with it on stalled (benchmarks/h200/NOTES.md, rung 8).
     own_cuda_streams: bool = False
+    # Python's GIL switch interval while the stage threads run (0: Python's own, 5 ms). A stage thread
+    # gives the GIL back at every torch call and then waits for it, up to the whole interval while
+    # another thread runs pure Python (the event loop's JSON, another stage's bookkeeping).
+    gil_switch_interval_ms: float = field(default=0.0, metadata=_at_least(0.0))
 
 
 @dataclass(frozen=True, slots=True)
