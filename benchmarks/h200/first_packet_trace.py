@@ -94,14 +94,23 @@ async def closed_loop(engine, concurrency: int, requests: int) -> dict:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     first_wave = [m for m in marks if m["index"] < concurrency]
-    end = max(m["first_audio"] for m in first_wave)
-    timeline = [{"t_ms": round(1000 * (t - t0), 1), "stage": s, "ms": round(d, 1), "batch": b}
-                for t, s, d, b, _ in sorted(EVENTS) if t0 <= t < end + 0.02]
+    second_wave = [m for m in marks if concurrency <= m["index"] < 2 * concurrency]
     result = {"concurrency": concurrency, "requests": requests, "req_per_s": round(requests / wall, 2)}
     for name, group in (("all", marks), ("first_wave", first_wave), ("later", [m for m in marks if m not in first_wave])):
         if group:
             result[name] = {k: summary_ms(group, k) for k in ("first_text", "first_audio")}
-    result["first_wave_timeline"] = timeline
+    for name, wave in (("first_wave", first_wave), ("second_wave", second_wave)):
+        if wave:  # from the wave's first submit to its last first packet
+            start, end = min(m["submit"] for m in wave), max(m["first_audio"] for m in wave)
+            steps = [(t, s, d, b) for t, s, d, b, _ in sorted(EVENTS) if start <= t < end]
+            result[f"{name}_window_ms"] = round(1000 * (end - start), 1)
+            result[f"{name}_stages"] = {
+                stage: {"steps": len(mine), "ms": round(sum(d for _, _, d, _ in mine), 1),
+                        "mean_batch": round(sum(b for *_, b in mine) / len(mine), 1)}
+                for stage in sorted({s for _, s, _, _ in steps})
+                if (mine := [e for e in steps if e[1] == stage])}
+            result[f"{name}_timeline"] = [{"t_ms": round(1000 * (t - start), 1), "stage": s, "ms": round(d, 1),
+                                           "batch": b} for t, s, d, b in steps]
     return result
 
 
