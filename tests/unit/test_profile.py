@@ -24,7 +24,7 @@ def test_platform_delta_is_merged() -> None:
 
 
 def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
-    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rung 22 (http-stack) measured."""
+    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rungs 22 and 26 served."""
     shipped = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
     measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-fine-prefill.yaml", model="dummy")
     switches = ("enforce_eager", "moe_implementation", "decode_attention", "graph_prefill", "graph_prefill_groups",
