@@ -7,18 +7,13 @@
 # Results land in $OUT; copy ladder/*.json into benchmarks/h200/ladder/ and --replot here.
 source benchmarks/h200/gpu_site.sh >/dev/null 2>&1 || exit 1
 OUT=${OUT:-/tmp/out}
-ladder() {
-  timeout "$1" python3 -m voice_gateway.cli bench --ladder benchmarks/h200/ladder.yaml --rows "$2" \
-    --concurrency "${3:-1,16,32,64}" --prompt-tokens 32 --timeout 60 --out-dir "$OUT/ladder" --startup-timeout 300 2>&1 \
-    | grep -v "━" | tail -8
-}
 case "${1:-checks}" in
   checks)
     timeout 170 python3 -m pytest -q -p no:cacheprovider tests/unit/test_cuda_graphs.py tests/unit/test_static_predictor.py \
       tests/unit/test_reference_equivalence.py tests/unit/test_code2wav_stream.py -k "${TESTS:-cuda or graph}" 2>&1 | tail -6
     timeout 150 python3 benchmarks/h200/predictor_bench.py --out "$OUT/predictor-bench.json" 2>&1 | grep -v Warning | tail -12
-    ladder 300 "${2:-http-stack}" 1,64 ;;
+    h200_ladder 300 "${2:-http-stack}" 1,64 ;;
   rows)
-    ladder 560 "${2:-http-stack}" ;;
+    h200_ladder 560 "${2:-http-stack}" ;;
   *) echo "usage: pending.sh checks|rows [rows]" >&2; exit 2 ;;
 esac

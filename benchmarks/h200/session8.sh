@@ -7,20 +7,15 @@
 # Third call (`... session8.sh talker`): rung 26, the Talker prompts built without GPU waits, c=1..64.
 source benchmarks/h200/gpu_site.sh >/dev/null 2>&1 || exit 1
 OUT=${OUT:-/tmp/out}
-ladder() {
-  timeout "$1" python3 -m voice_gateway.cli bench --ladder benchmarks/h200/ladder.yaml --rows "$2" \
-    --concurrency "$3" --prompt-tokens 32 --timeout 60 --out-dir "$OUT/ladder" --startup-timeout 300 2>&1 \
-    | grep -v "━" | tail -6
-}
 if [ "${1:-}" = talker ]; then
-  ladder 400 talker-prompt-host 1,16,32,64
+  h200_ladder 400 talker-prompt-host 1,16,32,64
   exit
 fi
 if [ "${1:-}" = trace ]; then
   timeout 280 python3 benchmarks/h200/first_packet_trace.py --profile benchmarks/h200/dummy-fine-prefill.yaml \
     --closed-loop 64 --requests 192 --out "$OUT/closed-loop-c64-rung22.json" 2>&1 | grep -v Warning | tail -3
-  ladder 250 first-chunk-2 1,64
+  h200_ladder 250 first-chunk-2 1,64
   exit
 fi
-ladder 300 http-stack 1,16,32,64
-ladder 240 gil-switch 64
+h200_ladder 300 http-stack 1,16,32,64
+h200_ladder 240 gil-switch 64

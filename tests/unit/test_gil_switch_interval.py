@@ -19,6 +19,3 @@ async def test_the_engine_sets_its_gil_switch_interval_while_it_runs(tiny_checkp
         await engine.stop()
     assert sys.getswitchinterval() == prior
 
-
-def test_by_default_the_engine_leaves_it_alone() -> None:
-    assert load_profile(model="tiny", platform="cpu").stages.gil_switch_interval_ms == 0
