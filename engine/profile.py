@@ -74,6 +74,9 @@ class ThinkerConfig:
     # its Talker has consumed (0: never wait). Text runs ~2x faster than speech; the steps that
     # outrun it only take the GPU from the stages that make the audio.
     pace_text_lead: int = field(default=0, metadata=_at_least(0))
+    # with own CUDA streams, this stage's stream priority (lower runs first; CUDA offers 0 to -3). Stages
+    # nearer the audio go first by default, so the Thinker, which runs ahead, yields to them.
+    stream_priority: int = field(default=0, metadata={"min": -3, "max": 0})
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -95,6 +98,8 @@ class TalkerConfig:
     compile_decode: bool = False  # as the Thinker's
     fine_prefill_buckets: bool = False  # as the Thinker's
     default_speaker: str = "ethan"
+    # with own CUDA streams, this stage's stream priority
+    stream_priority: int = field(default=-1, metadata={"min": -3, "max": 0})
     sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(temperature=0.9, top_p=1.0, top_k=50, repetition_penalty=1.05)
     )
@@ -114,6 +119,8 @@ class Code2WavConfig:
     # (exactly the one-shot decode); `max_streams` replies hold state at once.
     streaming: bool = True
     max_streams: int = field(default=128, metadata=_at_least(1))
+    # with own CUDA streams, this stage's stream priority
+    stream_priority: int = field(default=-2, metadata={"min": -3, "max": 0})
     # On a GPU, pad streaming steps to fixed (batch, frames) buckets, all met once at start-up:
     # a shape cuDNN first meets under load costs ~200 ms.
     bucket_shapes: bool = True

@@ -38,9 +38,7 @@ class Stage(ABC):
     name: str
     runner: Any  # the stage's model runner; its `device` picks the stream
     own_cuda_stream = True
-    # With own streams, the GPU schedules a higher-priority stage's kernels first (lower is higher):
-    # stages nearer the audio go first, so the Thinker, which runs ahead, yields to them.
-    stream_priority = 0
+    cfg: Any  # the stage's profile section; its `stream_priority` applies with its own stream
 
     def __init__(self, report: Report, metrics: EngineMetrics) -> None:
         self.inbox = Inbox()
@@ -85,7 +83,7 @@ class Stage(ABC):
         device = torch.device(getattr(self.runner, "device", "cpu"))
         own = device.type == "cuda" and self.own_cuda_stream
         # a CUDA graph replayed on a stream runs at that stream's priority
-        stream = torch.cuda.Stream(device, priority=self.stream_priority) if own else None
+        stream = torch.cuda.Stream(device, priority=self.cfg.stream_priority) if own else None
         with torch.inference_mode(), torch.cuda.stream(stream):
             while not self._stop.is_set():
                 for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):

@@ -48,7 +48,6 @@ class Code2WavStage(Stage):
     """Owns each reply's frame buffer and chunk position; the runner owns the model."""
 
     name = "code2wav"
-    stream_priority = -2
 
     def __init__(
         self,

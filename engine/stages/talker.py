@@ -61,7 +61,6 @@ class TalkerStage(Stage):
     """Owns the pending (not yet prefilled) and running requests; the runner owns model and KV cache."""
 
     name = "talker"
-    stream_priority = -1
 
     def __init__(
         self,

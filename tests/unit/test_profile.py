@@ -53,6 +53,8 @@ def test_stage_overrides_refine_one_key() -> None:
         ('{"code2wav": {"dtype": "int4"}}', "stages.code2wav.dtype: must be one of"),
         ('{"thinker": {"sampling": {"top_p": 1.5}}}', "stages.thinker.sampling.top_p: must be <= 1.0"),
         ('{"vocoder": {}}', "stages.vocoder: unknown key"),
+        ('{"code2wav": {"stream_priority": -4}}', "stages.code2wav.stream_priority: must be >= -3"),
+        ('{"thinker": {"stream_priority": 1}}', "stages.thinker.stream_priority: must be <= 0"),
         ("{not json", "--stage-overrides: not valid JSON"),
         ("[1, 2]", "--stage-overrides: must be a mapping"),
     ],
@@ -60,6 +62,13 @@ def test_stage_overrides_refine_one_key() -> None:
 def test_bad_overrides_name_the_key(overrides: str, message: str) -> None:
     with pytest.raises(ProfileError, match=message.replace("[", r"\[")):
         load_profile(model="tiny", platform="cpu", stage_overrides=overrides)
+
+
+def test_stages_nearer_the_audio_get_the_higher_stream_priority_unless_told() -> None:
+    stages = load_profile(model="tiny", platform="cpu").stages
+    assert stages.code2wav.stream_priority < stages.talker.stream_priority < stages.thinker.stream_priority
+    told = load_profile(model="tiny", platform="cpu", stage_overrides={"code2wav": {"stream_priority": 0}})
+    assert told.stages.code2wav.stream_priority == 0
 
 
 def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
