@@ -59,6 +59,11 @@ def uniform_noise(seeds: torch.Tensor, draws: torch.Tensor, vocab: int, terms: t
     return (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
 
 
+def host_to_device(values: list | tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A small host list on `device`, queued without the host waiting for the device's queued work."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 @dataclass(frozen=True, slots=True)
 class RowTensors:
     """The batch's settings as device tensors [B] (what a captured graph reads)."""
@@ -72,7 +77,7 @@ class RowTensors:
     @staticmethod
     def of(rows: list[RowSampling], device: torch.device | str) -> RowTensors:
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return host_to_device(values, dtype, device)
 
         return RowTensors(
             temperature=tensor([r.temperature for r in rows], torch.float32),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.models.kv_cache import SlotKVCache, cache_kwarg
-from engine.models.sampler import RowSampling, RowTensors, penalise_seen, sample_tensors
+from engine.models.sampler import RowSampling, RowTensors, host_to_device, penalise_seen, sample_tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +34,6 @@ class PromptLayout:
         if not headers:
             raise ValueError("a talker prompt needs an assistant header")
         return cls(spans, tuple(ids[i] in multimodal_ids for a, b in spans for i in range(a, b)), headers[-1])
-
-
-def _on_device(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on `device` without the host waiting for the copy (pinned when on a GPU)."""
-    host = torch.tensor(values, dtype=dtype)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 class TalkerRunner:
@@ -111,7 +105,7 @@ class TalkerRunner:
             rows = self.tts_pad.new_zeros(0, self.tts_pad.shape[-1])
         if any(layout.multimodal):
             user_hidden = torch.cat([hidden[a:b] for a, b in layout.user_spans])
-            multimodal = _on_device(layout.multimodal, torch.bool, self.device)
+            multimodal = host_to_device(layout.multimodal, torch.bool, self.device)
             rows = torch.where(multimodal.unsqueeze(-1), self.talker.hidden_projection(user_hidden), rows)
         first_text = first_text.to(self.device, self.dtype)[None]
         assistant = self.talker.text_projection(torch.cat([embeds[layout.header :], first_text]))
@@ -206,7 +200,7 @@ class TalkerRunner:
 
     def forget_codes(self, slots: list[int]) -> None:
         """New replies in these slots: nothing produced yet."""
-        self.seen_codes[_on_device(tuple(slots), torch.long, self.device)] = False
+        self.seen_codes[host_to_device(slots, torch.long, self.device)] = False
 
     def penalise_repeats(self, logits: torch.Tensor, slots: torch.Tensor, penalty: float) -> torch.Tensor:
         """logits [B, V] of the replies in `slots` [B], with the ids each already produced penalised."""
