@@ -124,6 +124,11 @@ class Code2WavConfig:
     # On a GPU, pad streaming steps to fixed (batch, frames) buckets, all met once at start-up:
     # a shape cuDNN first meets under load costs ~200 ms.
     bucket_shapes: bool = True
+    # SnakeBeta as one Triton kernel (engine/models/snake.py) instead of five bf16 ops
+    fused_snake: bool = False
+    # let cuDNN time its convolution algorithms for each bucket shape while they are warmed up and
+    # captured (its heuristic picked a 17.8 ms non-tensor-core kernel for one batch-64 chunk's conv)
+    cudnn_benchmark: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import torch
 from engine.api import EngineError, ModelInfo
 from engine.handoff import StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
+from engine.models import snake
 from engine.models.code2wav_runner import Code2WavRunner
 from engine.models.code2wav_stream import StreamingCode2Wav
 from engine.models.cuda_graphs import apply_talker_graphs, apply_thinker_graphs
@@ -61,13 +62,14 @@ def _graphs_or_eager(stage: str, apply: Any, runner: Any) -> None:
 
 def _check_triton(stage: str, cfg) -> None:
     """The Triton paths run on a GPU, or on the CPU in Triton's interpreter (tests); say so before loading."""
-    wants = cfg.moe_implementation == "fused_triton" or cfg.decode_attention == "triton"
+    wants = (getattr(cfg, "moe_implementation", None) == "fused_triton"
+             or getattr(cfg, "decode_attention", None) == "triton" or getattr(cfg, "fused_snake", False))
     if not wants:
         return
     try:
         import triton  # noqa: F401
     except ImportError:
-        raise EngineError(f"stages.{stage}: fused_triton / decode_attention: triton need the triton package") from None
+        raise EngineError(f"stages.{stage}: fused_triton / decode_attention: triton / fused_snake need the triton package") from None
     if not cfg.device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
         raise EngineError(f"stages.{stage}: the Triton kernels need a CUDA device (or TRITON_INTERPRET=1 on the CPU)")
 
@@ -86,15 +88,23 @@ def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode
     batches = sorted({b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b < cfg.max_batch} | {cfg.max_batch})
     stream = StreamingCode2Wav(code2wav, cfg.max_streams, batch_buckets=tuple(batches),
                                frame_buckets=chunks.sizes())
-    started = time.perf_counter()
-    count = stream.warm_up()
-    log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)
-    if not cfg.enforce_eager:
-        try:
-            log.info("code2wav: %d step shapes captured as CUDA graphs", stream.capture_graphs())
-        except Exception:
-            log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
-            stream.graphs.clear()
+    # process-wide, so only while the bucket shapes are met: a graph keeps the algorithms it captured,
+    # and an audio encoder's convolutions should not time algorithms for each new input length
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark or benchmark
+    try:
+        started = time.perf_counter()
+        count = stream.warm_up()
+        log.info("code2wav: %d step shapes warmed in %.1f s (cuDNN benchmark %s)", count,
+                 time.perf_counter() - started, "on" if torch.backends.cudnn.benchmark else "off")
+        if not cfg.enforce_eager:
+            try:
+                log.info("code2wav: %d step shapes captured as CUDA graphs", stream.capture_graphs())
+            except Exception:
+                log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
+                stream.graphs.clear()
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
     return stream
 
 
@@ -130,6 +140,8 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
 
 
 def _code2wav_stage(code2wav: torch.nn.Module, cfg, profile: DeployProfile, metrics: EngineMetrics) -> Code2WavStage:
+    if cfg.fused_snake:
+        log.info("code2wav: %d SnakeBeta activations fused", snake.enable(code2wav))
     with torch.inference_mode():
         runner = Code2WavRunner(code2wav)
     stream = None
@@ -162,6 +174,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
         _check_device(cfg.device)
     _check_triton("thinker", stages_cfg.thinker)
     _check_triton("talker", stages_cfg.talker)
+    _check_triton("code2wav", stages_cfg.code2wav)
     dummy = profile.load_format == "dummy"
     if dummy:
         # Full-size random weights need no checkpoint; the tokenizer is built like the tiny model's.

@@ -32,6 +32,28 @@ except ImportError:  # CPU installs without triton: the kernels are simply unava
 
 
 @dataclass(frozen=True, slots=True)
+class Tiles:
+    """One launch configuration of both kernels: rows per block (all one expert's), output
+    columns and reduction depth per program, and Triton's warps and pipeline stages."""
+
+    block_m: int
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# decode: a few tokens per expert, so small blocks waste little
+DECODE_TILES = Tiles(block_m=16)
+# prefill: bigger blocks read each expert's weights fewer times
+PREFILL_TILES = Tiles(block_m=64)
+
+
+def default_tiles(num_pairs: int, num_experts: int) -> Tiles:
+    return DECODE_TILES if num_pairs <= 4 * num_experts else PREFILL_TILES
+
+
+@dataclass(frozen=True, slots=True)
 class BlockLayout:
     pair_ids: torch.Tensor  # [num_blocks * block_m] (token * top_k + k), `num_pairs` where a row is padding
     block_expert: torch.Tensor  # [num_blocks] the expert of each block; `num_experts` past the last used block
@@ -155,7 +177,7 @@ if triton is not None:
 
 def fused_experts(
     hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor, *, block_n: int = 64, block_k: int = 128,
+    top_k_weights: torch.Tensor, *, tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """hidden [T, H], gate_up [E, 2I, H], down [E, H, I], top_k_index/weights [T, K] -> [T, H]."""
     if triton is None:
@@ -164,8 +186,9 @@ def fused_experts(
     num_experts, _, inter_dim = down.shape
     top_k = top_k_index.shape[1]
     num_pairs = num_tokens * top_k
-    # decode: a few tokens per expert, so small blocks waste little; prefill: bigger blocks reuse weights more
-    block_m = 16 if num_pairs <= 4 * num_experts else 64
+    tiles = tiles or default_tiles(num_pairs, num_experts)
+    block_m, block_n, block_k = tiles.block_m, tiles.block_n, tiles.block_k
+    launch = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
     layout = block_layout(top_k_index, num_experts, block_m)
     num_blocks = layout.block_expert.numel()
     hidden = hidden.contiguous()
@@ -177,13 +200,13 @@ def fused_experts(
             hidden, gate_up, act, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
             hidden.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2), act.stride(0),
             hidden_dim=hidden_dim, inter_dim=inter_dim, TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            PRECISION=dot_precision(hidden.dtype),
+            PRECISION=dot_precision(hidden.dtype), **launch,
         )
         _down_kernel[(num_blocks, triton.cdiv(hidden_dim, block_n))](
             act, down, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
             act.stride(0), down.stride(0), down.stride(1), down.stride(2), out.stride(0),
             hidden_dim=hidden_dim, inter_dim=inter_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            PRECISION=dot_precision(hidden.dtype),
+            PRECISION=dot_precision(hidden.dtype), **launch,
         )
     return out.view(num_tokens, top_k, hidden_dim).sum(dim=1)
 

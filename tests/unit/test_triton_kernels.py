@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.models import fused_moe, slot_attention  # noqa: E402
+from engine.models import fused_moe, slot_attention, snake  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -68,8 +68,13 @@ def test_block_layout_places_every_pair_once_in_its_experts_blocks() -> None:
     assert other.pair_ids.shape == layout.pair_ids.shape and other.block_expert.shape == layout.block_expert.shape
 
 
-@pytest.mark.parametrize("num_tokens", [1, 3, 40])  # 40 tokens x 2 > 4 x 8 experts: the prefill block size
-def test_fused_experts_match_reference(num_tokens: int) -> None:
+@pytest.mark.parametrize(("num_tokens", "tiles"), [
+    (1, fused_moe.Tiles(16, block_n=32, block_k=32)),
+    (3, fused_moe.Tiles(16, block_n=32, block_k=32)),
+    (40, fused_moe.Tiles(64, block_n=32, block_k=32)),  # 40 tokens x 2 > 4 x 8 experts: the prefill block size
+    (40, fused_moe.Tiles(128, block_n=64, block_k=64, num_warps=8, num_stages=4)),  # a wider prefill launch
+])
+def test_fused_experts_match_reference(num_tokens: int, tiles: fused_moe.Tiles) -> None:
     gen = torch.Generator().manual_seed(num_tokens)
     num_experts, top_k, hidden, inter = 8, 2, 48, 40  # neither a multiple of the tile sizes below
     x = torch.randn(num_tokens, hidden, generator=gen).to(DEVICE, DTYPE)
@@ -77,7 +82,7 @@ def test_fused_experts_match_reference(num_tokens: int) -> None:
     down = (torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5).to(DEVICE, DTYPE)
     weights, index = torch.topk(torch.randn(num_tokens, num_experts, generator=gen).softmax(-1), top_k)
     weights, index = weights.to(DEVICE), index.to(DEVICE)
-    out = fused_moe.fused_experts(x, gate_up, down, index, weights, block_n=32, block_k=32)
+    out = fused_moe.fused_experts(x, gate_up, down, index, weights, tiles=tiles)
     ref = fused_moe.fused_experts_reference(x, gate_up, down, index, weights)
     assert out.shape == x.shape and out.dtype == x.dtype
     assert relative_error(out, ref) < TOLERANCE
@@ -100,3 +105,38 @@ def test_fused_experts_equal_transformers_eager_experts(tiny_checkpoint) -> None
         fused = experts(hidden, index, weights)
     assert model.config._experts_implementation == fused_moe.EXPERTS_NAME
     assert relative_error(fused, eager) < 1e-5
+
+
+@pytest.mark.parametrize("length", [1, 37, 2500])  # one sample, a partial block, several blocks of a row
+def test_snake_beta_matches_reference(length: int) -> None:
+    gen = torch.Generator().manual_seed(length)
+    channels = 5
+    x = (3 * torch.randn(2, channels, length, generator=gen)).to(DEVICE, DTYPE)
+    alpha, beta = (0.5 * torch.randn(2, channels, generator=gen)).to(DEVICE, DTYPE)  # log-scale, as stored
+    out = snake.snake_beta(x, alpha, beta, 1e-9)
+    ref = snake.snake_beta_reference(x, alpha, beta, 1e-9)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    # compared with the activation's own part: the identity term alone would hide a wrong sine
+    assert relative_error(out.float() - x.float(), ref - x.float()) < TOLERANCE
+    # a strided input (what a transposed view hands over) gives the same result
+    assert torch.equal(snake.snake_beta(x.transpose(0, 1).contiguous().transpose(0, 1), alpha, beta, 1e-9), out)
+
+
+def test_fused_snake_equals_transformers_modules(tiny_checkpoint) -> None:
+    """Through the real Code2Wav: every SnakeBeta module, then the whole decode, with and without the kernel."""
+    from engine.models.loader import load_stage
+
+    model = load_stage(tiny_checkpoint, "code2wav", device=DEVICE, dtype="float32").model
+    with torch.no_grad():  # SnakeBeta starts at alpha = beta = 0 (log-scale); perturb so both matter
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.device) * 0.05)
+    codes = torch.randint(0, 2048, (2, 16, 6), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    activations = [m for m in model.modules() if type(m).__name__.endswith("SnakeBeta")]
+    x = torch.randn(2, activations[0].in_features, 9, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    with torch.inference_mode():
+        plain_act, plain = activations[0](x), model(codes)
+        assert snake.enable(model) == len(activations) > 1
+        fused_act, fused = activations[0](x), model(codes)
+    tolerance = 1e-5 if DEVICE == "cpu" else 1e-3
+    assert (fused_act - plain_act).abs().max().item() <= tolerance * plain_act.abs().max().item()
+    assert (fused - plain).abs().max().item() <= tolerance * max(plain.abs().max().item(), 1e-3)

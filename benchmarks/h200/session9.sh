@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Session 9's device calls, from the repo root on the H200:
+#   run(carry=[".whl"], command="bash benchmarks/h200/session9.sh probe")
+# `probe`: the burst's GPU work alone (burst_probe.py: MoE tiles at prefill sizes, Code2Wav variants,
+# the Thinker's 64-prompt prefill), then the GPU tests of the kernels and graphs.
+source benchmarks/h200/gpu_site.sh >/dev/null 2>&1 || exit 1
+OUT=${OUT:-/tmp/out}
+case "${1:-probe}" in
+  probe)
+    timeout 330 python3 benchmarks/h200/burst_probe.py --out "$OUT/burst-probe.json" 2>&1 | grep -v Warning | tail -20
+    timeout 220 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/unit/test_triton_kernels.py \
+      tests/unit/test_cuda_graphs.py tests/unit/test_code2wav_stream.py tests/unit/test_static_predictor.py \
+      -k "${TESTS:-cuda or graph or snake or fused or gpu}" 2>&1 | tail -8 ;;
+  *) echo "usage: session9.sh probe" >&2; exit 2 ;;
+esac
