@@ -4,9 +4,10 @@ Three parts, each at full size with random bf16 weights:
 * `moe`: the fused MoE kernels at prefill sizes (a burst's 64 prompts x 48 rows = 3072 tokens) over
   a grid of launch tiles, against transformers' `grouped_mm`. Picks the fastest tiles.
 * `code2wav`: one streaming Code2Wav step at batch 64 (a 25-frame chunk, a 4-frame first chunk) as
-  transformers' modules run it, with cuDNN's benchmark mode, with the fused SnakeBeta, and with both.
-* `prefill`: the Thinker's eager prefill of 64 prompts x 48 tokens with the default tiles and the
-  sweep's best, with its kernels.
+  transformers' modules run it, with the fused SnakeBeta, and with it and cuDNN's benchmark mode.
+  (Outputs differ from call to call: each step moves the slots' carried state on.)
+* `prefill`: the Thinker's eager prefill of 64 prompts x 48 tokens with the default tiles (and the
+  sweep's best, when `moe` ran), then with its layers compiled, with its kernels.
 
     PYTHONPATH=. python3 benchmarks/h200/burst_probe.py --out burst-probe.json [--parts moe,code2wav,prefill]
 """
@@ -17,6 +18,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import time
 import types
 from pathlib import Path
 
@@ -26,9 +28,11 @@ import triton.testing
 from benchmarks.h200.timing import kernels, median_wall_ms
 from engine.models import fused_moe, snake
 from engine.models.code2wav_stream import StreamBatch, StreamingCode2Wav
+from engine.models.cuda_graphs import compiled_layers
 from engine.models.full_size import build_dummy_stage
 from engine.models.thinker_runner import ThinkerRunner
 
+VARIANTS = ("plain", "fused_snake", "fused_snake+cudnn_benchmark")
 MOE = {"thinker": (2048, 768, 128, 8), "talker": (1024, 384, 128, 6)}  # hidden, intermediate, experts, top-k
 PROMPTS, PROMPT_LEN = 64, 48
 
@@ -94,7 +98,7 @@ def code2wav_part() -> dict:
     out: dict = {}
     reference = {}
     with torch.inference_mode():
-        for variant in ("plain", "cudnn_benchmark", "fused_snake", "fused_snake+cudnn_benchmark"):
+        for variant in VARIANTS:
             if variant == "fused_snake":
                 snake.enable(model)
             torch.backends.cudnn.benchmark = "cudnn_benchmark" in variant
@@ -105,7 +109,7 @@ def code2wav_part() -> dict:
                     reference[name] = wav.float()
                 rel = float((wav.float() - reference[name]).norm() / reference[name].norm())
                 row[name] = {"wall_ms": median_wall_ms(lambda s=step: stream.decode(s), iters=5), "rel_vs_plain": rel}
-                if name == "batch64_chunk25" and variant in ("plain", "fused_snake+cudnn_benchmark"):
+                if name.startswith("batch64") and variant in ("plain", "fused_snake+cudnn_benchmark"):
                     row[name].update(kernels(lambda s=step: stream.decode(s)))
             out[variant] = row
             print(variant, {k: round(v["wall_ms"], 2) for k, v in row.items()}, flush=True)
@@ -133,7 +137,16 @@ def prefill_part(tiles: fused_moe.Tiles | None) -> dict:
             fused_moe.PREFILL_TILES = t
             out[name] = {"tiles": dataclasses.asdict(t), "wall_ms": median_wall_ms(prefill, iters=5), **kernels(prefill)}
             print("prefill", name, round(out[name]["wall_ms"], 1), flush=True)
-    fused_moe.PREFILL_TILES = default
+        fused_moe.PREFILL_TILES = default
+        # what `compile_prefill` captures: the same layers through torch.compile (GPU time is what a graph keeps)
+        started = time.perf_counter()
+        with compiled_layers(runner.text_model.layers):
+            prefill()
+            compile_s = time.perf_counter() - started
+            out["default_tiles_compiled"] = {"tiles": dataclasses.asdict(default), "compile_s": compile_s,
+                                             "wall_ms": median_wall_ms(prefill, iters=5), **kernels(prefill)}
+        print("prefill compiled", round(out["default_tiles_compiled"]["gpu_ms"], 1), "GPU ms;",
+              round(compile_s, 1), "s to compile", flush=True)
     return out
 
 

@@ -3,6 +3,8 @@
 #   run(carry=[".whl"], command="bash benchmarks/h200/session9.sh probe")
 # `probe`: the burst's GPU work alone (burst_probe.py: MoE tiles at prefill sizes, Code2Wav variants,
 # the Thinker's 64-prompt prefill), then the GPU tests of the kernels and graphs.
+# `probe2`: Code2Wav with the one-channel GEMM and the fused SnakeBeta, the prefill with compiled layers,
+# and the GPU tests of the graphs (compiled prefill graphs included) and kernels.
 source benchmarks/h200/gpu_site.sh >/dev/null 2>&1 || exit 1
 OUT=${OUT:-/tmp/out}
 case "${1:-probe}" in
@@ -11,5 +13,10 @@ case "${1:-probe}" in
     timeout 220 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/unit/test_triton_kernels.py \
       tests/unit/test_cuda_graphs.py tests/unit/test_code2wav_stream.py tests/unit/test_static_predictor.py \
       -k "${TESTS:-cuda or graph or snake or fused or gpu}" 2>&1 | tail -8 ;;
-  *) echo "usage: session9.sh probe" >&2; exit 2 ;;
+  probe2)  # after the first probe: Code2Wav's kernels and the compiled prefill, then their GPU tests
+    timeout 300 python3 benchmarks/h200/burst_probe.py --parts code2wav,prefill --out "$OUT/burst-probe-2.json" 2>&1 \
+      | grep -v Warning | tail -8
+    timeout 250 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/unit/test_cuda_graphs.py \
+      tests/unit/test_code2wav_stream.py tests/unit/test_triton_kernels.py 2>&1 | tail -8 ;;
+  *) echo "usage: session9.sh probe|probe2" >&2; exit 2 ;;
 esac

@@ -134,7 +134,7 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
         _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill,
                                            groups=cfg.graph_prefill_groups, max_group=cfg.max_prefill_batch,
-                                           compile_decode=cfg.compile_decode,
+                                           compile_decode=cfg.compile_decode, compile_prefill=cfg.compile_prefill,
                                            fine_prefill=cfg.fine_prefill_buckets), runner)
     return runner
 
@@ -220,6 +220,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
                                             groups=thinker_cfg.graph_prefill_groups,
                                             max_tokens=thinker_cfg.prefill_token_budget,
                                             compile_decode=thinker_cfg.compile_decode,
+                                            compile_prefill=thinker_cfg.compile_prefill,
                                             fine_prefill=thinker_cfg.fine_prefill_buckets), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}
