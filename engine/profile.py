@@ -67,9 +67,6 @@ class ThinkerConfig:
     # with graphs on: decoder layers through torch.compile while the decode graphs are captured
     # (fuses each layer's small kernels; compiles at start-up, never while serving)
     compile_decode: bool = False
-    # ... and while the prefill graphs are captured (a 64-prompt prefill's norms, rope and routing
-    # were ~30 of its 105 ms of GPU time on the H200)
-    compile_prefill: bool = False
     # prefill buckets x1.5 apart, not x2 (lengths 32, 48, 64, 96, ...; prompts 1, 2, 3, 4, 6, 8, 12, ...):
     # less padding for about three times the graphs
     fine_prefill_buckets: bool = False
@@ -99,7 +96,6 @@ class TalkerConfig:
     graph_prefill: bool = False  # as the Thinker's
     graph_prefill_groups: bool = False  # as the Thinker's, up to max_prefill_batch prompts
     compile_decode: bool = False  # as the Thinker's
-    compile_prefill: bool = False  # as the Thinker's
     fine_prefill_buckets: bool = False  # as the Thinker's
     default_speaker: str = "ethan"
     # with own CUDA streams, this stage's stream priority
@@ -130,9 +126,6 @@ class Code2WavConfig:
     bucket_shapes: bool = True
     # SnakeBeta as one Triton kernel (engine/models/snake.py) instead of five bf16 ops
     fused_snake: bool = False
-    # let cuDNN time its convolution algorithms for each bucket shape while they are warmed up and
-    # captured (its heuristic picked a 17.8 ms non-tensor-core kernel for one batch-64 chunk's conv)
-    cudnn_benchmark: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,23 +88,15 @@ def _streaming_code2wav(code2wav: torch.nn.Module, cfg, chunks) -> StreamingCode
     batches = sorted({b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b < cfg.max_batch} | {cfg.max_batch})
     stream = StreamingCode2Wav(code2wav, cfg.max_streams, batch_buckets=tuple(batches),
                                frame_buckets=chunks.sizes())
-    # process-wide, so only while the bucket shapes are met: a graph keeps the algorithms it captured,
-    # and an audio encoder's convolutions should not time algorithms for each new input length
-    benchmark = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark or benchmark
-    try:
-        started = time.perf_counter()
-        count = stream.warm_up()
-        log.info("code2wav: %d step shapes warmed in %.1f s (cuDNN benchmark %s)", count,
-                 time.perf_counter() - started, "on" if torch.backends.cudnn.benchmark else "off")
-        if not cfg.enforce_eager:
-            try:
-                log.info("code2wav: %d step shapes captured as CUDA graphs", stream.capture_graphs())
-            except Exception:
-                log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
-                stream.graphs.clear()
-    finally:
-        torch.backends.cudnn.benchmark = benchmark
+    started = time.perf_counter()
+    count = stream.warm_up()
+    log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)
+    if not cfg.enforce_eager:
+        try:
+            log.info("code2wav: %d step shapes captured as CUDA graphs", stream.capture_graphs())
+        except Exception:
+            log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
+            stream.graphs.clear()
     return stream
 
 
@@ -134,7 +126,7 @@ def _talker_runner(talker: torch.nn.Module, config, tts_embeds: torch.Tensor, st
     if not cfg.enforce_eager and cfg.device.startswith("cuda"):
         _graphs_or_eager("talker", partial(apply_talker_graphs, prefill=cfg.graph_prefill,
                                            groups=cfg.graph_prefill_groups, max_group=cfg.max_prefill_batch,
-                                           compile_decode=cfg.compile_decode, compile_prefill=cfg.compile_prefill,
+                                           compile_decode=cfg.compile_decode,
                                            fine_prefill=cfg.fine_prefill_buckets), runner)
     return runner
 
@@ -220,7 +212,6 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
                                             groups=thinker_cfg.graph_prefill_groups,
                                             max_tokens=thinker_cfg.prefill_token_budget,
                                             compile_decode=thinker_cfg.compile_decode,
-                                            compile_prefill=thinker_cfg.compile_prefill,
                                             fine_prefill=thinker_cfg.fine_prefill_buckets), thinker_runner)
     has_talker = bool(config.enable_audio_output)
     stages: dict[str, Any] = {}

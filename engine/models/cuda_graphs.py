@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -26,8 +26,6 @@ from engine.models.kv_cache import SlotBatch, SlotKVCache
 from engine.models.sampler import RowTensors
 from engine.models.talker_runner import TalkerRunner
 from engine.models.thinker_runner import ThinkerRunner
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -245,14 +243,13 @@ class GraphedPrefill:
 
 @contextlib.contextmanager
 def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
-    """Each decoder layer through torch.compile while a stage's decode (or prefill) graphs are captured.
+    """Each decoder layer through torch.compile while a stage's decode graphs are captured.
 
     A graphed decode step still runs every small kernel of its 20-48 layers (a Thinker step at
     batch 64: ~4600 kernels, half its GPU time outside the MoE kernels); inductor fuses the
     norms, rope, residuals and routing of a layer. All layers share one compiled function (the
     cache write, which would tell them apart, stays out of it: `SlotBatch.update`), compiled for
-    batch 1 and for any larger batch (and, for prefills, any prompt length). Only the captures
-    call it, so nothing compiles while serving.
+    batch 1 and for any larger batch. Only the captures call it, so nothing compiles while serving.
     """
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
@@ -265,14 +262,14 @@ def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
             del layer.forward  # back to the class's own
 
 
-def _graphs(name: str, make: Callable[[], T], layers: torch.nn.ModuleList, compiled: bool) -> T:
-    """`make()`'s captures, with the decoder layers compiled while they run when `compiled`."""
+def _decode_graphs(name: str, make: Callable[[], GraphedDecode], layers: torch.nn.ModuleList,
+                   compiled: bool) -> GraphedDecode:
     if compiled:
         try:
             with compiled_layers(layers):
                 return make()
         except Exception:  # a compiler failure costs the fusion, not the graphs
-            log.exception("%s graphs with compiled layers failed; capturing them uncompiled", name)
+            log.exception("%s: decode graphs with compiled layers failed; capturing them uncompiled", name)
     return make()
 
 
@@ -291,40 +288,33 @@ def _prefill_shapes(groups: bool, fine: bool, max_batch: int) -> dict[str, tuple
 
 
 def apply_talker_graphs(runner: TalkerRunner, prefill: bool = False, groups: bool = False,
-                        max_group: int = 64, compile_decode: bool = False, fine_prefill: bool = False,
-                        compile_prefill: bool = False) -> None:
+                        max_group: int = 64, compile_decode: bool = False, fine_prefill: bool = False) -> None:
     buckets = _buckets(runner.kv.num_slots)
     runner.graphed_predictor = GraphedCodePredictor(runner, buckets)
     hidden = runner.codec_embedding.embedding_dim
-    layers = runner.talker.model.layers
-    runner.graphed_decode = _graphs(
-        "talker decode", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
-        layers, compile_decode)
+    runner.graphed_decode = _decode_graphs(
+        "talker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
+        runner.talker.model.layers, compile_decode)
     log.info("talker decode captured for batch sizes %s", sorted(buckets))
     if not prefill:
         return
-    shapes = _prefill_shapes(groups, fine_prefill, min(max_group, runner.kv.num_slots))
-    runner.graphed_prefill = _graphs(
-        "talker prefill", lambda: GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype, **shapes),
-        layers, compile_prefill)
+    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+                                            **_prefill_shapes(groups, fine_prefill, min(max_group, runner.kv.num_slots)))
     log.info("talker prefill captured for (prompts, length) %s", sorted(runner.graphed_prefill.buckets))
 
 
 def apply_thinker_graphs(runner: ThinkerRunner, prefill: bool = False, groups: bool = False,
                          max_tokens: int = GROUP_TOKENS, compile_decode: bool = False,
-                         fine_prefill: bool = False, compile_prefill: bool = False) -> None:
+                         fine_prefill: bool = False) -> None:
     buckets = _buckets(runner.kv.num_slots)
     hidden = runner.text_model.embed_tokens.embedding_dim
-    layers = runner.text_model.layers
-    runner.graphed_decode = _graphs(
-        "thinker decode", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
-        layers, compile_decode)
+    runner.graphed_decode = _decode_graphs(
+        "thinker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
+        runner.text_model.layers, compile_decode)
     log.info("thinker decode captured for batch sizes %s", sorted(buckets))
     if not prefill:
         return
-    shapes = _prefill_shapes(groups, fine_prefill, runner.kv.num_slots)
-    runner.graphed_prefill = _graphs(
-        "thinker prefill", lambda: GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype, **shapes,
-                                                  max_tokens=max_tokens),
-        layers, compile_prefill)
+    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+                                            **_prefill_shapes(groups, fine_prefill, runner.kv.num_slots),
+                                            max_tokens=max_tokens)
     log.info("thinker prefill captured for (prompts, length) %s", sorted(runner.graphed_prefill.buckets))

@@ -134,3 +134,18 @@ def test_graphed_bucket_steps_equal_eager_ones(tiny_checkpoint: Path) -> None:
     with torch.inference_mode():
         for e, g in zip(_stream(eager, replies, chunkings), _stream(graphed, replies, chunkings)):
             assert torch.allclose(e, g, atol=1e-5)
+
+
+@pytest.mark.parametrize("dilation", [1, 3])
+def test_gemm_convolutions_equal_conv1d(dilation: int) -> None:
+    """The decoder's input convolution (unfolded GEMM) and its one-channel output one (taps, shifted sum)."""
+    from engine.models.code2wav_stream import _one_channel_conv, _unfolded_conv
+
+    torch.manual_seed(dilation)
+    x = torch.randn(3, 12, 50)
+    for conv, form in ((torch.nn.Conv1d(12, 20, 7, dilation=dilation), _unfolded_conv),
+                       (torch.nn.Conv1d(12, 1, 7, dilation=dilation), _one_channel_conv)):
+        with torch.inference_mode():
+            expected, got = conv(x), form(conv, x)
+        assert got.shape == expected.shape and got.is_contiguous()
+        assert torch.allclose(got, expected, atol=1e-5)

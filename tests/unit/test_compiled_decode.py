@@ -43,31 +43,3 @@ def test_compiled_thinker_and_talker_layers_decode_as_eager(tiny_checkpoint: Pat
         with compiled_layers(talk.talker.model.layers):
             c_logits, c_last = talk.decode([0, 1], [6, 9], inputs)
         assert torch.allclose(c_logits, logits, atol=1e-4) and torch.allclose(c_last, last, atol=1e-4)
-
-
-def test_compiled_layers_prefill_as_eager(tiny_checkpoint: Path) -> None:
-    """`compile_prefill`: a group prefill of prompts of several lengths through compiled layers, Thinker and Talker."""
-    thinker = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
-    talker = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
-    prompts = [PROMPT, PROMPT[:4], PROMPT[1:]]
-    with torch.inference_mode():
-        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=64)
-        eager = runner.prefill([0, 1, 2], prompts, [[], [], []], want_hidden=True)
-        graphs_before = counters["stats"]["unique_graphs"]
-        with compiled_layers(runner.text_model.layers):
-            for n in (3, 1):  # a group and a lone prompt
-                compiled = runner.prefill([0, 1, 2][:n], prompts[:n], [[]] * n, want_hidden=True)
-                for c, e in zip(compiled, eager):
-                    assert torch.allclose(c.logits, e.logits, atol=1e-4)
-                    assert torch.allclose(c.hidden, e.hidden, atol=1e-4)
-        assert counters["stats"]["unique_graphs"] > graphs_before  # the prefill really ran compiled
-
-        hidden = thinker.config.thinker_config.text_config.hidden_size
-        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, hidden), max_batch=4, max_len=64)
-        width = talk.codec_embedding.embedding_dim
-        gen = torch.Generator().manual_seed(1)
-        rows = [torch.randn(n, width, generator=gen) for n in (6, 9)]
-        logits, last = talk.prefill([0, 1], rows)
-        with compiled_layers(talk.talker.model.layers):
-            c_logits, c_last = talk.prefill([0, 1], rows)
-        assert torch.allclose(c_logits, logits, atol=1e-4) and torch.allclose(c_last, last, atol=1e-4)

@@ -76,12 +76,9 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool, 
         assert torch.equal(runner.kv.keys[0][1], before)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["plain-layers", "compiled-layers"])
-def test_graphed_prefills_equal_eager(tiny_checkpoint: Path, compiled: bool) -> None:
-    import contextlib
-
+def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
     from engine.models import fused_moe
-    from engine.models.cuda_graphs import GraphedPrefill, compiled_layers
+    from engine.models.cuda_graphs import GraphedPrefill
     from engine.models.thinker_runner import ThinkerRunner
 
     thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
@@ -99,9 +96,8 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path, compiled: bool) -> 
         # (3, 16), a fine bucket, holds it exactly
         for batches in ((1, 2, 4), (1, 2), (1, 2, 3)):
             runner.kv.keys[0].zero_()
-            with compiled_layers(runner.text_model.layers) if compiled else contextlib.nullcontext():
-                runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
-                                                        lengths=(16, 64), batches=batches, max_tokens=64)
+            runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
+                                                    lengths=(16, 64), batches=batches, max_tokens=64)
             assert (4, 64) not in runner.graphed_prefill.buckets  # over max_tokens
             graphed_outs = runner.prefill([1, 3, 5], group, [[], [], []], want_hidden=True)
             for graphed, expected in zip(graphed_outs, eager):
@@ -118,9 +114,8 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path, compiled: bool) -> 
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
         prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
         logits, hidden = talk.prefill([0, 2], prompts)
-        with compiled_layers(talk.talker.model.layers) if compiled else contextlib.nullcontext():
-            talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype,
-                                                  (16, 32), batches=(1, 2))
+        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype, (16, 32),
+                                              batches=(1, 2))
         g_logits, g_hidden = talk.prefill([1, 3], prompts)
         for b in range(2):
             assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2
