@@ -21,16 +21,13 @@ from engine.admission import RequestStream, resolve_max_tokens, resolve_speaker
 from engine.api import (
     SAMPLE_RATE_HZ,
     AudioChunk,
-    AudioPart,
     EngineError,
     EngineRequest,
     Failed,
     Finished,
-    Message,
     ModelInfo,
     OutputEvent,
     TextDelta,
-    TextPart,
     Timings,
 )
 from engine.handoff import Abort, AudioFinished, StageFailed, StickyRouter, ThinkerFinished, ThinkerJob
@@ -40,19 +37,6 @@ from engine.prompt import PromptBuilder
 from engine.stages.base import Stage
 
 log = logging.getLogger(__name__)
-
-_INLINE_PROMPT_CHARS = 20_000  # text a prompt tokenizes on the event loop; longer ones, and audio, in a thread
-
-
-def _needs_worker(messages: tuple[Message, ...]) -> bool:
-    """Whether building this prompt is slow enough for a worker thread (audio features, long text)."""
-    chars = 0
-    for message in messages:
-        for part in message.content:
-            if isinstance(part, AudioPart):
-                return True
-            chars += len(part.text) if isinstance(part, TextPart) else 0
-    return chars > _INLINE_PROMPT_CHARS
 
 
 @dataclass(slots=True)
@@ -141,10 +125,9 @@ class Orchestrator:
         speaker = resolve_speaker(request, self.profile, self.info.speakers if self.has_talker else ())
         cfg = self.profile.stages.thinker
         sp = request.sampling
-        if _needs_worker(request.messages):
-            prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
-        else:  # a text prompt tokenizes in well under a millisecond: a thread hop (two GIL hand-offs) costs more
-            prompt = self.prompt_builder.build(request.messages)
+        # in a thread even for short text: on the loop, the tokenizer's GIL hand-back waits on the stage
+        # threads, and a burst of 64 arrivals then holds back every response (H200 rung 28's first run)
+        prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
         prompt_len = len(prompt.token_ids)
         max_tokens = resolve_max_tokens(sp.max_tokens, cfg, prompt_len)
         record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len, prompt.audio_tokens)

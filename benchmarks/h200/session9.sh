@@ -21,6 +21,6 @@ case "${1:-probe}" in
   row)  # rung 28 burst-kernels: Code2Wav's GPU tests (its GEMM convolutions in bf16 and in graphs), then the row
     timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/unit/test_code2wav_stream.py \
       tests/unit/test_triton_kernels.py -k "snake or gpu or graph" 2>&1 | tail -3
-    h200_ladder 420 burst-kernels 1,16,32,64 ;;
+    h200_ladder 420 burst-kernels "${2:-1,16,32,64}" ;;
   *) echo "usage: session9.sh probe|probe2|row" >&2; exit 2 ;;
 esac
