@@ -163,6 +163,10 @@ class Engine(Protocol):
 
 def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
     """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use)."""
+    if profile.engine_process:
+        from engine.process import EngineProcess
+
+        return EngineProcess(model, profile, cache_dir)  # loads the model in its child at start()
     if profile.backend == "transformers_generate":
         from engine.reference import ReferenceEngine
 

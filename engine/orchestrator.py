@@ -33,7 +33,7 @@ from engine.api import (
 from engine.handoff import Abort, AudioFinished, StageFailed, StickyRouter, ThinkerFinished, ThinkerJob
 from engine.metrics import EngineMetrics
 from engine.profile import DeployProfile
-from engine.prompt import PromptBuilder
+from engine.prompt import Prompt, PromptBuilder
 from engine.stages.base import Stage
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ class Orchestrator:
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
 
     # -- requests
-    async def submit(self, request: EngineRequest) -> RequestStream:
+    async def submit(self, request: EngineRequest, prompt: Prompt | None = None) -> RequestStream:
+        """`prompt`: already built from the request's messages (the engine process's parent builds them)."""
         assert self._loop is not None, "engine not started"
         rid = request.request_id
         if rid in self.records:
@@ -125,9 +126,10 @@ class Orchestrator:
         speaker = resolve_speaker(request, self.profile, self.info.speakers if self.has_talker else ())
         cfg = self.profile.stages.thinker
         sp = request.sampling
-        # in a thread even for short text: on the loop, the tokenizer's GIL hand-back waits on the stage
-        # threads, and a burst of 64 arrivals then holds back every response (H200 rung 28's first run)
-        prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
+        if prompt is None:
+            # in a thread even for short text: on the loop, the tokenizer's GIL hand-back waits on the stage
+            # threads, and a burst of 64 arrivals then holds back every response (H200 rung 28's first run)
+            prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
         prompt_len = len(prompt.token_ids)
         max_tokens = resolve_max_tokens(sp.max_tokens, cfg, prompt_len)
         record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len, prompt.audio_tokens)

@@ -172,6 +172,9 @@ class DeployProfile:
     backend: Literal["staged", "transformers_generate"] = "staged"
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    # run the engine (orchestrator and stage threads) in a child process with its own GIL, so the
+    # server's event loop never waits on the stage threads for it (engine/process.py)
+    engine_process: bool = False
 
 
 def detect_platform() -> str:

@@ -156,13 +156,15 @@ class ReferenceEngine:
         return {STAGE: len(self._jobs)}
 
     # -- requests
-    async def submit(self, request: EngineRequest) -> RequestStream:
+    async def submit(self, request: EngineRequest, prompt: Prompt | None = None) -> RequestStream:
+        """`prompt`: already built from the request's messages (the engine process's parent builds them)."""
         assert self._loop is not None, "engine not started"
         rid = request.request_id
         if rid in self._jobs:
             raise EngineError(f"request id {rid} is already in use")
         speaker = resolve_speaker(request, self.profile, self.info.speakers)
-        prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
+        if prompt is None:
+            prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
         max_tokens = resolve_max_tokens(request.sampling.max_tokens, self.profile.stages.thinker, len(prompt.token_ids))
         job = _Job(request, prompt, max_tokens, speaker, asyncio.Queue(), time.perf_counter())
         self._jobs[rid] = job

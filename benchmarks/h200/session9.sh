@@ -22,5 +22,8 @@ case "${1:-probe}" in
     timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/unit/test_code2wav_stream.py \
       tests/unit/test_triton_kernels.py -k "snake or gpu or graph" 2>&1 | tail -3
     h200_ladder 420 burst-kernels "${2:-1,16,32,64}" ;;
-  *) echo "usage: session9.sh probe|probe2|row" >&2; exit 2 ;;
+  process)  # rung 29 (the engine in its own process) at c=1 and 64, then rung 28 again at 64 in the same call
+    h200_ladder 280 engine-process 1,64
+    h200_ladder 250 burst-kernels 64 ;;
+  *) echo "usage: session9.sh probe|probe2|row|process" >&2; exit 2 ;;
 esac

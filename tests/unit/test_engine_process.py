@@ -1,0 +1,109 @@
+"""The engine in its own process (`engine_process: true`) answers as the in-process engine does: the same
+events for the same seed, the same refusals, aborts, metrics; and a child that dies fails what it held."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.api import (
+    AudioChunk,
+    EngineError,
+    EngineRequest,
+    Failed,
+    Finished,
+    Message,
+    SamplingParams,
+    TextDelta,
+    TextPart,
+    create_engine,
+    load_profile,
+)
+from engine.process import EngineProcess
+
+
+def _request(rid: str, text: str = "tell me about the sea", **kwargs) -> EngineRequest:
+    sampling = SamplingParams(max_tokens=6, temperature=0.9, seed=7)
+    return EngineRequest(rid, (Message("user", (TextPart(text),)),), sampling=sampling, **kwargs)
+
+
+async def _reply(engine, request: EngineRequest) -> tuple[list[int], np.ndarray, Finished]:
+    tokens: list[int] = []
+    audio: list[np.ndarray] = []
+    events = [event async for event in await engine.submit(request)]
+    for event in events:
+        if isinstance(event, TextDelta):
+            tokens += event.token_ids
+        elif isinstance(event, AudioChunk):
+            audio.append(event.samples)
+    assert isinstance(events[-1], Finished), events[-1]
+    return tokens, np.concatenate(audio), events[-1]
+
+
+async def _until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    profile = load_profile(model="tiny", platform="cpu")
+    local = create_engine("tiny", profile, cache_dir)
+    await local.start()
+    try:
+        expected = await _reply(local, _request("local"))
+    finally:
+        await local.stop()
+
+    remote = create_engine("tiny", dataclasses.replace(profile, engine_process=True), cache_dir)
+    assert isinstance(remote, EngineProcess)
+    await remote.start()
+    try:
+        assert remote.info == local.info
+        tokens, audio, finished = await _reply(remote, _request("remote"))
+        assert tokens == expected[0] and len(tokens) == 6
+        assert np.array_equal(audio, expected[1]) and audio.size > 0
+        assert finished.timings.codec_frames == expected[2].timings.codec_frames
+
+        # refusals come back as the engine's own errors
+        with pytest.raises(EngineError, match="unknown voice"):
+            await remote.submit(_request("bad-voice", speaker="nobody"))
+        assert remote.num_active_requests() == 0
+
+        # closing a stream early aborts the request in the child
+        stream = await remote.submit(dataclasses.replace(_request("aborted"), sampling=SamplingParams(max_tokens=200)))
+        assert isinstance(await stream.__anext__(), (TextDelta, AudioChunk))
+        await stream.aclose()
+        await _until(lambda: remote.num_active_requests() == 0 and not any(remote.stage_load().values()))
+
+        # the child's metrics reach the parent's registry
+        await _until(lambda: b'engine_requests_total{outcome="aborted"} 1.0' in generate_latest(remote.registry))
+        pushed = {sample.name: sample.value for family in text_string_to_metric_families(
+            generate_latest(remote.registry).decode()) for sample in family.samples}
+        assert pushed["engine_ttft_seconds_count"] == 2 and pushed["engine_ttfp_seconds_count"] >= 1
+    finally:
+        await remote.stop()
+    assert not remote._process.is_alive()
+
+
+async def test_a_dead_engine_process_fails_its_requests(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    profile = dataclasses.replace(load_profile(model="tiny", platform="cpu"), engine_process=True)
+    engine = create_engine("tiny", profile, cache_dir)
+    await engine.start()
+    try:
+        stream = await engine.submit(dataclasses.replace(_request("held"), sampling=SamplingParams(max_tokens=500)))
+        engine._process.kill()
+        events = [event async for event in stream]
+        assert isinstance(events[-1], Failed) and "engine process exited" in events[-1].reason
+        with pytest.raises(EngineError, match="not running"):
+            await engine.submit(_request("after"))
+    finally:
+        await engine.stop()
