@@ -7,13 +7,14 @@ milliseconds between a request's arrival and its `submit`, and between an audio 
 (benchmarks/h200/NOTES.md, sessions 8-9). Here the orchestrator and its stages run in a child process
 with their own GIL; the server's process keeps only HTTP, JSON and base64.
 
-The parent also builds each prompt (tokens, audio features) before it sends the request: on the
-child's side that work would wait on the stage threads for the GIL just the same.
+The parent also admits each request (its voice, its prompt's tokens and audio features, its length)
+before it sends it: on the child's side that work would wait on the stage threads for the GIL just
+the same, and a response then starts without waiting for the child.
 
 Parent and child talk over one duplex pipe of pickled tuples. Parent -> child: ("submit", request,
-prompt), ("abort", id), ("stop",). Child -> parent: ("ready", info, prompt builder) or ("failed", reason) once, then
-("accepted", id) or ("rejected", id, message, code) per submit, ("events", [...]) batched per loop
-turn, ("state", stage_load, metrics_text) every `_STATE_PERIOD_S`, and ("stopped",). A reader
+prompt), ("abort", id), ("stop",). Child -> parent: ("ready", info, prompt builder) or ("failed",
+reason) once, then ("events", [...]) batched per loop turn, ("state", stage_load, metrics_text)
+every `_STATE_PERIOD_S`, and ("stopped",). A reader
 thread on each side blocks on the pipe (without the GIL) and hands everything it finds to its loop
 in one call. If the child dies, every open stream ends with `Failed` and new submits are refused.
 """
@@ -34,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from engine.admission import RequestStream
+from engine.admission import RequestStream, resolve_max_tokens, resolve_speaker
 from engine.api import AudioPart, EngineError, EngineRequest, Failed, Finished, ModelInfo, OutputEvent
 from engine.profile import DeployProfile
 from engine.prompt import Prompt, PromptBuilder
@@ -84,7 +85,6 @@ class EngineProcess:
         self._prompts: PromptBuilder | None = None  # the child's, set by start()
         self._stage_load: dict[str, int] = {}
         self._queues: dict[str, asyncio.Queue[OutputEvent]] = {}
-        self._accepting: dict[str, asyncio.Future[None]] = {}
         self._conn: Connection | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._alive = False
@@ -132,22 +132,19 @@ class EngineProcess:
             raise EngineError("the engine process is not running")
         if rid in self._queues:
             raise EngineError(f"request id {rid} is already in use")
-        assert self._prompts is not None
+        assert self._prompts is not None and self.info is not None
+        # the engine's own admission, here: a refusal is an error now, and an accepted request waits for
+        # no answer from the child before its response starts
+        resolve_speaker(request, self.profile, self.info.speakers)
         if _has_audio(request):  # audio features take a while; text tokenizes in a fraction of a millisecond
             prompt = await asyncio.to_thread(self._prompts.build, request.messages)
         else:
             prompt = self._prompts.build(request.messages)
+        resolve_max_tokens(request.sampling.max_tokens, self.profile.stages.thinker, len(prompt.token_ids))
         if not self._alive or rid in self._queues:  # checked again: the build may have awaited
             raise EngineError("the engine process is not running" if not self._alive else f"request id {rid} is already in use")
-        accepted = asyncio.get_running_loop().create_future()
-        self._accepting[rid] = accepted
         self._queues[rid] = asyncio.Queue()
         self._send(("submit", request, prompt))
-        try:
-            await accepted
-        except BaseException:
-            self._queues.pop(rid, None)
-            raise
         return RequestStream(rid, self._queues[rid], self.abort)
 
     def abort(self, request_id: str) -> None:
@@ -177,11 +174,6 @@ class EngineProcess:
             if kind == "events":
                 for event in message[1]:
                     self._deliver(event)
-            elif kind == "accepted":
-                self._resolve(message[1], None)
-            elif kind == "rejected":
-                _, rid, text, code = message
-                self._resolve(rid, EngineError(text, code=code))
             elif kind == "state":
                 self._stage_load, self._pushed.text = message[1], message[2]
             elif kind == "stopped" and self._stopped is not None and not self._stopped.done():
@@ -195,15 +187,6 @@ class EngineProcess:
         if isinstance(event, (Finished, Failed)):
             del self._queues[event.request_id]
 
-    def _resolve(self, rid: str, error: EngineError | None) -> None:
-        accepted = self._accepting.pop(rid, None)
-        if accepted is None or accepted.done():
-            return
-        if error is None:
-            accepted.set_result(None)
-        else:
-            accepted.set_exception(error)
-
     def _lost(self) -> None:
         if self._stopped is not None and not self._stopped.done():
             self._stopped.set_result(None)
@@ -213,8 +196,6 @@ class EngineProcess:
 
     def _end_all(self, reason: str) -> None:
         self._alive = False
-        for rid in list(self._accepting):
-            self._resolve(rid, EngineError(reason))
         for rid, queue in list(self._queues.items()):
             queue.put_nowait(Failed(rid, reason))
         self._queues.clear()
@@ -296,14 +277,10 @@ class _ChildServer:
         rid = request.request_id
         try:
             stream = await self.engine.submit(request, prompt)
-        except EngineError as e:
-            self.conn.send(("rejected", rid, str(e), e.code))
+        except Exception as e:  # noqa: BLE001 - the parent admitted it already: its stream must still end
+            log.exception("request %s: the engine refused what the server admitted", rid)
+            self._queue(Failed(rid, str(e) if isinstance(e, EngineError) else f"internal error: {type(e).__name__}: {e}"))
             return
-        except Exception as e:  # noqa: BLE001 - the parent must hear about any failure to take a request
-            log.exception("request %s: submit failed", rid)
-            self.conn.send(("rejected", rid, f"internal error: {type(e).__name__}: {e}", None))
-            return
-        self.conn.send(("accepted", rid))
         async for event in stream:
             self._queue(event)
 

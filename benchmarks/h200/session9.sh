@@ -25,5 +25,7 @@ case "${1:-probe}" in
   process)  # rung 29 (the engine in its own process) at c=1 and 64, then rung 28 again at 64 in the same call
     h200_ladder 280 engine-process 1,64
     h200_ladder 250 burst-kernels 64 ;;
-  *) echo "usage: session9.sh probe|probe2|row|process" >&2; exit 2 ;;
+  final)  # rung 30 (parent-admission) at c=1..64
+    h200_ladder 420 parent-admission 1,16,32,64 ;;
+  *) echo "usage: session9.sh probe|probe2|row|process|final" >&2; exit 2 ;;
 esac

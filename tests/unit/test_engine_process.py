@@ -76,6 +76,9 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
         # refusals come back as the engine's own errors
         with pytest.raises(EngineError, match="unknown voice"):
             await remote.submit(_request("bad-voice", speaker="nobody"))
+        with pytest.raises(EngineError) as too_long:
+            await remote.submit(_request("too-long", text="sea " * 3000))
+        assert too_long.value.code == "context_length_exceeded"
         assert remote.num_active_requests() == 0
 
         # closing a stream early aborts the request in the child
