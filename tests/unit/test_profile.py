@@ -24,9 +24,9 @@ def test_platform_delta_is_merged() -> None:
 
 
 def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
-    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rungs 22 and 26 served."""
+    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rungs 29 and 30 served."""
     shipped = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
-    measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-fine-prefill.yaml", model="dummy")
+    measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-engine-process.yaml", model="dummy")
     switches = ("enforce_eager", "moe_implementation", "decode_attention", "graph_prefill", "graph_prefill_groups",
                 "fine_prefill_buckets", "compile_decode")
     for stage in ("thinker", "talker"):
@@ -36,6 +36,9 @@ def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
     assert shipped.stages.talker.code_predictor == measured.stages.talker.code_predictor
     assert shipped.stages.own_cuda_streams == measured.stages.own_cuda_streams
     assert shipped.async_chunk == measured.async_chunk
+    assert shipped.stages.code2wav.fused_snake == measured.stages.code2wav.fused_snake
+    assert shipped.engine_process == measured.engine_process
+    assert not load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cpu").engine_process
 
 
 def test_stage_overrides_refine_one_key() -> None:
