@@ -14,9 +14,9 @@ the same, and a response then starts without waiting for the child.
 Parent and child talk over one duplex pipe of pickled tuples. Parent -> child: ("submit", request,
 prompt), ("abort", id), ("stop",). Child -> parent: ("ready", info, prompt builder) or ("failed",
 reason) once, then ("events", [...]) batched per loop turn, ("state", stage_load, metrics_text)
-every `_STATE_PERIOD_S`, and ("stopped",). A reader
-thread on each side blocks on the pipe (without the GIL) and hands everything it finds to its loop
-in one call. If the child dies, every open stream ends with `Failed` and new submits are refused.
+every `_STATE_PERIOD_S`, and ("stopped",). A reader thread on each side blocks on the pipe
+(without the GIL) and hands everything it finds to its loop in one call. If the child dies, every
+open stream ends with `Failed` and new submits are refused; if the parent dies, the child stops.
 """
 
 from __future__ import annotations
@@ -59,12 +59,13 @@ class _PushedMetrics(Collector):
 def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Any) -> None:
     """Pipe -> loop: block for one message, take whatever else is waiting, hand them over in one call."""
     while True:
+        batch: list[Any] = []
         try:
-            batch = [conn.recv()]
+            batch.append(conn.recv())
             while conn.poll():
                 batch.append(conn.recv())
         except (EOFError, OSError):
-            batch = [None]  # the other side is gone
+            batch.append(None)  # the other side is gone; what came before it still counts
         try:
             loop.call_soon_threadsafe(handle, batch)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -242,24 +243,24 @@ class _ChildServer:
             await self.engine.start()
         except Exception as e:
             log.exception("engine failed to start")
-            self.conn.send(("failed", f"{type(e).__name__}: {e}"))
+            self._send(("failed", f"{type(e).__name__}: {e}"))
             return
         self.done = loop.create_future()
-        self.conn.send(("ready", self.engine.info, self.engine.prompt_builder))
+        self._send(("ready", self.engine.info, self.engine.prompt_builder))
         threading.Thread(target=_read, args=(self.conn, loop, self._on_messages), name="engine-pipe",
                          daemon=True).start()
         last_state = None
         while not self.done.done():
             state = (self.engine.stage_load(), generate_latest(self.engine.registry).decode())
             if state != last_state:
-                self.conn.send(("state", *state))
+                self._send(("state", *state))
                 last_state = state
             await asyncio.wait([self.done], timeout=_STATE_PERIOD_S)
         await self.engine.stop()  # ends every open stream with Failed
         if self.tasks:
             await asyncio.wait(self.tasks, timeout=5)
         self._flush()
-        self.conn.send(("stopped",))
+        self._send(("stopped",))
 
     def _on_messages(self, batch: list[Any]) -> None:
         for message in batch:
@@ -294,4 +295,11 @@ class _ChildServer:
         self.flush_scheduled = False
         if self.outbox:
             events, self.outbox = self.outbox, []
-            self.conn.send(("events", events))
+            self._send(("events", events))
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # the parent is gone: stop serving
+            if self.done is not None and not self.done.done():
+                self.done.set_result(None)

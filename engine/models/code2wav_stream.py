@@ -174,8 +174,6 @@ class StreamingCode2Wav:
         history = torch.where(fresh[:, None, None], 0, pool[slots])
         joined = torch.cat([history, x], dim=-1)
         pool[slots] = _take(joined, valid, conv.padding)  # the last `padding` valid inputs
-        if conv.conv.out_channels == 1:
-            return _one_channel_conv(conv.conv, joined)
         if conv in self.gemm_convs:
             return _unfolded_conv(conv.conv, joined)
         return conv.conv(joined)
@@ -241,26 +239,6 @@ class StreamingCode2Wav:
             hidden = residual + layer.self_attn_layer_scale(attn.o_proj(out.transpose(1, 2).flatten(2)))
             hidden = hidden + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
         return transformer.norm(hidden)
-
-
-def _one_channel_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
-    """`conv(x)` for a convolution to one channel (the waveform), as one GEMM and a shifted sum.
-
-    cuDNN has no tensor-core kernel for one output channel: the decoder's last convolution took
-    17.8 ms of a batch-64 chunk's 116 on the H200 (benchmarks/h200/burst-probe.json). Here every tap
-    is applied to every input sample at once, [K, C] @ [B, C, L] -> [B, K, L], reading the input
-    once; then output t sums tap k's row at t + k * dilation, in float32.
-    """
-    assert conv.groups == 1 and conv.stride == (1,) and conv.padding == (0,)
-    taps, dilation = conv.kernel_size[0], conv.dilation[0]
-    length = x.shape[-1] - (taps - 1) * dilation
-    per_tap = torch.matmul(conv.weight[0].transpose(0, 1), x).float()  # [B, K, L]
-    out = per_tap[:, 0, :length].clone()
-    for k in range(1, taps):
-        out += per_tap[:, k, k * dilation : k * dilation + length]
-    if conv.bias is not None:
-        out += conv.bias.float()
-    return out.to(x.dtype)[:, None]
 
 
 def _unfolded_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
