@@ -43,6 +43,9 @@ class PromptBuilder:
         self.feature_extractor = feature_extractor
         self.n_window = n_window
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        # the Rust tokenizer itself when there is one: the same ids without transformers' Python around
+        # each call (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
 
     def build(self, messages: tuple[Message, ...]) -> Prompt:
         ids: list[int] = []
@@ -64,6 +67,8 @@ class PromptBuilder:
         return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens)
 
     def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _features(self, samples: np.ndarray) -> torch.Tensor:

@@ -88,3 +88,20 @@ def test_special_tokens_in_text_are_atomic(tokenizer: PreTrainedTokenizerBase) -
 def test_skip_special_tokens_keeps_reasoning_markers(tokenizer: PreTrainedTokenizerBase) -> None:
     ids = tokenizer.encode("<|im_start|>assistant\n<think>\nok\n</think>\n\nhi<|im_end|>", add_special_tokens=False)
     assert tokenizer.decode(ids, skip_special_tokens=True) == "assistant\n<think>\nok\n</think>\n\nhi"
+
+
+def test_prompt_builder_ids_equal_transformers_encode(tokenizer: PreTrainedTokenizerBase) -> None:
+    """The prompt builder calls the Rust tokenizer directly; its ids are transformers' encode()'s."""
+    from engine.api import Message, TextPart
+    from engine.prompt import PromptBuilder
+
+    fast = PromptBuilder(tokenizer, None, n_window=50)
+    assert fast._backend is not None
+    plain = PromptBuilder(tokenizer, None, n_window=50)
+    plain._backend = None
+    messages = tuple(Message(role, (TextPart(text),)) for role, text in zip(("system", "user", "assistant", "user"),
+                                                                         [*TEXTS, "<|im_end|> inside a turn"][-4:]))
+    for text in TEXTS:
+        one = (Message("user", (TextPart(text),)),)
+        assert fast.build(one).token_ids == plain.build(one).token_ids
+    assert fast.build(messages).token_ids == plain.build(messages).token_ids
