@@ -334,3 +334,14 @@ def test_bench_main_compare_with_missing_json_returns_2(tmp_path: Path) -> None:
     bench.add_bench_arguments(parser)
     argv = ["--compare", str(tmp_path / "missing.json"), "--out-dir", str(tmp_path)]
     assert bench.bench_main(parser.parse_args(argv), argv) == 2
+
+
+async def test_workers_spread_over_client_processes(fake_server, tmp_path: Path) -> None:
+    url, handler = fake_server
+    cfg = BenchConfig(url=url, model="m", concurrency=[3], num_requests=7, warmup=1, client_processes=2,
+                      label="procs", out_dir=tmp_path, show_progress=False)
+    lv = (await bench.run_bench(cfg)).levels[0]
+    assert len(handler.requests) == 1 + 7
+    assert [r.index for r in lv.records] == list(range(7)) and lv.failures == 0
+    assert all(r.ttfp_s is not None and r.audio_frames == 6 for r in lv.records)
+    assert lv.req_per_s > 0 and json.loads((tmp_path / "procs.json").read_text())["config"]["client_processes"] == 2

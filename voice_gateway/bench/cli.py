@@ -85,6 +85,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--voice", help=f"default {_DEFAULTS.voice}")
     opt("--seed", type=_at_least(0), help=f"default {_DEFAULTS.seed}")
     opt("--timeout", type=float, help=f"per-request timeout in seconds (default {_DEFAULTS.timeout:.0f})")
+    opt("--client-processes", type=_at_least(1),
+        help="spread each level's workers over this many client processes, each with its own event loop "
+             f"(default {_DEFAULTS.client_processes})")
 
 
 def cli_sweep(args: argparse.Namespace) -> dict[str, Any]:

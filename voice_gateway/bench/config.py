@@ -28,6 +28,9 @@ class BenchConfig:
     label: str = "bench"
     out_dir: Path = Path("benchmarks/local")
     timeout: float = 300.0
+    # processes the level's workers are spread over: with one, all C workers share one Python event
+    # loop, and a burst of C sends queues on it (the client's own time, not the server's)
+    client_processes: int = 1
     argv: list[str] = field(default_factory=list)  # exact command line, stored verbatim
     show_progress: bool = True
 
@@ -79,6 +82,7 @@ SWEEP_KEYS = {
     "voice": str,
     "seed": _seed,
     "timeout": _seconds,
+    "client_processes": _int_at_least(1),
 }
 assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import multiprocessing
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -144,10 +145,16 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
     watch = asyncio.create_task(_watch_loop_lag(lags))
     t0 = time.perf_counter()
     try:
-        records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, advance)
+        if config.client_processes > 1:
+            records, wall_s = await asyncio.to_thread(_run_in_processes, config, model, prompt_words, concurrency, n)
+            for _ in records:
+                advance()
+        else:
+            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, advance)
+            wall_s = time.perf_counter() - t0
     finally:
         watch.cancel()
-    level = summarize_level(concurrency, records, time.perf_counter() - t0, prompt_words)
+    level = summarize_level(concurrency, records, wall_s, prompt_words)
     after = await server_latency_sums(client)
     means = {name: (after[name][0] - before[name][0]) / count
              for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
@@ -155,6 +162,47 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_ttfp_mean_s=means.get("engine_ttfp_seconds"),
                    server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
+
+
+def _run_in_processes(config: BenchConfig, model: str, prompt_words: int, concurrency: int,
+                      n: int) -> tuple[list[RequestRecord], float]:
+    """The level's closed loop over `client_processes` processes: process p runs every P-th request with
+    its share of the C workers. All start together (a barrier, once every client is made); the wall
+    time runs from that start to the last one's end (perf_counter is one monotonic clock for all)."""
+    ctx = multiprocessing.get_context("spawn")
+    count = min(config.client_processes, concurrency)
+    start, results = ctx.Barrier(count + 1), ctx.Queue()
+    procs = [ctx.Process(target=_pool_process, daemon=True,
+                         args=(config, model, prompt_words, concurrency, list(range(p, n, count)),
+                               concurrency // count + (p < concurrency % count), start, results))
+             for p in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        start.wait(timeout=120)
+        t0 = time.perf_counter()
+        parts = [results.get(timeout=config.timeout * max(n, 1)) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    records = sorted((r for part, _ in parts for r in part), key=lambda r: r.index)
+    return records, max(end for _, end in parts) - t0
+
+
+def _pool_process(config: BenchConfig, model: str, prompt_words: int, concurrency: int, indices: list[int],
+                  workers: int, start: Any, results: Any) -> None:
+    async def run() -> tuple[list[RequestRecord], float]:
+        async with AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(httpx.AsyncClient(
+                base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
+                limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
+            await asyncio.to_thread(start.wait, 120)
+            records = await _run_pool(clients, config, model, indices, concurrency, prompt_words, lambda: None)
+            return records, time.perf_counter()
+
+    results.put(asyncio.run(run()))
 
 
 async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
