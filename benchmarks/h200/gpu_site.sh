@@ -26,9 +26,9 @@ _gpu_site_pkgs="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["pur
 unset _gpu_site_pkgs
 
 # One or more ladder rows into $OUT/ladder, with the bench settings every H200 row ran with:
-#   h200_ladder <timeout s> <rows> [concurrency, default 1,16,32,64]
+#   h200_ladder <timeout s> <rows> [concurrency, default 1,16,32,64] [more bench flags...]
 h200_ladder() {
   timeout "$1" python3 -m voice_gateway.cli bench --ladder benchmarks/h200/ladder.yaml --rows "$2" \
     --concurrency "${3:-1,16,32,64}" --prompt-tokens 32 --timeout 60 --out-dir "${OUT:-/tmp/out}/ladder" \
-    --startup-timeout 300 2>&1 | grep -v "━" | tail -8
+    --startup-timeout 300 "${@:4}" 2>&1 | grep -v "━" | tail -8
 }

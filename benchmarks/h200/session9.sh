@@ -27,5 +27,9 @@ case "${1:-probe}" in
     h200_ladder 250 burst-kernels 64 ;;
   final)  # rung 30 (parent-admission) at c=1..64
     h200_ladder 420 parent-admission 1,16,32,64 ;;
-  *) echo "usage: session9.sh probe|probe2|row|process|final" >&2; exit 2 ;;
+  clients)  # next session's first call: rung 30 at c=64 with the bench's workers in 1, then 4 client
+    # processes (two servers, one row name: the second run's JSON replaces the first's, so copy it out)
+    h200_ladder 250 parent-admission 64 && cp "$OUT/ladder/parent-admission.json" "$OUT/parent-admission-p1.json"
+    h200_ladder 250 parent-admission 64 --client-processes 4 ;;
+  *) echo "usage: session9.sh probe|probe2|row|process|final|clients" >&2; exit 2 ;;
 esac
