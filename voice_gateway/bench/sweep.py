@@ -7,7 +7,9 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import queue
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
@@ -179,9 +181,18 @@ def _run_in_processes(config: BenchConfig, model: str, prompt_words: int, concur
     for proc in procs:
         proc.start()
     try:
-        start.wait(timeout=120)
+        try:
+            start.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            raise BenchError(f"{count} client processes did not all start within 120 s") from None
         t0 = time.perf_counter()
-        parts = [results.get(timeout=config.timeout * max(n, 1)) for _ in procs]
+        parts: list[tuple[list[RequestRecord], float]] = []
+        while len(parts) < count:
+            try:
+                parts.append(results.get(timeout=1))
+            except queue.Empty:
+                if not any(proc.is_alive() for proc in procs) and results.empty():
+                    raise BenchError("a client process ended without its records") from None
     finally:
         for proc in procs:
             proc.join(timeout=10)
