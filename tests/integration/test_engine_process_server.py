@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.profile import CONFIG_DIR
 from tests.conftest import Server, start_server, stop_server
-from tests.integration.test_chat_api import _delta_audio
+from tests.integration.test_chat_api import _delta_audio, _wav_b64
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 AUDIO = {"voice": "ethan", "format": "pcm16"}
@@ -89,3 +90,16 @@ def test_hang_up_frees_the_child(process_server: Server) -> None:
             break
         assert time.monotonic() < deadline, health
         time.sleep(0.05)
+
+
+def test_audio_input_is_prepared_in_the_server_process(client: openai.OpenAI) -> None:
+    """Input audio's features come from the child's feature extractor, sent to the server's process at start."""
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(48_000) / 48_000)).astype(np.float32)
+    content = [{"type": "input_audio", "input_audio": {"data": _wav_b64(tone, 48_000), "format": "wav"}},
+               {"type": "text", "text": "What is this?"}]
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=4)
+    assert reply.usage.prompt_tokens_details.audio_tokens == 13  # one second of audio: 13 encoder frames
+    assert reply.choices[0].message.content
+    blip = [{"type": "input_audio", "input_audio": {"data": _wav_b64(tone[:100], 48_000), "format": "wav"}}]
+    with pytest.raises(openai.BadRequestError, match="at least 10 ms"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": blip}], max_tokens=4)
