@@ -12,22 +12,30 @@ before it sends it: on the child's side that work would wait on the stage thread
 the same, and a response then starts without waiting for the child.
 
 Parent and child talk over one duplex pipe of pickled tuples. Parent -> child: ("submit", request,
-prompt), ("abort", id), ("stop",). Child -> parent: ("ready", info, prompt builder) or ("failed",
+prompt), ("abort", id), ("stop",). Child -> parent: ("ready", info, prompt builder, profile) or ("failed",
 reason) once, then ("events", [...]) batched per loop turn, ("state", stage_load, metrics_text)
 every `_STATE_PERIOD_S`, and ("stopped",). A reader thread on each side blocks on the pipe
 (without the GIL) and hands everything it finds to its loop in one call. If the child dies, every
 open stream ends with `Failed` and new submits are refused; if the parent dies, the child stops.
+
+One server process is one event loop, and a burst of arrivals queues on it. With `EngineHost` the
+child also listens on a Unix socket, and several server processes (`serve --http-workers N`) attach
+to it the same way: each gets its own connection, its requests' events come back on it, and one
+that goes away loses only its own requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import multiprocessing
+import os
 import signal
+import tempfile
 import threading
 from collections.abc import Iterable
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +72,7 @@ def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Any) -> Non
             batch.append(conn.recv())
             while conn.poll():
                 batch.append(conn.recv())
-        except (EOFError, OSError):
+        except (EOFError, OSError, TypeError):  # TypeError: this side closed it under us (a detach)
             batch.append(None)  # the other side is gone; what came before it still counts
         try:
             loop.call_soon_threadsafe(handle, batch)
@@ -74,11 +82,68 @@ def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Any) -> Non
             return
 
 
-class EngineProcess:
-    """The parent's side: an `Engine` whose orchestrator and stages live in a child process."""
+Address = tuple[str, bytes]  # a child's listening socket and its auth key
+
+
+def _spawn(model: str, profile: DeployProfile, cache_dir: Path | None,
+           listen: Address | None) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+    """Start the engine's child process; returns it and the pipe to it (its owner's end)."""
+    ctx = multiprocessing.get_context("spawn")  # a fork would copy the parent's threads and locks
+    conn, child_conn = ctx.Pipe()
+    process = ctx.Process(target=_child_main, args=(child_conn, model, profile, cache_dir,
+                                                    logging.getLogger().level, listen),
+                          name="voice-gateway-engine", daemon=True)
+    process.start()
+    child_conn.close()
+    return process, conn
+
+
+class EngineHost:
+    """Owns an engine child that serves several server processes (`serve --http-workers N`).
+
+    The child listens on a Unix socket; each server process attaches an `EngineProcess` to it. The
+    owner's pipe carries only the start and the stop: nobody reads it in between.
+    """
 
     def __init__(self, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> None:
         self.model, self.profile, self.cache_dir = model, profile, cache_dir
+        self.address: Address = (str(Path(tempfile.mkdtemp(prefix="vg-engine-")) / "engine.sock"), os.urandom(16))
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def start(self) -> None:
+        self._process, self._conn = _spawn(self.model, self.profile, self.cache_dir, self.address)
+        if not self._conn.poll(_START_TIMEOUT_S):
+            raise EngineError(f"the engine process did not start within {_START_TIMEOUT_S} s")
+        first = self._conn.recv()
+        if first[0] != "ready":
+            raise EngineError(f"the engine process failed to start: {first[1]}")
+        log.info("engine process %d ready for server processes at %s", self._process.pid, self.address[0])
+
+    def stop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(("stop",))
+                self._conn.poll(30)
+            except OSError:
+                pass
+        if self._process is not None:
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
+
+
+class EngineProcess:
+    """The parent's side: an `Engine` whose orchestrator and stages live in a child process.
+
+    It starts the child itself, or with `attach` joins one an `EngineHost` started: then `stop()`
+    only detaches, and the child aborts what this process still had in flight.
+    """
+
+    def __init__(self, model: str, profile: DeployProfile | None = None, cache_dir: Path | None = None, *,
+                 attach: Address | None = None) -> None:
+        self.model, self.profile, self.cache_dir = model, profile, cache_dir
+        self.attach = attach
         self.info: ModelInfo | None = None  # set by start()
         self._pushed = _PushedMetrics()
         self.registry = CollectorRegistry()
@@ -93,28 +158,31 @@ class EngineProcess:
         self._stopped: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")  # a fork would copy the parent's threads and locks
-        conn, child_conn = ctx.Pipe()
-        self._process = ctx.Process(target=_child_main, args=(child_conn, self.model, self.profile, self.cache_dir,
-                                                               logging.getLogger().level),
-                                    name="voice-gateway-engine", daemon=True)
-        self._process.start()
-        child_conn.close()
+        if self.attach is not None:
+            address, authkey = self.attach
+            conn = await asyncio.to_thread(Client, address, authkey=authkey)
+        else:
+            self._process, conn = _spawn(self.model, self.profile, self.cache_dir, None)
         self._conn = conn
         if not await asyncio.to_thread(conn.poll, _START_TIMEOUT_S):
             raise EngineError(f"the engine process did not start within {_START_TIMEOUT_S} s")
         first = await asyncio.to_thread(conn.recv)
         if first[0] != "ready":
             raise EngineError(f"the engine process failed to start: {first[1]}")
-        self.info, self._prompts = first[1], first[2]
+        self.info, self._prompts, self.profile = first[1], first[2], first[3]
         self._alive = True
         loop = asyncio.get_running_loop()
         self._stopped = loop.create_future()
         threading.Thread(target=_read, args=(conn, loop, self._on_messages), name="engine-pipe", daemon=True).start()
-        log.info("engine process %d ready: %s", self._process.pid, self.info.model_id)
+        log.info("engine process %s: %s", "attached" if self.attach else f"{self._process.pid} ready", self.info.model_id)
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.attach is not None:
+            if self._conn is not None:
+                self._conn.close()  # the child aborts what this process had in flight
+            self._end_all("server shutting down")
+            return
         if self._alive and self._stopped is not None:
             self._send(("stop",))
             try:
@@ -209,26 +277,32 @@ def _has_audio(request: EngineRequest) -> bool:
 # -- the child's side
 
 
-def _child_main(conn: Connection, model: str, profile: DeployProfile, cache_dir: Path | None, log_level: int) -> None:
+def _child_main(conn: Connection, model: str, profile: DeployProfile, cache_dir: Path | None, log_level: int,
+                listen: Address | None) -> None:
     # the parent decides when to stop: Ctrl-C reaches the whole process group
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
     try:
-        asyncio.run(_ChildServer(conn).run(model, profile, cache_dir))
+        asyncio.run(_ChildServer(conn, listen).run(model, profile, cache_dir))
     finally:
         conn.close()
 
 
 class _ChildServer:
-    """Runs the in-process engine and answers the parent's pipe."""
+    """Runs the in-process engine and answers its owner's pipe; with `listen`, also any number of server
+    processes that connect to the socket (the owner then only starts and stops it)."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self, owner: Connection, listen: Address | None) -> None:
+        self.owner = owner
+        self.listen = listen
         self.engine: Any = None
-        self.outbox: list[OutputEvent] = []
+        self.clients: list[Connection] = [] if listen else [owner]  # those that submit and hear events
+        self.routes: dict[str, Connection] = {}  # request id -> the client that submitted it
+        self.outbox: dict[Connection, list[OutputEvent]] = {}
         self.flush_scheduled = False
         self.done: asyncio.Future[None] | None = None
         self.tasks: set[asyncio.Task] = set()
+        self.last_state: tuple | None = None
 
     async def run(self, model: str, profile: DeployProfile, cache_dir: Path | None) -> None:
         import dataclasses
@@ -243,36 +317,86 @@ class _ChildServer:
             await self.engine.start()
         except Exception as e:
             log.exception("engine failed to start")
-            self._send(("failed", f"{type(e).__name__}: {e}"))
+            self._send(self.owner, ("failed", f"{type(e).__name__}: {e}"))
             return
         self.done = loop.create_future()
-        self._send(("ready", self.engine.info, self.engine.prompt_builder))
-        threading.Thread(target=_read, args=(self.conn, loop, self._on_messages), name="engine-pipe",
-                         daemon=True).start()
-        last_state = None
+        self._send(self.owner, self._ready())
+        self._listen(self.owner, loop)
+        listener = None
+        if self.listen is not None:
+            listener = Listener(self.listen[0], authkey=self.listen[1])
+            threading.Thread(target=self._accept, args=(listener, loop), name="engine-accept", daemon=True).start()
         while not self.done.done():
             state = (self.engine.stage_load(), generate_latest(self.engine.registry).decode())
-            if state != last_state:
-                self._send(("state", *state))
-                last_state = state
+            if state != self.last_state:
+                for client in list(self.clients):
+                    self._send(client, ("state", *state))
+                self.last_state = state
             await asyncio.wait([self.done], timeout=_STATE_PERIOD_S)
+        if listener is not None:
+            listener.close()
         await self.engine.stop()  # ends every open stream with Failed
         if self.tasks:
             await asyncio.wait(self.tasks, timeout=5)
         self._flush()
-        self._send(("stopped",))
+        self._send(self.owner, ("stopped",))
 
-    def _on_messages(self, batch: list[Any]) -> None:
+    def _ready(self) -> tuple:
+        return ("ready", self.engine.info, self.engine.prompt_builder, self.engine.profile)
+
+    def _listen(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        threading.Thread(target=_read, args=(conn, loop, functools.partial(self._on_messages, conn)),
+                         name="engine-pipe", daemon=True).start()
+
+    def _accept(self, listener: Listener, loop: asyncio.AbstractEventLoop) -> None:
+        """Socket -> a new client: it gets the engine's description, then joins at the loop's next turn."""
+        while True:
+            try:
+                conn = listener.accept()
+                conn.send(self._ready())
+            except (OSError, EOFError, multiprocessing.AuthenticationError):
+                if self.done is not None and self.done.done():
+                    return  # the listener was closed
+                continue
+            try:
+                loop.call_soon_threadsafe(self._join, conn, loop)
+            except RuntimeError:
+                return
+
+    def _join(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self.clients.append(conn)
+        if self.last_state is not None:
+            self._send(conn, ("state", *self.last_state))
+        self._listen(conn, loop)
+
+    def _on_messages(self, conn: Connection, batch: list[Any]) -> None:
         for message in batch:
-            if message is None or message[0] == "stop":  # a vanished parent stops the engine too
-                if self.done is not None and not self.done.done():
-                    self.done.set_result(None)
+            if message is None:  # this side of the pipe is gone
+                self._leave(conn)
+            elif message[0] == "stop":
+                self._stop()
             elif message[0] == "submit":
+                self.routes[message[1].request_id] = conn
                 task = asyncio.ensure_future(self._serve(message[1], message[2]))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
             elif message[0] == "abort":
                 self.engine.abort(message[1])
+
+    def _leave(self, conn: Connection) -> None:
+        """A vanished owner stops the engine; a vanished server process only loses its requests."""
+        if conn is self.owner:
+            self._stop()
+            return
+        if conn in self.clients:
+            self.clients.remove(conn)
+            for rid in [rid for rid, owner in self.routes.items() if owner is conn]:
+                self.engine.abort(rid)
+            conn.close()
+
+    def _stop(self) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
 
     async def _serve(self, request: EngineRequest, prompt: Prompt) -> None:
         rid = request.request_id
@@ -286,20 +410,25 @@ class _ChildServer:
             self._queue(event)
 
     def _queue(self, event: OutputEvent) -> None:
-        self.outbox.append(event)
+        conn = self.routes.get(event.request_id)
+        if isinstance(event, (Finished, Failed)):
+            self.routes.pop(event.request_id, None)
+        if conn is None or conn not in self.clients:
+            return  # its server process left
+        self.outbox.setdefault(conn, []).append(event)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self.flush_scheduled = False
-        if self.outbox:
-            events, self.outbox = self.outbox, []
-            self._send(("events", events))
+        outbox, self.outbox = self.outbox, {}
+        for conn, events in outbox.items():
+            self._send(conn, ("events", events))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, conn: Connection, message: tuple) -> None:
         try:
-            self.conn.send(message)
-        except OSError:  # the parent is gone: stop serving
-            if self.done is not None and not self.done.done():
-                self.done.set_result(None)
+            conn.send(message)
+        except OSError:  # that side is gone; its reader thread reports it
+            if conn is self.owner:
+                self._stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,6 +38,24 @@ class StampArrival:
         if scope["type"] == "http":
             scope.setdefault("state", {})["received_at"] = time.perf_counter()
         await self.app(scope, receive, send)
+
+
+WORKER_ENV = "VOICE_GATEWAY_WORKER"  # `serve --http-workers N` -> each worker: where the engine is, and the settings
+
+
+def worker_app() -> FastAPI:
+    """One of `serve --http-workers N`'s server processes: the app on the engine process its parent started."""
+    import json
+
+    from engine.process import EngineProcess
+
+    spec = json.loads(os.environ[WORKER_ENV])
+    # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
+    logging.basicConfig(level=spec["log_level"],
+                        format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
+    engine = EngineProcess(spec["model"], attach=(spec["address"], bytes.fromhex(spec["authkey"])))
+    webrtc = {**spec["webrtc"], "host_addresses": tuple(spec["webrtc"]["host_addresses"])}
+    return create_app(engine, GatewayConfig(**spec["gateway"]), WebRTCConfig(**webrtc))
 
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:

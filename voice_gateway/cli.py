@@ -38,6 +38,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     # (H200 ladder rung 22: at c=64, 19.4 -> 20.1 req/s and mean first packet 0.59 -> 0.50 s)
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop")
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
+    parser.add_argument("--http-workers", type=int, default=1,
+                        help="server processes in front of one engine process (more than 1 runs the engine in "
+                        "its own process; /metrics' gateway figures and --max-sessions are then per process)")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -54,11 +57,6 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     log.info("deploy profile %s: %s", profile.name, profile)
     try:
-        engine = create_engine(args.model, profile, args.cache_dir)
-    except FileNotFoundError as e:
-        log.error("%s", e)
-        return 2
-    try:
         gateway = GatewayConfig(
             api_key=args.api_key or os.environ.get("VOICE_GATEWAY_API_KEY") or None,
             max_sessions=args.max_sessions,
@@ -68,16 +66,51 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         log.error("%s", e)
         return 2
-    uvicorn.run(
-        create_app(engine, gateway, WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
-        loop=args.loop,
-        http=args.http,
-        # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
-        ws_max_size=32 * 1024 * 1024,
-    )
+    webrtc = WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))
+    uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=args.http,
+                        # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
+                        ws_max_size=32 * 1024 * 1024)
+    if args.http_workers < 1:
+        log.error("--http-workers must be at least 1, got %d", args.http_workers)
+        return 2
+    if args.http_workers > 1:
+        return _serve_workers(args, profile, gateway, webrtc, uvicorn_args)
+    try:
+        engine = create_engine(args.model, profile, args.cache_dir)
+    except FileNotFoundError as e:
+        log.error("%s", e)
+        return 2
+    uvicorn.run(create_app(engine, gateway, webrtc), **uvicorn_args)
+    return 0
+
+
+def _serve_workers(args: argparse.Namespace, profile, gateway, webrtc, uvicorn_args: dict) -> int:
+    """One engine process, then `--http-workers` server processes attached to it (uvicorn's workers)."""
+    import dataclasses
+    import json
+
+    import uvicorn
+
+    from engine.api import EngineError
+    from engine.process import EngineHost
+    from voice_gateway.app import WORKER_ENV
+
+    host = EngineHost(args.model, dataclasses.replace(profile, engine_process=True), args.cache_dir)
+    try:
+        host.start()
+    except (EngineError, FileNotFoundError) as e:
+        log.error("%s", e)
+        host.stop()
+        return 2
+    address, authkey = host.address
+    os.environ[WORKER_ENV] = json.dumps({
+        "model": args.model, "address": address, "authkey": authkey.hex(), "log_level": args.log_level.upper(),
+        "gateway": dataclasses.asdict(gateway), "webrtc": dataclasses.asdict(webrtc),
+    })
+    try:
+        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=args.http_workers, **uvicorn_args)
+    finally:
+        host.stop()
     return 0
 
 

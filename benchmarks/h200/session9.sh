@@ -31,5 +31,7 @@ case "${1:-probe}" in
     # processes (two servers, one row name: the second run's JSON replaces the first's, so copy it out)
     h200_ladder 250 parent-admission 64 && cp "$OUT/ladder/parent-admission.json" "$OUT/parent-admission-p1.json"
     h200_ladder 250 parent-admission 64 --client-processes 4 ;;
-  *) echo "usage: session9.sh probe|probe2|row|process|final|clients" >&2; exit 2 ;;
+  workers)  # then rung 31: four server processes in front of the engine, with 4 client processes
+    h200_ladder 300 http-workers 1,64 --client-processes 4 ;;
+  *) echo "usage: session9.sh probe|probe2|row|process|final|clients|workers" >&2; exit 2 ;;
 esac

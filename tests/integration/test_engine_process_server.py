@@ -3,6 +3,7 @@ client: streamed text and audio, the engine's refusals as OpenAI errors, hang-up
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Iterator
@@ -103,3 +104,28 @@ def test_audio_input_is_prepared_in_the_server_process(client: openai.OpenAI) ->
     blip = [{"type": "input_audio", "input_audio": {"data": _wav_b64(tone[:100], 48_000), "format": "wav"}}]
     with pytest.raises(openai.BadRequestError, match="at least 10 ms"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": blip}], max_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def workers_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("http-workers") / "server.log", "--http-workers", "2")
+    yield srv
+    stop_server(proc)
+    assert srv.log().count("engine process attached") == 2, srv.log()[-3000:]
+    assert "Traceback" not in srv.log()
+
+
+async def test_two_server_processes_in_front_of_one_engine(workers_server: Server) -> None:
+    async with openai.AsyncOpenAI(base_url=workers_server.base_url + "/v1", api_key="unused", max_retries=0) as client:
+        async def one(i: int) -> int:
+            reply = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"#{i} tell me about the sea"}],
+                modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"}, max_tokens=6)
+            return reply.usage.completion_tokens_details.audio_tokens
+
+        frames = await asyncio.gather(*(one(i) for i in range(8)))
+        assert all(f > 0 for f in frames)
+        with pytest.raises(openai.BadRequestError, match="unknown voice"):
+            await client.chat.completions.create(model="tiny", messages=MESSAGES, modalities=["text", "audio"],
+                                                 audio={"voice": "nobody", "format": "wav"})
+    assert workers_server.get("/health").json()["status"] == "ok"

@@ -110,3 +110,32 @@ async def test_a_dead_engine_process_fails_its_requests(tiny_checkpoint: Path, c
             await engine.submit(_request("after"))
     finally:
         await engine.stop()
+
+
+async def test_several_server_processes_share_one_engine_process(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    """`EngineHost` (what `serve --http-workers N` starts): clients attach, each hears only its own replies,
+    and one that leaves loses only its own requests."""
+    from engine.process import EngineHost
+
+    host = EngineHost("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    await asyncio.to_thread(host.start)
+    first, second = (EngineProcess("tiny", attach=host.address) for _ in range(2))
+    try:
+        await first.start()
+        await second.start()
+        assert first.info == second.info and first.profile == second.profile
+        (one, _, done_one), (two, _, done_two) = await asyncio.gather(_reply(first, _request("a")),
+                                                                      _reply(second, _request("b")))
+        assert one == two and len(one) == 6  # the same seed: the same reply, on each its own connection
+        assert (done_one.request_id, done_two.request_id) == ("a", "b")
+
+        held = await first.submit(dataclasses.replace(_request("held"), sampling=SamplingParams(max_tokens=500)))
+        assert isinstance(await held.__anext__(), (TextDelta, AudioChunk))
+        await first.stop()  # this server process leaves: the engine drops its request and serves on
+        await _until(lambda: not any(second.stage_load().values()))
+        assert (await _reply(second, _request("c")))[0] == one
+    finally:
+        await first.stop()
+        await second.stop()
+        await asyncio.to_thread(host.stop)
+    assert not host._process.is_alive()
