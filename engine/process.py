@@ -31,6 +31,7 @@ import functools
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -131,6 +132,7 @@ class EngineHost:
             self._process.join(10)
             if self._process.is_alive():
                 self._process.kill()
+        shutil.rmtree(Path(self.address[0]).parent, ignore_errors=True)
 
 
 class EngineProcess:
