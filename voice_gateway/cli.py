@@ -7,8 +7,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from engine.api import ProfileError, create_engine, load_profile
+from engine.api import DeployProfile, ProfileError, create_engine, load_profile
+
+if TYPE_CHECKING:
+    from voice_gateway.config import GatewayConfig
+    from voice_gateway.webrtc import WebRTCConfig
 
 log = logging.getLogger("voice_gateway")
 
@@ -84,7 +89,8 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_workers(args: argparse.Namespace, profile, gateway, webrtc, uvicorn_args: dict) -> int:
+def _serve_workers(args: argparse.Namespace, profile: DeployProfile, gateway: GatewayConfig, webrtc: WebRTCConfig,
+                   uvicorn_args: dict[str, Any]) -> int:
     """One engine process, then `--http-workers` server processes attached to it (uvicorn's workers)."""
     import dataclasses
     import json
