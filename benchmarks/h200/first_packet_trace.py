@@ -111,6 +111,9 @@ async def closed_loop(engine, concurrency: int, requests: int) -> dict:
                 if (mine := [e for e in steps if e[1] == stage])}
             result[f"{name}_timeline"] = [{"t_ms": round(1000 * (t - start), 1), "stage": s, "ms": round(d, 1),
                                            "batch": b} for t, s, d, b in steps]
+            # Each reply's submit and first packet on the wave's clock: do early arrivals wait for late ones?
+            result[f"{name}_replies"] = sorted(
+                (round(1000 * (m["submit"] - start), 1), round(1000 * (m["first_audio"] - start), 1)) for m in wave)
     return result
 
 

@@ -8,5 +8,11 @@ OUT=${OUT:-/tmp/out}
 case "${1:-ab}" in
   ab)
     h200_ladder 560 parent-admission,http-workers 64 --client-processes 4 ;;
-  *) echo "usage: session10.sh ab" >&2; exit 2 ;;
+  trace)  # the burst on the engine's clock, in process, on rung 28's engine (rung 30's but for the
+    # process), with each reply's submit and first packet; then Code2Wav alone after its input-conv GEMM
+    timeout 330 python3 benchmarks/h200/first_packet_trace.py --profile benchmarks/h200/dummy-burst-kernels.yaml \
+      --closed-loop 64 --requests 192 --out "$OUT/closed-loop-c64-rung28.json" 2>&1 | grep -v Warning | tail -40
+    timeout 200 python3 benchmarks/h200/burst_probe.py --parts code2wav --out "$OUT/burst-probe-3.json" 2>&1 \
+      | grep -v Warning | tail -6 ;;
+  *) echo "usage: session10.sh ab|trace" >&2; exit 2 ;;
 esac
