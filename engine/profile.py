@@ -74,6 +74,10 @@ class ThinkerConfig:
     # its Talker has consumed (0: never wait). Text runs ~2x faster than speech; the steps that
     # outrun it only take the GPU from the stages that make the audio.
     pace_text_lead: int = field(default=0, metadata=_at_least(0))
+    # with pacing: while some reply's Talker holds all the text its first chunk needs but has not made
+    # that chunk, the other replies' text waits at a lead of one, so those first frames run without
+    # Thinker steps beside them (a batch-64 Talker frame beside a Thinker step takes about twice as long)
+    first_chunk_priority: bool = False
     # with own CUDA streams, this stage's stream priority (lower runs first; CUDA offers 0 to -3). Stages
     # nearer the audio go first by default, so the Thinker, which runs ahead, yields to them.
     stream_priority: int = field(default=0, metadata={"min": -3, "max": 0})

@@ -241,6 +241,8 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
     thinker_stage = ThinkerStage(
         thinker_runner, stages_cfg.thinker, tokenizer, eos_ids, to_talker, _unbound_report, metrics
     )
+    if profile.async_chunk.enabled:
+        thinker_stage.first_chunk_rows = profile.async_chunk.initial_chunk_frames + 1
     if stages_cfg.thinker.pace_text_lead:
         for stage in stages.values():
             if isinstance(stage, TalkerStage):

@@ -4,6 +4,10 @@ With `pace_text_lead`, a decode step runs only while some reply's text is less t
 tokens ahead of its speech (what the Talker reports it consumed): every reply still gets a
 token per step, but the Thinker no longer races ahead taking GPU time the Talker and Code2Wav
 need, and each step it does take serves a larger batch.
+
+With `first_chunk_priority` too, text is first made for the replies still waiting for their first
+audio chunk; once each of them holds what that chunk needs, the others' text waits at a lead of
+one until those chunks' frames are made, so the Talker makes them with the GPU to itself.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class ThinkerStage(Stage):
         self.waiting: deque[ThinkerSeq] = deque()
         self.running: dict[str, ThinkerSeq] = {}
         self.last_batch: list[str] = []
+        # text rows a reply's first audio chunk consumes: one in the Talker's prefill and one per frame
+        # (the step that makes frame k takes row k + 1); 0 when chunks are off (no early first packet)
+        self.first_chunk_rows = 0
 
     def accept(self, item: ThinkerJob | SpeechProgress) -> None:
         if isinstance(item, SpeechProgress):
@@ -92,9 +99,19 @@ class ThinkerStage(Stage):
         lead = self.cfg.pace_text_lead
         if not lead:
             return bool(self.running)
-        return any(
-            not s.job.want_audio or s.talker_done or len(s.generated) - s.spoken < lead for s in self.running.values()
-        )
+        speaking = []
+        for s in self.running.values():
+            if not s.job.want_audio or s.talker_done:
+                return True  # text nobody speaks is never held back
+            speaking.append(s)
+        first = self.first_chunk_rows if self.cfg.first_chunk_priority else 0
+        if first:
+            if any(s.spoken < first and len(s.generated) < first for s in speaking):
+                return True  # a first chunk still needs text
+            # a first chunk being made (its Talker has begun) and holding all its text: the others wait
+            if any(0 < s.spoken < first for s in speaking):
+                lead = 1
+        return any(len(s.generated) - s.spoken < lead for s in speaking)
 
     def num_waiting(self) -> int:
         return len(self.waiting)

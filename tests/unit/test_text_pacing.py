@@ -7,6 +7,7 @@ moves when the Thinker's steps happen, never what they compute.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,17 +29,30 @@ async def _reply(engine, rid: str, audio: bool, max_tokens: int) -> tuple[str, n
     return "".join(text), np.concatenate(samples) if samples else np.zeros(0, np.float32)
 
 
-def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, max_tokens: int = 12):
-    """The reply, and per Thinker decode the leads it saw (tokens ahead of the Talker per reply)."""
-    overrides = {"thinker": {"pace_text_lead": lead}, "talker": talker or {}}
+@dataclass
+class Run:
+    text: str
+    samples: np.ndarray
+    leads: list[list[int]]  # per Thinker decode, each speaking reply's tokens ahead of its speech
+    seen: list[list[tuple[int, int]]]  # per Thinker decode, each speaking reply's (text tokens, rows spoken)
+    paused: int  # loop turns with replies running and no Thinker work
+
+
+def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, max_tokens: int = 12,
+         first_chunk_priority: bool = False):
+    """One reply, and what the Thinker saw at each of its decodes."""
+    overrides = {"thinker": {"pace_text_lead": lead, "first_chunk_priority": first_chunk_priority},
+                 "talker": talker or {}}
     engine = create_engine("tiny", load_profile(model="tiny", platform="cpu", stage_overrides=overrides), cache_dir)
     thinker = engine.stages["thinker"]
     leads: list[list[int]] = []
+    seen: list[list[tuple[int, int]]] = []
     paused = 0
     decode, has_work = thinker._decode, thinker.has_work
 
     def watched_decode():
         leads.append([len(s.generated) - s.spoken for s in thinker.running.values() if not s.talker_done])
+        seen.append([(len(s.generated), s.spoken) for s in thinker.running.values() if not s.talker_done])
         return decode()
 
     def watched_has_work():
@@ -57,28 +71,45 @@ def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, m
             await engine.stop()
 
     text, samples = asyncio.run(go())
-    return text, samples, leads, paused
+    return Run(text, samples, leads, seen, paused)
 
 
 def test_a_paced_reply_equals_the_unpaced_one_and_its_text_waits_for_speech(cache_dir) -> None:
-    text, samples, _, paused_unpaced = _run(cache_dir, lead=0)
-    paced_text, paced_samples, leads, paused = _run(cache_dir, lead=LEAD)
-    assert paced_text == text and len(text) > 0
-    np.testing.assert_array_equal(paced_samples, samples)
-    assert paused_unpaced == 0
-    assert paused > 0  # the tiny Talker is slower than its Thinker: pacing had something to do
+    unpaced, paced = _run(cache_dir, lead=0), _run(cache_dir, lead=LEAD)
+    assert paced.text == unpaced.text and len(unpaced.text) > 0
+    np.testing.assert_array_equal(paced.samples, unpaced.samples)
+    assert unpaced.paused == 0
+    assert paced.paused > 0  # the tiny Talker is slower than its Thinker: pacing had something to do
     # a decode runs only while some reply is fewer than LEAD tokens ahead of its speech
-    assert leads and all(min(seen) < LEAD for seen in leads if seen)
+    assert paced.leads and all(min(seen) < LEAD for seen in paced.leads if seen)
 
 
 def test_text_only_replies_are_never_paced(cache_dir) -> None:
-    text, samples, leads, paused = _run(cache_dir, lead=LEAD, audio=False)
-    assert text and len(samples) == 0 and paused == 0
+    run = _run(cache_dir, lead=LEAD, audio=False)
+    assert run.text and len(run.samples) == 0 and run.paused == 0
 
 
 def test_text_goes_on_when_speech_stops_first(cache_dir) -> None:
     """Speech capped at three frames: the Talker is done with the reply, the Thinker is not."""
-    text, samples, _, _ = _run(cache_dir, lead=LEAD, talker={"max_frames": 3}, max_tokens=20)
-    unpaced, _, _, _ = _run(cache_dir, lead=0, talker={"max_frames": 3}, max_tokens=20)
-    assert text == unpaced and len(text) > 0
-    assert len(samples) > 0
+    paced = _run(cache_dir, lead=LEAD, talker={"max_frames": 3}, max_tokens=20)
+    unpaced = _run(cache_dir, lead=0, talker={"max_frames": 3}, max_tokens=20)
+    assert paced.text == unpaced.text and len(paced.text) > 0
+    assert len(paced.samples) > 0
+
+
+def test_first_chunk_priority_holds_text_back_while_a_first_chunk_is_made(cache_dir) -> None:
+    """A wide lead (8) that would keep the Thinker stepping beside the Talker's first frames: with the
+    priority, no decode runs while the reply's first chunk is being made and has all its text."""
+    rows = load_profile(model="tiny", platform="cpu").async_chunk.initial_chunk_frames + 1
+
+    def beside_first_chunk(seen: list[tuple[int, int]]) -> bool:
+        return any(0 < spoken < rows <= made for made, spoken in seen)
+
+    unpaced = _run(cache_dir, lead=0, max_tokens=16)
+    paced = _run(cache_dir, lead=8, max_tokens=16)
+    first = _run(cache_dir, lead=8, max_tokens=16, first_chunk_priority=True)
+    assert first.text == paced.text == unpaced.text and len(unpaced.text) > 0
+    np.testing.assert_array_equal(first.samples, unpaced.samples)
+    np.testing.assert_array_equal(paced.samples, unpaced.samples)
+    assert any(beside_first_chunk(seen) for seen in paced.seen), "the rule below would have nothing to do"
+    assert first.seen and not any(beside_first_chunk(seen) for seen in first.seen), first.seen
