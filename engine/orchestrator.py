@@ -81,6 +81,11 @@ class Orchestrator:
         self._reports_lock = threading.Lock()
         self._drain_scheduled = False
         self._prior_switch_interval: float | None = None
+        # replies that want audio and have none yet: Code2Wav may hold back replies far ahead for them
+        self.awaiting_first_audio: set[str] = set()
+        for stage in stages.values():
+            if hasattr(stage, "awaiting_first_audio"):
+                stage.awaiting_first_audio = self.awaiting_first_audio
 
     @classmethod
     def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Orchestrator:
@@ -135,6 +140,8 @@ class Orchestrator:
         record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len, prompt.audio_tokens)
         self.records[rid] = record
         self.metrics.active.set(len(self.records))
+        if request.want_audio and self.has_talker:
+            self.awaiting_first_audio.add(rid)
         self.stages["thinker"].inbox.put(
             ThinkerJob(
                 request_id=rid,
@@ -207,6 +214,7 @@ class Orchestrator:
             if item.samples.size:
                 if record.first_audio_at is None:
                     record.first_audio_at = now
+                    self.awaiting_first_audio.discard(item.request_id)
                     self.metrics.ttfp.observe(now - record.submitted_at)
                 elif record.last_audio_at is not None:
                     self.metrics.chunk_gap.observe(now - record.last_audio_at)
@@ -258,5 +266,6 @@ class Orchestrator:
             return
         record.done = True
         self.records.pop(record.request.request_id, None)
+        self.awaiting_first_audio.discard(record.request.request_id)
         self.metrics.active.set(len(self.records))
         record.queue.put_nowait(event)

@@ -130,6 +130,11 @@ class Code2WavConfig:
     bucket_shapes: bool = True
     # SnakeBeta as one Triton kernel (engine/models/snake.py) instead of five bf16 ops
     fused_snake: bool = False
+    # While some reply waits for its first audio, a reply whose audio already runs more than this many
+    # seconds ahead of real time waits too (0: never): its chunk would only slow the prefills and
+    # frames that first packet needs (e.g. a finished reply's 22-frame last chunk at batch 43 took
+    # 96 ms beside a prefill that it slowed from ~45 to 106 ms on the H200).
+    defer_ahead_s: float = field(default=0.0, metadata=_at_least(0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,5 +14,7 @@ case "${1:-ab}" in
       --closed-loop 64 --requests 192 --out "$OUT/closed-loop-c64-rung28.json" 2>&1 | grep -v Warning | tail -40
     timeout 200 python3 benchmarks/h200/burst_probe.py --parts code2wav --out "$OUT/burst-probe-3.json" 2>&1 \
       | grep -v Warning | tail -6 ;;
-  *) echo "usage: session10.sh ab|trace" >&2; exit 2 ;;
+  sched)  # rungs 32 (first_chunk_priority) and 33 (+ code2wav.defer_ahead_s) at c=64, as `ab` ran rung 31
+    h200_ladder 570 first-chunk-priority,code2wav-defers 64 --client-processes 4 ;;
+  *) echo "usage: session10.sh ab|trace|sched" >&2; exit 2 ;;
 esac

@@ -6,17 +6,22 @@ in a slot between chunks; otherwise each chunk re-decodes `left_context_frames` 
 context. Chunk boundaries depend only on frame counts, never on timing, so a reply's
 audio is the same however the stages interleave. Async chunk off: one decode when the
 Talker finishes.
+
+With `defer_ahead_s`, a reply whose audio is that far ahead of real time sits out the steps
+taken while another reply waits for its first packet: the GPU goes to that first packet.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from engine.api import AudioChunk
+from engine.api import SAMPLE_RATE_HZ, AudioChunk
 from engine.handoff import AudioFinished, CodecFrames
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner
@@ -37,6 +42,13 @@ class Code2WavSeq:
     emitted_samples: int = 0
     is_final: bool = False
     slot: int | None = None  # streaming state slot, held from the first chunk to the last
+    first_emitted_at: float | None = None  # perf_counter
+
+    def ahead_s(self, now: float) -> float:
+        """How far its audio runs ahead of real time, played from its first chunk on."""
+        if self.first_emitted_at is None:
+            return 0.0
+        return self.emitted_samples / SAMPLE_RATE_HZ - (now - self.first_emitted_at)
 
     def frames(self) -> torch.Tensor:
         if len(self.pieces) > 1:
@@ -66,6 +78,8 @@ class Code2WavStage(Stage):
         self.seqs: dict[str, Code2WavSeq] = {}
         self.free_slots = list(range(stream.num_slots))[::-1] if stream else []
         self.last_batch: list[str] = []
+        # request ids waiting for their first audio, kept by the orchestrator (read-only here)
+        self.awaiting_first_audio: Collection[str] = ()
 
     def accept(self, item: CodecFrames) -> None:
         seq = self.seqs.setdefault(item.request_id, Code2WavSeq(item.request_id))
@@ -90,7 +104,15 @@ class Code2WavStage(Stage):
         return seq.num_frames if seq.is_final else None
 
     def has_work(self) -> bool:
-        return any(self._next_end(s) is not None and self._can_start(s) for s in self.seqs.values())
+        now = time.perf_counter()
+        return any(
+            self._next_end(s) is not None and self._can_start(s) and not self._deferred(s, now)
+            for s in self.seqs.values()
+        )
+
+    def _deferred(self, seq: Code2WavSeq, now: float) -> bool:
+        limit = self.cfg.defer_ahead_s
+        return bool(limit and self.awaiting_first_audio and seq.ahead_s(now) > limit)
 
     def _can_start(self, seq: Code2WavSeq) -> bool:
         return self.stream is None or seq.slot is not None or bool(self.free_slots)
@@ -102,7 +124,10 @@ class Code2WavStage(Stage):
         return len(self.seqs)
 
     def step(self) -> list[str]:
-        ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
+        now = time.perf_counter()
+        ready = [
+            (s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None and not self._deferred(s, now)
+        ]
         if self.stream:  # replies already holding a state slot go first
             ready.sort(key=lambda item: item[0].slot is None)
         ready = ready[: self.cfg.max_batch]
@@ -148,6 +173,8 @@ class Code2WavStage(Stage):
 
     def _emit(self, seq: Code2WavSeq, sample_offset: int, samples: np.ndarray) -> None:
         seq.emitted_samples = sample_offset + len(samples)
+        if seq.first_emitted_at is None and len(samples):
+            seq.first_emitted_at = time.perf_counter()
         is_last = seq.is_final and seq.decoded_frames == seq.num_frames
         self.report(AudioChunk(seq.request_id, samples, sample_offset, is_last))
         if is_last:

@@ -34,7 +34,8 @@ def test_shipped_ladders_parse() -> None:
                                           "compiled-decode", "gpu-profile", "text-pacing", "fine-prefill", "http-stack",
                                           "first-chunk-2", "unpaced", "gil-switch", "talker-prompt-host", "code2wav-yields",
                                           "burst-kernels", "engine-process",
-                                          "parent-admission", "http-workers"]
+                                          "parent-admission", "http-workers", "first-chunk-priority",
+                                          "code2wav-defers"]
     assert h200.bench["concurrency"] == [1, 16, 32, 64] and h200.bench["max_tokens"] == 40
     for row in h200.rows:  # every profile a row names exists, and the baseline is the generate() backend
         config = Path(row.serve[row.serve.index("--deploy-config") + 1])
