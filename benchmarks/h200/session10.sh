@@ -16,5 +16,9 @@ case "${1:-ab}" in
       | grep -v Warning | tail -6 ;;
   sched)  # rungs 32 (first_chunk_priority) and 33 (+ code2wav.defer_ahead_s) at c=64, as `ab` ran rung 31
     h200_ladder 570 first-chunk-priority,code2wav-defers 64 --client-processes 4 ;;
-  *) echo "usage: session10.sh ab|trace|sched" >&2; exit 2 ;;
+  final)  # rung 33 (the GPU profile candidate) at c=1..64, then rung 31 again at c=64 in the same call
+    h200_ladder 330 code2wav-defers 1,16,32,64 --client-processes 4
+    cp "$OUT/ladder/code2wav-defers.json" "$OUT/code2wav-defers-final.json"
+    h200_ladder 250 http-workers 64 --client-processes 4 ;;
+  *) echo "usage: session10.sh ab|trace|sched|final" >&2; exit 2 ;;
 esac
