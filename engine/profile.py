@@ -184,6 +184,9 @@ class DeployProfile:
     # run the engine (orchestrator and stage threads) in a child process with its own GIL, so the
     # server's event loop never waits on the stage threads for it (engine/process.py)
     engine_process: bool = False
+    # server processes in front of the engine (`serve --http-workers` beats it); more than one puts the
+    # engine in a process of its own, which they all attach to
+    http_workers: int = field(default=1, metadata=_at_least(1))
 
 
 def detect_platform() -> str:

@@ -43,9 +43,10 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     # (H200 ladder rung 22: at c=64, 19.4 -> 20.1 req/s and mean first packet 0.59 -> 0.50 s)
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop")
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
-    parser.add_argument("--http-workers", type=int, default=1,
-                        help="server processes in front of one engine process (more than 1 runs the engine in "
-                        "its own process; /metrics' gateway figures and --max-sessions are then per process)")
+    parser.add_argument("--http-workers", type=int,
+                        help="server processes in front of one engine process (default: the profile's "
+                        "http_workers, else 1; more than 1 runs the engine in its own process; /metrics' "
+                        "gateway figures and --max-sessions are then per process)")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -75,11 +76,12 @@ def serve(args: argparse.Namespace) -> int:
     uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=args.http,
                         # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
                         ws_max_size=32 * 1024 * 1024)
-    if args.http_workers < 1:
-        log.error("--http-workers must be at least 1, got %d", args.http_workers)
+    workers = profile.http_workers if args.http_workers is None else args.http_workers
+    if workers < 1:
+        log.error("--http-workers must be at least 1, got %d", workers)
         return 2
-    if args.http_workers > 1:
-        return _serve_workers(args, profile, gateway, webrtc, uvicorn_args)
+    if workers > 1:
+        return _serve_workers(args, workers, profile, gateway, webrtc, uvicorn_args)
     try:
         engine = create_engine(args.model, profile, args.cache_dir)
     except FileNotFoundError as e:
@@ -89,9 +91,9 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_workers(args: argparse.Namespace, profile: DeployProfile, gateway: GatewayConfig, webrtc: WebRTCConfig,
-                   uvicorn_args: dict[str, Any]) -> int:
-    """One engine process, then `--http-workers` server processes attached to it (uvicorn's workers)."""
+def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfile, gateway: GatewayConfig,
+                   webrtc: WebRTCConfig, uvicorn_args: dict[str, Any]) -> int:
+    """One engine process, then `workers` server processes attached to it (uvicorn's workers)."""
     import dataclasses
     import json
 
@@ -114,7 +116,7 @@ def _serve_workers(args: argparse.Namespace, profile: DeployProfile, gateway: Ga
         "gateway": dataclasses.asdict(gateway), "webrtc": dataclasses.asdict(webrtc),
     })
     try:
-        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=args.http_workers, **uvicorn_args)
+        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=workers, **uvicorn_args)
     finally:
         host.stop()
     return 0

@@ -108,7 +108,11 @@ def test_audio_input_is_prepared_in_the_server_process(client: openai.OpenAI) ->
 
 @pytest.fixture(scope="module")
 def workers_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("http-workers") / "server.log", "--http-workers", "2")
+    """Two workers from the profile's `http_workers`, as the GPU profile serves (`--http-workers` beats it)."""
+    folder = tmp_path_factory.mktemp("http-workers")
+    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "http_workers": 2}
+    (folder / "tiny-workers.yaml").write_text(yaml.safe_dump(profile))
+    proc, srv = start_server(cache_dir, folder / "server.log", "--deploy-config", str(folder / "tiny-workers.yaml"))
     yield srv
     stop_server(proc)
     assert srv.log().count("engine process attached") == 2, srv.log()[-3000:]

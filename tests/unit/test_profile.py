@@ -24,9 +24,9 @@ def test_platform_delta_is_merged() -> None:
 
 
 def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
-    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rungs 29 and 30 served."""
+    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rung 33 served."""
     shipped = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
-    measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-engine-process.yaml", model="dummy")
+    measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-code2wav-defers.yaml", model="dummy")
     switches = ("enforce_eager", "moe_implementation", "decode_attention", "graph_prefill", "graph_prefill_groups",
                 "fine_prefill_buckets", "compile_decode")
     for stage in ("thinker", "talker"):
@@ -37,8 +37,16 @@ def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
     assert shipped.stages.own_cuda_streams == measured.stages.own_cuda_streams
     assert shipped.async_chunk == measured.async_chunk
     assert shipped.stages.code2wav.fused_snake == measured.stages.code2wav.fused_snake
+    assert shipped.stages.thinker.first_chunk_priority and measured.stages.thinker.first_chunk_priority
+    assert shipped.stages.code2wav.defer_ahead_s == measured.stages.code2wav.defer_ahead_s == 1.0
     assert shipped.engine_process == measured.engine_process
-    assert not load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cpu").engine_process
+    cpu = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cpu")
+    assert not cpu.engine_process and cpu.http_workers == 1
+    # the row ran its server with --http-workers 4
+    ladder = (CONFIG_DIR.parent / "benchmarks/h200/ladder.yaml").read_text()
+    row = ladder[ladder.index("- name: code2wav-defers"):]
+    assert "dummy-code2wav-defers.yaml --http-workers 4" in row.splitlines()[2]
+    assert shipped.http_workers == 4
 
 
 def test_stage_overrides_refine_one_key() -> None:
