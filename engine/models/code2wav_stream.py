@@ -68,10 +68,6 @@ class StreamingCode2Wav:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StreamBatch, tuple[torch.Tensor, torch.Tensor]]] = {}
         kv_shape = (num_slots + 1, cfg.num_key_value_heads, self.window - 1, attn.head_dim)
         self.kv = [(self._zeros(kv_shape), self._zeros(kv_shape)) for _ in transformer.layers]
-        # cuDNN runs the decoder's input convolution (1024 -> 1536 channels, 7 taps, a few hundred samples)
-        # on a CUDA-core kernel whatever its benchmark mode finds: 17.8 ms of a batch-64 chunk's 116 on
-        # the H200 (benchmarks/h200/burst-probe-2.json). As one GEMM over the unfolded taps it is small.
-        self.gemm_convs = {code2wav.decoder[0]} if isinstance(code2wav.decoder[0], _CausalConv) else set()
         # one state tensor per stateful convolution, keyed by the module, in forward order
         self.conv_state: dict[nn.Module, torch.Tensor] = {}
         for module in code2wav.modules():
@@ -174,8 +170,6 @@ class StreamingCode2Wav:
         history = torch.where(fresh[:, None, None], 0, pool[slots])
         joined = torch.cat([history, x], dim=-1)
         pool[slots] = _take(joined, valid, conv.padding)  # the last `padding` valid inputs
-        if conv in self.gemm_convs:
-            return _unfolded_conv(conv.conv, joined)
         return conv.conv(joined)
 
     def _trans_conv(self, conv: _TransConv, x: torch.Tensor, slots, fresh, valid):
@@ -239,15 +233,6 @@ class StreamingCode2Wav:
             hidden = residual + layer.self_attn_layer_scale(attn.o_proj(out.transpose(1, 2).flatten(2)))
             hidden = hidden + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
         return transformer.norm(hidden)
-
-
-def _unfolded_conv(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
-    """`conv(x)` as one GEMM: each output sample's K taps x C channels unfolded into a row."""
-    assert conv.groups == 1 and conv.stride == (1,) and conv.padding == (0,)
-    taps, dilation = conv.kernel_size[0], conv.dilation[0]
-    rows = x.unfold(-1, (taps - 1) * dilation + 1, 1)[..., ::dilation]  # [B, C, T, K]
-    rows = rows.permute(0, 2, 1, 3).flatten(2)  # [B, T, C * K], channel-major like the weight
-    return F.linear(rows, conv.weight.flatten(1), conv.bias).transpose(1, 2).contiguous()
 
 
 def _bucket(size: int, buckets: tuple[int, ...]) -> int:

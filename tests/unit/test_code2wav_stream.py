@@ -134,17 +134,3 @@ def test_graphed_bucket_steps_equal_eager_ones(tiny_checkpoint: Path) -> None:
     with torch.inference_mode():
         for e, g in zip(_stream(eager, replies, chunkings), _stream(graphed, replies, chunkings)):
             assert torch.allclose(e, g, atol=1e-5)
-
-
-@pytest.mark.parametrize("dilation", [1, 3])
-def test_unfolded_convolution_equals_conv1d(dilation: int) -> None:
-    """The decoder's input convolution as one GEMM over unfolded taps."""
-    from engine.models.code2wav_stream import _unfolded_conv
-
-    torch.manual_seed(dilation)
-    x = torch.randn(3, 12, 50)
-    conv = torch.nn.Conv1d(12, 20, 7, dilation=dilation)
-    with torch.inference_mode():
-        expected, got = conv(x), _unfolded_conv(conv, x)
-    assert got.shape == expected.shape and got.is_contiguous()
-    assert torch.allclose(got, expected, atol=1e-5)
