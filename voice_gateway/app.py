@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
@@ -71,6 +72,10 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        # anyio imports its event-loop backend at first use: a streamed response's task group. Here, not in
+        # the first request, which it held up ~0.1 s (each of `--http-workers` processes has its own first)
+        async with anyio.create_task_group():
+            pass
         try:
             yield
         finally:
