@@ -4,6 +4,9 @@ Audio goes through the same 16 kHz, 128-bin log-mel features the Qwen3-Omni
 processor computes (its WhisperFeatureExtractor, with the processor's settings),
 and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
 frame + `<|audio_end|>`.
+
+Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
+the control token, so no message can open a turn of its own.
 """
 
 from __future__ import annotations
@@ -46,6 +49,15 @@ class PromptBuilder:
         # the Rust tokenizer itself when there is one: the same ids without transformers' Python around
         # each call (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._content = _plain_text_copy(self._backend)
+
+    # the copy's setting does not survive pickling (the engine process sends this builder to its server)
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_content"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._content = _plain_text_copy(self._backend)
 
     def build(self, messages: tuple[Message, ...]) -> Prompt:
         ids: list[int] = []
@@ -55,7 +67,7 @@ class PromptBuilder:
             ids += self._encode(f"<|im_start|>{message.role}\n")
             for part in message.content:
                 if isinstance(part, TextPart):
-                    ids += self._encode(part.text)
+                    ids += self._encode_text(part.text)
                 elif isinstance(part, AudioPart):
                     mel = self._features(part.samples)
                     features.append(mel)
@@ -67,9 +79,16 @@ class PromptBuilder:
         return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens)
 
     def _encode(self, text: str) -> list[int]:
+        """Our own template text: its special tokens are meant."""
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _encode_text(self, text: str) -> list[int]:
+        """A message's text: special tokens in it are plain characters."""
+        if self._content is not None:
+            return self._content.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     def _features(self, samples: np.ndarray) -> torch.Tensor:
         if samples.ndim != 1 or samples.size < INPUT_SAMPLE_RATE_HZ // 100:
@@ -86,3 +105,14 @@ class PromptBuilder:
         )
         valid = int(out["attention_mask"][0].sum())
         return out["input_features"][0, :, :valid]
+
+
+def _plain_text_copy(backend):
+    """A copy of the Rust tokenizer that reads special-token text as plain text; None without one."""
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(backend.to_str())
+    copy.encode_special_tokens = True
+    return copy
