@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 
 from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart
 
@@ -107,11 +108,10 @@ class PromptBuilder:
         return out["input_features"][0, :, :valid]
 
 
-def _plain_text_copy(backend):
+def _plain_text_copy(backend: Tokenizer | None) -> Tokenizer | None:
     """A copy of the Rust tokenizer that reads special-token text as plain text; None without one."""
     if backend is None:
         return None
-    from tokenizers import Tokenizer
 
     copy = Tokenizer.from_str(backend.to_str())
     copy.encode_special_tokens = True
