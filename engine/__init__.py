@@ -1,0 +1,57 @@
+"""The staged speech engine's face: what `voice_gateway` may import, and nothing else.
+
+Requests in (`EngineRequest`), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
+an `Engine` to submit them to (`create_engine`), and `EngineHost` / `attach_engine` for one
+engine process shared by several server processes.
+"""
+
+from engine.api import (
+    INPUT_SAMPLE_RATE_HZ,
+    SAMPLE_RATE_HZ,
+    AudioChunk,
+    AudioPart,
+    ContentPart,
+    Engine,
+    EngineError,
+    EngineRequest,
+    Failed,
+    Finished,
+    Message,
+    ModelInfo,
+    OutputEvent,
+    RequestStream,
+    SamplingParams,
+    TextDelta,
+    TextPart,
+    Timings,
+)
+from engine.factory import attach_engine, create_engine
+from engine.process import EngineHost
+from engine.profile import DeployProfile, ProfileError, load_profile
+
+__all__ = [
+    "INPUT_SAMPLE_RATE_HZ",
+    "SAMPLE_RATE_HZ",
+    "AudioChunk",
+    "AudioPart",
+    "ContentPart",
+    "DeployProfile",
+    "Engine",
+    "EngineError",
+    "EngineHost",
+    "EngineRequest",
+    "Failed",
+    "Finished",
+    "Message",
+    "ModelInfo",
+    "OutputEvent",
+    "ProfileError",
+    "RequestStream",
+    "SamplingParams",
+    "TextDelta",
+    "TextPart",
+    "Timings",
+    "attach_engine",
+    "create_engine",
+    "load_profile",
+]

@@ -1,19 +1,13 @@
-"""The engine's whole public surface: requests in, typed output events out.
-
-`voice_gateway` imports nothing from `engine` but this module.
-"""
+"""The engine's public types: requests in, typed output events out, and the `Engine` protocol."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry
-
-from engine.profile import DeployProfile, ProfileError, load_profile
 
 SAMPLE_RATE_HZ = 24_000
 INPUT_SAMPLE_RATE_HZ = 16_000
@@ -161,28 +155,12 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
 
-def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
-    """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use)."""
-    if profile.engine_process:
-        from engine.process import EngineProcess
-
-        return EngineProcess(model, profile, cache_dir)  # loads the model in its child at start()
-    if profile.backend == "transformers_generate":
-        from engine.reference import ReferenceEngine
-
-        return ReferenceEngine.from_model(model, profile, cache_dir)
-    from engine.orchestrator import Orchestrator
-
-    return Orchestrator.from_model(model, profile, cache_dir)
-
-
 __all__ = [
     "SAMPLE_RATE_HZ",
     "INPUT_SAMPLE_RATE_HZ",
     "AudioChunk",
     "AudioPart",
     "ContentPart",
-    "DeployProfile",
     "Engine",
     "EngineError",
     "EngineRequest",
@@ -191,12 +169,9 @@ __all__ = [
     "Message",
     "ModelInfo",
     "OutputEvent",
-    "ProfileError",
     "RequestStream",
     "SamplingParams",
     "TextDelta",
     "TextPart",
     "Timings",
-    "create_engine",
-    "load_profile",
 ]

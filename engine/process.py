@@ -311,7 +311,7 @@ class _ChildServer:
 
         from prometheus_client import generate_latest
 
-        from engine.api import create_engine
+        from engine.factory import create_engine
 
         loop = asyncio.get_running_loop()
         try:

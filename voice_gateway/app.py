@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.api import Engine
+from engine import Engine, attach_engine
 from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import APIError, install_error_handlers
 from voice_gateway.metrics import GatewayMetrics
@@ -48,13 +48,11 @@ def worker_app() -> FastAPI:
     """One of `serve --http-workers N`'s server processes: the app on the engine process its parent started."""
     import json
 
-    from engine.process import EngineProcess
-
     spec = json.loads(os.environ[WORKER_ENV])
     # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
     logging.basicConfig(level=spec["log_level"],
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
-    engine = EngineProcess(spec["model"], attach=(spec["address"], bytes.fromhex(spec["authkey"])))
+    engine = attach_engine((spec["address"], bytes.fromhex(spec["authkey"])))
     webrtc = {**spec["webrtc"], "host_addresses": tuple(spec["webrtc"]["host_addresses"])}
     return create_app(engine, GatewayConfig(**spec["gateway"]), WebRTCConfig(**webrtc))
 

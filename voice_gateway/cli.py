@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.api import DeployProfile, ProfileError, create_engine, load_profile
+from engine import DeployProfile, ProfileError, create_engine, load_profile
 
 if TYPE_CHECKING:
     from voice_gateway.config import GatewayConfig
@@ -99,8 +99,7 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
 
     import uvicorn
 
-    from engine.api import EngineError
-    from engine.process import EngineHost
+    from engine import EngineError, EngineHost
     from voice_gateway.app import WORKER_ENV
 
     host = EngineHost(args.model, dataclasses.replace(profile, engine_process=True), args.cache_dir)

@@ -17,7 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.api import (
+from engine import (
     INPUT_SAMPLE_RATE_HZ,
     SAMPLE_RATE_HZ,
     AudioChunk,

@@ -25,7 +25,7 @@ from aiortc.mediastreams import MediaStreamError
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from engine.api import INPUT_SAMPLE_RATE_HZ
+from engine import INPUT_SAMPLE_RATE_HZ
 from voice_gateway.errors import APIError
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.session import Session

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.api import (
+from engine import (
     AudioChunk,
     EngineRequest,
     Failed,

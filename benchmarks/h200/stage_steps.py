@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.h200.timing import kernels, median_wall_ms
-from engine.api import load_profile
+from engine import load_profile
 from engine.models.build import build_engine_parts
 from engine.models.code2wav_stream import StreamBatch
 from engine.models.sampler import RowSampling, sample

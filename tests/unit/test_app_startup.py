@@ -13,7 +13,7 @@ from tests.conftest import REPO
 SCRIPT = """
 import asyncio, sys
 from pathlib import Path
-from engine.api import create_engine, load_profile
+from engine import create_engine, load_profile
 from voice_gateway.app import create_app
 
 app = create_app(create_engine("tiny", load_profile(model="tiny", platform="cpu"), Path(sys.argv[1])))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.api import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
+from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
 from engine.handoff import CodecFrames
 from engine.metrics import EngineMetrics
 from engine.models.code2wav_runner import Code2WavRunner

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.api import (
+from engine import (
     AudioChunk,
     EngineError,
     EngineRequest,

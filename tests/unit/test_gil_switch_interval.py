@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.api import create_engine, load_profile
+from engine import create_engine, load_profile
 
 
 async def test_the_engine_sets_its_gil_switch_interval_while_it_runs(tiny_checkpoint: Path, cache_dir: Path) -> None:

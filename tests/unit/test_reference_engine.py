@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import (
+from engine import (
     AudioChunk,
     EngineError,
     EngineRequest,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.api import AudioChunk, EngineRequest, Finished, Message, SamplingParams, TextDelta, TextPart, create_engine
+from engine import AudioChunk, EngineRequest, Finished, Message, SamplingParams, TextDelta, TextPart, create_engine
 from engine.profile import load_profile
 
 TEXT_TOKENS = 6

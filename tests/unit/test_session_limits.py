@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.api import create_engine, load_profile
+from engine import create_engine, load_profile
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime.events import Dialect

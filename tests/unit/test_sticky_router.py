@@ -39,7 +39,7 @@ def test_a_forgotten_request_frees_its_replica() -> None:
 def test_an_aborted_reply_frees_its_replicas_in_the_engine(cache_dir) -> None:
     import asyncio
 
-    from engine.api import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
+    from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
     from engine.profile import load_profile
 
     async def run() -> list[list[int]]:

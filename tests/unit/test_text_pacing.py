@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.api import AudioChunk, EngineRequest, Message, SamplingParams, TextDelta, TextPart, create_engine
+from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextDelta, TextPart, create_engine
 from engine.profile import load_profile
 
 LEAD = 2

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from engine.api import AudioPart, Message, TextPart
+from engine import AudioPart, Message, TextPart
 from engine.models.loader import load_stage
 from engine.models.thinker_runner import ThinkerRunner
 from engine.prompt import PromptBuilder

@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, Message, TextPart
+from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, Message, TextPart
 
 # Prompt cost estimates, on the generous side: the engine checks the real count.
 _TOKENS_PER_AUDIO_SECOND = 13  # Qwen3-Omni's audio encoder: 13 tokens per 100 mel frames (1 s)

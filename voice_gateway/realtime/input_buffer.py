@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import soxr
 
-from engine.api import INPUT_SAMPLE_RATE_HZ
+from engine import INPUT_SAMPLE_RATE_HZ
 
 _SAMPLES_PER_MS = INPUT_SAMPLE_RATE_HZ // 1000
 

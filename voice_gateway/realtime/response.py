@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import soxr
 
-from engine.api import (
+from engine import (
     AudioChunk,
     Engine,
     EngineError,

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from engine.api import Engine
+from engine import Engine
 from voice_gateway.audio.g711 import alaw_decode, ulaw_decode
 from voice_gateway.audio.opus import OpusStream
 from voice_gateway.audio.vad import ServerVad, VadConfig
