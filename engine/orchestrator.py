@@ -89,7 +89,7 @@ class Orchestrator:
 
     @classmethod
     def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Orchestrator:
-        from engine.models.build import build_engine_parts
+        from engine.assemble import build_engine_parts
 
         return cls(**build_engine_parts(model, profile, cache_dir))
 

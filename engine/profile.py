@@ -37,11 +37,11 @@ class SamplingConfig:
     repetition_penalty: float = field(default=1.0, metadata=_at_least(1.0))
 
 
-# transformers' experts kernels, or ours (engine/models/fused_moe.py)
+# transformers' experts kernels, or ours (engine/accel/fused_moe.py)
 MoeImplementation = Literal["auto", "eager", "grouped_mm", "batched_mm", "fused_triton"]
-# decode steps: SDPA over a gathered copy of the cache, or ours straight from it (engine/models/slot_attention.py)
+# decode steps: SDPA over a gathered copy of the cache, or ours straight from it (engine/accel/slot_attention.py)
 DecodeAttention = Literal["sdpa", "triton"]
-# the Talker's code predictor: transformers' modules, or engine/models/static_predictor.py (plain or torch.compile'd)
+# the Talker's code predictor: transformers' modules, or engine/runners/code_predictor.py (plain or torch.compile'd)
 CodePredictor = Literal["transformers", "static", "compiled"]
 
 
@@ -128,7 +128,7 @@ class Code2WavConfig:
     # On a GPU, pad streaming steps to fixed (batch, frames) buckets, all met once at start-up:
     # a shape cuDNN first meets under load costs ~200 ms.
     bucket_shapes: bool = True
-    # SnakeBeta as one Triton kernel (engine/models/snake.py) instead of five bf16 ops
+    # SnakeBeta as one Triton kernel (engine/accel/snake.py) instead of five bf16 ops
     fused_snake: bool = False
     # While some reply waits for its first audio, a reply whose audio already runs more than this many
     # seconds ahead of real time waits too (0: never): its chunk would only slow the prefills and

@@ -99,14 +99,14 @@ class ReferenceEngine:
     def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> ReferenceEngine:
         from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-        from engine.models.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
+        from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
 
         cfg = profile.stages.thinker
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"the deploy profile asks for {cfg.device}, but CUDA is not available here")
         dummy = profile.load_format == "dummy"
         if dummy:
-            from engine.models.tokenizer import build_tokenizer
+            from engine.weights.tokenizer import build_tokenizer
 
             path = Path(tempfile.mkdtemp(prefix="vg-dummy-tokenizer-"))
             build_tokenizer(path)
@@ -114,7 +114,7 @@ class ReferenceEngine:
             features = WhisperFeatureExtractor(feature_size=128, sampling_rate=16_000, padding_value=0.0)
             description = "full-size Qwen3-Omni with random weights (load_format=dummy) via transformers generate()"
         else:
-            from engine.models.loader import resolve_checkpoint
+            from engine.weights.checkpoint import resolve_checkpoint
 
             path = resolve_checkpoint(model, cache_dir or default_cache_dir())
             omni = _load_checkpoint(path, cfg.device, cfg.dtype)
@@ -300,7 +300,7 @@ def _dummy_model(device: str, dtype: str) -> Any:
     """The full-size architecture with random weights created on `device` (as generate_baseline.py does)."""
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-    from engine.models.full_size import full_size_config_dict
+    from engine.weights.full_size import full_size_config_dict
 
     with torch.device(device):
         model = Qwen3OmniMoeForConditionalGeneration._from_config(
@@ -312,7 +312,7 @@ def _load_checkpoint(path: Path, device: str, dtype: str) -> Any:
     """The whole model through from_pretrained, failing loudly on any missing or unexpected key."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from engine.models.loader import CheckpointMismatch
+    from engine.weights.checkpoint import CheckpointMismatch
 
     model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         path, dtype=_DTYPES[dtype], output_loading_info=True)

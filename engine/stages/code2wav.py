@@ -24,9 +24,9 @@ import torch
 from engine.api import SAMPLE_RATE_HZ, AudioChunk
 from engine.handoff import AudioFinished, CodecFrames
 from engine.metrics import EngineMetrics
-from engine.models.code2wav_runner import Code2WavRunner
-from engine.models.code2wav_stream import StreamBatch, StreamingCode2Wav
 from engine.profile import ChunkConfig, Code2WavConfig
+from engine.runners.code2wav import Code2WavRunner
+from engine.runners.code2wav_stream import StreamBatch, StreamingCode2Wav
 from engine.stages.base import Report, Stage
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import torch
 
 from engine.handoff import CodecFrames, SpeechProgress, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
-from engine.models.sampler import RowSampling, new_seed, sample
-from engine.models.talker_runner import TalkerRunner
 from engine.profile import TalkerConfig
+from engine.runners.sampler import RowSampling, new_seed, sample
+from engine.runners.talker import TalkerRunner
 from engine.stages.base import Report, Stage
 
 log = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ import torch
 from engine.api import TextDelta
 from engine.handoff import SpeechProgress, ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
-from engine.models.sampler import RowSampling, new_seed, sample
-from engine.models.thinker_runner import ThinkerRunner
 from engine.profile import ThinkerConfig
+from engine.runners.sampler import RowSampling, new_seed, sample
+from engine.runners.thinker import ThinkerRunner
 from engine.stages.base import Report, Stage
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.code2wav_runner import Code2WavRunner
-from engine.models.loader import load_stage
+from engine.runners.code2wav import Code2WavRunner
+from engine.weights.checkpoint import load_stage
 
 
 @pytest.fixture(scope="module")

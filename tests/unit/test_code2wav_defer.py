@@ -13,11 +13,11 @@ import torch
 from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
 from engine.handoff import CodecFrames
 from engine.metrics import EngineMetrics
-from engine.models.code2wav_runner import Code2WavRunner
-from engine.models.code2wav_stream import StreamingCode2Wav
-from engine.models.loader import load_stage
 from engine.profile import ChunkConfig, Code2WavConfig, load_profile
+from engine.runners.code2wav import Code2WavRunner
+from engine.runners.code2wav_stream import StreamingCode2Wav
 from engine.stages.code2wav import Code2WavStage
+from engine.weights.checkpoint import load_stage
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.code2wav_stream import StreamBatch, StreamingCode2Wav
-from engine.models.full_size import full_size_config_dict
-from engine.models.loader import load_stage
+from engine.runners.code2wav_stream import StreamBatch, StreamingCode2Wav
+from engine.weights.checkpoint import load_stage
+from engine.weights.full_size import full_size_config_dict
 
 
 def _codes(frames: int, seed: int) -> torch.Tensor:
@@ -103,7 +103,7 @@ def test_full_size_bf16_on_gpu_streams_like_the_one_shot_decode() -> None:
     """In bf16 neither decode is exact: the streamed one must be as close to float32 as the one-shot is."""
     import copy
 
-    from engine.models.full_size import build_dummy_stage
+    from engine.weights.full_size import build_dummy_stage
 
     model, _ = build_dummy_stage("code2wav", device="cuda", dtype="bfloat16")
     reference_model = copy.deepcopy(model).float()

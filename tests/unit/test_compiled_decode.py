@@ -1,4 +1,4 @@
-"""Decoder layers through torch.compile (`compile_decode`, engine/models/cuda_graphs.py) == eager layers,
+"""Decoder layers through torch.compile (`compile_decode`, engine/accel/cuda_graphs.py) == eager layers,
 in their CPU form: the same decode step, compiled by inductor for the CPU."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from engine.models.cuda_graphs import compiled_layers
-from engine.models.loader import load_stage
-from engine.models.talker_runner import TalkerRunner
-from engine.models.thinker_runner import ThinkerRunner
+from engine.accel.cuda_graphs import compiled_layers
+from engine.runners.talker import TalkerRunner
+from engine.runners.thinker import ThinkerRunner
+from engine.weights.checkpoint import load_stage
 
 PROMPT = [151644, 872, 198, 9707, 11, 1246, 525]
 

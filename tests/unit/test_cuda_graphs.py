@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.loader import load_stage
-from engine.models.sampler import RowSampling, RowTensors
-from engine.models.talker_runner import TalkerRunner
+from engine.runners.sampler import RowSampling, RowTensors
+from engine.runners.talker import TalkerRunner
+from engine.weights.checkpoint import load_stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 
 
 def test_graphed_code_predictor_equals_eager(tiny_checkpoint: Path) -> None:
-    from engine.models.cuda_graphs import GraphedCodePredictor
+    from engine.accel.cuda_graphs import GraphedCodePredictor
 
     loaded = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="float32")
     hidden = loaded.config.thinker_config.text_config.hidden_size
@@ -44,15 +44,15 @@ def test_graphed_code_predictor_equals_eager(tiny_checkpoint: Path) -> None:
 def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool, compiled: bool) -> None:
     import contextlib
 
-    from engine.models.cuda_graphs import GraphedDecode, compiled_layers
-    from engine.models.thinker_runner import ThinkerRunner
+    from engine.accel.cuda_graphs import GraphedDecode, compiled_layers
+    from engine.runners.thinker import ThinkerRunner
 
     # bf16 as deployed: transformers' float32 grouped_mm path copies from the host, which a graph cannot hold
     loaded = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
     with torch.inference_mode():
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=64)
         if kernels:
-            from engine.models import fused_moe, slot_attention
+            from engine.accel import fused_moe, slot_attention
 
             fused_moe.enable(loaded.model)
             slot_attention.enable(runner.text_model)
@@ -77,9 +77,9 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool, 
 
 
 def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
-    from engine.models import fused_moe
-    from engine.models.cuda_graphs import GraphedPrefill
-    from engine.models.thinker_runner import ThinkerRunner
+    from engine.accel import fused_moe
+    from engine.accel.cuda_graphs import GraphedPrefill
+    from engine.runners.thinker import ThinkerRunner
 
     thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
     talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")

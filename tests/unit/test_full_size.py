@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.models.full_size import build_dummy_stage
+from engine.weights.full_size import build_dummy_stage
 
 
 @pytest.mark.parametrize(

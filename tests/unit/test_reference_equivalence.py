@@ -87,7 +87,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
         ("cpu", {"streaming": False}, {}, 1),  # chunks re-decode their left context instead
         ("cpu", {}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
         ("cpu", {"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
-        ("cpu", {}, {"code_predictor": "static"}, 1),  # engine/models/static_predictor.py
+        ("cpu", {}, {"code_predictor": "static"}, 1),  # engine/runners/code_predictor.py
         # our Triton MoE and decode attention, in Triton's CPU interpreter
         pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
         pytest.param("cuda", {}, {}, 1, marks=needs_cuda),

@@ -1,4 +1,4 @@
-"""engine/models/static_predictor.py == transformers' code predictor, for the same inputs and seeds."""
+"""engine/runners/code_predictor.py == transformers' code predictor, for the same inputs and seeds."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.loader import load_stage
-from engine.models.sampler import RowSampling, RowTensors
-from engine.models.static_predictor import StaticCodePredictor
-from engine.models.talker_runner import TalkerRunner
+from engine.runners.code_predictor import StaticCodePredictor
+from engine.runners.sampler import RowSampling, RowTensors
+from engine.runners.talker import TalkerRunner
+from engine.weights.checkpoint import load_stage
 
 
 def _rows(n: int, device: str) -> RowTensors:
@@ -67,7 +67,7 @@ def test_static_predictor_logits_equal_transformers(tiny_checkpoint: Path) -> No
 def test_compiled_static_predictor_on_cuda(tiny_checkpoint: Path) -> None:
     """On a GPU, other kernels round differently, and a sampled code can flip on a near-tie: the
     compiled step's logits are compared over the same frames, and its CUDA graph with itself."""
-    from engine.models.cuda_graphs import GraphedCodePredictor
+    from engine.accel.cuda_graphs import GraphedCodePredictor
 
     logits, expected = _teacher_forced(tiny_checkpoint, "cuda", compiled=True)
     assert torch.allclose(logits, expected, atol=1e-4, rtol=1e-4), (logits - expected).abs().max()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from engine.models.loader import load_stage
-from engine.models.talker_runner import TalkerRunner
+from engine.runners.talker import TalkerRunner
+from engine.weights.checkpoint import load_stage
 
 
 def test_batched_talker_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
@@ -30,7 +30,7 @@ def test_batched_talker_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None
 
 def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) -> None:
     """What a graphed Talker prefill replays, run eagerly: padding to the bucket changes nothing."""
-    from engine.models.kv_cache import SlotBatch
+    from engine.runners.kv_cache import SlotBatch
 
     loaded = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
     gen = torch.Generator().manual_seed(4)
@@ -49,7 +49,7 @@ def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) 
 
 def test_repetition_history_on_the_device_follows_each_slots_reply(tiny_checkpoint: Path) -> None:
     """The runner's per-slot table of produced codes penalises exactly what a per-reply list would."""
-    from engine.models.sampler import penalise_seen
+    from engine.runners.sampler import penalise_seen
 
     loaded = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
     gen = torch.Generator().manual_seed(5)

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from engine import AudioPart, Message, TextPart
-from engine.models.loader import load_stage
-from engine.models.thinker_runner import ThinkerRunner
 from engine.prompt import PromptBuilder
+from engine.runners.thinker import ThinkerRunner
+from engine.weights.checkpoint import load_stage
 
 
 def test_batched_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
@@ -37,9 +37,9 @@ def test_batched_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
 
 
 def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) -> None:
-    """What a graphed prefill replays (engine/models/cuda_graphs.py), run eagerly: prompts padded to
+    """What a graphed prefill replays (engine/accel/cuda_graphs.py), run eagerly: prompts padded to
     their (prompts, length) bucket give the same logits, captured rows and decode as the plain prefill."""
-    from engine.models.kv_cache import SlotBatch
+    from engine.runners.kv_cache import SlotBatch
 
     loaded = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
     builder = PromptBuilder(AutoTokenizer.from_pretrained(tiny_checkpoint),
@@ -68,7 +68,7 @@ def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) 
 
 
 def test_prefill_plan_splits_groups_into_captured_runs() -> None:
-    from engine.models.cuda_graphs import plan_prefill
+    from engine.accel.cuda_graphs import plan_prefill
 
     one_prompt = [(1, 32), (1, 64)]
     assert plan_prefill(one_prompt, [20]) == [slice(0, 1)]
@@ -81,7 +81,7 @@ def test_prefill_plan_splits_groups_into_captured_runs() -> None:
 
 
 def test_fine_prefill_buckets_pad_less() -> None:
-    from engine.models.cuda_graphs import GROUP_TOKENS, _prefill_shapes, plan_prefill, prefill_bucket
+    from engine.accel.cuda_graphs import GROUP_TOKENS, _prefill_shapes, plan_prefill, prefill_bucket
 
     def shapes(fine: bool) -> list[tuple[int, int]]:
         sizes = _prefill_shapes(True, fine, 64)

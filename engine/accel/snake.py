@@ -17,7 +17,7 @@ import types
 import torch
 from torch import nn
 
-from engine.models.triton_launch import launch_guard
+from engine.accel.triton_launch import launch_guard
 
 try:
     import triton

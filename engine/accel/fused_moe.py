@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.triton_launch import dot_precision, launch_guard
+from engine.accel.triton_launch import dot_precision, launch_guard
 
 EXPERTS_NAME = "vg_fused_moe"
 

@@ -9,7 +9,7 @@ transformers' (eager attention, its RMSNorm and RoPE, the same weights); q/k/v a
 gate/up are each one GEMM, over fused weights that the transformers modules keep as
 views, so no memory is duplicated and the eager path still works. With `compiled`, the
 step and the sampler go through torch.compile once each (the batch size is dynamic), and
-the frame is then captured as one CUDA graph as before (engine/models/cuda_graphs.py).
+the frame is then captured as one CUDA graph as before (engine/accel/cuda_graphs.py).
 
 The first pass of transformers takes two tokens (the Talker's hidden state, then the
 embedding of codebook 0); here they are two single-token steps, which causal attention
@@ -23,7 +23,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from engine.models.sampler import RowTensors, sample_tensors, token_terms
+from engine.runners.sampler import RowTensors, sample_tensors, token_terms
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from engine.models.tiny import tiny_config_dict
+from engine.weights.tiny import tiny_config_dict
 
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [24, 20, 20], "interleaved": True}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.triton_launch import dot_precision, launch_guard
+from engine.accel.triton_launch import dot_precision, launch_guard
 
 ATTENTION_NAME = "vg_slot_decode"
 

@@ -41,7 +41,7 @@ class LoadedStage:
 
 def resolve_checkpoint(model: str, cache_dir: Path) -> Path:
     """A local directory, or a hub id already in the local Hugging Face cache; never downloads."""
-    from engine.models.tiny import TINY_MODEL_ID, ensure_tiny_checkpoint
+    from engine.weights.tiny import TINY_MODEL_ID, ensure_tiny_checkpoint
 
     if model == TINY_MODEL_ID:
         return ensure_tiny_checkpoint(cache_dir)

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from engine.models.kv_cache import SlotBatch, SlotKVCache
-from engine.models.sampler import RowTensors
-from engine.models.talker_runner import TalkerRunner
-from engine.models.thinker_runner import ThinkerRunner
+from engine.runners.kv_cache import SlotBatch, SlotKVCache
+from engine.runners.sampler import RowTensors
+from engine.runners.talker import TalkerRunner
+from engine.runners.thinker import ThinkerRunner
 
 log = logging.getLogger(__name__)
 

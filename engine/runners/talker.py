@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.kv_cache import SlotKVCache, cache_kwarg
-from engine.models.sampler import RowSampling, RowTensors, host_to_device, penalise_seen, sample_tensors
+from engine.runners.kv_cache import SlotKVCache, cache_kwarg
+from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen, sample_tensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +78,11 @@ class TalkerRunner:
         self.seen_codes = torch.zeros(max_batch, vocab, dtype=torch.bool, device=self.device)
         self._cache_kw = cache_kwarg(talker.model)
         self._predictor_cache_kw = cache_kwarg(self.predictor.model)
-        # set by engine/models/cuda_graphs.py when the profile allows graphs
+        # set by engine/accel/cuda_graphs.py when the profile allows graphs
         self.graphed_predictor = None
         self.graphed_decode = None
         self.graphed_prefill = None
-        # set by engine/models/build.py when the profile asks for engine/models/static_predictor.py
+        # set by engine/assemble.py when the profile asks for engine/runners/code_predictor.py
         self.static_predictor = None
 
     def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:

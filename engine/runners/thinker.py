@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.kv_cache import SlotKVCache, cache_kwarg
+from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class ThinkerRunner:
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
         self._capturing = False
-        # set by engine/models/cuda_graphs.py when the profile allows graphs
+        # set by engine/accel/cuda_graphs.py when the profile allows graphs
         self.graphed_decode = None
         self.graphed_prefill = None
 

@@ -43,7 +43,7 @@ class SlotKVCache:
         self.num_slots = num_slots
         self.scratch_slot = num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))
-        # set by engine/models/slot_attention.py: decode steps read the buffers in place
+        # set by engine/accel/slot_attention.py: decode steps read the buffers in place
         self.decode_kernel = False
 
     @property
@@ -86,7 +86,7 @@ class SlotBatch:
     # transformers' attention layers call these two; the rest of the Cache API is unused
     # because we always pass explicit position ids and a prepared 4-D mask.
     # Never compiled: its `layer_idx` picks a Python list item, which would specialise a compiled
-    # decoder layer (engine/models/cuda_graphs.py) once per layer; its writes run between regions.
+    # decoder layer (engine/accel/cuda_graphs.py) once per layer; its writes run between regions.
     @torch.compiler.disable
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]

@@ -153,7 +153,7 @@ def build_tiny_checkpoint(out_dir: Path) -> None:
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
-    from engine.models.tokenizer import build_tokenizer
+    from engine.weights.tokenizer import build_tokenizer
 
     torch.manual_seed(TINY_SEED)
     config = Qwen3OmniMoeConfig(**tiny_config_dict())

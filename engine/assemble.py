@@ -13,25 +13,25 @@ from typing import Any
 
 import torch
 
+from engine.accel import snake
+from engine.accel.cuda_graphs import apply_talker_graphs, apply_thinker_graphs
 from engine.api import EngineError, ModelInfo
 from engine.handoff import StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
-from engine.models import snake
-from engine.models.code2wav_runner import Code2WavRunner
-from engine.models.code2wav_stream import StreamingCode2Wav
-from engine.models.cuda_graphs import apply_talker_graphs, apply_thinker_graphs
-from engine.models.full_size import build_dummy_stage, full_size_config_dict
-from engine.models.loader import load_config, load_stage, resolve_checkpoint
-from engine.models.static_predictor import StaticCodePredictor
-from engine.models.talker_runner import TalkerRunner
-from engine.models.thinker_runner import ThinkerRunner
-from engine.models.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
-from engine.models.tokenizer import build_tokenizer
 from engine.profile import DeployProfile
 from engine.prompt import PromptBuilder
+from engine.runners.code2wav import Code2WavRunner
+from engine.runners.code2wav_stream import StreamingCode2Wav
+from engine.runners.code_predictor import StaticCodePredictor
+from engine.runners.talker import TalkerRunner
+from engine.runners.thinker import ThinkerRunner
 from engine.stages.code2wav import Code2WavStage
 from engine.stages.talker import TalkerStage
 from engine.stages.thinker import ThinkerStage
+from engine.weights.checkpoint import load_config, load_stage, resolve_checkpoint
+from engine.weights.full_size import build_dummy_stage, full_size_config_dict
+from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
+from engine.weights.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def _check_triton(stage: str, cfg) -> None:
 
 
 def _use_slot_attention(model: torch.nn.Module, runner: Any) -> None:
-    from engine.models import slot_attention
+    from engine.accel import slot_attention
 
     slot_attention.enable(model)
     runner.kv.decode_kernel = True
@@ -192,7 +192,7 @@ def build_engine_parts(model: str, profile: DeployProfile, cache_dir: Path | Non
             model = load_stage(path, stage, device=cfg.device, dtype=cfg.dtype).model  # type: ignore[arg-type]
         moe = getattr(cfg, "moe_implementation", "auto")
         if moe == "fused_triton":
-            from engine.models import fused_moe
+            from engine.accel import fused_moe
 
             fused_moe.enable(model)
         elif moe != "auto":

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as hf
 
-from engine.models.cuda_graphs import capture
+from engine.accel.cuda_graphs import capture
 
 _CausalConv = hf.Qwen3OmniMoeCausalConvNet
 _TransConv = hf.Qwen3OmniMoeCausalTransConvNet

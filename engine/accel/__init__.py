@@ -1,0 +1,1 @@
+"""Speed-ups applied to finished models and runners from outside: CUDA graphs, torch.compile, Triton kernels."""

@@ -1,0 +1,1 @@
+"""Checkpoints and tokenizers: finding, building and strictly loading each stage's weights."""
