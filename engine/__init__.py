@@ -26,8 +26,8 @@ from engine.api import (
     Timings,
 )
 from engine.factory import attach_engine, create_engine
-from engine.process import EngineHost
 from engine.profile import DeployProfile, ProfileError, load_profile
+from engine.remote.host import EngineHost
 
 __all__ = [
     "INPUT_SAMPLE_RATE_HZ",

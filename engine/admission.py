@@ -1,18 +1,37 @@
-"""What every engine backend does at the door: check a request, bound its reply, and hand back
-the stream of its events (closing the stream early aborts the request)."""
+"""The front door: a request's voice, prompt and reply length decided once, before any engine sees it.
+
+`Admission` turns an `EngineRequest` into an `AdmittedRequest` (engine/handoff.py) or refuses it
+with an `EngineError` that is safe to show a client. It runs in the server's process, also when
+the engine's stages run in another one: a refusal is an error at once, and an accepted request's
+response starts without a round trip.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-from engine.api import EngineError, EngineRequest, Failed, Finished, OutputEvent
+from engine.api import AudioPart, EngineError, EngineRequest, ModelInfo
+from engine.handoff import AdmittedRequest
 from engine.profile import DeployProfile, ThinkerConfig
+from engine.prompt import PromptBuilder
+from engine.weights.source import ModelSource
 
 
-def resolve_speaker(request: EngineRequest, profile: DeployProfile, speakers: tuple[str, ...]) -> str:
+def model_info(source: ModelSource, profile: DeployProfile) -> ModelInfo:
+    baseline = " [transformers generate() baseline]" if profile.backend == "transformers_generate" else ""
+    return ModelInfo(
+        model_id=source.model_id,
+        is_random_weights=source.is_random_weights,
+        description=source.description + baseline,
+        max_model_len=profile.stages.thinker.max_model_len,
+        speakers=source.speakers,
+        codec_frame_samples=source.frame_samples,
+    )
+
+
+def resolve_speaker(request: EngineRequest, default: str, speakers: tuple[str, ...]) -> str:
     """The voice a request speaks in; an error when it wants audio this model cannot give."""
-    speaker = (request.speaker or profile.stages.talker.default_speaker).lower()
+    speaker = (request.speaker or default).lower()
     if request.want_audio:
         if not speakers:
             raise EngineError("this model has no talker: ask for text only")
@@ -41,26 +60,47 @@ def resolve_max_tokens(requested: int | None, cfg: ThinkerConfig, prompt_len: in
     return requested
 
 
-class RequestStream:
-    """Async iterator over one request's events, up to its Finished or Failed."""
+class Admission:
+    """Owns the prompt builder and the limits a request is admitted under.
 
-    def __init__(self, request_id: str, events: asyncio.Queue[OutputEvent], abort: Callable[[str], None]) -> None:
-        self.request_id = request_id
-        self._events = events
-        self._abort = abort
-        self._ended = False
+    `text_on_loop`: text prompts are tokenized on the event loop (a fraction of a millisecond)
+    rather than in a thread. Only where no stage thread shares this process's GIL: next to them,
+    each GIL hand-back of the tokenizer waits on a stage, and a burst of 64 arrivals then held
+    back every response (docs/performance.md). Audio features always go to a thread.
+    """
 
-    def __aiter__(self) -> RequestStream:
-        return self
+    def __init__(self, info: ModelInfo, profile: DeployProfile, prompts: PromptBuilder, *, text_on_loop: bool) -> None:
+        self.info = info
+        self.thinker = profile.stages.thinker
+        self.default_speaker = profile.stages.talker.default_speaker
+        self.prompts = prompts
+        self.text_on_loop = text_on_loop
 
-    async def __anext__(self) -> OutputEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event = await self._events.get()
-        self._ended = isinstance(event, (Finished, Failed))
-        return event
+    @classmethod
+    def open(cls, source: ModelSource, profile: DeployProfile, *, text_on_loop: bool) -> Admission:
+        prompts = PromptBuilder(source.tokenizer(), source.feature_extractor(),
+                                n_window=source.config.thinker_config.audio_config.n_window)
+        return cls(model_info(source, profile), profile, prompts, text_on_loop=text_on_loop)
 
-    async def aclose(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self._abort(self.request_id)
+    async def admit(self, request: EngineRequest) -> AdmittedRequest:
+        speaker = resolve_speaker(request, self.default_speaker, self.info.speakers)
+        has_audio = any(isinstance(p, AudioPart) for m in request.messages for p in m.content)
+        if self.text_on_loop and not has_audio:
+            prompt = self.prompts.build(request.messages)
+        else:
+            prompt = await asyncio.to_thread(self.prompts.build, request.messages)
+        sp, cfg = request.sampling, self.thinker
+        max_tokens = resolve_max_tokens(sp.max_tokens, cfg, len(prompt.token_ids))
+        return AdmittedRequest(
+            request_id=request.request_id,
+            token_ids=prompt.token_ids,
+            audio_features=prompt.audio_features,
+            audio_tokens=prompt.audio_tokens,
+            want_audio=request.want_audio,
+            speaker=speaker,
+            max_tokens=max_tokens,
+            temperature=sp.temperature if sp.temperature is not None else cfg.sampling.temperature,
+            top_p=sp.top_p if sp.top_p is not None else cfg.sampling.top_p,
+            top_k=cfg.sampling.top_k,
+            seed=sp.seed,
+        )

@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from engine.admission import Admission
 from engine.api import Engine
+from engine.frontend import Frontend
+from engine.local import load_core
 from engine.profile import DeployProfile
+from engine.remote.client import RemoteCore
+from engine.remote.messages import Address, EngineSpec
+from engine.weights.source import ModelSource
 
 
 def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
-    """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use)."""
-    if profile.engine_process:
-        from engine.process import EngineProcess
+    """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use).
 
-        return EngineProcess(model, profile, cache_dir)  # loads the model in its child at start()
-    if profile.backend == "transformers_generate":
-        from engine.reference import ReferenceEngine
-
-        return ReferenceEngine.from_model(model, profile, cache_dir)
-    from engine.orchestrator import Orchestrator
-
-    return Orchestrator.from_model(model, profile, cache_dir)
+    In process, the stages' weights load now; with `engine: process` they load in the child at start()."""
+    source = ModelSource.open(model, profile.load_format, cache_dir)
+    if profile.engine == "process":
+        spec = EngineSpec(model, dataclasses.replace(profile, engine="in_process", http_workers=1), cache_dir)
+        return Frontend(RemoteCore.spawn(spec), Admission.open(source, profile, text_on_loop=True))
+    return Frontend(load_core(source, profile), Admission.open(source, profile, text_on_loop=False))
 
 
-def attach_engine(address: tuple[str, bytes]) -> Engine:
-    """An engine that an `EngineHost` in another process runs, reached at its `address`."""
-    from engine.process import EngineProcess
+def attach_engine(address: Address) -> Engine:
+    """An engine that an `EngineHost` in another process runs, reached at its `address`; this process
+    learns the model and profile from it at start()."""
+    core = RemoteCore.attach(address)
 
-    return EngineProcess("attached", attach=address)
+    def admission() -> Admission:
+        spec = core.spec
+        return Admission.open(ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir), spec.profile,
+                              text_on_loop=True)
+
+    return Frontend(core, admission)

@@ -1,4 +1,7 @@
-"""What crosses between stages: frozen payloads, and the inbox each stage drains once per step.
+"""What crosses between stages: frozen payloads, the inbox each stage drains once per step, and the
+queue that carries the stages' reports to the orchestrator's event loop.
+
+The front door admits a request (`AdmittedRequest`, engine/admission.py) and the Thinker takes it.
 
 Thinker -> Talker: the prompt's rows first (`ThinkerPrompt`), then one row per
 decoded token (`ThinkerToken`), then `ThinkerDone`; so the Talker starts while
@@ -10,9 +13,10 @@ Stages never import each other: they meet here.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,12 +25,15 @@ import torch
 
 
 @dataclass(frozen=True, slots=True)
-class ThinkerJob:
-    """Orchestrator -> Thinker: a new request, already tokenised."""
+class AdmittedRequest:
+    """Front door -> Thinker: a request checked, tokenised and bounded; nothing about it is left to decide.
+
+    It is what crosses to an engine in another process, so it holds no raw audio, only its features."""
 
     request_id: str
     token_ids: list[int]
-    audio_features: list[torch.Tensor]
+    audio_features: list[torch.Tensor]  # one [128, frames] log-mel per clip, in prompt order
+    audio_tokens: int  # of token_ids, the <|audio_pad|> placeholders
     want_audio: bool
     speaker: str
     max_tokens: int
@@ -147,6 +154,43 @@ class StickyRouter:
 
 
 # What stages report to the orchestrator, besides the public TextDelta / AudioChunk events.
+
+Report = Callable[[Any], None]
+
+
+class ReportQueue:
+    """Stage threads -> the orchestrator's event loop, in order.
+
+    One wake-up of the loop carries every report queued before it runs: a Thinker step at batch 64
+    makes 64 text deltas, and 64 wake-ups of a loop that shares the GIL with the stage threads cost
+    every reply's first packet."""
+
+    def __init__(self) -> None:
+        self._reports: deque[Any] = deque()  # appends are thread-safe; one deque keeps the order
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: Callable[[Any], None] | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
+        """Where reports go from now on: `handle(report)` on `loop`."""
+        self._loop, self._handle = loop, handle
+
+    def put(self, item: Any) -> None:
+        assert self._loop is not None, f"a stage reported before the engine started: {item!r}"
+        self._reports.append(item)
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False  # before draining: a report queued from now on schedules anew
+        assert self._handle is not None
+        while self._reports:
+            self._handle(self._reports.popleft())
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,51 +1,42 @@
-"""Request lifecycle across stages: submit, stream, abort; owns the per-request records.
+"""The staged engine's core: admitted requests across the stages; owns the per-request records.
 
-Stages run in their own threads and report here through the event loop; each
-request's events leave through its own queue, and `Finished` goes out once the
-Thinker is done and (for audio) Code2Wav has sent the last chunk.
+Stages run in their own threads and report here through the event loop (`ReportQueue`); each
+request's events leave through its sink, and `Finished` goes out once the Thinker is done and
+(for audio) Code2Wav has sent the last chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from engine.admission import RequestStream, resolve_max_tokens, resolve_speaker
-from engine.api import (
-    SAMPLE_RATE_HZ,
-    AudioChunk,
-    EngineError,
-    EngineRequest,
-    Failed,
-    Finished,
-    ModelInfo,
-    OutputEvent,
-    TextDelta,
-    Timings,
+from engine.api import SAMPLE_RATE_HZ, AudioChunk, EngineError, Failed, Finished, OutputEvent, TextDelta, Timings
+from engine.core import Sink
+from engine.handoff import (
+    Abort,
+    AdmittedRequest,
+    AudioFinished,
+    Inbox,
+    ReportQueue,
+    StageFailed,
+    StickyRouter,
+    ThinkerFinished,
 )
-from engine.handoff import Abort, AudioFinished, StageFailed, StickyRouter, ThinkerFinished, ThinkerJob
 from engine.metrics import EngineMetrics
-from engine.profile import DeployProfile
-from engine.prompt import Prompt, PromptBuilder
 from engine.stages.base import Stage
+from engine.stages.policy import FirstPacketPolicy
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class RequestRecord:
-    request: EngineRequest
-    queue: asyncio.Queue[OutputEvent]
+    request: AdmittedRequest
+    sink: Sink
     submitted_at: float
-    prompt_tokens: int
-    prompt_audio_tokens: int
     first_text_at: float | None = None
     first_audio_at: float | None = None
     last_audio_at: float | None = None
@@ -56,53 +47,34 @@ class RequestRecord:
 
 
 class Orchestrator:
+    """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped
+    here; `routers`: in front of stages with replicas (an abort must reach them too)."""
+
     def __init__(
         self,
         *,
-        info: ModelInfo,
-        profile: DeployProfile,
-        prompt_builder: PromptBuilder,
+        thinker_inbox: Inbox,
         stages: dict[str, Stage],
+        reports: ReportQueue,
+        policy: FirstPacketPolicy,
         metrics: EngineMetrics,
         has_talker: bool,
         routers: tuple[StickyRouter, ...] = (),
     ) -> None:
-        self.info = info
-        self.profile = profile
-        self.prompt_builder = prompt_builder
+        self.thinker_inbox = thinker_inbox
         self.stages = stages
+        self.reports = reports
+        self.policy = policy
         self.metrics = metrics
         self.registry = metrics.registry
         self.has_talker = has_talker
-        self.routers = routers  # in front of stages with replicas
+        self.routers = routers
         self.records: dict[str, RequestRecord] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._reports: deque[Any] = deque()
-        self._reports_lock = threading.Lock()
-        self._drain_scheduled = False
-        self._prior_switch_interval: float | None = None
-        # replies that want audio and have none yet: Code2Wav may hold back replies far ahead for them
-        self.awaiting_first_audio: set[str] = set()
-        for stage in stages.values():
-            if hasattr(stage, "awaiting_first_audio"):
-                stage.awaiting_first_audio = self.awaiting_first_audio
-
-    @classmethod
-    def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Orchestrator:
-        from engine.assemble import build_engine_parts
-
-        return cls(**build_engine_parts(model, profile, cache_dir))
 
     # -- lifecycle
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        if interval_ms := self.profile.stages.gil_switch_interval_ms:
-            self._prior_switch_interval = sys.getswitchinterval()
-            log.info("GIL switch interval %.2f ms while the engine runs (was %.2f ms)", interval_ms,
-                     1000 * self._prior_switch_interval)
-            sys.setswitchinterval(interval_ms / 1000)
+        self.reports.bind(asyncio.get_running_loop(), self._on_report)
         for stage in self.stages.values():
-            stage.report = self._report_threadsafe
             stage.start()
 
     async def stop(self) -> None:
@@ -110,54 +82,24 @@ class Orchestrator:
             await asyncio.to_thread(stage.stop)
         for record in list(self.records.values()):
             self._close(record, Failed(record.request.request_id, "server shutting down"))
-        if self._prior_switch_interval is not None:
-            sys.setswitchinterval(self._prior_switch_interval)
-            self._prior_switch_interval = None
-
-    def num_active_requests(self) -> int:
-        return len(self.records)
 
     def stage_load(self) -> dict[str, int]:
         """Requests each stage still holds (running or waiting)."""
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
 
     # -- requests
-    async def submit(self, request: EngineRequest, prompt: Prompt | None = None) -> RequestStream:
-        """`prompt`: already built from the request's messages (the engine process's parent builds them)."""
-        assert self._loop is not None, "engine not started"
+    def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id
         if rid in self.records:
             raise EngineError(f"request id {rid} is already in use")
-        speaker = resolve_speaker(request, self.profile, self.info.speakers if self.has_talker else ())
-        cfg = self.profile.stages.thinker
-        sp = request.sampling
-        if prompt is None:
-            # in a thread even for short text: on the loop, the tokenizer's GIL hand-back waits on the stage
-            # threads, and a burst of 64 arrivals then holds back every response (H200 rung 28's first run)
-            prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
-        prompt_len = len(prompt.token_ids)
-        max_tokens = resolve_max_tokens(sp.max_tokens, cfg, prompt_len)
-        record = RequestRecord(request, asyncio.Queue(), time.perf_counter(), prompt_len, prompt.audio_tokens)
-        self.records[rid] = record
+        if request.want_audio and not self.has_talker:
+            raise EngineError("this model has no talker: ask for text only")
+        self.records[rid] = RequestRecord(request, sink, time.perf_counter())
         self.metrics.active.set(len(self.records))
-        if request.want_audio and self.has_talker:
-            self.awaiting_first_audio.add(rid)
-        self.stages["thinker"].inbox.put(
-            ThinkerJob(
-                request_id=rid,
-                token_ids=prompt.token_ids,
-                audio_features=prompt.audio_features,
-                want_audio=request.want_audio,
-                speaker=speaker,
-                max_tokens=max_tokens,
-                temperature=sp.temperature if sp.temperature is not None else cfg.sampling.temperature,
-                top_p=sp.top_p if sp.top_p is not None else cfg.sampling.top_p,
-                top_k=cfg.sampling.top_k,
-                seed=sp.seed,
-            )
-        )
-        log.info("request %s submitted: %d prompt tokens, audio=%s", rid, prompt_len, request.want_audio)
-        return RequestStream(rid, record.queue, self.abort)
+        if request.want_audio:
+            self.policy.admitted(rid)
+        self.thinker_inbox.put(request)
+        log.info("request %s submitted: %d prompt tokens, audio=%s", rid, len(request.token_ids), request.want_audio)
 
     def abort(self, request_id: str) -> None:
         record = self.records.get(request_id)
@@ -173,25 +115,7 @@ class Orchestrator:
         for router in self.routers:
             router.forget(request_id)
 
-    # -- stage reports (stage threads -> event loop)
-    def _report_threadsafe(self, item: Any) -> None:
-        """Queue a report for the loop. One wake-up carries every report queued before it runs: a
-        Thinker step at batch 64 makes 64 text deltas, and 64 wake-ups of a loop that shares the GIL
-        with the stage threads cost every reply's first packet."""
-        assert self._loop is not None
-        self._reports.append(item)  # deque appends are thread-safe; one deque keeps the order
-        with self._reports_lock:
-            if self._drain_scheduled:
-                return
-            self._drain_scheduled = True
-        self._loop.call_soon_threadsafe(self._drain_reports)
-
-    def _drain_reports(self) -> None:
-        with self._reports_lock:
-            self._drain_scheduled = False  # before draining: a report queued from now on schedules anew
-        while self._reports:
-            self._on_report(self._reports.popleft())
-
+    # -- stage reports, on the event loop
     def _on_report(self, item: Any) -> None:
         record = self.records.get(item.request_id)
         if record is None:  # aborted or failed already
@@ -209,18 +133,18 @@ class Orchestrator:
             if record.first_text_at is None:
                 record.first_text_at = now
                 self.metrics.ttft.observe(now - record.submitted_at)
-            record.queue.put_nowait(item)
+            record.sink(item)
         elif isinstance(item, AudioChunk):
             if item.samples.size:
                 if record.first_audio_at is None:
                     record.first_audio_at = now
-                    self.awaiting_first_audio.discard(item.request_id)
+                    self.policy.first_audio(item.request_id)
                     self.metrics.ttfp.observe(now - record.submitted_at)
                 elif record.last_audio_at is not None:
                     self.metrics.chunk_gap.observe(now - record.last_audio_at)
                 record.last_audio_at = now
                 record.audio_samples += item.samples.size
-                record.queue.put_nowait(item)
+                record.sink(item)
         elif isinstance(item, ThinkerFinished):
             record.thinker = item
         elif isinstance(item, AudioFinished):
@@ -241,8 +165,8 @@ class Orchestrator:
             ttft_s=None if record.first_text_at is None else record.first_text_at - t0,
             ttfp_s=None if record.first_audio_at is None else record.first_audio_at - t0,
             total_s=now - t0,
-            prompt_tokens=record.prompt_tokens,
-            prompt_audio_tokens=record.prompt_audio_tokens,
+            prompt_tokens=len(record.request.token_ids),
+            prompt_audio_tokens=record.request.audio_tokens,
             completion_tokens=record.thinker.completion_tokens,
             codec_frames=record.audio.codec_frames if record.audio else 0,
             audio_samples=record.audio_samples,
@@ -266,6 +190,6 @@ class Orchestrator:
             return
         record.done = True
         self.records.pop(record.request.request_id, None)
-        self.awaiting_first_audio.discard(record.request.request_id)
+        self.policy.forget(record.request.request_id)
         self.metrics.active.set(len(self.records))
-        record.queue.put_nowait(event)
+        record.sink(event)

@@ -1,6 +1,6 @@
-"""The same-run baseline engine: plain transformers `generate(return_audio=True)`, one request at a time.
+"""The same-run baseline core: plain transformers `generate(return_audio=True)`, one request at a time.
 
-`ReferenceEngine` owns one whole `Qwen3OmniMoeForConditionalGeneration`, the queue of
+`ReferenceCore` owns one whole `Qwen3OmniMoeForConditionalGeneration`, the queue of
 requests waiting for it and the worker thread that runs them in arrival order. Nothing
 streams early: when generate() returns, the reply's text leaves as one TextDelta and its
 audio as one AudioChunk, then Finished. This is the library's path, not ours: it is the
@@ -20,33 +20,23 @@ import asyncio
 import logging
 import math
 import queue
-import tempfile
 import threading
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from engine.admission import RequestStream, resolve_max_tokens, resolve_speaker
-from engine.api import (
-    SAMPLE_RATE_HZ,
-    AudioChunk,
-    EngineError,
-    EngineRequest,
-    Failed,
-    Finished,
-    ModelInfo,
-    OutputEvent,
-    TextDelta,
-    Timings,
-)
+from engine.api import SAMPLE_RATE_HZ, AudioChunk, EngineError, Failed, Finished, OutputEvent, TextDelta, Timings
+from engine.core import Sink
+from engine.handoff import AdmittedRequest
 from engine.metrics import EngineMetrics
 from engine.profile import DeployProfile
-from engine.prompt import Prompt, PromptBuilder
+from engine.weights.checkpoint import CheckpointMismatch
+from engine.weights.full_size import full_size_config_dict
+from engine.weights.source import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +56,19 @@ class _Reply:
 
 @dataclass(slots=True)
 class _Job:
-    request: EngineRequest
-    prompt: Prompt
-    max_tokens: int
-    speaker: str
-    queue: asyncio.Queue[OutputEvent]
+    request: AdmittedRequest
+    sink: Sink
     submitted_at: float
     done: bool = False
 
 
-class ReferenceEngine:
+class ReferenceCore:
     """Owns the model, the waiting jobs (`_waiting`, `_jobs`) and the worker thread that drains them."""
 
-    def __init__(self, *, model: Any, tokenizer: Any, prompt_builder: PromptBuilder, info: ModelInfo,
-                 profile: DeployProfile) -> None:
+    def __init__(self, *, model: Any, tokenizer: Any, frame_samples: int, profile: DeployProfile) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.prompt_builder = prompt_builder
-        self.info = info
+        self.frame_samples = frame_samples
         self.profile = profile
         self.metrics = EngineMetrics()
         self.registry = self.metrics.registry
@@ -96,44 +81,16 @@ class ReferenceEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def from_model(cls, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> ReferenceEngine:
-        from transformers import AutoTokenizer, WhisperFeatureExtractor
-
-        from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
-
+    def load(cls, source: ModelSource, profile: DeployProfile) -> ReferenceCore:
         cfg = profile.stages.thinker
         if cfg.device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"the deploy profile asks for {cfg.device}, but CUDA is not available here")
-        dummy = profile.load_format == "dummy"
-        if dummy:
-            from engine.weights.tokenizer import build_tokenizer
-
-            path = Path(tempfile.mkdtemp(prefix="vg-dummy-tokenizer-"))
-            build_tokenizer(path)
+        if source.load_format == "dummy":
             omni = _dummy_model(cfg.device, cfg.dtype)
-            features = WhisperFeatureExtractor(feature_size=128, sampling_rate=16_000, padding_value=0.0)
-            description = "full-size Qwen3-Omni with random weights (load_format=dummy) via transformers generate()"
         else:
-            from engine.weights.checkpoint import resolve_checkpoint
-
-            path = resolve_checkpoint(model, cache_dir or default_cache_dir())
-            omni = _load_checkpoint(path, cfg.device, cfg.dtype)
-            features = WhisperFeatureExtractor.from_pretrained(path)
-            description = (TINY_DESCRIPTION if model == TINY_MODEL_ID else f"Qwen3-Omni checkpoint at {path}")
+            omni = _load_checkpoint(source, cfg.device, cfg.dtype)
         log.warning("backend=transformers_generate: the unoptimised baseline, one request at a time, no streaming")
-        config = omni.config
-        speakers = tuple(sorted(config.talker_config.speaker_id or {})) if omni.has_talker else ()
-        info = ModelInfo(
-            model_id=model,
-            is_random_weights=dummy or model == TINY_MODEL_ID,
-            description=description + " [transformers generate() baseline]",
-            max_model_len=cfg.max_model_len,
-            speakers=speakers,
-            codec_frame_samples=int(omni.code2wav.total_upsample) if omni.has_talker else 0,
-        )
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        prompt_builder = PromptBuilder(tokenizer, features, n_window=config.thinker_config.audio_config.n_window)
-        return cls(model=omni, tokenizer=tokenizer, prompt_builder=prompt_builder, info=info, profile=profile)
+        return cls(model=omni, tokenizer=source.tokenizer(), frame_samples=source.frame_samples, profile=profile)
 
     # -- lifecycle
     async def start(self) -> None:
@@ -149,30 +106,21 @@ class ReferenceEngine:
         for job in list(self._jobs.values()):
             self._close(job, Failed(job.request.request_id, "server shutting down"))
 
-    def num_active_requests(self) -> int:
-        return len(self._jobs)
-
     def stage_load(self) -> dict[str, int]:
         return {STAGE: len(self._jobs)}
 
     # -- requests
-    async def submit(self, request: EngineRequest, prompt: Prompt | None = None) -> RequestStream:
-        """`prompt`: already built from the request's messages (the engine process's parent builds them)."""
+    def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         assert self._loop is not None, "engine not started"
         rid = request.request_id
         if rid in self._jobs:
             raise EngineError(f"request id {rid} is already in use")
-        speaker = resolve_speaker(request, self.profile, self.info.speakers)
-        if prompt is None:
-            prompt = await asyncio.to_thread(self.prompt_builder.build, request.messages)
-        max_tokens = resolve_max_tokens(request.sampling.max_tokens, self.profile.stages.thinker, len(prompt.token_ids))
-        job = _Job(request, prompt, max_tokens, speaker, asyncio.Queue(), time.perf_counter())
+        job = _Job(request, sink, time.perf_counter())
         self._jobs[rid] = job
         self.metrics.active.set(len(self._jobs))
         self.metrics.queue_depth.labels(STAGE).set(self._waiting.qsize() + 1)
         self._waiting.put(job)
-        log.info("request %s queued: %d prompt tokens, audio=%s", rid, len(prompt.token_ids), request.want_audio)
-        return RequestStream(rid, job.queue, self.abort)
+        log.info("request %s queued: %d prompt tokens, audio=%s", rid, len(request.token_ids), request.want_audio)
 
     def abort(self, request_id: str) -> None:
         job = self._jobs.get(request_id)
@@ -209,27 +157,25 @@ class ReferenceEngine:
 
     def _generate(self, job: _Job) -> _Reply:
         request, thinker, talker = job.request, self.profile.stages.thinker, self.profile.stages.talker
-        sp = request.sampling
-        if sp.seed is not None:
-            torch.manual_seed(sp.seed)
-        input_ids = torch.tensor([job.prompt.token_ids], device=self.device)
-        temperature = sp.temperature if sp.temperature is not None else thinker.sampling.temperature
+        if request.seed is not None:
+            torch.manual_seed(request.seed)
+        input_ids = torch.tensor([request.token_ids], device=self.device)
         kwargs: dict[str, Any] = {
-            "thinker_max_new_tokens": job.max_tokens,
+            "thinker_max_new_tokens": request.max_tokens,
             "thinker_eos_token_id": self._eos_ids,
-            "thinker_do_sample": temperature > 0,
-            **_audio_inputs(job.prompt, self.device, self.model.dtype),
+            "thinker_do_sample": request.temperature > 0,
+            **_audio_inputs(request.audio_features, self.device, self.model.dtype),
         }
-        if temperature > 0:
-            kwargs.update(thinker_temperature=temperature, thinker_top_k=thinker.sampling.top_k,
-                          thinker_top_p=sp.top_p if sp.top_p is not None else thinker.sampling.top_p)
+        if request.temperature > 0:
+            kwargs.update(thinker_temperature=request.temperature, thinker_top_k=request.top_k,
+                          thinker_top_p=request.top_p)
         if thinker.ignore_eos:
-            kwargs["thinker_min_new_tokens"] = job.max_tokens
+            kwargs["thinker_min_new_tokens"] = request.max_tokens
         if request.want_audio:
             # generate() makes one codec frame fewer than the talker's new tokens (measured: 10 -> 9 frames).
             talker_tokens = talker.max_frames + 1
             s = talker.sampling
-            kwargs.update(speaker=job.speaker, talker_max_new_tokens=talker_tokens, talker_temperature=s.temperature,
+            kwargs.update(speaker=request.speaker, talker_max_new_tokens=talker_tokens, talker_temperature=s.temperature,
                           talker_top_p=s.top_p, talker_top_k=s.top_k, talker_repetition_penalty=s.repetition_penalty)
             if talker.ignore_eos:
                 kwargs["talker_min_new_tokens"] = talker_tokens
@@ -257,16 +203,16 @@ class ReferenceEngine:
         elapsed = time.perf_counter() - job.submitted_at
         if reply.text_ids:
             self.metrics.ttft.observe(elapsed)
-            job.queue.put_nowait(TextDelta(rid, reply.text, tuple(reply.text_ids)))
+            job.sink(TextDelta(rid, reply.text, tuple(reply.text_ids)))
         if reply.samples.size:
             self.metrics.ttfp.observe(elapsed)
             self.metrics.rtf.observe(elapsed / (reply.samples.size / SAMPLE_RATE_HZ))
-            job.queue.put_nowait(AudioChunk(rid, reply.samples, 0, is_last=True))
+            job.sink(AudioChunk(rid, reply.samples, 0, is_last=True))
         # Each Code2Wav call drops a causal tail shorter than a frame: round the frame count up.
-        frames = math.ceil(reply.samples.size / self.info.codec_frame_samples) if reply.samples.size else 0
+        frames = math.ceil(reply.samples.size / self.frame_samples) if reply.samples.size else 0
         timings = Timings(
             ttft_s=elapsed if reply.text_ids else None, ttfp_s=elapsed if reply.samples.size else None,
-            total_s=elapsed, prompt_tokens=len(job.prompt.token_ids), prompt_audio_tokens=job.prompt.audio_tokens,
+            total_s=elapsed, prompt_tokens=len(job.request.token_ids), prompt_audio_tokens=job.request.audio_tokens,
             completion_tokens=len(reply.text_ids), codec_frames=frames, audio_samples=int(reply.samples.size),
         )
         self.metrics.requests.labels("completed").inc()
@@ -280,17 +226,17 @@ class ReferenceEngine:
         job.done = True
         self._jobs.pop(job.request.request_id, None)
         self.metrics.active.set(len(self._jobs))
-        job.queue.put_nowait(event)
+        job.sink(event)
 
 
-def _audio_inputs(prompt: Prompt, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _audio_inputs(clips: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Input audio as generate() takes it: padded log-mel features [clips, 128, T] and their mask."""
-    if not prompt.audio_features:
+    if not clips:
         return {}
-    longest = max(f.shape[-1] for f in prompt.audio_features)
-    features = torch.zeros(len(prompt.audio_features), prompt.audio_features[0].shape[0], longest, dtype=dtype)
-    mask = torch.zeros(len(prompt.audio_features), longest, dtype=torch.long)
-    for i, f in enumerate(prompt.audio_features):
+    longest = max(f.shape[-1] for f in clips)
+    features = torch.zeros(len(clips), clips[0].shape[0], longest, dtype=dtype)
+    mask = torch.zeros(len(clips), longest, dtype=torch.long)
+    for i, f in enumerate(clips):
         features[i, :, : f.shape[-1]] = f
         mask[i, : f.shape[-1]] = 1
     return {"input_features": features.to(device), "feature_attention_mask": mask.to(device)}
@@ -300,20 +246,17 @@ def _dummy_model(device: str, dtype: str) -> Any:
     """The full-size architecture with random weights created on `device` (as generate_baseline.py does)."""
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-    from engine.weights.full_size import full_size_config_dict
-
     with torch.device(device):
         model = Qwen3OmniMoeForConditionalGeneration._from_config(
             Qwen3OmniMoeConfig(**full_size_config_dict()), dtype=_DTYPES[dtype])
     return model.eval()
 
 
-def _load_checkpoint(path: Path, device: str, dtype: str) -> Any:
+def _load_checkpoint(source: ModelSource, device: str, dtype: str) -> Any:
     """The whole model through from_pretrained, failing loudly on any missing or unexpected key."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from engine.weights.checkpoint import CheckpointMismatch
-
+    path = source.path
     model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         path, dtype=_DTYPES[dtype], output_loading_info=True)
     problems = {k: list(v)[:5] for k, v in info.items() if k != "error_msgs" and v}

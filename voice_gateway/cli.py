@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import DeployProfile, ProfileError, create_engine, load_profile
+from engine import DeployProfile, EngineError, ProfileError, create_engine, load_profile
 
 if TYPE_CHECKING:
     from voice_gateway.config import GatewayConfig
@@ -28,6 +28,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--deploy-config", type=Path, help="deploy profile YAML (default: picked from the model)")
     parser.add_argument("--stage-overrides", help='JSON merged into the profile\'s stages, e.g. \'{"talker": {"max_batch": 8}}\'')
+    parser.add_argument("--overrides", help="JSON merged onto the whole profile after its platform delta, e.g. "
+                        '\'{"cuda_graphs": false, "stages": {"talker": {"max_batch": 8}}}\'')
     parser.add_argument("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
     parser.add_argument("--api-key", help="require this key (Authorization: Bearer, or the "
                         "openai-insecure-api-key.<key> WebSocket subprotocol); default: the "
@@ -39,8 +41,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offer WebRTC ICE candidates on this address only (repeatable; "
                         "default: every interface but loopback)")
     parser.add_argument("--log-level", default="info")
-    # uvicorn's own choices; "auto" takes uvloop and httptools (installed with us) over asyncio and h11
-    # (H200 ladder rung 22: at c=64, 19.4 -> 20.1 req/s and mean first packet 0.59 -> 0.50 s)
+    # uvicorn's own choices; "auto" takes uvloop and httptools (installed with us) over asyncio and h11,
+    # which cost the server's one event loop less Python per request and per event (docs/performance.md)
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop")
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
     parser.add_argument("--http-workers", type=int,
@@ -57,7 +59,8 @@ def serve(args: argparse.Namespace) -> int:
     from voice_gateway.webrtc import WebRTCConfig
 
     try:
-        profile = load_profile(args.deploy_config, model=args.model, stage_overrides=args.stage_overrides)
+        profile = load_profile(args.deploy_config, model=args.model, stage_overrides=args.stage_overrides,
+                               overrides=args.overrides)
     except ProfileError as e:
         log.error("bad deploy profile: %s", e)
         return 2
@@ -84,7 +87,7 @@ def serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, workers, profile, gateway, webrtc, uvicorn_args)
     try:
         engine = create_engine(args.model, profile, args.cache_dir)
-    except FileNotFoundError as e:
+    except (EngineError, FileNotFoundError) as e:
         log.error("%s", e)
         return 2
     uvicorn.run(create_app(engine, gateway, webrtc), **uvicorn_args)
@@ -99,10 +102,10 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
 
     import uvicorn
 
-    from engine import EngineError, EngineHost
+    from engine import EngineHost
     from voice_gateway.app import WORKER_ENV
 
-    host = EngineHost(args.model, dataclasses.replace(profile, engine_process=True), args.cache_dir)
+    host = EngineHost(args.model, dataclasses.replace(profile, engine="in_process", http_workers=1), args.cache_dir)
     try:
         host.start()
     except (EngineError, FileNotFoundError) as e:

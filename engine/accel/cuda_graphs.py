@@ -1,8 +1,9 @@
 """CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket;
-prefills (Thinker, Talker), per (prompts, prompt length) bucket.
+prefills (Thinker, Talker), per (prompts, prompt length) bucket; decoder layers through torch.compile
+while the decode graphs are captured.
 
-Applied to finished runners from outside (the model and the eager path stay as
-they are). Each bucket's graph reads static input tensors; a call copies
+Applied to finished runners from outside: `thinker_capture` / `talker_capture` are the `Capture`
+a runner is built with (engine/runners/replay.py); the model and the eager path stay as they are. Each bucket's graph reads static input tensors; a call copies
 its rows in, replays the smallest bucket that fits, and reads the outputs back.
 Buckets are captured largest first into one shared memory pool. A batch larger
 than every bucket runs eagerly. Each graph family is captured on its own stream:
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from engine.runners.kv_cache import SlotBatch, SlotKVCache
+from engine.runners.replay import EAGER, StepGraphs, capture
 from engine.runners.sampler import RowTensors
 from engine.runners.talker import TalkerRunner
 from engine.runners.thinker import ThinkerRunner
@@ -30,21 +32,6 @@ from engine.runners.thinker import ThinkerRunner
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
-    it on `stream` into `pool`; returns the graph and the outputs its replays overwrite."""
-    side = torch.cuda.Stream(stream.device)
-    side.wait_stream(torch.cuda.current_stream(stream.device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(stream.device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
-        outputs = fn()
-    return graph, outputs
 
 
 def smallest_bucket(buckets: dict[int, Any], size: int) -> int | None:
@@ -153,11 +140,10 @@ class GraphedDecode:
 
 
 PrefillStep = Callable[[torch.Tensor, SlotBatch, torch.Tensor], tuple[torch.Tensor, ...]]
-PREFILL_BUCKETS = (32, 64, 128, 256, 512)
 # x1.5 steps, not x2: padding wastes at most a third of a prefill's rows, not half (a 44-token
 # prompt pads to 48, not 64; 40 prompts to 48, not 64), for about three times the graphs
-FINE_PREFILL_BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
-FINE_PREFILL_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+PREFILL_LENGTHS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
+PREFILL_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 GROUP_TOKENS = 4096  # the largest group graph: prompts x padded length
 
 
@@ -171,7 +157,7 @@ def plan_prefill(shapes: Iterable[tuple[int, int]], lengths: list[int]) -> list[
         return None
     widest = max(b for b, n in shapes if n == length)
     if widest == 1 and len(lengths) > 1:
-        return None  # one replay per prompt costs more than one eager forward (ladder rung 17, session 5)
+        return None  # one replay per prompt costs more than one eager forward (docs/performance.md)
     return [slice(i, i + widest) for i in range(0, len(lengths), widest)]
 
 
@@ -205,7 +191,7 @@ class GraphedPrefill:
     """
 
     def __init__(self, step: PrefillStep, kv: SlotKVCache, hidden_size: int, dtype: torch.dtype,
-                 lengths: tuple[int, ...] = PREFILL_BUCKETS, batches: tuple[int, ...] = (1,),
+                 lengths: tuple[int, ...] = PREFILL_LENGTHS, batches: tuple[int, ...] = (1,),
                  max_tokens: int = GROUP_TOKENS) -> None:
         device = kv.keys[0].device
         self.kv = kv
@@ -262,14 +248,12 @@ def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
             del layer.forward  # back to the class's own
 
 
-def _decode_graphs(name: str, make: Callable[[], GraphedDecode], layers: torch.nn.ModuleList,
-                   compiled: bool) -> GraphedDecode:
-    if compiled:
-        try:
-            with compiled_layers(layers):
-                return make()
-        except Exception:  # a compiler failure costs the fusion, not the graphs
-            log.exception("%s: decode graphs with compiled layers failed; capturing them uncompiled", name)
+def _decode_graphs(name: str, make: Callable[[], GraphedDecode], layers: torch.nn.ModuleList) -> GraphedDecode:
+    try:
+        with compiled_layers(layers):
+            return make()
+    except Exception:  # a compiler failure costs the fusion, not the graphs
+        log.exception("%s: decode graphs with compiled layers failed; capturing them uncompiled", name)
     return make()
 
 
@@ -277,44 +261,58 @@ def _buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(b for b in DEFAULT_BUCKETS if b < max_batch) + (max_batch,)
 
 
-def _prefill_shapes(groups: bool, fine: bool, max_batch: int) -> dict[str, tuple[int, ...]]:
-    """GraphedPrefill's bucket arguments: (prompts, lengths)."""
-    if not groups:
-        return {"batches": (1,), "lengths": FINE_PREFILL_BUCKETS if fine else PREFILL_BUCKETS}
-    if not fine:
-        return {"batches": _buckets(max_batch), "lengths": PREFILL_BUCKETS}
-    batches = tuple(b for b in FINE_PREFILL_BATCHES if b < max_batch) + (max_batch,)
-    return {"batches": batches, "lengths": FINE_PREFILL_BUCKETS}
+def _prefill_batches(max_batch: int) -> tuple[int, ...]:
+    return tuple(b for b in PREFILL_BATCHES if b < max_batch) + (max_batch,)
 
 
-def apply_talker_graphs(runner: TalkerRunner, prefill: bool = False, groups: bool = False,
-                        max_group: int = 64, compile_decode: bool = False, fine_prefill: bool = False) -> None:
-    buckets = _buckets(runner.kv.num_slots)
-    runner.graphed_predictor = GraphedCodePredictor(runner, buckets)
-    hidden = runner.codec_embedding.embedding_dim
-    runner.graphed_decode = _decode_graphs(
-        "talker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
-        runner.talker.model.layers, compile_decode)
-    log.info("talker decode captured for batch sizes %s", sorted(buckets))
-    if not prefill:
-        return
-    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
-                                            **_prefill_shapes(groups, fine_prefill, min(max_group, runner.kv.num_slots)))
-    log.info("talker prefill captured for (prompts, length) %s", sorted(runner.graphed_prefill.buckets))
+def _or_eager(name: str, capture_all: Callable[[], StepGraphs]) -> StepGraphs:
+    """Graphs are an optimisation: a capture that fails leaves the stage eager, loudly."""
+    try:
+        with torch.inference_mode():
+            return capture_all()
+    except Exception:
+        log.exception("%s: CUDA graph capture failed; this stage runs eagerly", name)
+        return EAGER
 
 
-def apply_thinker_graphs(runner: ThinkerRunner, prefill: bool = False, groups: bool = False,
-                         max_tokens: int = GROUP_TOKENS, compile_decode: bool = False,
-                         fine_prefill: bool = False) -> None:
-    buckets = _buckets(runner.kv.num_slots)
-    hidden = runner.text_model.embed_tokens.embedding_dim
-    runner.graphed_decode = _decode_graphs(
-        "thinker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
-        runner.text_model.layers, compile_decode)
-    log.info("thinker decode captured for batch sizes %s", sorted(buckets))
-    if not prefill:
-        return
-    runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
-                                            **_prefill_shapes(groups, fine_prefill, runner.kv.num_slots),
-                                            max_tokens=max_tokens)
-    log.info("thinker prefill captured for (prompts, length) %s", sorted(runner.graphed_prefill.buckets))
+def talker_capture(max_group: int) -> Callable[[TalkerRunner], StepGraphs]:
+    """The Talker's code predictor, decode steps (compiled layers) and prefills of up to `max_group` prompts."""
+
+    def capture_all(runner: TalkerRunner) -> StepGraphs:
+        def make() -> StepGraphs:
+            buckets = _buckets(runner.kv.num_slots)
+            predictor = GraphedCodePredictor(runner, buckets)
+            hidden = runner.codec_embedding.embedding_dim
+            decode = _decode_graphs(
+                "talker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
+                runner.talker.model.layers)
+            log.info("talker decode captured for batch sizes %s", sorted(buckets))
+            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+                                     batches=_prefill_batches(min(max_group, runner.kv.num_slots)))
+            log.info("talker prefill captured for (prompts, length) %s", sorted(prefill.buckets))
+            return StepGraphs(decode=decode, prefill=prefill, predictor=predictor)
+
+        return _or_eager("talker", make)
+
+    return capture_all
+
+
+def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
+    """The Thinker's decode steps (compiled layers) and prefills of groups up to `max_tokens` padded tokens."""
+
+    def capture_all(runner: ThinkerRunner) -> StepGraphs:
+        def make() -> StepGraphs:
+            buckets = _buckets(runner.kv.num_slots)
+            hidden = runner.text_model.embed_tokens.embedding_dim
+            decode = _decode_graphs(
+                "thinker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
+                runner.text_model.layers)
+            log.info("thinker decode captured for batch sizes %s", sorted(buckets))
+            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+                                     batches=_prefill_batches(runner.kv.num_slots), max_tokens=max_tokens)
+            log.info("thinker prefill captured for (prompts, length) %s", sorted(prefill.buckets))
+            return StepGraphs(decode=decode, prefill=prefill)
+
+        return _or_eager("thinker", make)
+
+    return capture_all

@@ -1,4 +1,9 @@
-"""The Talker's code predictor as one fixed-shape step per position, which torch.compile can fuse.
+"""The Talker's code predictor: the 15 residual codebooks of a frame, given its codebook 0.
+
+Two implementations of one callable, `predictor(past_hidden [B, H], code0 [B], rows) -> (codes
+[B, G], summed codec embedding [B, H])`: `TransformersCodePredictor` runs transformers' modules
+(the eager reference), `StaticCodePredictor` one fixed-shape step per position, which
+torch.compile can fuse and a CUDA graph can capture (what CUDA-graph profiles run).
 
 transformers runs the predictor through a DynamicCache that grows by one key per pass,
 so every pass has new shapes, and each of its 5 layers launches ~55 small kernels: at
@@ -19,11 +24,45 @@ makes the same computation.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from engine.runners.kv_cache import cache_kwarg
 from engine.runners.sampler import RowTensors, sample_tensors, token_terms
+
+
+class CodePredictor(Protocol):
+    def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+
+class TransformersCodePredictor:
+    """transformers' predictor modules through a growing DynamicCache: new shapes every pass."""
+
+    def __init__(self, predictor: Any, codec_embedding: torch.nn.Embedding) -> None:
+        self.predictor = predictor
+        self.codec_embedding = codec_embedding
+        self.num_groups = predictor.config.num_code_groups
+        self._cache_kw = cache_kwarg(predictor.model)
+
+    def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.predictor.config)
+        kw = {self._cache_kw: cache, "use_cache": True}
+        first = self.codec_embedding(code0)
+        step_input = torch.stack([past_hidden, first], dim=1)
+        codes, total = [code0], first
+        for group in range(self.num_groups - 1):
+            hidden = self.predictor.model(inputs_embeds=step_input, **kw).last_hidden_state[:, -1]
+            code = sample_tensors(self.predictor.lm_head[group](hidden), rows, draw_offset=group)
+            codes.append(code)
+            embed = self.predictor.model.codec_embedding[group](code)
+            total = total + embed
+            step_input = embed[:, None]
+        return torch.stack(codes, dim=1), total
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -59,7 +98,7 @@ class _Layer:
 class StaticCodePredictor:
     """predictor(past_hidden [B, H], code0 [B], rows) -> codes [B, G], summed codec embedding [B, H]."""
 
-    def __init__(self, predictor: torch.nn.Module, codec_embedding: torch.nn.Embedding, *, compiled: bool = False) -> None:
+    def __init__(self, predictor: Any, codec_embedding: torch.nn.Embedding, *, compiled: bool = False) -> None:
         config = predictor.config
         model = predictor.model
         if getattr(config, "sliding_window", None) and "sliding_attention" in (config.layer_types or ()):

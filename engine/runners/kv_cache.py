@@ -34,7 +34,9 @@ class SlotKVCache:
         max_len: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        decode_kernel: bool = False,
     ) -> None:
+        """`decode_kernel`: one-token steps read the buffers in place (engine/accel/slot_attention.py)."""
         # one slot more than requests can hold: padding rows of a captured batch write there
         shape = (num_slots + 1, num_kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -43,8 +45,7 @@ class SlotKVCache:
         self.num_slots = num_slots
         self.scratch_slot = num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))
-        # set by engine/accel/slot_attention.py: decode steps read the buffers in place
-        self.decode_kernel = False
+        self.decode_kernel = decode_kernel
 
     @property
     def num_free(self) -> int:

@@ -8,12 +8,16 @@ at a time and requests of different lengths share each forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from engine.runners.kv_cache import SlotKVCache, cache_kwarg
-from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen, sample_tensors
+from engine.runners.code_predictor import CodePredictor
+from engine.runners.kv_cache import SlotBatch, SlotKVCache, cache_kwarg
+from engine.runners.replay import EAGER, StepGraphs
+from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +41,22 @@ class PromptLayout:
 
 
 class TalkerRunner:
-    def __init__(self, talker: torch.nn.Module, config, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int) -> None:
-        """`tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden])."""
+    """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps.
+
+    `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]).
+    `predictor`: the 15 residual codebooks of a frame (engine/runners/code_predictor.py).
+    `decode_kernel` and `capture` as the Thinker runner's."""
+
+    def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
+                 predictor: CodePredictor, decode_kernel: bool = False,
+                 capture: Callable[[TalkerRunner], StepGraphs] | None = None) -> None:
         self.talker = talker
         self.config = config
         tc = config.talker_config
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.codec_embedding = talker.model.codec_embedding
-        self.predictor = talker.code_predictor
+        self.predictor = predictor
         self.num_code_groups = tc.num_code_groups
         self.codec_eos_id = tc.codec_eos_token_id
         tk = config.thinker_config
@@ -72,18 +83,13 @@ class TalkerRunner:
             max_len=max_len,
             dtype=self.dtype,
             device=self.device,
+            decode_kernel=decode_kernel,
         )
         # per slot, the codebook-0 ids its reply has produced (the repetition penalty's history), kept on
         # the device: a step marks its tokens with one scatter, whatever the replies' lengths
         self.seen_codes = torch.zeros(max_batch, vocab, dtype=torch.bool, device=self.device)
         self._cache_kw = cache_kwarg(talker.model)
-        self._predictor_cache_kw = cache_kwarg(self.predictor.model)
-        # set by engine/accel/cuda_graphs.py when the profile allows graphs
-        self.graphed_predictor = None
-        self.graphed_decode = None
-        self.graphed_prefill = None
-        # set by engine/assemble.py when the profile asks for engine/runners/code_predictor.py
-        self.static_predictor = None
+        self.graphs = EAGER if capture is None else capture(self)
 
     def text_projection(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
         return self.talker.text_projection(thinker_embeds.to(self.device, self.dtype))
@@ -129,7 +135,7 @@ class TalkerRunner:
         batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
         for b, prompt in enumerate(prompts):
             batch[b, : lengths[b]] = prompt
-        graphs = self.graphed_prefill
+        graphs = self.graphs.prefill
         if graphs is not None and (runs := graphs.plan(lengths)) is not None:
             outs = [graphs(batch[run], slots[run], lengths[run]) for run in runs]
             return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
@@ -137,7 +143,7 @@ class TalkerRunner:
         last = hidden[torch.arange(len(prompts), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         return self.talker.codec_head(last), last
 
-    def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill_step(self, embeds: torch.Tensor, view: SlotBatch, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], its hidden [B, H]);
         device work only (a CUDA graph captures this)."""
         out = self._forward(embeds, view)
@@ -146,16 +152,16 @@ class TalkerRunner:
 
     def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs [B, H] -> logits [B, V], last hidden [B, H]."""
-        if self.graphed_decode is not None and (out := self.graphed_decode(inputs[:, None], slots, positions)):
+        if self.graphs.decode is not None and (out := self.graphs.decode(inputs[:, None], slots, positions)):
             return out[0], out[1]
         return self.decode_step(inputs[:, None], self.kv.batch(slots, positions, 1))
 
-    def decode_step(self, embeds: torch.Tensor, view) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_step(self, embeds: torch.Tensor, view: SlotBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """embeds [B, 1, H] -> logits [B, V], last hidden [B, H]; device work only (a CUDA graph captures this)."""
         hidden = self._forward(embeds, view)[:, -1]
         return self.talker.codec_head(hidden), hidden
 
-    def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
+    def _forward(self, embeds: torch.Tensor, view: SlotBatch) -> torch.Tensor:
         kwargs = {**view.forward_kwargs(embeds.dtype), self._cache_kw: view}
         out = self.talker.model(inputs_embeds=embeds, use_cache=True, **kwargs)
         return out.last_hidden_state
@@ -168,7 +174,7 @@ class TalkerRunner:
         past_hidden [B, H], code0 [B] -> codes [B, num_code_groups], next talker input [B, H]
         """
         settings = RowTensors.of(rows, self.device)
-        if self.graphed_predictor is not None and (out := self.graphed_predictor(past_hidden, code0, settings)):
+        if self.graphs.predictor is not None and (out := self.graphs.predictor(past_hidden, code0, settings)):
             codes, total = out
         else:
             codes, total = self.predict_residuals(past_hidden, code0, settings)
@@ -180,23 +186,7 @@ class TalkerRunner:
         self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The 15 dependent code-predictor passes; device work only (a CUDA graph captures this)."""
-        if self.static_predictor is not None:
-            return self.static_predictor(past_hidden, code0, rows)
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.predictor.config)
-        kw = {self._predictor_cache_kw: cache, "use_cache": True}
-        first = self.codec_embedding(code0)
-        step_input = torch.stack([past_hidden, first], dim=1)
-        codes, total = [code0], first
-        for group in range(self.num_code_groups - 1):
-            hidden = self.predictor.model(inputs_embeds=step_input, **kw).last_hidden_state[:, -1]
-            code = sample_tensors(self.predictor.lm_head[group](hidden), rows, draw_offset=group)
-            codes.append(code)
-            embed = self.predictor.model.codec_embedding[group](code)
-            total = total + embed
-            step_input = embed[:, None]
-        return torch.stack(codes, dim=1), total
+        return self.predictor(past_hidden, code0, rows)
 
     def forget_codes(self, slots: list[int]) -> None:
         """New replies in these slots: nothing produced yet."""

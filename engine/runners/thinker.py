@@ -7,11 +7,14 @@ backend (e.g. vLLM on a GPU host) can take its place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from engine.runners.kv_cache import SlotKVCache, cache_kwarg
+from engine.runners.kv_cache import SlotBatch, SlotKVCache, cache_kwarg
+from engine.runners.replay import EAGER, StepGraphs
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +25,14 @@ class PrefillOut:
 
 
 class ThinkerRunner:
-    def __init__(self, thinker: torch.nn.Module, config, *, max_batch: int, max_len: int) -> None:
+    """Owns the Thinker model, its KV cache and its captured steps.
+
+    `decode_kernel`: decode steps read the KV buffers in place (engine/accel/slot_attention.py has
+    been applied to the model). `capture`: called once with the finished runner; what it returns
+    is replayed wherever a step fits (engine/accel/cuda_graphs.py)."""
+
+    def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int, decode_kernel: bool = False,
+                 capture: Callable[[ThinkerRunner], StepGraphs] | None = None) -> None:
         self.thinker = thinker
         # transformers 5.2x nests the text decoder under `model.language_model`.
         self.text_model = getattr(thinker.model, "language_model", thinker.model)
@@ -41,16 +51,15 @@ class ThinkerRunner:
             max_len=max_len,
             dtype=self.dtype,
             device=self.device,
+            decode_kernel=decode_kernel,
         )
         self._cache_kw = cache_kwarg(self.text_model)
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
         self._capturing = False
-        # set by engine/accel/cuda_graphs.py when the profile allows graphs
-        self.graphed_decode = None
-        self.graphed_prefill = None
+        self.graphs = EAGER if capture is None else capture(self)
 
-    def _capture(self, module, args, output) -> None:
+    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._capturing:
             self._captured.append(output[0] if isinstance(output, tuple) else output)
 
@@ -75,7 +84,7 @@ class ThinkerRunner:
             if features:
                 merged = self._merge_audio(ids[b : b + 1, : lengths[b]], embeds[b : b + 1, : lengths[b]], features)
                 embeds[b, : lengths[b]] = merged[0]
-        graphs = self.graphed_prefill
+        graphs = self.graphs.prefill
         if graphs is not None and not any(audio) and (runs := graphs.plan(lengths)) is not None:
             outs = [graphs(embeds[run], slots[run], lengths[run]) for run in runs]
             logits, hidden = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
@@ -94,7 +103,7 @@ class ThinkerRunner:
             for b, n in enumerate(lengths)
         ]
 
-    def prefill_step(self, embeds: torch.Tensor, view, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill_step(self, embeds: torch.Tensor, view: SlotBatch, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], the captured
         layer's rows [B, L, H]); device work only (a CUDA graph captures this)."""
         self._capturing, self._captured = True, []
@@ -108,15 +117,15 @@ class ThinkerRunner:
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token for each slot at its position -> logits [B, V]."""
         embeds = self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device)).unsqueeze(1)
-        if self.graphed_decode is not None and (out := self.graphed_decode(embeds, slots, positions)):
+        if self.graphs.decode is not None and (out := self.graphs.decode(embeds, slots, positions)):
             return out[0]
         return self.decode_step(embeds, self.kv.batch(slots, positions, 1))[0]
 
-    def decode_step(self, embeds: torch.Tensor, view) -> tuple[torch.Tensor]:
+    def decode_step(self, embeds: torch.Tensor, view: SlotBatch) -> tuple[torch.Tensor]:
         """embeds [B, 1, H] -> (logits [B, V],); device work only (a CUDA graph captures this)."""
         return (self.thinker.lm_head(self._forward(embeds, view)[:, -1]),)
 
-    def _forward(self, embeds: torch.Tensor, view) -> torch.Tensor:
+    def _forward(self, embeds: torch.Tensor, view: SlotBatch) -> torch.Tensor:
         kwargs = {**view.forward_kwargs(embeds.dtype), self._cache_kw: view}
         out = self.text_model(inputs_embeds=embeds, use_cache=True, **kwargs)
         return out.last_hidden_state

@@ -18,35 +18,37 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from engine.handoff import Abort, Inbox, StageFailed
+from engine.handoff import Abort, Inbox, Report, StageFailed
 from engine.metrics import EngineMetrics
+from engine.stages.policy import STREAM_PRIORITY
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[Any], None]
 _IDLE_WAIT_S = 0.05
 # Payloads for an aborted request can still be in flight from the stage before this one.
 _ABORTED_MEMORY = 4096
 
 
 class Stage(ABC):
-    name: str
-    runner: Any  # the stage's model runner; its `device` picks the stream
-    own_cuda_stream = True
-    cfg: Any  # the stage's profile section; its `stream_priority` applies with its own stream
+    """Owns the stage's thread and its memory of aborted requests; subclasses own their batches."""
 
-    def __init__(self, report: Report, metrics: EngineMetrics) -> None:
-        self.inbox = Inbox()
+    kind: str  # thinker | talker | code2wav: the stream priority and the default name
+
+    def __init__(self, inbox: Inbox, report: Report, metrics: EngineMetrics, device: torch.device,
+                 name: str | None = None) -> None:
+        self.name = name or self.kind  # replicas are told apart in metrics, logs and thread names
+        self.inbox = inbox
         self.report = report
+        self.device = device
         self.metrics = metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._aborted: OrderedDict[str, None] = OrderedDict()
+        self.last_batch: list[str] = []  # the requests of the step in progress, failed together if it raises
 
     # -- what a stage implements
     @abstractmethod
@@ -80,10 +82,8 @@ class Stage(ABC):
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        device = torch.device(getattr(self.runner, "device", "cpu"))
-        own = device.type == "cuda" and self.own_cuda_stream
-        # a CUDA graph replayed on a stream runs at that stream's priority
-        stream = torch.cuda.Stream(device, priority=self.cfg.stream_priority) if own else None
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device, priority=STREAM_PRIORITY[self.kind]) if cuda else None
         with torch.inference_mode(), torch.cuda.stream(stream):
             while not self._stop.is_set():
                 for item in self.inbox.drain(block_s=None if self.has_work() else _IDLE_WAIT_S):
@@ -134,4 +134,4 @@ class Stage(ABC):
                 self.report(StageFailed(request_id, f"{self.name} failed: {type(e).__name__}: {e}"))
 
     def _current_batch(self) -> list[str]:
-        return list(getattr(self, "last_batch", []))
+        return list(self.last_batch)

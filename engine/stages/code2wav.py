@@ -1,33 +1,31 @@
 """Code2Wav stage: cuts each reply's codec frames into chunks and decodes ready chunks in one batch.
 
 Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first
-packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Streaming (the default) carries each reply's decoder state
-in a slot between chunks; otherwise each chunk re-decodes `left_context_frames` of
-context. Chunk boundaries depend only on frame counts, never on timing, so a reply's
-audio is the same however the stages interleave. Async chunk off: one decode when the
-Talker finishes.
+packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Each reply's decoder state
+stays in a slot of the streaming decoder between its chunks, so every chunk decodes only its new
+frames. Chunk boundaries depend only on frame counts, never on timing, so a reply's audio is the
+same however the stages interleave. Async chunk off: one decode when the Talker finishes.
 
-With `defer_ahead_s`, a reply whose audio is that far ahead of real time sits out the steps
-taken while another reply waits for its first packet: the GPU goes to that first packet.
+The first-packet policy (engine/stages/policy.py) may hold a reply that runs far ahead of real
+time out of a step while another reply waits for its first packet.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from engine.api import SAMPLE_RATE_HZ, AudioChunk
-from engine.handoff import AudioFinished, CodecFrames
+from engine.handoff import AudioFinished, CodecFrames, Inbox, Report
 from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, Code2WavConfig
-from engine.runners.code2wav import Code2WavRunner
-from engine.runners.code2wav_stream import StreamBatch, StreamingCode2Wav
-from engine.stages.base import Report, Stage
+from engine.runners.code2wav import StreamBatch, StreamingCode2Wav
+from engine.stages.base import Stage
+from engine.stages.policy import FirstPacketPolicy
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +39,7 @@ class Code2WavSeq:
     decoded_chunks: int = 0
     emitted_samples: int = 0
     is_final: bool = False
-    slot: int | None = None  # streaming state slot, held from the first chunk to the last
+    slot: int | None = None  # decoder state slot, held from the first chunk to the last
     first_emitted_at: float | None = None  # perf_counter
 
     def ahead_s(self, now: float) -> float:
@@ -57,29 +55,28 @@ class Code2WavSeq:
 
 
 class Code2WavStage(Stage):
-    """Owns each reply's frame buffer and chunk position; the runner owns the model."""
+    """Owns each reply's frame buffer, chunk position and state slot; the decoder owns the model."""
 
-    name = "code2wav"
+    kind = "code2wav"
 
     def __init__(
         self,
-        runner: Code2WavRunner,
+        decoder: StreamingCode2Wav,
         cfg: Code2WavConfig,
         chunks: ChunkConfig,
+        policy: FirstPacketPolicy,
+        inbox: Inbox,
         report: Report,
         metrics: EngineMetrics,
-        stream: StreamingCode2Wav | None = None,
+        name: str | None = None,
     ) -> None:
-        super().__init__(report, metrics)
-        self.runner = runner
-        self.stream = stream
+        super().__init__(inbox, report, metrics, decoder.device, name)
+        self.decoder = decoder
         self.cfg = cfg
         self.chunks = chunks
+        self.policy = policy
         self.seqs: dict[str, Code2WavSeq] = {}
-        self.free_slots = list(range(stream.num_slots))[::-1] if stream else []
-        self.last_batch: list[str] = []
-        # request ids waiting for their first audio, kept by the orchestrator (read-only here)
-        self.awaiting_first_audio: Collection[str] = ()
+        self.free_slots = list(range(decoder.num_slots))[::-1]
 
     def accept(self, item: CodecFrames) -> None:
         seq = self.seqs.setdefault(item.request_id, Code2WavSeq(item.request_id))
@@ -111,11 +108,10 @@ class Code2WavStage(Stage):
         )
 
     def _deferred(self, seq: Code2WavSeq, now: float) -> bool:
-        limit = self.cfg.defer_ahead_s
-        return bool(limit and self.awaiting_first_audio and seq.ahead_s(now) > limit)
+        return self.policy.code2wav_defers(seq.ahead_s(now))
 
     def _can_start(self, seq: Code2WavSeq) -> bool:
-        return self.stream is None or seq.slot is not None or bool(self.free_slots)
+        return seq.slot is not None or bool(self.free_slots)
 
     def num_waiting(self) -> int:
         return sum(self._next_end(s) is None for s in self.seqs.values())
@@ -128,37 +124,30 @@ class Code2WavStage(Stage):
         ready = [
             (s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None and not self._deferred(s, now)
         ]
-        if self.stream:  # replies already holding a state slot go first
-            ready.sort(key=lambda item: item[0].slot is None)
+        ready.sort(key=lambda item: item[0].slot is None)  # replies already holding a state slot go first
         ready = ready[: self.cfg.max_batch]
-        if self.stream:  # a new reply starts only when a slot is free
-            for seq, _ in ready:
-                if seq.slot is None and self.free_slots:
-                    seq.slot = self.free_slots.pop()
-            ready = [(s, end) for s, end in ready if s.slot is not None]
+        for seq, _ in ready:  # a new reply starts only when a slot is free
+            if seq.slot is None and self.free_slots:
+                seq.slot = self.free_slots.pop()
+        ready = [(s, end) for s, end in ready if s.slot is not None]
         self.last_batch = [s.request_id for s, _ in ready]
         # final with every frame decoded already: only the end of the stream is left to send
         closing = [s for s, end in ready if end == s.decoded_frames]
         to_decode = [(s, end) for s, end in ready if end > s.decoded_frames]
         if to_decode:
-            audio = self._decode_streaming(to_decode) if self.stream else self._decode_windows(to_decode)
+            audio = self._decode(to_decode)
             for (seq, end), samples in zip(to_decode, audio):
                 seq.decoded_frames = end
                 seq.decoded_chunks += 1
                 self._emit(seq, seq.emitted_samples, samples.numpy())
         for seq in closing:
-            end_sample = seq.num_frames * self.runner.samples_per_frame - self.runner.tail_samples
+            end_sample = seq.num_frames * self.decoder.samples_per_frame - self.decoder.tail_samples
             self._emit(seq, max(0, end_sample), np.zeros(0, dtype=np.float32))
         return self.last_batch
 
-    def _decode_windows(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
-        windows = [self.runner.window(s.decoded_frames, end, self.chunks.left_context_frames) for s, end in to_decode]
-        return self.runner.decode_windows([s.frames() for s, _ in to_decode], windows)
-
-    def _decode_streaming(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
-        assert self.stream is not None
+    def _decode(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
         sizes = [end - s.decoded_frames for s, end in to_decode]
-        codes = torch.zeros(len(to_decode), self.runner.num_quantizers, max(sizes), dtype=torch.long)
+        codes = torch.zeros(len(to_decode), self.decoder.num_quantizers, max(sizes), dtype=torch.long)
         for b, ((seq, end), n) in enumerate(zip(to_decode, sizes)):
             codes[b, :, :n] = seq.frames()[:, seq.decoded_frames : end]
         batch = StreamBatch(
@@ -167,7 +156,7 @@ class Code2WavStage(Stage):
             new_frames=torch.tensor(sizes),
             past_frames=torch.tensor([s.decoded_frames for s, _ in to_decode]),
         )
-        wav, valid = self.stream.decode(batch)
+        wav, valid = self.decoder.decode(batch)
         wav, valid = wav.cpu(), valid.tolist()
         return [wav[b, : valid[b]] for b in range(len(to_decode))]
 

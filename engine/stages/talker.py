@@ -3,7 +3,8 @@
 A request is prefilled once its prompt rows and first text token have arrived.
 Each later step consumes one more text row (or tts_eos, then tts_pad once the
 Thinker is done); a request whose next row has not arrived sits the step out.
-When the Thinker paces itself, each step tells it which replies consumed a row.
+When the Thinker paces its text (engine/stages/policy.py), each step tells it which replies
+consumed a row.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 
 import torch
 
-from engine.handoff import CodecFrames, SpeechProgress, ThinkerDone, ThinkerPrompt, ThinkerToken
+from engine.handoff import CodecFrames, Inbox, Report, SpeechProgress, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
 from engine.profile import TalkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.talker import TalkerRunner
-from engine.stages.base import Report, Stage
+from engine.stages.base import Stage
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +61,26 @@ class TalkerSeq:
 class TalkerStage(Stage):
     """Owns the pending (not yet prefilled) and running requests; the runner owns model and KV cache."""
 
-    name = "talker"
+    kind = "talker"
 
     def __init__(
         self,
         runner: TalkerRunner,
         cfg: TalkerConfig,
+        inbox: Inbox,
         to_code2wav: Callable[[Any], None],
+        to_thinker: Callable[[SpeechProgress], None] | None,  # when the Thinker paces its text
         report: Report,
         metrics: EngineMetrics,
+        name: str | None = None,
     ) -> None:
-        super().__init__(report, metrics)
+        super().__init__(inbox, report, metrics, runner.device, name)
         self.runner = runner
         self.cfg = cfg
         self.to_code2wav = to_code2wav
+        self.to_thinker = to_thinker
         self.pending: dict[str, TalkerSeq] = {}
         self.running: dict[str, TalkerSeq] = {}
-        self.last_batch: list[str] = []
-        self.to_thinker: Callable[[SpeechProgress], None] | None = None  # set when the Thinker paces itself
         self._consumed: list[str] = []  # this step's, for the next SpeechProgress
         self._finished: list[str] = []
 

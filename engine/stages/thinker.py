@@ -1,13 +1,8 @@
 """Thinker stage: schedules prefill and batched decode, streams text, feeds the Talker row by row.
 
-With `pace_text_lead`, a decode step runs only while some reply's text is less than that many
-tokens ahead of its speech (what the Talker reports it consumed): every reply still gets a
-token per step, but the Thinker no longer races ahead taking GPU time the Talker and Code2Wav
-need, and each step it does take serves a larger batch.
-
-With `first_chunk_priority` too, text is first made for the replies still waiting for their first
-audio chunk; once each of them holds what that chunk needs, the others' text waits at a lead of
-one until those chunks' frames are made, so the Talker makes them with the GPU to itself.
+Whether a decode step runs now is the first-packet policy's call (engine/stages/policy.py): with
+text pacing the Thinker waits while every reply's text is far enough ahead of its speech, which
+the Talker reports as it consumes rows (`SpeechProgress`).
 """
 
 from __future__ import annotations
@@ -21,19 +16,29 @@ from typing import Any
 import torch
 
 from engine.api import TextDelta
-from engine.handoff import SpeechProgress, ThinkerDone, ThinkerFinished, ThinkerJob, ThinkerPrompt, ThinkerToken
+from engine.handoff import (
+    AdmittedRequest,
+    Inbox,
+    Report,
+    SpeechProgress,
+    ThinkerDone,
+    ThinkerFinished,
+    ThinkerPrompt,
+    ThinkerToken,
+)
 from engine.metrics import EngineMetrics
 from engine.profile import ThinkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import ThinkerRunner
-from engine.stages.base import Report, Stage
+from engine.stages.base import Stage
+from engine.stages.policy import FirstPacketPolicy
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class ThinkerSeq:
-    job: ThinkerJob
+    job: AdmittedRequest
     sampling: RowSampling
     slot: int = -1
     position: int = 0  # tokens in the KV cache
@@ -45,11 +50,19 @@ class ThinkerSeq:
     spoken: int = 0  # text rows the Talker has consumed (when pacing)
     talker_done: bool = False
 
+    @property
+    def paced(self) -> bool:
+        return self.job.want_audio and not self.talker_done
+
+    @property
+    def made(self) -> int:
+        return len(self.generated)
+
 
 class ThinkerStage(Stage):
     """Owns the waiting queue and the running sequences; the runner owns the model and KV cache."""
 
-    name = "thinker"
+    kind = "thinker"
 
     def __init__(
         self,
@@ -57,24 +70,23 @@ class ThinkerStage(Stage):
         cfg: ThinkerConfig,
         tokenizer: Any,
         eos_ids: set[int],
+        policy: FirstPacketPolicy,
+        inbox: Inbox,
         to_talker: Callable[[Any], None],
         report: Report,
         metrics: EngineMetrics,
     ) -> None:
-        super().__init__(report, metrics)
+        super().__init__(inbox, report, metrics, runner.device)
         self.runner = runner
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.eos_ids = set() if cfg.ignore_eos else eos_ids
+        self.policy = policy
         self.to_talker = to_talker
         self.waiting: deque[ThinkerSeq] = deque()
         self.running: dict[str, ThinkerSeq] = {}
-        self.last_batch: list[str] = []
-        # text rows a reply's first audio chunk consumes: one in the Talker's prefill and one per frame
-        # (the step that makes frame k takes row k + 1); 0 when chunks are off (no early first packet)
-        self.first_chunk_rows = 0
 
-    def accept(self, item: ThinkerJob | SpeechProgress) -> None:
+    def accept(self, item: AdmittedRequest | SpeechProgress) -> None:
         if isinstance(item, SpeechProgress):
             for request_id in item.consumed:
                 if (seq := self.running.get(request_id)) is not None:
@@ -96,22 +108,7 @@ class ThinkerStage(Stage):
         return self._wants_decode() or (bool(self.waiting) and self.runner.kv.num_free > 0)
 
     def _wants_decode(self) -> bool:
-        lead = self.cfg.pace_text_lead
-        if not lead:
-            return bool(self.running)
-        speaking = []
-        for s in self.running.values():
-            if not s.job.want_audio or s.talker_done:
-                return True  # text nobody speaks is never held back
-            speaking.append(s)
-        first = self.first_chunk_rows if self.cfg.first_chunk_priority else 0
-        if first:
-            if any(s.spoken < first and len(s.generated) < first for s in speaking):
-                return True  # a first chunk still needs text
-            # a first chunk being made (its Talker has begun) and holding all its text: the others wait
-            if any(0 < s.spoken < first for s in speaking):
-                lead = 1
-        return any(len(s.generated) - s.spoken < lead for s in speaking)
+        return self.policy.thinker_may_decode(self.running.values())
 
     def num_waiting(self) -> int:
         return len(self.waiting)

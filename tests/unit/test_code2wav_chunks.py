@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.code2wav import Code2WavRunner
+from code2wav_windows import Code2WavRunner
 from engine.weights.checkpoint import load_stage
 
 

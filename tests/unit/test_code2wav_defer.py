@@ -14,8 +14,8 @@ from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextPart,
 from engine.handoff import CodecFrames
 from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, Code2WavConfig, load_profile
-from engine.runners.code2wav import Code2WavRunner
-from engine.runners.code2wav_stream import StreamingCode2Wav
+from code2wav_windows import Code2WavRunner
+from engine.runners.code2wav import StreamingCode2Wav
 from engine.stages.code2wav import Code2WavStage
 from engine.weights.checkpoint import load_stage
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.code2wav_stream import StreamBatch, StreamingCode2Wav
+from engine.runners.code2wav import StreamBatch, StreamingCode2Wav
 from engine.weights.checkpoint import load_stage
 from engine.weights.full_size import full_size_config_dict
 

@@ -23,30 +23,27 @@ def test_platform_delta_is_merged() -> None:
     assert cuda.stages.thinker.device == "cuda" and cuda.stages.thinker.dtype == "bfloat16"
 
 
-def test_gpu_profile_is_the_ladder_rung_it_names() -> None:
-    """configs/qwen3_omni_moe.yaml on CUDA switches on what H200 ladder rung 33 served."""
-    shipped = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
-    measured = load_profile(CONFIG_DIR.parent / "benchmarks/h200/dummy-code2wav-defers.yaml", model="dummy")
-    switches = ("enforce_eager", "moe_implementation", "decode_attention", "graph_prefill", "graph_prefill_groups",
-                "fine_prefill_buckets", "compile_decode")
-    for stage in ("thinker", "talker"):
-        for key in switches:
-            assert getattr(getattr(shipped.stages, stage), key) == getattr(getattr(measured.stages, stage), key), key
-    assert shipped.stages.thinker.pace_text_lead == measured.stages.thinker.pace_text_lead == 5
-    assert shipped.stages.talker.code_predictor == measured.stages.talker.code_predictor
-    assert shipped.stages.own_cuda_streams == measured.stages.own_cuda_streams
-    assert shipped.async_chunk == measured.async_chunk
-    assert shipped.stages.code2wav.fused_snake == measured.stages.code2wav.fused_snake
-    assert shipped.stages.thinker.first_chunk_priority and measured.stages.thinker.first_chunk_priority
-    assert shipped.stages.code2wav.defer_ahead_s == measured.stages.code2wav.defer_ahead_s == 1.0
-    assert shipped.engine_process == measured.engine_process
+def test_gpu_profile_turns_on_what_the_h200_measurements_chose() -> None:
+    cuda = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
+    assert cuda.cuda_graphs and cuda.kernels == "triton"
+    assert cuda.first_packet.text_lead == 5 and cuda.first_packet.defer_ahead_s == 1.0
+    assert cuda.engine == "process" and cuda.http_workers == 4 and not cuda.runs_in_process
+    assert cuda.async_chunk.sizes() == (4, 8, 16, 25)
     cpu = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cpu")
-    assert not cpu.engine_process and cpu.http_workers == 1
-    # the row ran its server with --http-workers 4
-    ladder = (CONFIG_DIR.parent / "benchmarks/h200/ladder.yaml").read_text()
-    row = ladder[ladder.index("- name: code2wav-defers"):]
-    assert "dummy-code2wav-defers.yaml --http-workers 4" in row.splitlines()[2]
-    assert shipped.http_workers == 4
+    assert not cpu.cuda_graphs and cpu.kernels == "reference" and cpu.runs_in_process
+
+
+def test_overrides_reach_any_key_after_the_platform_delta() -> None:
+    profile = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda",
+                           overrides='{"cuda_graphs": false, "engine": "in_process", "stages": {"talker": {"max_batch": 8}}}')
+    assert not profile.cuda_graphs and profile.engine == "in_process"
+    assert profile.stages.talker.max_batch == 8 and profile.stages.thinker.max_batch == 64
+    assert profile.kernels == "triton"  # the platform delta's other keys stay
+
+
+def test_graphs_need_cuda_devices() -> None:
+    with pytest.raises(ProfileError, match="cuda_graphs: needs every stage on a CUDA device"):
+        load_profile(model="tiny", platform="cpu", overrides={"cuda_graphs": True})
 
 
 def test_stage_overrides_refine_one_key() -> None:
@@ -64,8 +61,7 @@ def test_stage_overrides_refine_one_key() -> None:
         ('{"code2wav": {"dtype": "int4"}}', "stages.code2wav.dtype: must be one of"),
         ('{"thinker": {"sampling": {"top_p": 1.5}}}', "stages.thinker.sampling.top_p: must be <= 1.0"),
         ('{"vocoder": {}}', "stages.vocoder: unknown key"),
-        ('{"code2wav": {"stream_priority": -4}}', "stages.code2wav.stream_priority: must be >= -3"),
-        ('{"thinker": {"stream_priority": 1}}', "stages.thinker.stream_priority: must be <= 0"),
+        ('{"thinker": {"enforce_eager": false}}', "stages.thinker.enforce_eager: unknown key"),
         ("{not json", "--stage-overrides: not valid JSON"),
         ("[1, 2]", "--stage-overrides: must be a mapping"),
     ],
@@ -75,11 +71,10 @@ def test_bad_overrides_name_the_key(overrides: str, message: str) -> None:
         load_profile(model="tiny", platform="cpu", stage_overrides=overrides)
 
 
-def test_stages_nearer_the_audio_get_the_higher_stream_priority_unless_told() -> None:
-    stages = load_profile(model="tiny", platform="cpu").stages
-    assert stages.code2wav.stream_priority < stages.talker.stream_priority < stages.thinker.stream_priority
-    told = load_profile(model="tiny", platform="cpu", stage_overrides={"code2wav": {"stream_priority": 0}})
-    assert told.stages.code2wav.stream_priority == 0
+def test_stages_nearer_the_audio_get_the_higher_stream_priority() -> None:
+    from engine.stages.policy import STREAM_PRIORITY
+
+    assert STREAM_PRIORITY["code2wav"] < STREAM_PRIORITY["talker"] < STREAM_PRIORITY["thinker"] <= 0
 
 
 def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
@@ -99,7 +94,10 @@ def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
         ("platforms: {tpu: {}}", "platforms.tpu: unknown platform"),
         ("platforms: {cpu: {stages: {talker: {replicas: 0}}}}", "stages.talker.replicas: must be >= 1"),
         ("load_format: safetensors", "load_format: must be one of auto, dummy"),
-        ("stages: {thinker: {enforce_eager: 1}}", "stages.thinker.enforce_eager: must be true or false"),
+        ("cuda_graphs: 1", "cuda_graphs: must be true or false"),
+        ("kernels: cutlass", "kernels: must be one of reference, triton"),
+        ("first_packet: {text_lead: -1}", "first_packet.text_lead: must be >= 0"),
+        ("engine: remote", "engine: must be one of in_process, process"),
         ("- a list", "top level must be a mapping"),
     ],
 )

@@ -1,0 +1,37 @@
+"""What runs admitted requests: the staged orchestrator, the transformers baseline, or a proxy to
+either in another process. The front end (engine/frontend.py) drives any of them the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+
+from engine.api import OutputEvent
+from engine.handoff import AdmittedRequest
+
+# Where one request's events go, on the core's event loop, in order, ending with Finished or Failed.
+Sink = Callable[[OutputEvent], None]
+
+
+class EngineCore(Protocol):
+    registry: CollectorRegistry
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Every request still open ends with Failed."""
+        ...
+
+    def begin(self, request: AdmittedRequest, sink: Sink) -> None:
+        """Start an admitted request; raises EngineError when it cannot be taken."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Remove a request from every stage within one step; its sink gets Failed("aborted"). Safe twice."""
+        ...
+
+    def stage_load(self) -> dict[str, int]:
+        """Requests each stage still holds, by stage name."""
+        ...

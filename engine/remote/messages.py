@@ -1,0 +1,77 @@
+"""What crosses between a server process and the engine's process: frozen messages, pickled on a pipe.
+
+Server -> engine: `Submit` (an admitted request), `Cancel`, `Stop`. Engine -> server: `Ready` or
+`StartFailed` once, then `Events` batched per loop turn, `State` every `STATE_PERIOD_S` while it
+changes, and `Stopped`. `Closed` is never sent: a reader hands it over when the other side is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.api import OutputEvent
+from engine.handoff import AdmittedRequest
+from engine.profile import DeployProfile
+
+Address = tuple[str, bytes]  # an engine process's listening socket and its auth key
+STATE_PERIOD_S = 0.25  # how stale /health's stage load and /metrics' engine families may be
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What an engine process runs: enough for a server process that attaches to open its own front door."""
+
+    model: str
+    profile: DeployProfile
+    cache_dir: Path | None
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    request: AdmittedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    spec: EngineSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    events: tuple[OutputEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    stage_load: dict[str, int]
+    metrics_text: str  # the engine's Prometheus families, as text
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The other side of the pipe is gone; what came before it still counts."""
+
+
+ToEngine = Submit | Cancel | Stop | Closed
+FromEngine = Ready | StartFailed | Events | State | Stopped | Closed

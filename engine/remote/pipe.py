@@ -1,0 +1,50 @@
+"""One end of a pipe to or from the engine's process: a reader thread that hands messages to an event loop.
+
+The reader blocks on the pipe without the GIL and hands whatever it finds to its loop in one
+call, so a burst of messages costs the loop one wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from engine.remote.messages import Closed
+
+log = logging.getLogger(__name__)
+
+
+def read_into(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[list[Any]], None]) -> None:
+    """Start a thread that reads `conn` until it closes; `handle(batch)` runs on `loop`, the last batch
+    ending with `Closed()`."""
+    threading.Thread(target=_read, args=(conn, loop, handle), name="engine-pipe", daemon=True).start()
+
+
+def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[list[Any]], None]) -> None:
+    while True:
+        batch: list[Any] = []
+        try:
+            batch.append(conn.recv())
+            while conn.poll():
+                batch.append(conn.recv())
+        except (EOFError, OSError, TypeError):  # TypeError: this side closed it under us (a detach)
+            batch.append(Closed())
+        try:
+            loop.call_soon_threadsafe(handle, batch)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            return
+        if isinstance(batch[-1], Closed):
+            return
+
+
+def send(conn: Connection, message: Any) -> bool:
+    """Send one message; False when the other side is gone (its reader reports that too)."""
+    try:
+        conn.send(message)
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,63 @@
+"""What a runner replays instead of running a step eagerly, and how a step is captured.
+
+CUDA graphs are applied from outside (engine/accel/cuda_graphs.py): a runner is handed a
+`Capture` at construction, calls it once with itself, and from then on replays what it got back
+wherever a step fits; anything else runs eagerly. The eager path is the reference that the
+graphed one is tested against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+class DecodeReplay(Protocol):
+    def __call__(self, embeds: torch.Tensor, slots: list[int], positions: list[int]) -> tuple[torch.Tensor, ...] | None:
+        """One token per slot at its position; None when the batch fits no captured bucket."""
+        ...
+
+
+class PrefillReplay(Protocol):
+    def plan(self, lengths: list[int]) -> list[slice] | None:
+        """A group of prompts as consecutive runs, one replay each; None when it runs eagerly."""
+        ...
+
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]: ...
+
+
+class PredictorReplay(Protocol):
+    def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepGraphs:
+    """A runner's captured steps; None where that step runs eagerly."""
+
+    decode: DecodeReplay | None = None
+    prefill: PrefillReplay | None = None
+    predictor: PredictorReplay | None = None
+
+
+EAGER = StepGraphs()
+
+
+def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
+    it on `stream` into `pool`; returns the graph and the outputs its replays overwrite."""
+    side = torch.cuda.Stream(stream.device)
+    side.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(stream.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        outputs = fn()
+    return graph, outputs
+
+
