@@ -1,4 +1,4 @@
-"""A live server whose engine runs in a child process (`engine_process: true`), through the official openai
+"""A live server whose engine runs in a child process (`engine: process`), through the official openai
 client: streamed text and audio, the engine's refusals as OpenAI errors, hang-ups, /health and /metrics."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ AUDIO = {"voice": "ethan", "format": "pcm16"}
 @pytest.fixture(scope="module")
 def process_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("engine-process")
-    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "engine_process": True}
+    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "engine": "process"}
     (folder / "tiny-process.yaml").write_text(yaml.safe_dump(profile))
     proc, srv = start_server(cache_dir, folder / "server.log", "--deploy-config", str(folder / "tiny-process.yaml"))
     yield srv
@@ -94,7 +94,7 @@ def test_hang_up_frees_the_child(process_server: Server) -> None:
 
 
 def test_audio_input_is_prepared_in_the_server_process(client: openai.OpenAI) -> None:
-    """Input audio's features come from the child's feature extractor, sent to the server's process at start."""
+    """Input audio's features are made in the server's process (its front door), then sent to the child."""
     tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(48_000) / 48_000)).astype(np.float32)
     content = [{"type": "input_audio", "input_audio": {"data": _wav_b64(tone, 48_000), "format": "wav"}},
                {"type": "text", "text": "What is this?"}]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from code2wav_windows import Code2WavRunner
+
 from engine.weights.checkpoint import load_stage
 
 

@@ -1,5 +1,5 @@
 """Code2Wav holding back replies far ahead of real time while another waits for its first packet
-(`code2wav.defer_ahead_s`): who is decoded when, and that the audio stays the same."""
+(`first_packet.defer_ahead_s`): who is decoded when, and that the audio stays the same."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
-from engine.handoff import CodecFrames
+from engine.handoff import CodecFrames, Inbox
 from engine.metrics import EngineMetrics
-from engine.profile import ChunkConfig, Code2WavConfig, load_profile
-from code2wav_windows import Code2WavRunner
+from engine.profile import ChunkConfig, Code2WavConfig, FirstPacketConfig, load_profile
 from engine.runners.code2wav import StreamingCode2Wav
 from engine.stages.code2wav import Code2WavStage
+from engine.stages.policy import FirstPacketPolicy
 from engine.weights.checkpoint import load_stage
 
 
@@ -25,14 +25,15 @@ def model(tiny_checkpoint: Path) -> torch.nn.Module:
     return load_stage(tiny_checkpoint, "code2wav", device="cpu", dtype="float32").model
 
 
-def _stage(model: torch.nn.Module, defer_ahead_s: float) -> tuple[Code2WavStage, list]:
+def _stage(model: torch.nn.Module, defer_ahead_s: float) -> tuple[Code2WavStage, list, FirstPacketPolicy]:
     reports: list = []
-    with torch.inference_mode():
-        runner = Code2WavRunner(model)
     # a first chunk of 25 frames is 2 s of audio: far ahead of real time for the whole test
-    stage = Code2WavStage(runner, Code2WavConfig(defer_ahead_s=defer_ahead_s), ChunkConfig(initial_chunk_frames=25),
-                          reports.append, EngineMetrics(), StreamingCode2Wav(model, 4))
-    return stage, reports
+    chunks = ChunkConfig(initial_chunk_frames=25)
+    policy = FirstPacketPolicy(FirstPacketConfig(defer_ahead_s=defer_ahead_s), chunks)
+    with torch.inference_mode():
+        decoder = StreamingCode2Wav(model, 4)
+    stage = Code2WavStage(decoder, Code2WavConfig(), chunks, policy, Inbox(), reports.append, EngineMetrics())
+    return stage, reports, policy
 
 
 def _frames(seed: int) -> torch.Tensor:
@@ -46,18 +47,18 @@ def _step(stage: Code2WavStage) -> list[str]:
 
 @pytest.mark.parametrize("defer_ahead_s", [0.5, 0.0])
 def test_a_reply_far_ahead_waits_while_another_waits_for_its_first_packet(model, defer_ahead_s: float) -> None:
-    stage, reports = _stage(model, defer_ahead_s)
+    stage, reports, policy = _stage(model, defer_ahead_s)
     stage.accept(CodecFrames("ahead", _frames(1), is_final=False))
     assert _step(stage) == ["ahead"]
     stage.accept(CodecFrames("ahead", _frames(2), is_final=False))
-    stage.awaiting_first_audio = {"new"}  # what the orchestrator keeps
+    policy.admitted("new")  # what the orchestrator tells it
     if not defer_ahead_s:  # off: nothing waits
         assert stage.has_work() and _step(stage) == ["ahead"]
         return
     assert not stage.has_work()
     stage.accept(CodecFrames("new", _frames(3), is_final=False))
     assert stage.has_work() and _step(stage) == ["new"]  # the first packet goes alone
-    stage.awaiting_first_audio = set()
+    policy.first_audio("new")
     assert stage.has_work() and _step(stage) == ["ahead"]
     assert [r.request_id for r in reports] == ["ahead", "new", "ahead"]
 
@@ -74,14 +75,14 @@ async def _replies(engine, n: int) -> list[np.ndarray]:
 
 
 def _audio(cache_dir: Path, defer_ahead_s: float) -> tuple[list[np.ndarray], int]:
-    overrides = {"code2wav": {"defer_ahead_s": defer_ahead_s}}
-    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu", stage_overrides=overrides), cache_dir)
+    overrides = {"first_packet": {"defer_ahead_s": defer_ahead_s}}
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu", overrides=overrides), cache_dir)
 
     async def go():
         await engine.start()
         try:
             audio = await asyncio.wait_for(_replies(engine, 3), timeout=180)
-            return audio, len(engine.awaiting_first_audio)
+            return audio, len(engine.core.policy.awaiting)
         finally:
             await engine.stop()
 

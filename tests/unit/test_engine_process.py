@@ -1,4 +1,4 @@
-"""The engine in its own process (`engine_process: true`) answers as the in-process engine does: the same
+"""The engine in its own process (`engine: process`) answers as the in-process engine does: the same
 events for the same seed, the same refusals, aborts, metrics; and a child that dies fails what it held."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from engine import (
     create_engine,
     load_profile,
 )
-from engine.process import EngineProcess
+from engine.remote.client import RemoteCore
 
 
 def _request(rid: str, text: str = "tell me about the sea", **kwargs) -> EngineRequest:
@@ -63,8 +63,9 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
     finally:
         await local.stop()
 
-    remote = create_engine("tiny", dataclasses.replace(profile, engine_process=True), cache_dir)
-    assert isinstance(remote, EngineProcess)
+    remote = create_engine("tiny", dataclasses.replace(profile, engine="process"), cache_dir)
+    core = remote.core
+    assert isinstance(core, RemoteCore)
     await remote.start()
     try:
         assert remote.info == local.info
@@ -94,16 +95,16 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
         assert pushed["engine_ttft_seconds_count"] == 2 and pushed["engine_ttfp_seconds_count"] >= 1
     finally:
         await remote.stop()
-    assert not remote._process.is_alive()
+    assert core._process is not None and not core._process.is_alive()
 
 
 async def test_a_dead_engine_process_fails_its_requests(tiny_checkpoint: Path, cache_dir: Path) -> None:
-    profile = dataclasses.replace(load_profile(model="tiny", platform="cpu"), engine_process=True)
+    profile = dataclasses.replace(load_profile(model="tiny", platform="cpu"), engine="process")
     engine = create_engine("tiny", profile, cache_dir)
     await engine.start()
     try:
         stream = await engine.submit(dataclasses.replace(_request("held"), sampling=SamplingParams(max_tokens=500)))
-        engine._process.kill()
+        engine.core._process.kill()
         events = [event async for event in stream]
         assert isinstance(events[-1], Failed) and "engine process exited" in events[-1].reason
         with pytest.raises(EngineError, match="not running"):
@@ -115,15 +116,15 @@ async def test_a_dead_engine_process_fails_its_requests(tiny_checkpoint: Path, c
 async def test_several_server_processes_share_one_engine_process(tiny_checkpoint: Path, cache_dir: Path) -> None:
     """`EngineHost` (what `serve --http-workers N` starts): clients attach, each hears only its own replies,
     and one that leaves loses only its own requests."""
-    from engine.process import EngineHost
+    from engine import EngineHost, attach_engine
 
     host = EngineHost("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
     await asyncio.to_thread(host.start)
-    first, second = (EngineProcess("tiny", attach=host.address) for _ in range(2))
+    first, second = (attach_engine(host.address) for _ in range(2))
     try:
         await first.start()
         await second.start()
-        assert first.info == second.info and first.profile == second.profile
+        assert first.info == second.info and first.core.spec == second.core.spec
         (one, _, done_one), (two, _, done_two) = await asyncio.gather(_reply(first, _request("a")),
                                                                       _reply(second, _request("b")))
         assert one == two and len(one) == 6  # the same seed: the same reply, on each its own connection

@@ -26,21 +26,21 @@ PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour o
 
 
 async def _run_engine(
-    cache_dir: Path, device: str, code2wav: dict, kernels: dict, replicas: int
+    cache_dir: Path, device: str, code2wav: dict, top: dict, replicas: int
 ) -> list[tuple[list[int], list[int], list[np.ndarray], Finished]]:
+    """`top`: profile keys outside the stages (kernels, cuda_graphs, first_packet)."""
     greedy = {"temperature": 0}
-    kernels = dict(kernels)
-    talker_only = {"code_predictor": kernels.pop("code_predictor")} if "code_predictor" in kernels else {}
-    on = {"device": device, **kernels}
+    on = {"device": device}
     ramp = code2wav.pop("ramp_frames", None)  # a chunk schedule, not a Code2Wav setting
     profile = load_profile(
         model="tiny",
         platform="cpu",
         stage_overrides={
             "thinker": on,
-            "talker": {**on, **talker_only, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
+            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
             "code2wav": {"device": device, "replicas": replicas, **code2wav},
         },
+        overrides=top,
     )
     if ramp:
         profile = dataclasses.replace(profile, async_chunk=dataclasses.replace(profile.async_chunk, ramp_frames=ramp))
@@ -60,7 +60,7 @@ async def _run_engine(
                 audio.append(event.samples)
             elif isinstance(event, Finished):
                 finished = event
-        return engine.prompt_builder.build(request.messages).token_ids, tokens, audio, finished
+        return engine.admission.prompts.build(request.messages).token_ids, tokens, audio, finished
 
     try:
         results = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
@@ -72,7 +72,7 @@ async def _run_engine(
         await engine.stop()
 
 
-KERNELS = {"moe_implementation": "fused_triton", "decode_attention": "triton"}
+KERNELS = {"kernels": "triton"}
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on a CPU: interpreter only")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -80,36 +80,32 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
-    ("device", "code2wav", "kernels", "replicas"),
+    ("device", "code2wav", "top", "replicas"),
     [
         ("cpu", {}, {}, 1),
         ("cpu", {"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
-        ("cpu", {"streaming": False}, {}, 1),  # chunks re-decode their left context instead
         ("cpu", {}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
         ("cpu", {"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
-        ("cpu", {}, {"code_predictor": "static"}, 1),  # engine/runners/code_predictor.py
+        # the Thinker paced to the Talker, Code2Wav deferring replies ahead: who runs when, not what
+        ("cpu", {}, {"first_packet": {"text_lead": 2, "defer_ahead_s": 0.01}}, 1),
         # our Triton MoE and decode attention, in Triton's CPU interpreter
         pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
         pytest.param("cuda", {}, {}, 1, marks=needs_cuda),
         pytest.param("cuda", {}, KERNELS, 1, marks=[needs_cuda, needs_triton]),
         # everything the GPU profile turns on: kernels, CUDA graphs (prefills alone and in groups, decode
-        # with compiled layers, predictor, Code2Wav), the compiled code predictor
-        pytest.param("cuda", {"enforce_eager": False},
-                     {**KERNELS, "enforce_eager": False, "graph_prefill": True, "graph_prefill_groups": True,
-                      "compile_decode": True, "code_predictor": "compiled"}, 1,
-                     marks=[needs_cuda, needs_triton]),
+        # with compiled layers, the compiled code predictor, Code2Wav)
+        pytest.param("cuda", {}, {**KERNELS, "cuda_graphs": True}, 1, marks=[needs_cuda, needs_triton]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-windowed", "cpu-replicas", "cpu-chunk-ramp", "cpu-static-predictor",
-         "cpu-triton-kernels", "cuda",
-         "cuda-triton-kernels", "cuda-graphs-kernels"],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-replicas", "cpu-chunk-ramp", "cpu-first-packet-policy",
+         "cpu-triton-kernels", "cuda", "cuda-triton-kernels", "cuda-graphs-kernels"],
 )
 def test_engine_equals_transformers_generate(
-    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, kernels: dict, replicas: int
+    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, top: dict, replicas: int
 ) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     ramp = code2wav.get("ramp_frames")
-    results = asyncio.run(_run_engine(cache_dir, device, dict(code2wav), kernels, replicas))
+    results = asyncio.run(_run_engine(cache_dir, device, dict(code2wav), top, replicas))
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for prompt_ids, tokens, chunks, finished in results:
         assert finished.timings.codec_frames == FRAMES

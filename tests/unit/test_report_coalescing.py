@@ -1,4 +1,4 @@
-"""Stage reports reach the event loop in order, many per wake-up (engine/orchestrator.py)."""
+"""Stage reports reach the event loop in order, many per wake-up (engine/handoff.py `ReportQueue`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import threading
 from dataclasses import dataclass
 
-from engine.orchestrator import Orchestrator
+from engine.handoff import ReportQueue
 
 
 @dataclass(frozen=True)
@@ -16,33 +16,30 @@ class Report:
 
 
 def test_reports_from_many_threads_arrive_in_order_with_few_wake_ups() -> None:
-    # only the report path: no model, no stages
-    orchestrator = Orchestrator(info=None, profile=None, prompt_builder=None, stages={},  # type: ignore[arg-type]
-                                metrics=type("Metrics", (), {"registry": None})(), has_talker=False)
+    reports = ReportQueue()
     seen: list[Report] = []
     wake_ups = 0
-    drain = orchestrator._drain_reports
+    drain = reports._drain
 
     def counted_drain() -> None:
         nonlocal wake_ups
         wake_ups += 1
         drain()
 
-    orchestrator._on_report = seen.append  # type: ignore[method-assign]
-    orchestrator._drain_reports = counted_drain  # type: ignore[method-assign]
+    reports._drain = counted_drain  # type: ignore[method-assign]
     threads, per_thread = 4, 2000
 
     async def run() -> None:
-        orchestrator._loop = asyncio.get_running_loop()
+        reports.bind(asyncio.get_running_loop(), seen.append)
 
         def stage(name: str) -> None:
             for i in range(per_thread):
-                orchestrator._report_threadsafe(Report(name, i))
+                reports.put(Report(name, i))
 
         workers = [threading.Thread(target=stage, args=(f"s{t}",)) for t in range(threads)]
         for w in workers:
             w.start()
-        while any(w.is_alive() for w in workers) or orchestrator._reports or orchestrator._drain_scheduled:
+        while any(w.is_alive() for w in workers) or reports._reports or reports._scheduled:
             await asyncio.sleep(0.001)
         for w in workers:
             w.join()

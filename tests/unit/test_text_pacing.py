@@ -1,4 +1,5 @@
-"""The Thinker pacing itself to the Talker (`pace_text_lead`): same replies, fewer runaway steps.
+"""The Thinker paced to the Talker (`first_packet.text_lead`, engine/stages/policy.py): same replies,
+fewer runaway steps, and no text made beside a first chunk's frames.
 
 The tiny engine on the CPU, one reply at a time with a fixed seed, paced and not: pacing only
 moves when the Thinker's steps happen, never what they compute.
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextDelta, TextPart, create_engine
-from engine.profile import load_profile
+from engine.profile import ChunkConfig, FirstPacketConfig, load_profile
+from engine.stages.policy import FirstPacketPolicy
 
 LEAD = 2
 
@@ -39,12 +41,12 @@ class Run:
 
 
 def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, max_tokens: int = 12,
-         first_chunk_priority: bool = False):
+         chunks: bool = True):
     """One reply, and what the Thinker saw at each of its decodes."""
-    overrides = {"thinker": {"pace_text_lead": lead, "first_chunk_priority": first_chunk_priority},
-                 "talker": talker or {}}
-    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu", stage_overrides=overrides), cache_dir)
-    thinker = engine.stages["thinker"]
+    profile = load_profile(model="tiny", platform="cpu", stage_overrides={"talker": talker or {}},
+                           overrides={"first_packet": {"text_lead": lead}, "async_chunk": {"enabled": chunks}})
+    engine = create_engine("tiny", profile, cache_dir)
+    thinker = engine.core.stages["thinker"]
     leads: list[list[int]] = []
     seen: list[list[tuple[int, int]]] = []
     paused = 0
@@ -97,19 +99,40 @@ def test_text_goes_on_when_speech_stops_first(cache_dir) -> None:
     assert len(paced.samples) > 0
 
 
-def test_first_chunk_priority_holds_text_back_while_a_first_chunk_is_made(cache_dir) -> None:
-    """A wide lead (8) that would keep the Thinker stepping beside the Talker's first frames: with the
-    priority, no decode runs while the reply's first chunk is being made and has all its text."""
+@dataclass(frozen=True)
+class Text:
+    made: int
+    spoken: int
+    paced: bool = True
+
+
+def test_first_chunk_priority_in_the_policy() -> None:
+    """A first chunk of 2 frames consumes 3 rows. While one reply's first chunk is being made and holds
+    all its text, another reply 2 tokens ahead waits, where a lead of 8 alone would let it step."""
+    with_chunks = FirstPacketPolicy(FirstPacketConfig(text_lead=8), ChunkConfig(initial_chunk_frames=2))
+    without = FirstPacketPolicy(FirstPacketConfig(text_lead=8), ChunkConfig(enabled=False))
+    making_first_chunk = [Text(made=3, spoken=1), Text(made=6, spoken=4)]
+    assert without.thinker_may_decode(making_first_chunk)
+    assert not with_chunks.thinker_may_decode(making_first_chunk)
+    # a first chunk that still needs text is made first
+    assert with_chunks.thinker_may_decode([Text(made=2, spoken=0), Text(made=9, spoken=1)])
+    # text nobody speaks is never held back; nothing running, nothing to do
+    assert with_chunks.thinker_may_decode([Text(made=3, spoken=1), Text(made=50, spoken=0, paced=False)])
+    assert not with_chunks.thinker_may_decode([])
+
+
+def test_no_decode_runs_beside_a_first_chunk_that_has_its_text(cache_dir) -> None:
+    """A wide lead (8) that alone would keep the Thinker stepping beside the Talker's first frames."""
     rows = load_profile(model="tiny", platform="cpu").async_chunk.initial_chunk_frames + 1
 
     def beside_first_chunk(seen: list[tuple[int, int]]) -> bool:
         return any(0 < spoken < rows <= made for made, spoken in seen)
 
     unpaced = _run(cache_dir, lead=0, max_tokens=16)
-    paced = _run(cache_dir, lead=8, max_tokens=16)
-    first = _run(cache_dir, lead=8, max_tokens=16, first_chunk_priority=True)
-    assert first.text == paced.text == unpaced.text and len(unpaced.text) > 0
+    first = _run(cache_dir, lead=8, max_tokens=16)
+    # without chunks there is no early first packet to make room for: the same lead steps beside those rows
+    no_first_chunk = _run(cache_dir, lead=8, max_tokens=16, chunks=False)
+    assert first.text == unpaced.text == no_first_chunk.text and len(unpaced.text) > 0
     np.testing.assert_array_equal(first.samples, unpaced.samples)
-    np.testing.assert_array_equal(paced.samples, unpaced.samples)
-    assert any(beside_first_chunk(seen) for seen in paced.seen), "the rule below would have nothing to do"
+    assert any(beside_first_chunk(seen) for seen in no_first_chunk.seen), "the rule would have nothing to do"
     assert first.seen and not any(beside_first_chunk(seen) for seen in first.seen), first.seen
