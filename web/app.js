@@ -76,10 +76,9 @@ let activity = "idle"; // listening | user-speaking | thinking | speaking | ptt-
 let mode = params.get("mode") === "ptt" ? "ptt" : "vad";
 let modelInfo = null;
 let webrtcAvailable = typeof RTCPeerConnection !== "undefined";
-const audio = new AudioEngine();
+const audio = new AudioEngine({ onPlayback: (msg) => onPlayback(msg) });
 let transport = null;
 let session = null; // per-connection bookkeeping, see newSession()
-let lastProgress = { played: 0, underruns: 0 }; // the playback worklet's last report
 
 function newSession(kind) {
   return {
@@ -92,8 +91,8 @@ function newSession(kind) {
     rtc: { playing: false, item: null, startedAt: 0, heard: false, audibleAtStart: 0 },
     remoteAudibleFrames: 0, // frames of the remote track the meter found not silent, since connecting
     ptt: { pressed: false, startedAt: 0 },
-    playedBase: lastProgress.played, // the playback worklet counts over the page's life
-    underrunBase: lastProgress.underruns,
+    playedBase: audio.progress.played,
+    underrunBase: audio.progress.underruns,
   };
 }
 
@@ -296,8 +295,7 @@ function onReplyAudio(itemId, samples, rate) {
   audio.push(itemId, samples, rate);
 }
 
-audio.onPlayback = (msg) => {
-  if (msg.type === "progress") lastProgress = msg;
+function onPlayback(msg) {
   if (!session) return;
   if (msg.type === "started") {
     const item = session.items.get(msg.item);
@@ -317,7 +315,7 @@ audio.onPlayback = (msg) => {
       }
     }
   }
-};
+}
 
 // ---------------------------------------------------------------- reply audio (WebRTC)
 
