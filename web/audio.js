@@ -3,13 +3,16 @@
 export const API_RATE = 24000; // the Realtime API's PCM16 rate, both directions
 
 export class AudioEngine {
-  constructor() {
+  /** onPlayback(message from the playback worklet): "started", "progress" and "cleared" reports. */
+  constructor({ onPlayback }) {
     this.ctx = null;
     this.playback = null;
     this.nodes = new Set(); // capture/meter nodes and sources to disconnect on close
     this._clearWaiters = new Map();
     this._ref = 0;
-    this.onPlayback = null; // (message from the playback worklet) => void
+    this.onPlayback = onPlayback;
+    // The worklet counts over the page's life; a connection's counters start from what it last reported.
+    this.progress = { played: 0, underruns: 0 };
   }
 
   async start() {
@@ -26,12 +29,13 @@ export class AudioEngine {
     });
     this.playback.port.onmessage = (e) => {
       const msg = e.data;
+      if (msg.type === "progress") this.progress = { played: msg.played, underruns: msg.underruns };
       if (msg.type === "cleared") {
         const resolve = this._clearWaiters.get(msg.ref);
         this._clearWaiters.delete(msg.ref);
         if (resolve) resolve(msg);
       }
-      if (this.onPlayback) this.onPlayback(msg);
+      this.onPlayback(msg);
     };
     this.playback.connect(this.ctx.destination);
     if (this.ctx.state === "suspended") await this.ctx.resume();

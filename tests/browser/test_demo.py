@@ -1,7 +1,7 @@
 """The browser demo (web/) in headless Chromium with a fake microphone, against a real server, on loopback only.
 
 Every test runs tests/browser/driver.py in a network namespace of its own (see conftest.py) and asserts on what
-the page itself reported through `window.voiceDemo` and what `/health` said. A screenshot of each run is saved in
+the page itself reported through `window.voiceDemo` (web/test-hooks.js) and what `/health` said. A screenshot of each run is saved in
 the test's tmp dir. No timing assertions beyond generous timeouts.
 """
 

@@ -1,0 +1,28 @@
+// The served model as GET /v1/models describes it, and the header pill and random-weights notice that show it.
+
+export class ModelInfo {
+  /** pill: the header's model pill; notice: the random-weights note, shown only for such a model. */
+  constructor({ baseUrl, apiKey, pill, notice }) {
+    this.baseUrl = baseUrl;
+    this.apiKey = apiKey;
+    this.pill = pill;
+    this.notice = notice;
+    this.info = null; // the first entry of /v1/models once loaded: {id, description, random_weights, ...}
+  }
+
+  async load() {
+    try {
+      const headers = this.apiKey ? { headers: { Authorization: `Bearer ${this.apiKey}` } } : {};
+      const res = await fetch(new URL("/v1/models", this.baseUrl), headers);
+      if (!res.ok) throw new Error(`GET /v1/models: ${res.status}`);
+      const body = await res.json();
+      this.info = body.data?.[0] || null;
+    } catch (e) {
+      this.pill.textContent = "server unreachable";
+      throw e;
+    }
+    this.pill.textContent = this.info ? this.info.id : "no model";
+    this.pill.title = this.info?.description || "";
+    this.notice.hidden = !this.info?.random_weights;
+  }
+}
