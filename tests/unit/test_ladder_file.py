@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from voice_gateway import bench
-from voice_gateway.bench import BenchConfig, BenchError, load_ladder
-from voice_gateway.bench.config import with_overrides
-from voice_gateway.bench.ladder import replot_ladder
+import bench
+from bench import BenchConfig, BenchError, load_ladder
+from bench.config import with_overrides
+from bench.ladder import replot_ladder
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

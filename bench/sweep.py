@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import Progress
 
-from voice_gateway.bench.config import BenchConfig, BenchError
-from voice_gateway.bench.machine import machine_info
-from voice_gateway.bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
-from voice_gateway.bench.plots import plot_runs
-from voice_gateway.bench.stats import LevelResult, Stat, summarize_level
+from bench.config import BenchConfig, BenchError
+from bench.machine import machine_info
+from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
+from bench.plots import plot_runs
+from bench.stats import LevelResult, Stat, summarize_level
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A `voice-gateway serve` subprocess on a free loopback port, for one ladder row.
+"""A `python -m voice_gateway.cli serve` subprocess on a free loopback port, for one ladder row.
 
 `ServerProcess` owns the child process and its log file: it starts the server with the
 interpreter running the bench (so a source tree with PYTHONPATH=. works without an installed
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import httpx
 
-# The directory that holds the `voice_gateway` and `engine` packages (the repo root in a source tree).
-_CODE_ROOT = Path(__file__).resolve().parents[2]
+# The directory that holds `bench` and, beside it, the `voice_gateway` and `engine` packages the
+# server runs from (the repo root in a source tree). bench never imports them: it runs them.
+_CODE_ROOT = Path(__file__).resolve().parents[1]
 _LOG_TAIL_CHARS = 4000
 
 

@@ -15,10 +15,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from voice_gateway.bench.config import SWEEP_KEYS, BenchConfig, BenchError
-from voice_gateway.bench.ladder import load_ladder, replot_ladder, run_ladder
-from voice_gateway.bench.plots import plot_compare
-from voice_gateway.bench.sweep import BenchResult, run_bench
+from bench.config import SWEEP_KEYS, BenchConfig, BenchError
+from bench.ladder import load_ladder, replot_ladder, run_ladder
+from bench.plots import plot_compare
+from bench.sweep import BenchResult, run_bench
 
 log = logging.getLogger(__name__)
 _DEFAULTS = BenchConfig()

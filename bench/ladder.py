@@ -33,11 +33,11 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from voice_gateway.bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
-from voice_gateway.bench.machine import git_commit, machine_info
-from voice_gateway.bench.plots import plot_ladder
-from voice_gateway.bench.server import ServerProcess, ServerStartError
-from voice_gateway.bench.sweep import BenchResult, measure, write_json
+from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
+from bench.machine import git_commit, machine_info
+from bench.plots import plot_ladder
+from bench.server import ServerProcess, ServerStartError
+from bench.sweep import BenchResult, measure, write_json
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +196,8 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
 
 def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[dict[str, Any]]:
     """ladder.json and the figures again from the DIR/<row>.json files there (rows measured in
-    separate runs, e.g. one device call each); a row without its file is listed as missing."""
-    summaries = []
+    separate runs, e.g. a few rows at a time); a row without its file is listed as missing."""
+    summaries: list[dict[str, Any]] = []
     machine = None
     for row in ladder.rows:
         path = out_dir / f"{row.name}.json"

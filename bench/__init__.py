@@ -1,6 +1,9 @@
 """`voice-gateway bench`: load generation against a live server (sweeps of prompt length x
 concurrency), ladders of servers that each add one optimisation, and their JSON and figures.
 
+It talks to servers over HTTP and starts them as `python -m voice_gateway.cli serve` subprocesses:
+it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (matplotlib, rich).
+
     measure.py   one streamed reply: SSE decoding, TTFT/TTFP/RTF, the real-time playback model
     stats.py     per-level mean/p50/p99, req/s, underruns
     config.py    what one sweep does (BenchConfig) and checked sweep settings from ladder files
@@ -12,10 +15,10 @@ concurrency), ladders of servers that each add one optimisation, and their JSON 
     cli.py       the command line
 """
 
-from voice_gateway.bench.cli import add_bench_arguments, bench_main, config_from_args
-from voice_gateway.bench.config import BenchConfig, BenchError
-from voice_gateway.bench.ladder import Ladder, LadderRow, RowOutcome, load_ladder, run_ladder
-from voice_gateway.bench.measure import (
+from bench.cli import add_bench_arguments, bench_main, config_from_args
+from bench.config import BenchConfig, BenchError
+from bench.ladder import Ladder, LadderRow, RowOutcome, load_ladder, run_ladder
+from bench.measure import (
     SAMPLE_RATE,
     RequestRecord,
     ServerStreamError,
@@ -23,9 +26,9 @@ from voice_gateway.bench.measure import (
     StreamTimer,
     playback_underruns,
 )
-from voice_gateway.bench.plots import plot_compare
-from voice_gateway.bench.stats import LevelResult, Stat, summarize_level
-from voice_gateway.bench.sweep import BenchResult, build_payload, make_prompt, measure, run_bench
+from bench.plots import plot_compare
+from bench.stats import LevelResult, Stat, summarize_level
+from bench.sweep import BenchResult, build_payload, make_prompt, measure, run_bench
 
 __all__ = [
     "SAMPLE_RATE",

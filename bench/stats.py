@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voice_gateway.bench.measure import RequestRecord
+from bench.measure import RequestRecord
 
 
 @dataclass
