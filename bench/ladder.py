@@ -1,15 +1,24 @@
-"""Ladder mode: one server per row, each row adding one optimisation, all measured in one run.
+"""Ladder mode: one server per row, each row adding one switch, all measured in one run.
 
-A ladder file (YAML) lists rows in order:
+A ladder file (YAML) names a base profile and lists rows in order, each a delta over it:
 
     title: H200, full-size dummy weights          # optional, for the figures
+    model: dummy                                  # `voice-gateway serve` MODEL (default tiny)
+    base: configs/qwen3_omni_moe.yaml             # the profile every row starts from
+    profile: {load_format: dummy}                 # optional, merged onto the base for every row
     bench: {concurrency: [1, 16, 32, 64], max_tokens: 40}   # optional sweep defaults
     rows:
-      - name: baseline                             # file names: DIR/<name>.json, DIR/logs/<name>.log
-        what: transformers generate(return_audio=True), one request at a time
-        serve: dummy --deploy-config benchmarks/h200/generate-baseline.yaml   # `voice-gateway serve` args
+      - name: eager                                # file names: DIR/<name>.json, DIR/logs/<name>.log
+        what: the staged engine without graphs     # one line: what this row adds
+        profile: {cuda_graphs: false}              # optional, merged after the top-level profile
+        serve: --http-workers 1                    # optional extra `voice-gateway serve` args
         bench: {concurrency: [1], num_requests: 4} # optional, this row only
         startup_timeout_s: 1800                    # optional, this row only
+
+Each row is served as `MODEL --deploy-config BASE --overrides JSON SERVE...`, where JSON is the
+top-level profile with the row's profile deep-merged onto it (mappings merge key by key, any
+other value replaces); `--overrides` is left out when that delta is empty. A file without
+`base:` gives each row its whole `serve:` argument list instead (and no `model:` or `profile:`).
 
 Sweep settings, later wins: BenchConfig's defaults, the file's `bench:`, flags given on the
 command line, the row's `bench:`. For each row the server starts on a free loopback port, the
@@ -44,15 +53,17 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _RESERVED = {"ladder", "logs", *("req_per_s", "ttfp_mean", "rtf_mean", "ttfp_p99", "at_max_concurrency")}
 _SET_BY_LADDER = ("--host", "--port")
+_SET_BY_BASE = ("--deploy-config", "--overrides")
 
 
 @dataclass(frozen=True)
 class LadderRow:
     name: str
     what: str
-    serve: list[str]  # `voice-gateway serve` arguments
+    serve: list[str]  # `voice-gateway serve` arguments: all of them, or those after the base's
     bench: dict[str, Any] = field(default_factory=dict)
     startup_timeout_s: float | None = None
+    profile: dict[str, Any] = field(default_factory=dict)  # delta over the ladder's profile
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,32 @@ class Ladder:
     title: str
     bench: dict[str, Any]
     rows: list[LadderRow]
+    base: Path | None = None  # with it, every row is a delta over this profile
+    model: str = "tiny"
+    profile: dict[str, Any] = field(default_factory=dict)  # merged onto the base for every row
+
+    def row_profile(self, row: LadderRow) -> dict[str, Any]:
+        """The row's whole delta over the base: the ladder's profile, then the row's."""
+        return merge_profile(self.profile, row.profile)
+
+    def serve_args(self, row: LadderRow) -> list[str]:
+        """The row's `voice-gateway serve` arguments (without --host and --port)."""
+        if self.base is None:
+            return list(row.serve)
+        delta = self.row_profile(row)
+        overrides = ["--overrides", json.dumps(delta)] if delta else []
+        return [self.model, "--deploy-config", str(self.base), *overrides, *row.serve]
+
+
+def merge_profile(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """`delta` deep-merged onto `base`: mappings merge key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in delta.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_profile(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass
@@ -87,29 +124,51 @@ def _require(raw: dict[str, Any], key: str, where: str) -> Any:
     return raw[key]
 
 
-def _row(raw: Any, where: str) -> LadderRow:
+def _profile(raw: Any, where: str) -> dict[str, Any]:
+    """A profile delta: a mapping that survives JSON (it travels as `serve --overrides`)."""
+    if raw is None:
+        return {}
     if not isinstance(raw, dict):
-        raise BenchError(f"{where}: must be a mapping with name, what and serve")
-    allowed = {"name", "what", "serve", "bench", "startup_timeout_s"}
+        raise BenchError(f"{where}: must be a mapping of profile keys, got {type(raw).__name__}")
+    try:
+        json.dumps(raw)
+    except (TypeError, ValueError) as exc:
+        raise BenchError(f"{where}: not expressible as JSON ({exc})") from exc
+    if bad := [k for k in raw if not isinstance(k, str)]:
+        raise BenchError(f"{where}: keys must be strings, got {bad[0]!r}")
+    return raw
+
+
+def _row(raw: Any, where: str, has_base: bool) -> LadderRow:
+    if not isinstance(raw, dict):
+        raise BenchError(f"{where}: must be a mapping with name, what and serve or profile")
+    allowed = {"name", "what", "serve", "profile", "bench", "startup_timeout_s"}
     if unknown := sorted(set(raw) - allowed):
         raise BenchError(f"{where}.{unknown[0]}: unknown key (expected one of {', '.join(sorted(allowed))})")
-    name, what, serve = (_require(raw, k, where) for k in ("name", "what", "serve"))
+    name, what = (_require(raw, k, where) for k in ("name", "what"))
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in _RESERVED:
         raise BenchError(f"{where}.name: must be letters, digits, '.', '_' or '-' and not one of "
                          f"{', '.join(sorted(_RESERVED))}, got {name!r}")
     if not isinstance(what, str) or not what.strip() or "\n" in what.strip():
         raise BenchError(f"{where}.what: must be one line saying what this row adds, got {what!r}")
+    serve = raw.get("serve", []) if has_base else _require(raw, "serve", where)
     if isinstance(serve, str):
         serve = shlex.split(serve)
     if not isinstance(serve, list) or not all(isinstance(a, str) for a in serve):
         raise BenchError(f"{where}.serve: must be a string or a list of strings (voice-gateway serve arguments)")
+    if not has_base and not serve:
+        raise BenchError(f"{where}.serve: must name the model (without a top-level base it is the whole command)")
     if clash := [a for a in serve if a.split("=")[0] in _SET_BY_LADDER]:
         raise BenchError(f"{where}.serve: {clash[0]} is set by the ladder (each row gets a free loopback port)")
+    if has_base and (clash := [a for a in serve if a.split("=")[0] in _SET_BY_BASE]):
+        raise BenchError(f"{where}.serve: {clash[0]} is set by the ladder's base and profile")
+    if "profile" in raw and not has_base:
+        raise BenchError(f"{where}.profile: needs a top-level base (the profile it is a delta over)")
     timeout = raw.get("startup_timeout_s")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise BenchError(f"{where}.startup_timeout_s: must be a positive number, got {timeout!r}")
     return LadderRow(name, what.strip(), serve, sweep_overrides(raw.get("bench"), f"{where}.bench"),
-                     None if timeout is None else float(timeout))
+                     None if timeout is None else float(timeout), _profile(raw.get("profile"), f"{where}.profile"))
 
 
 def load_ladder(path: Path) -> Ladder:
@@ -119,23 +178,34 @@ def load_ladder(path: Path) -> Ladder:
         raise BenchError(f"{path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise BenchError(f"{path}: top level must be a mapping with `rows`")
-    if unknown := sorted(set(raw) - {"title", "bench", "rows"}):
-        raise BenchError(f"{path}: {unknown[0]}: unknown key (expected title, bench, rows)")
+    allowed = ("title", "model", "base", "profile", "bench", "rows")
+    if unknown := sorted(set(raw) - set(allowed)):
+        raise BenchError(f"{path}: {unknown[0]}: unknown key (expected {', '.join(allowed)})")
+    base = raw.get("base")
+    if base is not None and (not isinstance(base, str) or not base.strip()):
+        raise BenchError(f"{path}: base: must be a profile path, got {base!r}")
+    for key in ("model", "profile"):
+        if key in raw and base is None:
+            raise BenchError(f"{path}: {key}: needs a top-level base (rows without one give their whole serve:)")
+    model = raw.get("model", "tiny")
+    if not isinstance(model, str) or not model.strip() or model.startswith("-"):
+        raise BenchError(f"{path}: model: must be a `voice-gateway serve` MODEL, got {model!r}")
     rows_raw = raw.get("rows")
     if not isinstance(rows_raw, list) or not rows_raw:
         raise BenchError(f"{path}: rows: must be a non-empty list")
-    rows = [_row(r, f"rows[{i}]") for i, r in enumerate(rows_raw)]
+    rows = [_row(r, f"rows[{i}]", base is not None) for i, r in enumerate(rows_raw)]
     names = [r.name for r in rows]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise BenchError(f"{path}: rows: name {dupes[0]!r} appears more than once")
     title = raw.get("title") or Path(path).stem
-    return Ladder(Path(path), str(title), sweep_overrides(raw.get("bench"), "bench"), rows)
+    return Ladder(Path(path), str(title), sweep_overrides(raw.get("bench"), "bench"), rows,
+                  None if base is None else Path(base), model, _profile(raw.get("profile"), "profile"))
 
 
-def run_row(row: LadderRow, config: BenchConfig, out_dir: Path, startup_timeout_s: float,
+def run_row(row: LadderRow, serve_args: list[str], config: BenchConfig, out_dir: Path, startup_timeout_s: float,
             console: Console) -> RowOutcome:
     """Start the row's server, sweep it, stop it. Never raises for the row's own failures."""
-    server = ServerProcess(row.serve, out_dir / "logs" / f"{row.name}.log")
+    server = ServerProcess(serve_args, out_dir / "logs" / f"{row.name}.log")
     outcome = RowOutcome(row.name, row.what, server.command)
     try:
         with console.status(f"[bold]{row.name}[/]: starting {escape(server.command)}"):
@@ -156,16 +226,18 @@ def run_row(row: LadderRow, config: BenchConfig, out_dir: Path, startup_timeout_
     return outcome
 
 
-def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any]) -> dict[str, Any]:
-    """What DIR/<row>.json holds: the sweep's result (as `--compare` reads it) plus the row."""
+def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any],
+                profile: dict[str, Any] | None, commit: str | None) -> dict[str, Any]:
+    """What DIR/<row>.json holds: the sweep's result (as `--compare` reads it) plus the row, its
+    profile delta (None for a row given as a whole serve command) and the commit it ran."""
     row = {"name": outcome.name, "what": outcome.what, "serve_command": outcome.serve_command,
-           "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s}
+           "profile": profile, "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s}
     if outcome.result is not None:
-        return {**asdict(outcome.result), "machine": machine, "row": row}
+        return {**asdict(outcome.result), "machine": machine, "git_commit": commit, "row": row}
     cfg = {k: v for k, v in asdict(config).items() if k not in ("argv", "show_progress")}
     return {"label": outcome.name, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": shlex.join(config.argv), "config": cfg, "machine": machine, "server_models": None,
-            "levels": [], "row": row}
+            "command": shlex.join(config.argv), "config": cfg, "machine": machine, "git_commit": commit,
+            "server_models": None, "levels": [], "row": row}
 
 
 def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out_dir: Path, *,
@@ -178,12 +250,14 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
     rows = [r for r in ladder.rows if only is None or r.name in only]
     sweep = with_overrides(base, ladder.bench, cli_sweep)
     machine = machine_info(with_gpu=True)  # once, before any server holds the GPU
+    commit = git_commit()
     summaries: list[dict[str, Any]] = []
     for i, row in enumerate(rows, 1):
         console.rule(f"[bold]row {i}/{len(rows)}: {row.name}[/] - {escape(row.what)}")
         config = with_overrides(sweep, row.bench)
-        outcome = run_row(row, config, out_dir, startup_timeout_s, console)
-        payload = row_payload(outcome, config, machine)
+        outcome = run_row(row, ladder.serve_args(row), config, out_dir, startup_timeout_s, console)
+        profile = ladder.row_profile(row) if ladder.base is not None else None
+        payload = row_payload(outcome, config, machine, profile, commit)
         write_json(payload, out_dir / f"{row.name}.json")
         if outcome.status != "ok":
             lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
@@ -202,7 +276,8 @@ def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[dict[str,
     for row in ladder.rows:
         path = out_dir / f"{row.name}.json"
         if not path.is_file():
-            summaries.append({"name": row.name, "what": row.what, "serve_command": None, "status": "missing",
+            summaries.append({"name": row.name, "what": row.what, "serve_command": None, "profile": None,
+                              "status": "missing",
                               "error": f"no {path}", "startup_s": None, "json": None, "created": None,
                               "command": None, "config": None, "levels": []})
             continue
@@ -224,6 +299,7 @@ def write_ladder(ladder: Ladder, rows: list[dict[str, Any]], out_dir: Path, *, c
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": command,
         "ladder_file": str(ladder.path),
+        "base": None if ladder.base is None else str(ladder.base),
         "git_commit": git_commit(),
         "machine": machine,
         "rows": rows,
