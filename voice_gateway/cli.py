@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -125,19 +126,26 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
 
 
 def main(argv: list[str] | None = None) -> int:
-    from voice_gateway.bench import add_bench_arguments, bench_main
-
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="voice-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_arguments(sub.add_parser("serve", help="run the server"))
-    add_bench_arguments(sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)"))
+    bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
+    if argv[:1] == ["bench"]:
+        # the bench is its own package with its own extra: the server neither imports nor needs it
+        if missing := [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]:
+            print(f"voice-gateway bench: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'",
+                  file=sys.stderr)
+            return 2
+        import bench
+
+        bench.add_bench_arguments(bench_parser)
     args = parser.parse_args(argv)
     level = getattr(args, "log_level", "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return serve(args)
-    return bench_main(args, ["voice-gateway", *argv])
+    return bench.bench_main(args, ["voice-gateway", *argv])
 
 
 if __name__ == "__main__":

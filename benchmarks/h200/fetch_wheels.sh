@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # Re-create .whl/: the wheels that `voice-gateway serve`, `voice-gateway bench` and the
-# tests (openai SDK, pytest-asyncio) need on the H200 machines, whose image (Python 3.12,
+# tests (openai SDK, pytest-asyncio) need on a GPU host without network whose Python (3.12,
 # x86-64) already has torch, transformers, numpy, httpx, anyio, h11, rich, pyyaml,
-# matplotlib, prometheus-client, tiktoken, ... but no web stack (see
-# /work/.library/device/KINDS.md, "Python packages already there").
+# matplotlib, prometheus-client, tiktoken, ... but no web stack.
 #
-# Run on the dev machine, from anywhere:  bash benchmarks/h200/fetch_wheels.sh [DEST]
-# DEST defaults to <repo>/.whl. On the GPU machine: pass `carry: [".whl"]` and
+# Run on a machine with network, from anywhere:  bash benchmarks/h200/fetch_wheels.sh [DEST]
+# DEST defaults to <repo>/.whl. On the GPU host without network: copy .whl/ there and
 # `source benchmarks/h200/gpu_site.sh` first.
 #
 # Versions are the ones installed in the dev env (Python 3.11) when this was written.
 # av is repacked with LZMA: its stock wheel (36 MB, bundled ffmpeg/x265/...) would push
-# the folder past the 50 MiB budget; every av release since 14 is 34-41 MB. The files
+# the folder past a 50 MiB budget (what we copy to the GPU host in one go); every av release since 14 is 34-41 MB. The files
 # inside are byte-identical (RECORD still matches), only the zip compression changes;
 # pip installs it through the standard zipfile module.
 set -euo pipefail

@@ -1,13 +1,13 @@
-# Source this on the H200 machine, from the repo root, in a call that carries .whl:
-#   run(carry=[".whl"], command="source benchmarks/h200/gpu_site.sh && python3 -m voice_gateway.cli bench ...")
-# Installs the wheels made by benchmarks/h200/fetch_wheels.sh into /tmp/site (the
-# image's python3 already has torch, transformers, numpy, ...) and puts /tmp/site and
-# the repo on PYTHONPATH. The `voice-gateway` script is not installed: use
-# `python3 -m voice_gateway.cli serve|bench ...`.
+# On a GPU host without network whose Python already has torch, transformers, numpy, ... but
+# no web stack: copy .whl/ (made by benchmarks/h200/fetch_wheels.sh) into the repo there, then,
+# from the repo root:
+#   source benchmarks/h200/gpu_site.sh && python3 -m voice_gateway.cli bench ...
+# Installs the wheels into /tmp/site and puts /tmp/site and the repo on PYTHONPATH. The
+# `voice-gateway` script is not installed: use `python3 -m voice_gateway.cli serve|bench ...`.
 # No `set -e` here: it would leak into the calling shell.
 
 if [ ! -d .whl ] || ! ls .whl/*.whl >/dev/null 2>&1; then
-  echo "gpu_site.sh: no .whl/*.whl under $(pwd): source it from the repo root and carry .whl" >&2
+  echo "gpu_site.sh: no .whl/*.whl under $(pwd): source it from the repo root after copying .whl/ there" >&2
   return 1 2>/dev/null || exit 1
 fi
 
@@ -24,11 +24,3 @@ _gpu_site_pkgs="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["pur
   && { echo /tmp/site > "$_gpu_site_pkgs/zz_gpu_site_wheels.pth"; } 2>/dev/null \
   || echo "gpu_site.sh: could not write a .pth into the image's site-packages; only PYTHONPATH carries /tmp/site" >&2
 unset _gpu_site_pkgs
-
-# One or more ladder rows into $OUT/ladder, with the bench settings every H200 row ran with:
-#   h200_ladder <timeout s> <rows> [concurrency, default 1,16,32,64] [more bench flags...]
-h200_ladder() {
-  timeout "$1" python3 -m voice_gateway.cli bench --ladder benchmarks/h200/ladder.yaml --rows "$2" \
-    --concurrency "${3:-1,16,32,64}" --prompt-tokens 32 --timeout 60 --out-dir "${OUT:-/tmp/out}/ladder" \
-    --startup-timeout 300 "${@:4}" 2>&1 | grep -v "━" | tail -8
-}

@@ -1,14 +1,20 @@
 """`voice-gateway bench --ladder` end to end: a real server per row (the transformers generate()
 baseline and the staged engine, tiny model on the CPU), JSON per row, ladder.json and figures;
-a row whose server cannot start is recorded as failed and the ladder goes on."""
+a row whose server cannot start is recorded as failed and the ladder goes on. Rows given as whole
+`serve:` commands run against any server; rows as profile deltas need `serve --overrides`."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
 
 from tests.conftest import REPO
 
@@ -23,9 +29,26 @@ def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _tiny_profile(tmp_path: Path, name: str, **top: Any) -> Path:
+    """configs/tiny.yaml with the benchmark workload (fixed reply lengths, EOS ignored) and `top` keys."""
+    profile = yaml.safe_load((REPO / "configs/tiny.yaml").read_text())
+    profile["stages"]["thinker"]["ignore_eos"] = True
+    profile["stages"]["talker"].update(max_frames=FRAMES, ignore_eos=True)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**profile, **top}))
+    return path
+
+
+def _serve_has_overrides() -> bool:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    help_text = subprocess.run([sys.executable, "-m", "voice_gateway.cli", "serve", "--help"], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=120).stdout
+    return re.search(r"(?<![\w-])--overrides\b", help_text) is not None
+
+
 def test_ladder_runs_baseline_and_staged_rows(tiny_checkpoint: Path, cache_dir: Path, tmp_path: Path) -> None:
-    # the benchmark workload: fixed reply lengths, EOS ignored
-    overrides = json.dumps({"thinker": {"ignore_eos": True}, "talker": {"max_frames": FRAMES, "ignore_eos": True}})
+    baseline_profile = _tiny_profile(tmp_path, "baseline", backend="transformers_generate")
+    staged_profile = _tiny_profile(tmp_path, "staged")
     ladder = tmp_path / "ladder.yaml"
     ladder.write_text(f"""
 title: tiny CPU ladder (test)
@@ -33,11 +56,10 @@ bench: {{concurrency: [1, 2], num_requests: 2, warmup: 1, max_tokens: {TEXT_TOKE
 rows:
   - name: baseline
     what: transformers generate(return_audio=True), one request at a time
-    serve: [tiny, --deploy-config, benchmarks/cpu-tiny/tiny-generate-baseline.yaml, --cache-dir, "{cache_dir}",
-            --stage-overrides, '{overrides}']
+    serve: [tiny, --deploy-config, "{baseline_profile}", --cache-dir, "{cache_dir}"]
   - name: staged
     what: the staged engine, async chunked audio
-    serve: [tiny, --cache-dir, "{cache_dir}", --stage-overrides, '{overrides}']
+    serve: [tiny, --deploy-config, "{staged_profile}", --cache-dir, "{cache_dir}"]
     bench: {{concurrency: [2]}}
 """)
     out = tmp_path / "out"
@@ -83,12 +105,16 @@ rows:
 
 
 def test_a_row_that_cannot_start_is_recorded_and_the_ladder_goes_on(cache_dir: Path, tmp_path: Path) -> None:
+    bad = _tiny_profile(tmp_path, "bad")
+    profile = yaml.safe_load(bad.read_text())
+    profile["stages"]["talker"]["max_batch"] = 0
+    bad.write_text(yaml.safe_dump(profile))
     ladder = tmp_path / "ladder.yaml"
     ladder.write_text(f"""
 rows:
   - name: bad-profile
     what: the server exits at once
-    serve: [tiny, --cache-dir, "{cache_dir}", --stage-overrides, '{{"talker": {{"max_batch": 0}}}}']
+    serve: [tiny, --deploy-config, "{bad}", --cache-dir, "{cache_dir}"]
   - name: too-slow
     what: the server does not answer /health in time
     serve: tiny --cache-dir {cache_dir}
@@ -106,3 +132,33 @@ rows:
     bad = json.loads((out / "bad-profile.json").read_text())
     assert bad["row"]["status"] == "failed" and bad["levels"] == [] and bad["config"]["concurrency"] == [1]
     assert (out / "at_max_concurrency.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.skipif(not _serve_has_overrides(), reason="needs `voice-gateway serve --overrides`")
+def test_ladder_rows_as_profile_deltas(tiny_checkpoint: Path, cache_dir: Path, tmp_path: Path) -> None:
+    ladder = tmp_path / "ladder.yaml"
+    ladder.write_text(f"""
+base: configs/tiny.yaml
+profile: {{stages: {{thinker: {{ignore_eos: true}}, talker: {{max_frames: {FRAMES}, ignore_eos: true}}}}}}
+bench: {{concurrency: [1], num_requests: 1, warmup: 0, max_tokens: {TEXT_TOKENS}}}
+rows:
+  - name: baseline
+    what: transformers generate(return_audio=True)
+    profile: {{backend: transformers_generate}}
+    serve: [--cache-dir, "{cache_dir}"]
+  - name: staged
+    what: the staged engine as configs/tiny.yaml ships it
+    serve: [--cache-dir, "{cache_dir}"]
+""")
+    out = tmp_path / "out"
+    result = _bench("--ladder", str(ladder), "--out-dir", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((out / "ladder.json").read_text())
+    assert data["base"] == "configs/tiny.yaml"
+    for row in data["rows"]:
+        assert "serve tiny --deploy-config configs/tiny.yaml --overrides" in row["serve_command"]
+        assert row["profile"]["stages"]["talker"]["max_frames"] == FRAMES
+        assert row["levels"][0]["audio_frames_mean"] == FRAMES and row["levels"][0]["failures"] == 0
+    assert data["rows"][0]["profile"]["backend"] == "transformers_generate" and "backend" not in data["rows"][1]["profile"]
+    baseline = json.loads((out / "baseline.json").read_text())
+    assert baseline["git_commit"] and baseline["levels"][0]["records"][0]["chunk_gaps_ms"] == []  # one chunk

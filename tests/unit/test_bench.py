@@ -1,4 +1,4 @@
-"""Tests for voice_gateway.bench: pure helpers with hand-made inputs plus loopback end-to-end runs
+"""Tests for bench: pure helpers with hand-made inputs plus loopback end-to-end runs
 against a minimal fake server (the ladder against real servers is in tests/integration/test_bench_ladder.py)."""
 
 from __future__ import annotations
@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from voice_gateway import bench
-from voice_gateway.bench import (
+import bench
+from bench import (
     BenchConfig,
     RequestRecord,
     SSEDecoder,
@@ -25,6 +28,7 @@ from voice_gateway.bench import (
     summarize_level,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -345,3 +349,26 @@ async def test_workers_spread_over_client_processes(fake_server, tmp_path: Path)
     assert [r.index for r in lv.records] == list(range(7)) and lv.failures == 0
     assert all(r.ttfp_s is not None and r.audio_frames == 6 for r in lv.records)
     assert lv.req_per_s > 0 and json.loads((tmp_path / "procs.json").read_text())["config"]["client_processes"] == 2
+
+
+# ----------------------------------------------------------------------------- package boundaries
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_bench_imports_neither_the_server_nor_the_engine() -> None:
+    # bench drives servers over HTTP and starts them as subprocesses; it never loads their code
+    result = _python("import sys, bench, bench.cli, bench.ladder, bench.sweep\n"
+                     "print(sorted({m.split('.')[0] for m in sys.modules} & {'voice_gateway', 'engine'}))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_voice_gateway_bench_without_the_extra_says_what_to_install() -> None:
+    result = _python("import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
+                     "from voice_gateway.cli import main; sys.exit(main(['bench', '--help']))")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip() == "voice-gateway bench: matplotlib missing; pip install 'voice-gateway[bench]'"

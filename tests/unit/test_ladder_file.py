@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from voice_gateway import bench
-from voice_gateway.bench import BenchConfig, BenchError, load_ladder
-from voice_gateway.bench.config import with_overrides
-from voice_gateway.bench.ladder import replot_ladder
+import bench
+from bench import BenchConfig, BenchError, load_ladder
+from bench.config import with_overrides
+from bench.ladder import replot_ladder
+from bench.server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,24 +27,58 @@ def _ladder(tmp_path: Path, text: str) -> Path:
 
 def test_shipped_ladders_parse() -> None:
     h200 = load_ladder(REPO / "benchmarks/h200/ladder.yaml")
-    assert [r.name for r in h200.rows] == ["baseline", "eager", "sampler-moe-grouped", "graphed-predictor",
-                                          "graphed-decode", "batched-prefill", "batched-talker-prefill",
-                                          "streaming-code2wav", "fused-moe", "decode-attention", "code2wav-buckets",
-                                          "stage-streams", "graphed-code2wav", "compiled-predictor",
-                                          "graphed-prefill", "chunk-ramp", "replicas", "prefill-groups",
-                                          "compiled-decode", "gpu-profile", "text-pacing", "fine-prefill", "http-stack",
-                                          "first-chunk-2", "unpaced", "gil-switch", "talker-prompt-host", "code2wav-yields",
-                                          "burst-kernels", "engine-process",
-                                          "parent-admission", "http-workers", "first-chunk-priority",
-                                          "code2wav-defers"]
-    assert h200.bench["concurrency"] == [1, 16, 32, 64] and h200.bench["max_tokens"] == 40
-    for row in h200.rows:  # every profile a row names exists, and the baseline is the generate() backend
-        config = Path(row.serve[row.serve.index("--deploy-config") + 1])
-        assert (REPO / config).is_file(), config
-    assert h200.rows[0].serve == ["dummy", "--deploy-config", "benchmarks/h200/generate-baseline.yaml",
-                                  "--http", "h11", "--loop", "asyncio"]
+    assert [r.name for r in h200.rows] == ["baseline", "eager", "triton-kernels", "cuda-graphs", "first-packet",
+                                          "engine-process", "gpu-profile"]
+    assert (h200.model, h200.base) == ("dummy", Path("configs/qwen3_omni_moe.yaml"))
+    assert (REPO / h200.base).is_file()
+    assert h200.profile["load_format"] == "dummy" and h200.profile["stages"]["talker"]["max_frames"] == 125
+    assert h200.bench == {"concurrency": [1, 16, 32, 64], "prompt_tokens": [32], "max_tokens": 40, "warmup": 2,
+                          "timeout": 60.0, "client_processes": 4}
+    assert h200.rows[0].profile["backend"] == "transformers_generate" and h200.rows[0].bench["concurrency"] == [1]
+    # each row from eager on turns one switch back on; the last is the profile as shipped
+    deltas = [h200.row_profile(r) for r in h200.rows]
+    changed = [sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) for a, b in zip(deltas[1:], deltas[2:])]
+    assert changed[:4] == [["kernels"], ["cuda_graphs"], ["async_chunk", "first_packet"], ["engine"]]
+    assert h200.rows[-1].profile == {} and deltas[-1] == h200.profile
+    for row in h200.rows:
+        args = h200.serve_args(row)
+        assert args[:3] == ["dummy", "--deploy-config", "configs/qwen3_omni_moe.yaml"] and args[3] == "--overrides"
+        assert json.loads(args[4]) == h200.row_profile(row)
+
     cpu = load_ladder(REPO / "benchmarks/cpu-tiny/ladder.yaml")
-    assert len(cpu.rows) == 3 and "generate-baseline" in cpu.rows[0].serve[-1]
+    assert [r.name for r in cpu.rows] == ["baseline", "staged-one-shot-audio", "staged-async-chunk"]
+    assert (REPO / cpu.base).is_file() and cpu.rows[0].profile == {"backend": "transformers_generate"}
+    assert cpu.serve_args(cpu.rows[2]) == ["tiny", "--deploy-config", "configs/tiny.yaml"]  # nothing to override
+
+
+def test_rows_are_deltas_over_the_base(tmp_path: Path) -> None:
+    ladder = load_ladder(_ladder(tmp_path, """
+model: dummy
+base: configs/qwen3_omni_moe.yaml
+profile: {load_format: dummy, stages: {talker: {max_frames: 125, ignore_eos: true}}}
+rows:
+  - name: a
+    what: x
+    profile: {cuda_graphs: false, stages: {talker: {max_batch: 8}, code2wav: {replicas: 2}}}
+    serve: --http-workers 2 --log-level warning
+  - {name: b, what: y}
+"""))
+    a, b = ladder.rows
+    assert ladder.row_profile(a) == {"load_format": "dummy", "cuda_graphs": False, "stages": {
+        "talker": {"max_frames": 125, "ignore_eos": True, "max_batch": 8}, "code2wav": {"replicas": 2}}}
+    assert ladder.profile["stages"]["talker"] == {"max_frames": 125, "ignore_eos": True}  # not merged in place
+    args = ladder.serve_args(a)
+    assert args[:4] == ["dummy", "--deploy-config", "configs/qwen3_omni_moe.yaml", "--overrides"]
+    assert json.loads(args[4]) == ladder.row_profile(a) and args[5:] == ["--http-workers", "2", "--log-level", "warning"]
+    assert json.loads(ladder.serve_args(b)[4]) == ladder.profile and ladder.serve_args(b)[5:] == []
+    # the command the row's server runs, as DIR/<row>.json records it
+    command = ServerProcess(ladder.serve_args(a), tmp_path / "a.log").command
+    assert "-m voice_gateway.cli serve dummy --deploy-config configs/qwen3_omni_moe.yaml --overrides '{" in command
+
+
+def test_rows_without_a_base_give_their_whole_serve_command(tmp_path: Path) -> None:
+    ladder = load_ladder(_ladder(tmp_path, "rows:\n  - {name: a, what: x, serve: tiny --deploy-config c.yaml}\n"))
+    assert ladder.base is None and ladder.serve_args(ladder.rows[0]) == ["tiny", "--deploy-config", "c.yaml"]
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -58,6 +93,17 @@ def test_shipped_ladders_parse() -> None:
     ("bench: {speed: 3}\nrows:\n  - {name: a, what: x, serve: tiny}\n", "bench.speed: unknown key"),
     ("rows:\n  - {name: a, what: x, serve: tiny, startup_timeout_s: -1}\n", "startup_timeout_s: must be a positive number"),
     ("rowz: 1\n", "rowz: unknown key"),
+    ("profile: {cuda_graphs: false}\nrows:\n  - {name: a, what: x, serve: tiny}\n", "profile: needs a top-level base"),
+    ("model: dummy\nrows:\n  - {name: a, what: x, serve: tiny}\n", "model: needs a top-level base"),
+    ("rows:\n  - {name: a, what: x, serve: tiny, profile: {kernels: triton}}\n", r"rows\[0\].profile: needs a top-level"),
+    ("base: c.yaml\nrows:\n  - {name: a, what: x, profile: [1]}\n", r"rows\[0\].profile: must be a mapping"),
+    ("base: c.yaml\nprofile: 3\nrows:\n  - {name: a, what: x}\n", "profile: must be a mapping"),
+    ("base: c.yaml\nrows:\n  - {name: a, what: x, serve: --deploy-config d.yaml}\n",
+     r"rows\[0\].serve: --deploy-config is set by the ladder's base"),
+    ("base: c.yaml\nrows:\n  - {name: a, what: x, serve: '--overrides={}'}\n", r"rows\[0\].serve: --overrides=\{\} is set"),
+    ("base: [c.yaml]\nrows:\n  - {name: a, what: x}\n", "base: must be a profile path"),
+    ("base: c.yaml\nmodel: --x\nrows:\n  - {name: a, what: x}\n", "model: must be"),
+    ("rows:\n  - {name: a, what: x, serve: []}\n", r"rows\[0\].serve: must name the model"),
 ])
 def test_bad_ladder_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(BenchError, match=message):

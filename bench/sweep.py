@@ -1,0 +1,297 @@
+"""The sweep: drives a live server's streaming /v1/chat/completions at each (prompt length,
+concurrency) level, warm-up first, and writes ``{out_dir}/{label}.json`` plus a ``{label}.png``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, replace
+from itertools import cycle, islice
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.progress import Progress
+
+from bench.config import BenchConfig, BenchError
+from bench.machine import machine_info
+from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
+from bench.plots import plot_runs
+from bench.stats import LevelResult, Stat, summarize_level
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2  # 2: prompt-length levels, audio-only chunk gaps as a Stat, token means
+_FILLER = ("please describe in a warm spoken style how a lighthouse keeper spends a stormy "
+           "night on a small island and what sounds she hears until dawn").split()
+
+
+@dataclass
+class BenchResult:  # serialized as-is (plus schema_version) to {label}.json
+    label: str
+    created: str
+    command: str
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    server_models: dict[str, Any] | None
+    levels: list[LevelResult]
+
+
+def make_prompt(n_words: int, index: int) -> str:
+    # The index prefix varies prompts so a prefix cache cannot serve every request.
+    return " ".join([f"#{index}", *islice(cycle(_FILLER), max(n_words - 1, 0))])
+
+
+def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": make_prompt(prompt_words, index)}],
+        "modalities": list(config.modalities),
+        "stream": True,
+        "max_tokens": config.max_tokens,
+        "stream_options": {"include_usage": True},
+    }
+    if "audio" in config.modalities:
+        body["audio"] = {"voice": config.voice, "format": "pcm16"}
+    if config.seed is not None:
+        body["seed"] = config.seed
+    return body
+
+
+async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str,
+                      index: int, concurrency: int, prompt_words: int) -> RequestRecord:
+    rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
+    decoder = SSEDecoder()
+    payload = build_payload(config, model, index, prompt_words)
+    t_send = time.perf_counter()
+    timer = StreamTimer(rec, t_send)
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as resp:
+            rec.headers_s = time.perf_counter() - t_send
+            rec.status = resp.status_code
+            if resp.status_code >= 400:
+                rec.error = f"HTTP {resp.status_code}: {error_text(await resp.aread())}"
+                return rec
+            async for line in resp.aiter_lines():
+                if (data := decoder.feed(line)) is not None:
+                    timer.on_data(data, time.perf_counter())
+            if (data := decoder.flush()) is not None:
+                timer.on_data(data, time.perf_counter())
+        timer.finish(time.perf_counter())
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # One broken response must not abort the level: record it as a failure.
+        rec.error = f"{type(exc).__name__}: {exc}"
+        return rec
+    rec.ok = timer.done
+    rec.error = None if timer.done else "stream ended without data: [DONE]"
+    return rec
+
+
+async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model: str,
+                    indices: Iterable[int], concurrency: int, prompt_words: int,
+                    on_done: Callable[[], None]) -> list[RequestRecord]:
+    """One worker per client; each sends its next request when its last one ends."""
+    pending = iter(indices)  # shared: each worker pulls the next index when it becomes free
+    records: list[RequestRecord] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for index in pending:
+            records.append(await one_request(client, config, model, index, concurrency, prompt_words))
+            on_done()
+
+    await asyncio.gather(*(worker(client) for client in clients))
+    return sorted(records, key=lambda r: r.index)
+
+
+def own_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """A one-connection client with ``client``'s base URL, timeout and proxy policy.
+
+    Each worker has its own, as each of C users would: one pool of C connections costs O(C) Python
+    per request in httpcore (its expiry scan), which at C=64 delayed request starts by up to 0.6 s
+    on the client (measured against a canned server). Made before the clock starts: a client's
+    construction loads CA certificates (tens of ms)."""
+    return httpx.AsyncClient(base_url=client.base_url, timeout=client.timeout, trust_env=client.trust_env,
+                             limits=httpx.Limits(max_connections=1))
+
+
+async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, prompt_words: int,
+                    concurrency: int, progress: Progress) -> LevelResult:
+    n = config.num_requests or max(2 * concurrency, 4)
+    task = progress.add_task(f"P={prompt_words} C={concurrency}", total=config.warmup + n)
+    advance = lambda: progress.advance(task)  # noqa: E731
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(own_client(client)) for _ in range(concurrency)]
+        return await _measure_level(client, clients, config, model, prompt_words, concurrency, n, advance)
+
+
+async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncClient], config: BenchConfig,
+                         model: str, prompt_words: int, concurrency: int, n: int,
+                         advance: Callable[[], None]) -> LevelResult:
+    warm = await _run_pool(clients[:max(min(concurrency, config.warmup), 1)], config, model,
+                           range(-config.warmup, 0), concurrency, prompt_words, advance)
+    if failed := [r.error for r in warm if not r.ok]:
+        log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
+                    failed[0])
+    before = await server_latency_sums(client)
+    lags: list[float] = []
+    watch = asyncio.create_task(_watch_loop_lag(lags))
+    t0 = time.perf_counter()
+    try:
+        if config.client_processes > 1:
+            records, wall_s = await asyncio.to_thread(_run_in_processes, config, model, prompt_words, concurrency, n)
+            for _ in records:
+                advance()
+        else:
+            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, advance)
+            wall_s = time.perf_counter() - t0
+    finally:
+        watch.cancel()
+    level = summarize_level(concurrency, records, wall_s, prompt_words)
+    after = await server_latency_sums(client)
+    means = {name: (after[name][0] - before[name][0]) / count
+             for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
+    return replace(level, server_ttft_mean_s=means.get("engine_ttft_seconds"),
+                   server_ttfp_mean_s=means.get("engine_ttfp_seconds"),
+                   server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
+                   server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
+
+
+def _run_in_processes(config: BenchConfig, model: str, prompt_words: int, concurrency: int,
+                      n: int) -> tuple[list[RequestRecord], float]:
+    """The level's closed loop over `client_processes` processes: process p runs every P-th request with
+    its share of the C workers. All start together (a barrier, once every client is made); the wall
+    time runs from that start to the last one's end (perf_counter is one monotonic clock for all)."""
+    ctx = multiprocessing.get_context("spawn")
+    count = min(config.client_processes, concurrency)
+    start, results = ctx.Barrier(count + 1), ctx.Queue()
+    procs = [ctx.Process(target=_pool_process, daemon=True,
+                         args=(config, model, prompt_words, concurrency, list(range(p, n, count)),
+                               concurrency // count + (p < concurrency % count), start, results))
+             for p in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        try:
+            start.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            raise BenchError(f"{count} client processes did not all start within 120 s") from None
+        t0 = time.perf_counter()
+        parts: list[tuple[list[RequestRecord], float]] = []
+        while len(parts) < count:
+            try:
+                parts.append(results.get(timeout=1))
+            except queue.Empty:
+                if not any(proc.is_alive() for proc in procs) and results.empty():
+                    raise BenchError("a client process ended without its records") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    records = sorted((r for part, _ in parts for r in part), key=lambda r: r.index)
+    return records, max(end for _, end in parts) - t0
+
+
+def _pool_process(config: BenchConfig, model: str, prompt_words: int, concurrency: int, indices: list[int],
+                  workers: int, start: Any, results: Any) -> None:
+    async def run() -> tuple[list[RequestRecord], float]:
+        async with AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(httpx.AsyncClient(
+                base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
+                limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
+            await asyncio.to_thread(start.wait, 120)
+            records = await _run_pool(clients, config, model, indices, concurrency, prompt_words, lambda: None)
+            return records, time.perf_counter()
+
+    results.put(asyncio.run(run()))
+
+
+async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period_s)
+        lags.append(1000 * (time.perf_counter() - t - period_s))
+
+
+_LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
+                       "gateway_chat_ttfp_seconds")
+
+
+async def server_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's TTFT and TTFP histograms from its /metrics (the engine's, from
+    submit, and the gateway's, from the request's arrival); empty when it has none."""
+    try:
+        resp = await client.get("/metrics")
+        resp.raise_for_status()
+        families = list(text_string_to_metric_families(resp.text))
+    except (httpx.HTTPError, ValueError):
+        return {}
+    sums: dict[str, tuple[float, float]] = {}
+    for family in families:
+        if family.name in _LATENCY_HISTOGRAMS:
+            values = {sample.name: sample.value for sample in family.samples}
+            sums[family.name] = (values[f"{family.name}_sum"], values[f"{family.name}_count"])
+    return sums
+
+
+async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:
+    try:
+        resp = await client.get("/v1/models")
+        resp.raise_for_status()
+        return resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("GET /v1/models failed: %s", exc)
+        return None
+
+
+async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
+    """Run every level against the server at config.url; writes nothing."""
+    # trust_env=False: proxies from the environment would distort latency numbers.
+    async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
+                                 limits=httpx.Limits(max_connections=max(config.concurrency)),
+                                 trust_env=False) as client:
+        models = await fetch_models(client)
+        ids = [m.get("id") for m in (models or {}).get("data") or [] if isinstance(m, dict)]
+        model = config.model or next((i for i in ids if i), None)
+        if model is None:
+            raise BenchError(f"no --model given and {config.url}/v1/models listed none")
+        levels = []
+        with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
+            for prompt_words, concurrency in config.levels():
+                levels.append(await run_level(client, config, model, prompt_words, concurrency, progress))
+    cfg = asdict(replace(config, model=model))
+    for key in ("argv", "show_progress"):
+        cfg.pop(key)
+    return BenchResult(label=config.label, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       command=shlex.join(config.argv), config=cfg, machine=machine_info(),
+                       server_models=models, levels=levels)
+
+
+async def run_bench(config: BenchConfig) -> BenchResult:
+    result = await measure(config)
+    write_outputs(result, Path(config.out_dir))
+    return result
+
+
+def write_json(payload: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str) + "\n")
+    return path
+
+
+def write_outputs(result: BenchResult, out_dir: Path) -> tuple[Path, Path]:
+    json_path = write_json(asdict(result), out_dir / f"{result.label}.json")
+    png_path = plot_runs([(result.label, [asdict(lv) for lv in result.levels])], out_dir / f"{result.label}.png",
+                         title=f"voice-gateway bench: {result.label}")
+    log.info("wrote %s and %s", json_path, png_path)
+    return json_path, png_path
