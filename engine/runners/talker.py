@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.runners.code_predictor import CodePredictor
+from engine.runners.code_predictor import CodePredictor, TransformersCodePredictor
 from engine.runners.kv_cache import SlotBatch, SlotKVCache, cache_kwarg
 from engine.runners.replay import EAGER, StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
@@ -44,11 +44,12 @@ class TalkerRunner:
     """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps.
 
     `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]).
-    `predictor`: the 15 residual codebooks of a frame (engine/runners/code_predictor.py).
+    `predictor`: the 15 residual codebooks of a frame (engine/runners/code_predictor.py); by default
+    transformers' own modules, the eager reference.
     `decode_kernel` and `capture` as the Thinker runner's."""
 
     def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
-                 predictor: CodePredictor, decode_kernel: bool = False,
+                 predictor: CodePredictor | None = None, decode_kernel: bool = False,
                  capture: Callable[[TalkerRunner], StepGraphs] | None = None) -> None:
         self.talker = talker
         self.config = config
@@ -56,7 +57,7 @@ class TalkerRunner:
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.codec_embedding = talker.model.codec_embedding
-        self.predictor = predictor
+        self.predictor = predictor or TransformersCodePredictor(talker.code_predictor, self.codec_embedding)
         self.num_code_groups = tc.num_code_groups
         self.codec_eos_id = tc.codec_eos_token_id
         tk = config.thinker_config

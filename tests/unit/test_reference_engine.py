@@ -10,6 +10,7 @@ import pytest
 
 from engine import (
     AudioChunk,
+    Engine,
     EngineError,
     EngineRequest,
     Failed,
@@ -22,19 +23,19 @@ from engine import (
     create_engine,
     load_profile,
 )
-from engine.reference import ReferenceEngine
+from engine.reference import ReferenceCore
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_FRAMES = 6
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_checkpoint: Path, cache_dir: Path) -> ReferenceEngine:
-    profile = load_profile(REPO / "benchmarks/cpu-tiny/tiny-generate-baseline.yaml", platform="cpu",
+def engine(tiny_checkpoint: Path, cache_dir: Path) -> Engine:
+    profile = load_profile(model="tiny", platform="cpu", overrides={"backend": "transformers_generate"},
                            stage_overrides={"thinker": {"ignore_eos": True},
                                             "talker": {"max_frames": MAX_FRAMES, "ignore_eos": True}})
     engine = create_engine("tiny", profile, cache_dir)
-    assert isinstance(engine, ReferenceEngine)
+    assert isinstance(engine.core, ReferenceCore)  # type: ignore[attr-defined]
     return engine
 
 
@@ -43,11 +44,11 @@ def _request(rid: str, text: str = "hello there", **kw) -> EngineRequest:
     return EngineRequest(rid, (Message("user", (TextPart(text),)),), sampling=sampling, **kw)
 
 
-async def _events(engine: ReferenceEngine, request: EngineRequest) -> list:
+async def _events(engine: Engine, request: EngineRequest) -> list:
     return [event async for event in await engine.submit(request)]
 
 
-async def test_reply_arrives_whole_when_generate_returns(engine: ReferenceEngine) -> None:
+async def test_reply_arrives_whole_when_generate_returns(engine: Engine) -> None:
     await engine.start()
     try:
         events = await _events(engine, _request("r1"))
@@ -74,11 +75,11 @@ async def test_reply_arrives_whole_when_generate_returns(engine: ReferenceEngine
         await engine.stop()
 
 
-def _count(engine: ReferenceEngine, outcome: str) -> float:
+def _count(engine: Engine, outcome: str) -> float:
     return engine.registry.get_sample_value("engine_requests_total", {"outcome": outcome}) or 0.0
 
 
-async def test_abort_while_waiting_skips_the_request(engine: ReferenceEngine) -> None:
+async def test_abort_while_waiting_skips_the_request(engine: Engine) -> None:
     await engine.start()
     completed, aborted = _count(engine, "completed"), _count(engine, "aborted")
     try:
@@ -99,7 +100,7 @@ async def test_abort_while_waiting_skips_the_request(engine: ReferenceEngine) ->
         await engine.stop()
 
 
-async def test_bad_requests_are_refused_like_the_staged_engine(engine: ReferenceEngine) -> None:
+async def test_bad_requests_are_refused_like_the_staged_engine(engine: Engine) -> None:
     await engine.start()
     try:
         with pytest.raises(EngineError, match="unknown voice"):
@@ -116,9 +117,12 @@ async def test_bad_requests_are_refused_like_the_staged_engine(engine: Reference
 
 def test_profile_selects_the_backend(tmp_path: Path) -> None:
     assert load_profile(REPO / "configs/tiny.yaml", platform="cpu").backend == "staged"
-    baseline = load_profile(REPO / "benchmarks/h200/generate-baseline.yaml", platform="cuda")
-    assert (baseline.backend, baseline.load_format) == ("transformers_generate", "dummy")
-    assert (baseline.stages.thinker.ignore_eos, baseline.stages.talker.max_frames) == (True, 125)
+    baseline = load_profile(REPO / "configs/qwen3_omni_moe.yaml", platform="cuda",
+                            overrides={"backend": "transformers_generate", "engine": "in_process", "http_workers": 1})
+    assert baseline.backend == "transformers_generate" and baseline.runs_in_process
+    with pytest.raises(ProfileError, match="engine: the transformers_generate baseline runs in_process"):
+        load_profile(REPO / "configs/qwen3_omni_moe.yaml", platform="cuda",
+                     overrides={"backend": "transformers_generate"})
     bad = tmp_path / "bad.yaml"
     bad.write_text("backend: vllm\n")
     with pytest.raises(ProfileError, match="backend: must be one of staged, transformers_generate"):

@@ -24,7 +24,7 @@ def _compare(tiny_checkpoint: Path, device: str, compiled: bool, atol: float) ->
     hidden = loaded.config.thinker_config.text_config.hidden_size
     with torch.inference_mode():
         runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, hidden), max_batch=8, max_len=64)
-        static = StaticCodePredictor(runner.predictor, runner.codec_embedding, compiled=compiled)
+        static = StaticCodePredictor(loaded.model.code_predictor, runner.codec_embedding, compiled=compiled)
         gen = torch.Generator(device=device).manual_seed(0)
         for n in (1, 3, 8, 5):
             past = torch.randn(n, runner.codec_embedding.embedding_dim, device=device, generator=gen)
@@ -33,9 +33,10 @@ def _compare(tiny_checkpoint: Path, device: str, compiled: bool, atol: float) ->
             codes, total = static(past, code0, _rows(n, device))
             assert torch.equal(codes, expected_codes), n
             assert torch.allclose(total, expected_total, atol=atol), n
-        # the runner hands its passes to the static predictor once it has one
-        runner.static_predictor = static
-        assert torch.equal(runner.predict_residuals(past, code0, _rows(5, device))[0], codes)
+        # a runner built with the static predictor hands its passes to it
+        with_static = TalkerRunner(loaded.model, loaded.config, torch.randn(3, hidden), max_batch=8, max_len=64,
+                                   predictor=static)
+        assert torch.equal(with_static.predict_residuals(past, code0, _rows(5, device))[0], codes)
 
 
 def test_static_predictor_equals_transformers(tiny_checkpoint: Path) -> None:
@@ -74,8 +75,9 @@ def test_compiled_static_predictor_on_cuda(tiny_checkpoint: Path) -> None:
     loaded = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="float32")
     hidden = loaded.config.thinker_config.text_config.hidden_size
     with torch.inference_mode():
-        runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, hidden), max_batch=8, max_len=64)
-        runner.static_predictor = StaticCodePredictor(runner.predictor, runner.codec_embedding, compiled=True)
+        static = StaticCodePredictor(loaded.model.code_predictor, loaded.model.model.codec_embedding, compiled=True)
+        runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, hidden), max_batch=8, max_len=64,
+                              predictor=static)
         graphed = GraphedCodePredictor(runner, buckets=(1, 8))
         for n in (1, 5):
             past = torch.randn(n, runner.codec_embedding.embedding_dim, device="cuda")

@@ -80,16 +80,13 @@ def test_prefill_plan_splits_groups_into_captured_runs() -> None:
     assert plan_prefill(groups, [3] * 9) == [slice(0, 4), slice(4, 8), slice(8, 12)]
 
 
-def test_fine_prefill_buckets_pad_less() -> None:
-    from engine.accel.cuda_graphs import GROUP_TOKENS, _prefill_shapes, plan_prefill, prefill_bucket
+def test_prefill_buckets_pad_little() -> None:
+    """Buckets x1.5 apart in length and prompt count: a burst of 40 prompts of 44 tokens pads to
+    48 x 48 (2304 rows), where buckets x2 apart would pad it to 64 x 64 (4096)."""
+    from engine.accel.cuda_graphs import GROUP_TOKENS, PREFILL_BATCHES, PREFILL_LENGTHS, plan_prefill, prefill_bucket
 
-    def shapes(fine: bool) -> list[tuple[int, int]]:
-        sizes = _prefill_shapes(True, fine, 64)
-        return [(b, n) for b in sizes["batches"] for n in sizes["lengths"] if b == 1 or b * n <= GROUP_TOKENS]
-
+    shapes = [(b, n) for b in PREFILL_BATCHES for n in PREFILL_LENGTHS if b == 1 or b * n <= GROUP_TOKENS]
     lengths = [44] * 40  # a burst of the bench's prompts
-    assert plan_prefill(shapes(False), lengths) == plan_prefill(shapes(True), lengths) == [slice(0, 64)]
-    assert prefill_bucket(shapes(False), 40, 44) == (64, 64)
-    assert prefill_bucket(shapes(True), 40, 44) == (48, 48)  # 2304 rows, not 4096
-    assert prefill_bucket(shapes(True), 1, 100) == (1, 128) and prefill_bucket(shapes(True), 5, 20) == (6, 32)
-    assert _prefill_shapes(False, True, 64)["batches"] == (1,)
+    assert plan_prefill(shapes, lengths) == [slice(0, 64)]
+    assert prefill_bucket(shapes, 40, 44) == (48, 48)
+    assert prefill_bucket(shapes, 1, 100) == (1, 128) and prefill_bucket(shapes, 5, 20) == (6, 32)
