@@ -133,8 +133,11 @@ class RequestStream(Protocol):
 class Engine(Protocol):
     """What the network edge needs from the engine."""
 
-    info: ModelInfo
-    registry: CollectorRegistry
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
 
     async def submit(self, request: EngineRequest) -> RequestStream:
         """Start a request (raises EngineError when it cannot be taken); iterate the stream for its events."""

@@ -242,7 +242,7 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 
 
 def _coerce(hint: Any, value: Any, meta: Any, path: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, path)
     origin = typing.get_origin(hint)
     if origin is Literal:

@@ -257,8 +257,9 @@ def _load_checkpoint(source: ModelSource, device: str, dtype: str) -> Any:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     path = source.path
-    model, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+    loaded: Any = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         path, dtype=_DTYPES[dtype], output_loading_info=True)
+    model, info = loaded
     problems = {k: list(v)[:5] for k, v in info.items() if k != "error_msgs" and v}
     if problems:
         raise CheckpointMismatch(f"weights in {path} do not match the model: {problems}")

@@ -15,5 +15,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 pip install torch==2.13.0
 pip install -e '.[dev]'
-ruff check engine voice_gateway tests
+ruff check engine voice_gateway bench tests
+lint-imports  # the architecture's rules: pyproject.toml [tool.importlinter]
+mypy  # pyproject.toml [tool.mypy]
 exec python -m pytest "$@"

@@ -17,6 +17,7 @@ tests it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -218,10 +219,11 @@ def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
     return fused_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)
 
 
-def enable(model: torch.nn.Module) -> None:
+def enable(model: Any) -> None:
     """Register the implementation and make every experts module of `model` call it."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
+    module: Any
     for module in model.modules():
         if hasattr(module, "gate_up_proj"):
             layout_ok = (getattr(module, "has_gate", True) and not getattr(module, "has_bias", False)

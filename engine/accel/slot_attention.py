@@ -17,6 +17,8 @@ Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from engine.accel.triton_launch import dot_precision, launch_guard
@@ -126,7 +128,7 @@ def slot_attention_forward(module, query, key, value, attention_mask, scaling=No
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
-def enable(model: torch.nn.Module) -> None:
+def enable(model: Any) -> None:
     """Register the attention function and make `model` (a text decoder) call it."""
     from transformers import AttentionInterface
 

@@ -3,7 +3,7 @@
 transformers computes x + sin(x * e^alpha)^2 / (e^beta + eps) as five full-size bf16
 ops (scale, sin, square, scale, add), each reading and writing the whole activation;
 at batch 64 they were half of a 25-frame Code2Wav chunk's GPU time on the H200
-(benchmarks/h200/NOTES.md, session 7). Here each element is read once, computed in
+(docs/performance.md, kernels). Here each element is read once, computed in
 float32 and written once.
 
 `enable(code2wav)` points every SnakeBeta module's forward at the kernel. Runs on
@@ -13,6 +13,7 @@ the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it).
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, eps: fl
     return out
 
 
-def _fused_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+def _fused_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return snake_beta(hidden_states, self.alpha, self.beta, self.no_div_by_zero)
 
 

@@ -22,6 +22,7 @@ has no host sync, so `capture_graphs()` can also hold each bucket as a CUDA grap
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +49,7 @@ class StreamingCode2Wav:
     """Decodes chunks for up to `num_slots` concurrent replies, carrying state per slot."""
 
     def __init__(
-        self, code2wav: nn.Module, num_slots: int, *, batch_buckets: tuple[int, ...] = (),
+        self, code2wav: Any, num_slots: int, *, batch_buckets: tuple[int, ...] = (),
         frame_buckets: tuple[int, ...] = (),
     ) -> None:
         self.model = code2wav
@@ -177,7 +178,7 @@ class StreamingCode2Wav:
 
     # -- state routing --------------------------------------------------------------------
 
-    def _causal_conv(self, conv: _CausalConv, x: torch.Tensor, slots, fresh, valid) -> torch.Tensor:
+    def _causal_conv(self, conv: Any, x: torch.Tensor, slots, fresh, valid) -> torch.Tensor:
         if not conv.padding:
             return conv.conv(x)
         pool = self.conv_state[conv]
@@ -186,7 +187,7 @@ class StreamingCode2Wav:
         pool[slots] = _take(joined, valid, conv.padding)  # the last `padding` valid inputs
         return conv.conv(joined)
 
-    def _trans_conv(self, conv: _TransConv, x: torch.Tensor, slots, fresh, valid):
+    def _trans_conv(self, conv: Any, x: torch.Tensor, slots, fresh, valid):
         pool = self.conv_state[conv]
         previous = torch.where(fresh[:, None, None], 0, pool[slots])
         joined = torch.cat([previous, x], dim=-1)
@@ -198,12 +199,12 @@ class StreamingCode2Wav:
         out = torch.where(fresh[:, None, None], shifted, out)
         return out, valid * stride - fresh.long() * stride
 
-    def _convnext(self, block: hf.Qwen3OmniMoeConvNeXtBlock, x, slots, fresh, valid) -> torch.Tensor:
+    def _convnext(self, block: Any, x, slots, fresh, valid) -> torch.Tensor:
         h = self._causal_conv(block.dwconv, x, slots, fresh, valid).transpose(1, 2)
         h = block.pwconv2(block.act(block.pwconv1(block.norm(h))))
         return x + (block.gamma * h).transpose(1, 2)
 
-    def _decoder_block(self, block: hf.Qwen3OmniMoeCode2WavDecoderBlock, x, slots, fresh, valid):
+    def _decoder_block(self, block: Any, x, slots, fresh, valid):
         for layer in block.block:
             if isinstance(layer, _TransConv):
                 x, valid = self._trans_conv(layer, x, slots, fresh, valid)

@@ -8,7 +8,7 @@ torch.compile can fuse and a CUDA graph can capture (what CUDA-graph profiles ru
 transformers runs the predictor through a DynamicCache that grows by one key per pass,
 so every pass has new shapes, and each of its 5 layers launches ~55 small kernels: at
 batch 64 the 15 passes of one frame take 17 ms on an H200 for 0.6 ms of weight reads
-(benchmarks/h200/NOTES.md). Here every position runs the same step: one token per row
+(docs/performance.md). Here every position runs the same step: one token per row
 against a zeroed KV buffer of all 16 positions, masked past the current one. The math is
 transformers' (eager attention, its RMSNorm and RoPE, the same weights); q/k/v and
 gate/up are each one GEMM, over fused weights that the transformers modules keep as
@@ -70,7 +70,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _fuse(modules: list[torch.nn.Linear]) -> torch.Tensor:
+def _fuse(modules: list[Any]) -> torch.Tensor:
     """One weight for several Linear layers of the same input; the layers keep views into it."""
     fused = torch.cat([m.weight.detach() for m in modules])
     offset = 0
@@ -82,7 +82,7 @@ def _fuse(modules: list[torch.nn.Linear]) -> torch.Tensor:
 
 
 class _Layer:
-    def __init__(self, layer: torch.nn.Module) -> None:
+    def __init__(self, layer: Any) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         if any(m.bias is not None for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)):
             raise ValueError("static code predictor: attention biases are not supported")
@@ -98,7 +98,7 @@ class _Layer:
 class StaticCodePredictor:
     """predictor(past_hidden [B, H], code0 [B], rows) -> codes [B, G], summed codec embedding [B, H]."""
 
-    def __init__(self, predictor: Any, codec_embedding: torch.nn.Embedding, *, compiled: bool = False) -> None:
+    def __init__(self, predictor: Any, codec_embedding: Any, *, compiled: bool = False) -> None:
         config = predictor.config
         model = predictor.model
         if getattr(config, "sliding_window", None) and "sliding_attention" in (config.layer_types or ()):

@@ -97,7 +97,7 @@ class ThinkerRunner:
                 self._capturing = False
             last = torch.tensor([n - 1 for n in lengths], device=self.device)
             logits = self.thinker.lm_head(out[torch.arange(len(prompts), device=self.device), last])
-            hidden = self._captured[0] if want_hidden else None
+            hidden = self._captured[0] if want_hidden else None  # type: ignore[assignment]
         return [
             PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=hidden[b, :n] if want_hidden else None)
             for b, n in enumerate(lengths)

@@ -157,8 +157,8 @@ class Code2WavStage(Stage):
             past_frames=torch.tensor([s.decoded_frames for s, _ in to_decode]),
         )
         wav, valid = self.decoder.decode(batch)
-        wav, valid = wav.cpu(), valid.tolist()
-        return [wav[b, : valid[b]] for b in range(len(to_decode))]
+        host, lengths = wav.cpu(), valid.tolist()
+        return [host[b, : lengths[b]] for b in range(len(to_decode))]
 
     def _emit(self, seq: Code2WavSeq, sample_offset: int, samples: np.ndarray) -> None:
         seq.emitted_samples = sample_offset + len(samples)

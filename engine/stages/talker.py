@@ -49,8 +49,9 @@ class TalkerSeq:
     eos_fed: bool = False
     slot: int = -1
     position: int = 0
-    code0: torch.Tensor | None = None  # [] the next frame's codebook-0 id
-    past_hidden: torch.Tensor | None = None  # [H]
+    # set by the prefill, before the first decode step that reads them
+    code0: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [] the next frame's codebook-0 id
+    past_hidden: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [H]
     frames: int = 0
 
     @property

@@ -82,6 +82,7 @@ def load_stage(path: Path, stage: StageName, *, device: str, dtype: str) -> Load
     from transformers.utils import logging as hf_logging
 
     config = load_config(path)
+    cls: Any
     cls, sub_config = {
         "thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
         "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),

@@ -65,6 +65,7 @@ def build_dummy_stage(stage: str, *, device: str, dtype: str) -> tuple[torch.nn.
     )
 
     config = Qwen3OmniMoeConfig(**full_size_config_dict())
+    cls: Any
     cls, sub = {
         "thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
         "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
