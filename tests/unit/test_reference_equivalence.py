@@ -2,130 +2,39 @@
 
 Reference: `Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True)` on the
 same tiny checkpoint, greedy everywhere. Two requests of different lengths run
-concurrently in the engine, so their Talker and Code2Wav forwards are shared.
+concurrently in the engine, so their Talker and Code2Wav forwards are shared. The CUDA
+variants are in the GPU lane (tests/gpu/).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import importlib.util
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
+from equivalence import check_engine_equals_generate
 
-from engine import AudioChunk, EngineRequest, Finished, Message, SamplingParams, TextDelta, TextPart, create_engine
-from engine.profile import load_profile
-
-TEXT_TOKENS = 6
-FRAMES = 10
-PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour of the evening sea."]
-
-
-async def _run_engine(
-    cache_dir: Path, device: str, code2wav: dict, top: dict, replicas: int
-) -> list[tuple[list[int], list[int], list[np.ndarray], Finished]]:
-    """`top`: profile keys outside the stages (kernels, cuda_graphs, first_packet)."""
-    greedy = {"temperature": 0}
-    on = {"device": device}
-    ramp = code2wav.pop("ramp_frames", None)  # a chunk schedule, not a Code2Wav setting
-    profile = load_profile(
-        model="tiny",
-        platform="cpu",
-        stage_overrides={
-            "thinker": on,
-            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
-            "code2wav": {"device": device, "replicas": replicas, **code2wav},
-        },
-        overrides=top,
-    )
-    if ramp:
-        profile = dataclasses.replace(profile, async_chunk=dataclasses.replace(profile.async_chunk, ramp_frames=ramp))
-    engine = create_engine("tiny", profile, cache_dir)
-    await engine.start()
-
-    async def one(i: int, prompt: str):
-        request = EngineRequest(
-            f"r{i}", (Message("user", (TextPart(prompt),)),), True, "ethan", SamplingParams(max_tokens=TEXT_TOKENS, temperature=0)
-        )
-        stream = await engine.submit(request)
-        tokens, audio, finished = [], [], None
-        async for event in stream:
-            if isinstance(event, TextDelta):
-                tokens += event.token_ids
-            elif isinstance(event, AudioChunk):
-                audio.append(event.samples)
-            elif isinstance(event, Finished):
-                finished = event
-        return engine.admission.prompts.build(request.messages).token_ids, tokens, audio, finished
-
-    try:
-        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
-        if replicas > 1:  # the two replies went to different replicas of each stage
-            for name in ("talker.0", "talker.1", "code2wav.0", "code2wav.1"):
-                assert engine.registry.get_sample_value("engine_stage_batch_size_count", {"stage": name}), name
-        return results
-    finally:
-        await engine.stop()
-
-
-KERNELS = {"kernels": "triton"}
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on a CPU: interpreter only")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
-    ("device", "code2wav", "top", "replicas"),
+    ("code2wav", "top", "replicas"),
     [
-        ("cpu", {}, {}, 1),
-        ("cpu", {"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
-        ("cpu", {}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
-        ("cpu", {"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
+        ({}, {}, 1),
+        ({"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
+        ({}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
+        ({"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
         # the Thinker paced to the Talker, Code2Wav deferring replies ahead: who runs when, not what
-        ("cpu", {}, {"first_packet": {"text_lead": 2, "defer_ahead_s": 0.01}}, 1),
+        ({}, {"first_packet": {"text_lead": 2, "defer_ahead_s": 0.01}}, 1),
         # our Triton MoE and decode attention, in Triton's CPU interpreter
-        pytest.param("cpu", {}, KERNELS, 1, marks=[needs_triton, needs_interpreter]),
-        pytest.param("cuda", {}, {}, 1, marks=needs_cuda),
-        pytest.param("cuda", {}, KERNELS, 1, marks=[needs_cuda, needs_triton]),
-        # everything the GPU profile turns on: kernels, CUDA graphs (prefills alone and in groups, decode
-        # with compiled layers, the compiled code predictor, Code2Wav)
-        pytest.param("cuda", {}, {**KERNELS, "cuda_graphs": True}, 1, marks=[needs_cuda, needs_triton]),
+        pytest.param({}, {"kernels": "triton"}, 1, marks=[needs_triton, needs_interpreter]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-replicas", "cpu-chunk-ramp", "cpu-first-packet-policy",
-         "cpu-triton-kernels", "cuda", "cuda-triton-kernels", "cuda-graphs-kernels"],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-replicas", "cpu-chunk-ramp", "cpu-first-packet-policy", "cpu-triton-kernels"],
 )
 def test_engine_equals_transformers_generate(
-    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, top: dict, replicas: int
+    tiny_checkpoint: Path, cache_dir: Path, code2wav: dict, top: dict, replicas: int
 ) -> None:
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    ramp = code2wav.get("ramp_frames")
-    results = asyncio.run(_run_engine(cache_dir, device, dict(code2wav), top, replicas))
-    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
-    for prompt_ids, tokens, chunks, finished in results:
-        assert finished.timings.codec_frames == FRAMES
-        if ramp:  # 2 + 3 + 4 frames, then the last 1: four chunks with audio
-            assert len([c for c in chunks if c.size]) == 4
-        audio = np.concatenate(chunks)
-        with torch.inference_mode():
-            # transformers never feeds a reply's last token back, so it speaks one token less:
-            # ask it for one more to speak the same text.
-            sequences, wav = reference.generate(
-                torch.tensor([prompt_ids], device=device),
-                speaker="ethan",
-                thinker_max_new_tokens=TEXT_TOKENS + 1,
-                thinker_do_sample=False,
-                talker_do_sample=False,
-                talker_max_new_tokens=FRAMES + 1,
-                return_audio=True,
-            )
-        assert tokens == sequences[0, len(prompt_ids) : len(prompt_ids) + TEXT_TOKENS].tolist()
-        expected = wav.reshape(-1).cpu().numpy()
-        assert audio.shape == expected.shape
-        # GPU kernels (TF32 matmuls, other reduction orders) round differently from the CPU's
-        assert np.abs(audio - expected).max() <= (1e-4 if device == "cpu" else 2e-2)
+    check_engine_equals_generate(tiny_checkpoint, cache_dir, "cpu", code2wav, top, replicas)

@@ -1,4 +1,5 @@
-"""Graphed code predictor == eager code predictor, for the same inputs and seeds (GPU only; skipped on CPU)."""
+"""Graphed == eager: the code predictor, decode steps (with and without compiled layers) and prefills,
+for the same inputs and seeds (the GPU lane; skipped without CUDA)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.runners.replay import StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors
 from engine.runners.talker import TalkerRunner
 from engine.weights.checkpoint import load_stage
@@ -96,9 +98,10 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         # (3, 16), a fine bucket, holds it exactly
         for batches in ((1, 2, 4), (1, 2), (1, 2, 3)):
             runner.kv.keys[0].zero_()
-            runner.graphed_prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
-                                                    lengths=(16, 64), batches=batches, max_tokens=64)
-            assert (4, 64) not in runner.graphed_prefill.buckets  # over max_tokens
+            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
+                                     lengths=(16, 64), batches=batches, max_tokens=64)
+            runner.graphs = StepGraphs(prefill=prefill)
+            assert (4, 64) not in prefill.buckets  # over max_tokens
             graphed_outs = runner.prefill([1, 3, 5], group, [[], [], []], want_hidden=True)
             for graphed, expected in zip(graphed_outs, eager):
                 assert torch.equal(graphed.embeds, expected.embeds)
@@ -107,15 +110,15 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
                 assert rel(runner.kv.keys[0][real, :, :n], eager_keys[(real - 1) // 2, :, :n]) < 2e-2
             # the padding prompt wrote only the scratch slot
             assert not runner.kv.keys[0][[0, 2, 4, 6, 7]].any()
-        single = runner.prefill([6], [ids], [[]], want_hidden=True)[0]
+        single = runner.prefill([6], [ids], [[]], want_hidden=True)[0]  # replayed from the (1, 16) bucket
         assert rel(single.logits, eager[0].logits) < 2e-2
         assert runner.prefill([2], [ids * 5], [[]], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
 
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
         prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
         logits, hidden = talk.prefill([0, 2], prompts)
-        talk.graphed_prefill = GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype, (16, 32),
-                                              batches=(1, 2))
+        talk.graphs = StepGraphs(prefill=GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype,
+                                                        (16, 32), batches=(1, 2)))
         g_logits, g_hidden = talk.prefill([1, 3], prompts)
         for b in range(2):
             assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2
