@@ -26,10 +26,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engine import INPUT_SAMPLE_RATE_HZ
+from voice_gateway.admission import Refused, SessionSlot
 from voice_gateway.errors import APIError
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.session import Session
-from voice_gateway.realtime.ws import offered_api_key
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -119,9 +119,11 @@ class ReplyTrack(MediaStreamTrack):
 class Call:
     """One peer connection and its session: owns the tasks that move audio and events."""
 
-    def __init__(self, request: Request, pc: RTCPeerConnection, session: Session, cfg: WebRTCConfig) -> None:
+    def __init__(self, request: Request, pc: RTCPeerConnection, session: Session, slot: SessionSlot,
+                 cfg: WebRTCConfig) -> None:
         self.app = request.app
         self.pc = pc
+        self.slot = slot
         self.session = session
         self.cfg = cfg
         self.reply = ReplyTrack(session)
@@ -176,10 +178,8 @@ class Call:
         if self.closed.is_set():
             return
         self.closed.set()
-        state = self.app.state
-        state.sessions -= 1
-        state.calls.discard(self)
-        self.session.metrics.active_sessions.labels("webrtc").dec()
+        self.slot.release()
+        self.app.state.calls.discard(self)
         await self.session.close()
         for task in list(self.tasks):
             if task is not asyncio.current_task():
@@ -216,25 +216,29 @@ async def _gather_on(pc: RTCPeerConnection, addresses: tuple[str, ...]) -> None:
 
 @router.post("/v1/realtime/calls")
 async def create_call(request: Request, model: str | None = None) -> Response:
+    try:
+        slot = request.app.state.admission.admit("webrtc", request.headers.get("authorization"), (), model)
+    except Refused as refused:
+        raise refused.as_api_error() from None
+    try:
+        return await _answer(request, slot)
+    except BaseException:
+        slot.release()  # a refused offer was never a session; an answered one releases in Call.close
+        raise
+
+
+async def _answer(request: Request, slot: SessionSlot) -> Response:
     state = request.app.state
     gateway, engine, metrics, cfg = state.gateway, state.engine, state.gateway_metrics, state.webrtc
-    if gateway.api_key and offered_api_key(request.headers.get("authorization"), []) != gateway.api_key:
-        raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/sdp":
         raise APIError(415, "send the SDP offer with Content-Type: application/sdp", code="unsupported_media_type")
-    if model is not None and model != engine.info.model_id:
-        raise APIError(404, f"The model `{model}` does not exist; this server serves `{engine.info.model_id}`.",
-                       param="model", code="model_not_found")
-    if state.sessions >= gateway.max_sessions:
-        metrics.refused_sessions.labels("too_many_sessions").inc()
-        raise APIError(503, f"the server is at its limit of {gateway.max_sessions} sessions", code="too_many_sessions")
     offer = (await request.body()).decode(errors="replace")
     if "m=audio" not in offer:
         raise APIError(400, "the offer has no audio section", code="invalid_sdp")
 
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     session = Session(engine, gateway, ev.dialect_for(request.headers.get("openai-beta")), metrics, "webrtc")
-    call = Call(request, pc, session, cfg)
+    call = Call(request, pc, session, slot, cfg)
     pc.addTrack(call.reply)
     session.open()  # session.created waits in the outbox until the data channel opens
 
@@ -254,24 +258,26 @@ async def create_call(request: Request, model: str | None = None) -> Response:
 
         call.spawn(call.pump_events(channel))
 
-    @pc.on("connectionstatechange")
-    async def on_state() -> None:
-        log.info("call %s: peer connection %s", session.id, pc.connectionState)
-        if pc.connectionState in ("failed", "closed"):
-            await call.close()
-
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
         answer = await pc.createAnswer()
         if cfg.host_addresses:
             await _gather_on(pc, cfg.host_addresses)
         await pc.setLocalDescription(answer)
-    except (ValueError, AttributeError) as e:
+    # aiortc's SDP parser raises ValueError on missing fields, and asserts on lines it cannot split
+    except (ValueError, AttributeError, AssertionError) as e:
+        await session.close()
         await pc.close()
         raise APIError(400, f"could not use the SDP offer: {e}", code="invalid_sdp") from e
-    state.sessions += 1
+
+    # only now: a refused offer's pc.close() must not close a call that never began
+    @pc.on("connectionstatechange")
+    async def on_state() -> None:
+        log.info("call %s: peer connection %s", session.id, pc.connectionState)
+        if pc.connectionState in ("failed", "closed"):
+            await call.close()
+
     state.calls.add(call)
-    metrics.active_sessions.labels("webrtc").inc()
     call.spawn(call.watchdog())
     log.info("call %s: answered", session.id)
     return Response(pc.localDescription.sdp, status_code=201, media_type="application/sdp",

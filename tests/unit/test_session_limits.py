@@ -1,4 +1,4 @@
-"""Session edge cases driven directly (no socket): a reader that falls behind, and clearing WebRTC playback."""
+"""Session edge cases: a reader that falls behind, clearing WebRTC playback, and the concurrent-session count."""
 
 from __future__ import annotations
 
@@ -7,8 +7,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from engine import create_engine, load_profile
+from voice_gateway.admission import Admission, Refused
+from voice_gateway.app import create_app
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime.events import Dialect
@@ -75,3 +80,44 @@ async def test_output_audio_buffer_clear(tiny_checkpoint: Path, cache_dir: Path)
     assert out.cleared == 1
     cleared = _drain(webrtc)[-1]
     assert cleared["type"] == "output_audio_buffer.cleared" and cleared["response_id"] == "resp_playing"
+
+
+# Offers that pass the admission checks but that aiortc cannot use: a missing ICE ufrag, a line it cannot split.
+BAD_OFFERS = ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "m=audio garbage")
+
+
+def test_refused_webrtc_offers_give_back_only_the_place_they_took(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    with TestClient(create_app(engine, GatewayConfig(max_sessions=2))) as client:
+        for i in range(10):
+            answer = client.post("/v1/realtime/calls", content=BAD_OFFERS[i % 2],
+                                 headers={"content-type": "application/sdp"})
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_sdp", answer.text
+        assert client.get("/health").json()["active_sessions"] == 0
+        with client.websocket_connect("/v1/realtime") as first, client.websocket_connect("/v1/realtime") as second:
+            assert first.receive_json()["type"] == second.receive_json()["type"] == "session.created"
+            assert client.get("/health").json()["active_sessions"] == 2
+            with client.websocket_connect("/v1/realtime") as third:
+                error = third.receive_json()
+                assert error["type"] == "error" and error["error"]["code"] == "too_many_sessions"
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    third.receive_json()
+                assert closed.value.code == 1013
+            full = client.post("/v1/realtime/calls", content=BAD_OFFERS[0], headers={"content-type": "application/sdp"})
+            assert full.status_code == 503 and full.json()["error"]["code"] == "too_many_sessions"
+        assert client.get("/health").json()["active_sessions"] == 0
+
+
+def test_a_slot_is_released_once(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    admission = Admission(GatewayConfig(max_sessions=1), engine, GatewayMetrics())
+    slot = admission.acquire("test")
+    with pytest.raises(Refused) as refused:
+        admission.acquire("test")
+    assert refused.value.code == "too_many_sessions" and refused.value.status == 503
+    slot.release()
+    slot.release()
+    assert admission.active_sessions == 0
+    admission.acquire("test")
+    with pytest.raises(Refused):
+        admission.acquire("test")
