@@ -21,7 +21,7 @@ from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import install_error_handlers
 from voice_gateway.metrics import GatewayMetrics
-from voice_gateway.openai_chat import router as chat_router
+from voice_gateway.openai import router as openai_router
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
@@ -87,7 +87,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.add_middleware(StampArrival)
-    app.include_router(chat_router, dependencies=[Depends(require_api_key)])
+    app.include_router(openai_router, dependencies=[Depends(require_api_key)])
     app.include_router(realtime_router)
     app.include_router(webrtc_router)
 
@@ -104,7 +104,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
         }
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def prometheus() -> Response:
         text = generate_latest(engine.registry) + generate_latest(metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
