@@ -10,6 +10,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voice_gateway.admission import Refused
 from voice_gateway.realtime.events import ErrorDetail, ErrorEvent, dialect_for, serialize
+from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import Session
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ async def _read(ws: WebSocket, session: Session) -> None:
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
-        await session.handle(data)
+        await deliver(session, data)
 
 
 async def _write(ws: WebSocket, session: Session) -> None:
