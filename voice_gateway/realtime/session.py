@@ -36,6 +36,8 @@ _REPLY_TOKENS_RESERVE = 256
 
 
 class Session:
+    """Owns one connection's config, input buffer, turn taking, conversation, active response, sinks and outbox."""
+
     def __init__(
         self, engine: Engine, gateway: GatewayConfig, dialect: ev.Dialect, metrics: GatewayMetrics, transport: str,
         *, audio_on_track: bool = False,
@@ -192,7 +194,7 @@ class Session:
 
     async def _clear(self, event: ev.InputAudioClear) -> None:
         self.buffer.clear()
-        self.turns.item_id = None
+        self.turns.forget_segment()
         self.sender.event(ev.InputAudioCleared())
 
     async def _item_create(self, event: ev.ConversationItemCreate) -> None:

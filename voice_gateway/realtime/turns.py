@@ -44,3 +44,7 @@ class TurnTaking:
         """The id for the audio committed now: the speech in progress's, else a new one. The segment ends here."""
         item_id, self.item_id = self.item_id or new_item_id(), None
         return item_id
+
+    def forget_segment(self) -> None:
+        """The buffer was cleared: speech in progress will become a new item."""
+        self.item_id = None
