@@ -10,17 +10,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine import Engine, attach_engine
+from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.config import GatewayConfig
-from voice_gateway.errors import APIError, install_error_handlers
+from voice_gateway.errors import install_error_handlers
 from voice_gateway.metrics import GatewayMetrics
-from voice_gateway.openai_chat import router as chat_router
+from voice_gateway.openai import router as openai_router
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
@@ -59,13 +60,8 @@ def worker_app() -> FastAPI:
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:
     gateway = gateway or GatewayConfig()
-
-    async def require_api_key(request: Request) -> None:
-        if gateway.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if header[:7].lower() != "bearer " or header[7:].strip() != gateway.api_key:
-            raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
+    metrics = GatewayMetrics()
+    admission = Admission(gateway, engine, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,32 +80,32 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app = FastAPI(title="voice-gateway", lifespan=lifespan)
     app.state.engine = engine
     app.state.gateway = gateway
-    app.state.gateway_metrics = GatewayMetrics()
-    app.state.sessions = 0
+    app.state.gateway_metrics = metrics
+    app.state.admission = admission
     app.state.webrtc = webrtc or WebRTCConfig()
     app.state.calls = set()
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.add_middleware(StampArrival)
-    app.include_router(chat_router, dependencies=[Depends(require_api_key)])
+    app.include_router(openai_router, dependencies=[Depends(require_api_key)])
     app.include_router(realtime_router)
     app.include_router(webrtc_router)
 
     @app.get("/health")
-    async def health(request: Request) -> dict:
+    async def health() -> dict:
         info = engine.info
         return {
             "status": "ok",
             "model": info.model_id,
             "random_weights": info.is_random_weights,
             "active_requests": engine.num_active_requests(),
-            "active_sessions": app.state.sessions,
+            "active_sessions": admission.active_sessions,
             "stage_load": engine.stage_load(),
         }
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        text = generate_latest(engine.registry) + generate_latest(app.state.gateway_metrics.registry)
+    async def prometheus() -> Response:
+        text = generate_latest(engine.registry) + generate_latest(metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     if WEB_DIR.is_dir():

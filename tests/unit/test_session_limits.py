@@ -1,4 +1,4 @@
-"""Session edge cases driven directly (no socket): a reader that falls behind, and clearing WebRTC playback."""
+"""Session edge cases: a reader that falls behind, clearing WebRTC playback, and the concurrent-session count."""
 
 from __future__ import annotations
 
@@ -7,11 +7,20 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from engine import create_engine, load_profile
+from voice_gateway.admission import Admission, Refused
+from voice_gateway.app import create_app
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.realtime.audio_sinks import TrackSink
 from voice_gateway.realtime.events import Dialect
+from voice_gateway.realtime.frames import deliver
+from voice_gateway.realtime.outbox import Outbox
+from voice_gateway.realtime.sender import EventSender
 from voice_gateway.realtime.session import Session
 
 
@@ -22,19 +31,6 @@ def _drain(session: Session) -> list[dict]:
     return out
 
 
-class RecordingOut:
-    def __init__(self) -> None:
-        self.playing: str | None = "resp_playing"
-        self.cleared = 0
-
-    def push(self, samples: np.ndarray, response_id: str) -> None:
-        self.playing = response_id
-
-    def clear(self) -> None:
-        self.cleared += 1
-        self.playing = None
-
-
 async def test_a_reader_that_falls_behind_gets_slow_consumer(tiny_checkpoint: Path, cache_dir: Path) -> None:
     engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
     await engine.start()
@@ -42,9 +38,9 @@ async def test_a_reader_that_falls_behind_gets_slow_consumer(tiny_checkpoint: Pa
         # nobody drains this outbox: the reply's audio cannot be queued
         session = Session(engine, GatewayConfig(send_queue_messages=16), Dialect.GA, GatewayMetrics(), "test")
         session.open()
-        await session.handle(json.dumps({"type": "conversation.item.create", "item": {
+        await deliver(session, json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}}))
-        await session.handle(json.dumps({"type": "response.create"}))
+        await deliver(session, json.dumps({"type": "response.create"}))
         assert session.response is not None and session.response.task is not None
         await asyncio.wait_for(session.response.task, 60)
         events = _drain(session)
@@ -65,13 +61,85 @@ async def test_a_reader_that_falls_behind_gets_slow_consumer(tiny_checkpoint: Pa
 async def test_output_audio_buffer_clear(tiny_checkpoint: Path, cache_dir: Path) -> None:
     engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
     websocket = Session(engine, GatewayConfig(), Dialect.GA, GatewayMetrics(), "websocket")
-    await websocket.handle(json.dumps({"type": "output_audio_buffer.clear", "event_id": "evt_1"}))
+    await deliver(websocket, json.dumps({"type": "output_audio_buffer.clear", "event_id": "evt_1"}))
     error = _drain(websocket)[-1]
     assert error["type"] == "error" and error["error"]["event_id"] == "evt_1"
 
-    webrtc = Session(engine, GatewayConfig(), Dialect.GA, GatewayMetrics(), "webrtc")
-    webrtc.audio_out = out = RecordingOut()
-    await webrtc.handle(json.dumps({"type": "output_audio_buffer.clear"}))
-    assert out.cleared == 1
-    cleared = _drain(webrtc)[-1]
-    assert cleared["type"] == "output_audio_buffer.cleared" and cleared["response_id"] == "resp_playing"
+    webrtc = Session(engine, GatewayConfig(), Dialect.GA, GatewayMetrics(), "webrtc", audio_on_track=True)
+    track = webrtc.track
+    assert track is not None
+    track.begin("resp_playing", "item_1")
+    track.write(np.full(4800, 0.1, np.float32))  # 200 ms, finished generating but still playing out
+    track.finish()
+    assert track.next_frame().any() and track.playing == "resp_playing"
+    await deliver(webrtc, json.dumps({"type": "output_audio_buffer.clear"}))
+    assert track.playing is None and not track.next_frame().any()
+    events = _drain(webrtc)
+    assert [e["type"] for e in events] == ["output_audio_buffer.started", "output_audio_buffer.cleared"]
+    assert events[-1]["response_id"] == "resp_playing"
+
+
+def test_a_track_says_when_each_reply_starts_and_stops_playing() -> None:
+    sender = EventSender(Outbox(64), Dialect.GA)
+    track = TrackSink(sender)
+    track.begin("resp_1", "item_1")
+    track.write(np.full(2400, 0.1, np.float32))  # 100 ms at 24 kHz: 5 frames
+    assert track.next_frame().any() and track.playing == "resp_1"
+    for _ in range(10):  # the reply is still generating: running short is not the end
+        track.next_frame()
+    assert track.playing == "resp_1"
+    track.finish()
+    track.next_frame()
+    track.begin("resp_2", "item_2")
+    track.write(np.full(480, 0.1, np.float32))  # shorter than the resampler's delay: finish brings it out
+    track.finish()
+    for _ in range(10):
+        track.next_frame()
+    assert track.playing is None
+    events = []
+    while (payload := sender.outbox.get_nowait()) is not None:
+        events.append(json.loads(payload))
+    assert [(e["type"], e["response_id"]) for e in events] == [
+        ("output_audio_buffer.started", "resp_1"), ("output_audio_buffer.stopped", "resp_1"),
+        ("output_audio_buffer.started", "resp_2"), ("output_audio_buffer.stopped", "resp_2")]
+
+
+# Offers that pass the admission checks but that aiortc cannot use: a missing ICE ufrag, a line it cannot split.
+BAD_OFFERS = ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "m=audio garbage")
+
+
+def test_refused_webrtc_offers_give_back_only_the_place_they_took(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    with TestClient(create_app(engine, GatewayConfig(max_sessions=2))) as client:
+        for i in range(10):
+            answer = client.post("/v1/realtime/calls", content=BAD_OFFERS[i % 2],
+                                 headers={"content-type": "application/sdp"})
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_sdp", answer.text
+        assert client.get("/health").json()["active_sessions"] == 0
+        with client.websocket_connect("/v1/realtime") as first, client.websocket_connect("/v1/realtime") as second:
+            assert first.receive_json()["type"] == second.receive_json()["type"] == "session.created"
+            assert client.get("/health").json()["active_sessions"] == 2
+            with client.websocket_connect("/v1/realtime") as third:
+                error = third.receive_json()
+                assert error["type"] == "error" and error["error"]["code"] == "too_many_sessions"
+                with pytest.raises(WebSocketDisconnect) as closed:
+                    third.receive_json()
+                assert closed.value.code == 1013
+            full = client.post("/v1/realtime/calls", content=BAD_OFFERS[0], headers={"content-type": "application/sdp"})
+            assert full.status_code == 503 and full.json()["error"]["code"] == "too_many_sessions"
+        assert client.get("/health").json()["active_sessions"] == 0
+
+
+def test_a_slot_is_released_once(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    admission = Admission(GatewayConfig(max_sessions=1), engine, GatewayMetrics())
+    slot = admission.acquire("test")
+    with pytest.raises(Refused) as refused:
+        admission.acquire("test")
+    assert refused.value.code == "too_many_sessions" and refused.value.status == 503
+    slot.release()
+    slot.release()
+    assert admission.active_sessions == 0
+    admission.acquire("test")
+    with pytest.raises(Refused):
+        admission.acquire("test")

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from voice_gateway.audio.wav import float_to_pcm16
-from voice_gateway.openai_chat import ChunkWriter
+from voice_gateway.openai.sse import ChunkWriter
 
 
 def _event(raw: bytes) -> dict:

@@ -11,6 +11,9 @@ import numpy as np
 import soxr
 
 from engine import INPUT_SAMPLE_RATE_HZ
+from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_decode, ulaw_decode
+from voice_gateway.audio.wav import pcm16_to_float
+from voice_gateway.realtime.events import AudioFormat
 
 _SAMPLES_PER_MS = INPUT_SAMPLE_RATE_HZ // 1000
 
@@ -46,6 +49,13 @@ class InputAudioBuffer:
             self._resampler = soxr.ResampleStream(rate_hz, INPUT_SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
             self._resampler_rate = rate_hz
         return self._resampler.resample_chunk(samples.astype(np.float32, copy=False))
+
+    def decode(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
+        """Client audio in `fmt` (PCM16 at 24 kHz, or G.711 at 8 kHz) as 16 kHz float32; ValueError if malformed."""
+        if fmt is AudioFormat.PCM16:
+            return self.to_16k(pcm16_to_float(data), 24_000)
+        decode = ulaw_decode if fmt is AudioFormat.G711_ULAW else alaw_decode
+        return self.to_16k(decode(data), G711_SAMPLE_RATE_HZ)
 
     def append(self, samples_16k: np.ndarray) -> None:
         if self._size + samples_16k.size > self.max_samples:

@@ -8,51 +8,37 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from voice_gateway.realtime.events import dialect_for
+from voice_gateway.admission import Refused
+from voice_gateway.realtime.events import ErrorDetail, ErrorEvent, dialect_for, serialize
+from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import Session
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-_SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 CLOSE_POLICY, CLOSE_TRY_AGAIN = 1008, 1013
-
-
-def offered_api_key(authorization: str | None, subprotocols: list[str]) -> str | None:
-    """The key from `Authorization: Bearer` or, for browsers, the `openai-insecure-api-key.` subprotocol."""
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    for proto in subprotocols:
-        if proto.startswith(_SUBPROTOCOL_KEY_PREFIX):
-            return proto[len(_SUBPROTOCOL_KEY_PREFIX) :]
-    return None
 
 
 @router.websocket("/v1/realtime")
 async def realtime(ws: WebSocket, model: str | None = None) -> None:
     state = ws.app.state
-    gateway, engine, metrics = state.gateway, state.engine, state.gateway_metrics
+    gateway, engine, metrics, admission = state.gateway, state.engine, state.gateway_metrics, state.admission
     subprotocols = ws.scope.get("subprotocols", [])
-    if gateway.api_key and offered_api_key(ws.headers.get("authorization"), subprotocols) != gateway.api_key:
-        metrics.refused_sessions.labels("unauthorized").inc()
-        await ws.close(code=CLOSE_POLICY, reason="invalid or missing API key")
-        return
-    # Browsers must see one of their offered subprotocols echoed back, or they drop the socket.
-    chosen = next((p for p in subprotocols if p == "realtime"), subprotocols[0] if subprotocols else None)
-    await ws.accept(subprotocol=chosen)
-    session = Session(engine, gateway, dialect_for(ws.headers.get("openai-beta")), metrics, "websocket")
-    if model is not None and model != engine.info.model_id:
-        await _refuse(ws, session, "model_not_found", f"this server serves {engine.info.model_id!r}, not {model!r}")
-        return
-    if state.sessions >= gateway.max_sessions:
-        metrics.refused_sessions.labels("too_many_sessions").inc()
-        await _refuse(ws, session, "too_many_sessions", f"the server is at its limit of {gateway.max_sessions} sessions")
-        return
-    state.sessions += 1
-    metrics.active_sessions.labels("websocket").inc()
-    session.open()
-    writer = asyncio.create_task(_write(ws, session))
     try:
+        slot = admission.admit("websocket", ws.headers.get("authorization"), subprotocols, model)
+    except Refused as refused:
+        if refused.code == "invalid_api_key":
+            await ws.close(code=CLOSE_POLICY, reason="invalid or missing API key")  # before accept: HTTP 403
+        else:
+            metrics.protocol_errors.labels(refused.code).inc()
+            await _refuse(ws, subprotocols, refused)
+        return
+    session = Session(engine, gateway, dialect_for(ws.headers.get("openai-beta")), metrics, "websocket")
+    writer: asyncio.Task[None] | None = None
+    try:
+        await ws.accept(subprotocol=_chosen_subprotocol(subprotocols))
+        session.open()
+        writer = asyncio.create_task(_write(ws, session))
         async with asyncio.timeout(gateway.max_session_s):
             await _read(ws, session)
     except TimeoutError:
@@ -60,14 +46,19 @@ async def realtime(ws: WebSocket, model: str | None = None) -> None:
     except WebSocketDisconnect:
         pass
     finally:
-        state.sessions -= 1
-        metrics.active_sessions.labels("websocket").dec()
+        slot.release()
         await session.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(writer, timeout=2)
-        writer.cancel()
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(writer, timeout=2)
+            writer.cancel()
         with contextlib.suppress(Exception):
             await ws.close()
+
+
+def _chosen_subprotocol(subprotocols: list[str]) -> str | None:
+    # Browsers must see one of their offered subprotocols echoed back, or they drop the socket.
+    return next((p for p in subprotocols if p == "realtime"), subprotocols[0] if subprotocols else None)
 
 
 async def _read(ws: WebSocket, session: Session) -> None:
@@ -78,7 +69,7 @@ async def _read(ws: WebSocket, session: Session) -> None:
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
-        await session.handle(data)
+        await deliver(session, data)
 
 
 async def _write(ws: WebSocket, session: Session) -> None:
@@ -89,8 +80,11 @@ async def _write(ws: WebSocket, session: Session) -> None:
             await ws.send_text(payload)
 
 
-async def _refuse(ws: WebSocket, session: Session, code: str, message: str) -> None:
-    session.error(code, message)
-    while (payload := session.outbox.get_nowait()) is not None:
-        await ws.send_text(payload)  # type: ignore[arg-type]
-    await ws.close(code=CLOSE_TRY_AGAIN if code == "too_many_sessions" else CLOSE_POLICY, reason=message[:120])
+async def _refuse(ws: WebSocket, subprotocols: list[str], refused: Refused) -> None:
+    """Accept only to say why in an `error` event, then close: 1013 (try again later) when full, else 1008."""
+    await ws.accept(subprotocol=_chosen_subprotocol(subprotocols))
+    error = ErrorEvent(error=ErrorDetail(code=refused.code, message=refused.message, param=refused.param))
+    await ws.send_text(serialize(error, dialect_for(ws.headers.get("openai-beta"))) or "")
+    log.info("websocket refused (%s): %s", refused.code, refused.message)
+    code = CLOSE_TRY_AGAIN if refused.code == "too_many_sessions" else CLOSE_POLICY
+    await ws.close(code=code, reason=refused.message[:120])

@@ -1,4 +1,4 @@
-"""Pydantic models of the OpenAI chat-completions request we accept (parsed here only)."""
+"""The chat-completions request we accept, as pydantic models (parsed here only)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,161 @@
+"""POST /v1/chat/completions: OpenAI's request in, the reply collected as one JSON object or streamed as SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine import (
+    INPUT_SAMPLE_RATE_HZ,
+    SAMPLE_RATE_HZ,
+    AudioChunk,
+    AudioPart,
+    Engine,
+    EngineError,
+    EngineRequest,
+    Failed,
+    Finished,
+    Message,
+    RequestStream,
+    SamplingParams,
+    TextDelta,
+    TextPart,
+)
+from voice_gateway.admission import Refused, admission_of
+from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
+from voice_gateway.errors import APIError
+from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent
+from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, stream_chunks
+from voice_gateway.openai.usage import chat_usage
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
+    engine: Engine = request.app.state.engine
+    try:
+        admission_of(request).check_model(body.model)
+    except Refused as refused:
+        raise refused.as_api_error() from None
+    modalities = body.modalities or ["text"]
+    if modalities not in (["text"], ["text", "audio"], ["audio", "text"]):
+        raise APIError(400, "modalities must be [\"text\"] or [\"text\", \"audio\"]", param="modalities")
+    want_audio = "audio" in modalities
+    audio_format = body.audio.format if body.audio else ("pcm16" if body.stream else "wav")
+    if want_audio and body.stream and audio_format != "pcm16":
+        raise APIError(400, "streamed audio is always pcm16: set audio.format to \"pcm16\"", param="audio.format")
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    engine_request = EngineRequest(
+        request_id=request_id,
+        messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
+        want_audio=want_audio,
+        speaker=body.audio.voice if body.audio else None,
+        sampling=SamplingParams(
+            max_tokens=body.max_completion_tokens or body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+        ),
+    )
+    try:
+        stream = await engine.submit(engine_request)
+    except EngineError as e:
+        raise APIError(400, str(e), code=e.code) from e
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        received_at = getattr(request.state, "received_at", time.perf_counter())
+        return StreamingResponse(
+            stream_chunks(stream, body.model, want_audio, include_usage,
+                          FirstChunks(received_at, request.app.state.gateway_metrics)),
+            media_type="text/event-stream",
+        )
+    watcher = asyncio.create_task(_abort_on_disconnect(request, stream))
+    try:
+        return await _collect(stream, body.model, want_audio, audio_format)
+    finally:
+        watcher.cancel()
+
+
+async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
+    """A non-streaming client that hangs up should not keep the engine busy."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.1)
+    log.info("client of %s went away", stream.request_id)
+    await stream.aclose()
+
+
+def _message(message: ChatMessage, index: int) -> Message:
+    role = {"developer": "system", "tool": "user"}.get(message.role, message.role)
+    if message.content is None:
+        return Message(role, ())  # type: ignore[arg-type]
+    if isinstance(message.content, str):
+        return Message(role, (TextPart(message.content),))  # type: ignore[arg-type]
+    parts: list[TextPart | AudioPart] = []
+    for j, part in enumerate(message.content):
+        if isinstance(part, InputAudioContent):
+            parts.append(AudioPart(_decode_input_audio(part, f"messages.{index}.content.{j}.input_audio")))
+        else:
+            parts.append(TextPart(part.text))
+    return Message(role, tuple(parts))  # type: ignore[arg-type]
+
+
+def _decode_input_audio(part: InputAudioContent, param: str) -> np.ndarray:
+    try:
+        raw = base64.b64decode(part.input_audio.data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise APIError(400, f"{param}.data is not valid base64", param=f"{param}.data") from e
+    try:
+        return decode_audio(raw, part.input_audio.format, to_hz=INPUT_SAMPLE_RATE_HZ)
+    except AudioDecodeError as e:
+        raise APIError(400, f"{param}: {e}", param=param, code="invalid_audio") from e
+
+
+async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_format: str) -> JSONResponse:
+    text: list[str] = []
+    audio: list[np.ndarray] = []
+    finished: Finished | None = None
+    try:
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, AudioChunk):
+                audio.append(event.samples)
+            elif isinstance(event, Finished):
+                finished = event
+            elif isinstance(event, Failed):
+                raise APIError(500, f"generation failed: {event.reason}", type="server_error")
+    finally:
+        await stream.aclose()
+    assert finished is not None
+    transcript = "".join(text)
+    message: dict[str, Any] = {"role": "assistant", "content": transcript, "refusal": None}
+    if want_audio:
+        samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
+        message["content"] = None
+        message["audio"] = {
+            "id": f"audio_{uuid.uuid4().hex}",
+            "data": base64.b64encode(encode_audio(samples, SAMPLE_RATE_HZ, audio_format)).decode(),
+            "expires_at": int(time.time()) + AUDIO_TTL_S,
+            "transcript": transcript,
+        }
+    return JSONResponse(
+        {
+            "id": stream.request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finished.finish_reason, "logprobs": None}],
+            "usage": chat_usage(finished),
+        }
+    )

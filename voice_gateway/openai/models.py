@@ -1,0 +1,29 @@
+"""GET /v1/models: the one model this server serves, in OpenAI's list shape, with what our clients want to know."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    info = request.app.state.engine.info
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": info.model_id,
+                "object": "model",
+                "created": request.app.state.started_at,
+                "owned_by": "voice-gateway",
+                "description": info.description,
+                "random_weights": info.is_random_weights,
+                "max_model_len": info.max_model_len,
+                "voices": list(info.speakers),
+            }
+        ],
+    }

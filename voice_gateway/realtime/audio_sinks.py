@@ -1,0 +1,190 @@
+"""Where a session's reply audio goes: one sink per output format, chosen once, fed 24 kHz float32 by the runner.
+
+PCM16 and G.711 leave as `response.output_audio.delta` events, Opus as binary packets (our extension), and a
+WebRTC call's audio as 20 ms frames that its media track pulls in real time. A response's audio is
+`begin` -> `write`* -> `finish` (all of it was written: send what is buffered), or `cancel` (drop what has
+not left yet). Event sinks' `write` and `finish` raise OutboxFull when the client does not read fast enough.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import soxr
+
+from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_encode, ulaw_encode
+from voice_gateway.audio.opus import OpusStream
+from voice_gateway.audio.wav import float_to_pcm16
+from voice_gateway.realtime import events as ev
+from voice_gateway.realtime.sender import EventSender
+
+REPLY_RATE_HZ = 24_000
+TRACK_RATE_HZ = 48_000
+TRACK_FRAME_SAMPLES = 960  # 20 ms at 48 kHz
+
+
+class AudioSink(Protocol):
+    def begin(self, response_id: str, item_id: str) -> None: ...
+
+    def write(self, samples: np.ndarray) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def cancel(self) -> int:
+        """Drop the current response's audio that has not left; returns how many queued messages went."""
+        ...
+
+
+class _EventSink:
+    """Shared by the event formats: which response is writing, and dropping its queued audio on cancel."""
+
+    def __init__(self, sender: EventSender) -> None:
+        self.sender = sender
+        self.response_id = ""
+        self.item_id = ""
+
+    def begin(self, response_id: str, item_id: str) -> None:
+        self.response_id, self.item_id = response_id, item_id
+
+    def _delta(self, data: bytes) -> None:
+        delta = ev.OutputAudioDelta(response_id=self.response_id, item_id=self.item_id, delta=data)
+        self.sender.event(delta, self.response_id)
+
+    def finish(self) -> None:
+        pass
+
+    def cancel(self) -> int:
+        return self.sender.drop(self.response_id)
+
+
+class Pcm16Sink(_EventSink):
+    """`response.output_audio.delta` events of 16-bit little-endian PCM at 24 kHz (OpenAI's default)."""
+
+    def write(self, samples: np.ndarray) -> None:
+        self._delta(float_to_pcm16(samples))
+
+
+class G711Sink(_EventSink):
+    """`response.output_audio.delta` events of µ-law or A-law at 8 kHz; a stream resampler per response."""
+
+    def __init__(self, sender: EventSender, encode: Callable[[np.ndarray], bytes]) -> None:
+        super().__init__(sender)
+        self._encode = encode
+        self._resampler = self._new_resampler()
+
+    @staticmethod
+    def _new_resampler() -> soxr.ResampleStream:
+        return soxr.ResampleStream(REPLY_RATE_HZ, G711_SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
+
+    def begin(self, response_id: str, item_id: str) -> None:
+        super().begin(response_id, item_id)
+        self._resampler = self._new_resampler()
+
+    def write(self, samples: np.ndarray) -> None:
+        self._delta(self._encode(self._resampler.resample_chunk(samples.astype(np.float32))))
+
+
+class OpusSink(_EventSink):
+    """Binary messages of one 20 ms Opus packet each (`audio/opus.py` frames them); counters run across responses."""
+
+    def __init__(self, sender: EventSender, bitrate_bps: int) -> None:
+        super().__init__(sender)
+        self._opus = OpusStream(bitrate_bps=bitrate_bps)
+
+    def begin(self, response_id: str, item_id: str) -> None:
+        super().begin(response_id, item_id)
+        self._opus.start_response()  # drops a cancelled response's partial frame
+
+    def write(self, samples: np.ndarray) -> None:
+        for packet in self._opus.encode(samples):
+            self.sender.binary(packet.pack(), self.response_id)
+
+    def finish(self) -> None:
+        for packet in self._opus.flush():
+            self.sender.binary(packet.pack(), self.response_id)
+
+
+def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) -> AudioSink:
+    """The sink for a WebSocket session's output format."""
+    if fmt is ev.AudioFormat.OPUS:
+        return OpusSink(sender, opus_bitrate_bps)
+    if fmt is ev.AudioFormat.G711_ULAW:
+        return G711Sink(sender, ulaw_encode)
+    if fmt is ev.AudioFormat.G711_ALAW:
+        return G711Sink(sender, alaw_encode)
+    return Pcm16Sink(sender)
+
+
+class TrackSink:
+    """A WebRTC call's reply audio, queued at 48 kHz for its media track to pull as 20 ms frames.
+
+    Owns the queue and which response is on the wire (`playing`); it says so with
+    `output_audio_buffer.started` when a response's first frame leaves and `.stopped` once a finished
+    response has played out. The track calls `next_frame` every 20 ms; cancel empties the queue at once.
+    """
+
+    def __init__(self, sender: EventSender) -> None:
+        self.sender = sender
+        self.playing: str | None = None
+        self._queue: deque[tuple[str, np.ndarray]] = deque()
+        self._pending = np.zeros(0, np.float32)
+        self._pending_id: str | None = None
+        self._writing: str | None = None
+        self._finished: set[str] = set()  # responses whose audio is all queued
+        self._resampler = self._new_resampler()
+
+    @staticmethod
+    def _new_resampler() -> soxr.ResampleStream:
+        return soxr.ResampleStream(REPLY_RATE_HZ, TRACK_RATE_HZ, 1, dtype="float32", quality="HQ")
+
+    def begin(self, response_id: str, item_id: str) -> None:
+        self._writing = response_id
+        self._resampler = self._new_resampler()
+
+    def write(self, samples: np.ndarray) -> None:
+        assert self._writing is not None, "write before begin"
+        self._queue.append((self._writing, self._resampler.resample_chunk(samples.astype(np.float32))))
+
+    def finish(self) -> None:
+        if self._writing is not None:
+            # the resampler holds back its filter's delay until told the stream ends
+            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            self._queue.append((self._writing, tail))
+            self._finished.add(self._writing)
+
+    def cancel(self) -> int:
+        dropped = len(self._queue) + (self._pending.size > 0)
+        self._queue.clear()
+        self._pending, self._pending_id = np.zeros(0, np.float32), None
+        self._finished.clear()
+        self.playing = None
+        return dropped
+
+    def next_frame(self) -> np.ndarray:
+        """The next 20 ms at 48 kHz, float32, padded with silence when the queue runs short."""
+        frame_id = self._pending_id if self._pending.size else (self._queue[0][0] if self._queue else None)
+        while self._pending.size < TRACK_FRAME_SAMPLES and self._queue:
+            self._pending_id, chunk = self._queue.popleft()
+            self._pending = np.concatenate([self._pending, chunk])
+        frame, self._pending = self._pending[:TRACK_FRAME_SAMPLES], self._pending[TRACK_FRAME_SAMPLES:]
+        self._note_playback(frame_id if frame.size else None)
+        if frame.size < TRACK_FRAME_SAMPLES:
+            frame = np.concatenate([frame, np.zeros(TRACK_FRAME_SAMPLES - frame.size, np.float32)])
+        return frame
+
+    def _note_playback(self, response_id: str | None) -> None:
+        if response_id is not None and response_id != self.playing:
+            self._stopped()
+            self.playing = response_id
+            self.sender.event(ev.OutputAudioBufferStarted(response_id=response_id))
+        elif response_id is None and self.playing in self._finished:
+            self._stopped()  # an unfinished response that runs short is still playing: more audio is coming
+
+    def _stopped(self) -> None:
+        if self.playing is not None:
+            self._finished.discard(self.playing)
+            self.sender.event(ev.OutputAudioBufferStopped(response_id=self.playing))
+            self.playing = None

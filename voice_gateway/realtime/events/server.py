@@ -1,0 +1,275 @@
+"""Server events: one pydantic model each, serialised in the connection's dialect here only."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import Field
+
+from voice_gateway.realtime.events.client import ProtocolError
+from voice_gateway.realtime.events.dialect import BETA_EVENT_TYPES, Dialect
+from voice_gateway.realtime.events.items import MessageItem
+from voice_gateway.realtime.events.session import SessionConfig, session_payload
+from voice_gateway.realtime.events.wire import AudioBytes, EventModel
+
+
+def _event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:20]}"
+
+
+class _ServerEvent(EventModel):
+    event_id: str = Field(default_factory=_event_id)
+    type: str
+
+    def _payload(self, dialect: Dialect) -> dict[str, Any] | None:
+        return self.model_dump(mode="json", exclude_none=True, context={"dialect": dialect})
+
+
+class _SessionEvent(_ServerEvent):
+    session: SessionConfig
+
+    def _payload(self, dialect: Dialect) -> dict[str, Any]:
+        return {"type": self.type, "event_id": self.event_id, "session": session_payload(self.session, dialect)}
+
+
+class SessionCreated(_SessionEvent):
+    type: Literal["session.created"] = "session.created"
+
+
+class SessionUpdated(_SessionEvent):
+    type: Literal["session.updated"] = "session.updated"
+
+
+class SpeechStarted(_ServerEvent):
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int  # on the session's input audio clock, prefix padding included
+    item_id: str  # the user item the speech will become
+
+
+class SpeechStopped(_ServerEvent):
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioCommitted(_ServerEvent):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class InputAudioCleared(_ServerEvent):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
+
+
+class _ItemEvent(_ServerEvent):
+    item: MessageItem
+    previous_item_id: str | None = None
+
+
+class ConversationItemAdded(_ItemEvent):
+    type: Literal["conversation.item.added"] = "conversation.item.added"
+
+
+class ConversationItemDone(_ItemEvent):
+    type: Literal["conversation.item.done"] = "conversation.item.done"
+
+    def _payload(self, dialect: Dialect) -> dict[str, Any] | None:
+        # beta has no such event: its conversation.item.created was the only announcement
+        return None if dialect is Dialect.BETA else super()._payload(dialect)
+
+
+class ConversationItemTruncated(_ServerEvent):
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ErrorDetail(EventModel):
+    type: str = "invalid_request_error"
+    code: str | None = None
+    message: str
+    param: str | None = None
+    event_id: str | None = None  # the client event that caused it
+
+
+class InputTokenDetails(EventModel):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class OutputTokenDetails(EventModel):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class Usage(EventModel):
+    total_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    input_token_details: InputTokenDetails = Field(default_factory=InputTokenDetails)
+    output_token_details: OutputTokenDetails = Field(default_factory=OutputTokenDetails)
+
+
+class StatusDetails(EventModel):
+    type: Literal["completed", "cancelled", "incomplete", "failed"]
+    reason: Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"] | None = None
+    error: ErrorDetail | None = None  # for `failed`
+
+
+class RealtimeResponse(EventModel):
+    id: str
+    object: Literal["realtime.response"] = "realtime.response"
+    status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"] = "in_progress"
+    status_details: StatusDetails | None = None
+    output: list[MessageItem] = Field(default_factory=list)
+    usage: Usage | None = None  # set on response.done
+
+
+class ResponseCreated(_ServerEvent):
+    type: Literal["response.created"] = "response.created"
+    response: RealtimeResponse
+
+
+class ResponseDone(_ServerEvent):
+    type: Literal["response.done"] = "response.done"
+    response: RealtimeResponse
+
+
+class _OutputItemEvent(_ServerEvent):
+    response_id: str
+    output_index: int = 0
+    item: MessageItem
+
+
+class OutputItemAdded(_OutputItemEvent):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+
+
+class OutputItemDone(_OutputItemEvent):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+
+
+class _ContentEvent(_ServerEvent):
+    """An event about one content part of one output item of one response."""
+
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class OutputPart(EventModel):
+    """The part response.content_part.* announce; both SDKs type it `audio` or `text` here."""
+
+    type: Literal["audio", "text"]
+    text: str | None = None
+    transcript: str | None = None
+
+
+class ContentPartAdded(_ContentEvent):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: OutputPart
+
+
+class ContentPartDone(_ContentEvent):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: OutputPart
+
+
+class OutputAudioDelta(_ContentEvent):
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: AudioBytes  # in the session's output_audio_format (never Opus: that goes out binary)
+
+
+class OutputAudioDone(_ContentEvent):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+class OutputAudioTranscriptDelta(_ContentEvent):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class OutputAudioTranscriptDone(_ContentEvent):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class OutputTextDelta(_ContentEvent):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    delta: str
+
+
+class OutputTextDone(_ContentEvent):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    text: str
+
+
+class OutputAudioBufferStarted(_ServerEvent):
+    """WebRTC only: the server started playing a response's audio on the track."""
+
+    type: Literal["output_audio_buffer.started"] = "output_audio_buffer.started"
+    response_id: str
+
+
+class OutputAudioBufferStopped(_ServerEvent):
+    type: Literal["output_audio_buffer.stopped"] = "output_audio_buffer.stopped"
+    response_id: str
+
+
+class OutputAudioBufferCleared(_ServerEvent):
+    type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
+    response_id: str
+
+
+class ErrorEvent(_ServerEvent):
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+    @classmethod
+    def from_protocol_error(cls, exc: ProtocolError) -> ErrorEvent:
+        return cls(error=ErrorDetail(code=exc.code, message=exc.message, param=exc.param, event_id=exc.event_id))
+
+
+ServerEvent = Union[
+    SessionCreated,
+    SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
+    InputAudioCommitted,
+    InputAudioCleared,
+    ConversationItemAdded,
+    ConversationItemDone,
+    ConversationItemTruncated,
+    ResponseCreated,
+    ResponseDone,
+    OutputItemAdded,
+    OutputItemDone,
+    ContentPartAdded,
+    ContentPartDone,
+    OutputAudioDelta,
+    OutputAudioDone,
+    OutputAudioTranscriptDelta,
+    OutputAudioTranscriptDone,
+    OutputTextDelta,
+    OutputTextDone,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
+    OutputAudioBufferCleared,
+    ErrorEvent,
+]
+
+
+def serialize(event: ServerEvent, dialect: Dialect) -> str | None:
+    """The event as JSON text in `dialect`, or None where that dialect has no such event."""
+    payload = event._payload(dialect)
+    if payload is None:
+        return None
+    if dialect is Dialect.BETA:
+        payload["type"] = BETA_EVENT_TYPES.get(payload["type"], payload["type"])
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,186 @@
+"""A session's settings (`SessionConfig`, in neither dialect's shape), their wire payload, and the update fields.
+
+The update models accept GA and beta field names side by side; `updates.py` turns them into a new config.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, NonNegativeInt, PlainValidator
+
+from voice_gateway.realtime.events.dialect import Dialect
+from voice_gateway.realtime.events.wire import EventModel
+
+
+class AudioFormat(StrEnum):
+    PCM16 = "pcm16"  # 16-bit little-endian mono at 24 kHz
+    G711_ULAW = "g711_ulaw"
+    G711_ALAW = "g711_alaw"
+    OPUS = "opus"  # output only: 20 ms packets in binary WebSocket messages
+
+
+_GA_FORMAT_TYPES = {
+    AudioFormat.PCM16: "audio/pcm",
+    AudioFormat.G711_ULAW: "audio/pcmu",
+    AudioFormat.G711_ALAW: "audio/pcma",
+    AudioFormat.OPUS: "audio/opus",
+}
+FORMATS_BY_GA_TYPE = {ga_type: fmt for fmt, ga_type in _GA_FORMAT_TYPES.items()}
+
+
+def _ga_format(fmt: AudioFormat) -> dict[str, Any]:
+    if fmt is AudioFormat.PCM16:
+        return {"type": "audio/pcm", "rate": 24000}
+    return {"type": _GA_FORMAT_TYPES[fmt]}
+
+
+class TurnDetection(BaseModel, frozen=True):
+    """Server VAD settings; a session without them takes a turn only on commit / response.create."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+class SessionConfig(BaseModel, frozen=True):
+    """What a session is set to, in neither dialect's shape: the session logic reads only this."""
+
+    id: str = Field(default_factory=lambda: f"sess_{uuid.uuid4().hex[:20]}")
+    model: str | None = None
+    output_modality: Literal["audio", "text"] = "audio"  # an audio reply carries its transcript too
+    instructions: str = ""
+    voice: str | None = None  # None: the engine's default speaker
+    input_audio_format: AudioFormat = AudioFormat.PCM16
+    output_audio_format: AudioFormat = AudioFormat.PCM16
+    turn_detection: TurnDetection | None = Field(default_factory=TurnDetection)
+    max_output_tokens: int | Literal["inf"] = "inf"
+    temperature: float = 0.8
+
+
+def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
+    """The `session` object of session.created / session.updated, in `dialect`'s shape."""
+    voice = {"voice": config.voice} if config.voice is not None else {}
+    vad = config.turn_detection
+    turn_detection = {"type": "server_vad", **vad.model_dump()} if vad else None
+    if dialect is Dialect.BETA:
+        # no `model`: the beta SDK types only admit OpenAI's model names there
+        return {
+            "id": config.id,
+            "object": "realtime.session",
+            "modalities": ["text", "audio"] if config.output_modality == "audio" else ["text"],
+            "instructions": config.instructions,
+            **voice,
+            "input_audio_format": config.input_audio_format.value,
+            "output_audio_format": config.output_audio_format.value,
+            "turn_detection": turn_detection,
+            "temperature": config.temperature,
+            "max_response_output_tokens": config.max_output_tokens,
+        }
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": config.id,
+        **({"model": config.model} if config.model else {}),
+        "output_modalities": [config.output_modality],
+        "instructions": config.instructions,
+        "max_output_tokens": config.max_output_tokens,
+        "audio": {
+            "input": {
+                "format": _ga_format(config.input_audio_format),
+                "turn_detection": turn_detection,
+            },
+            "output": {"format": _ga_format(config.output_audio_format), **voice},
+        },
+    }
+
+
+# ---------------------------------------------------------------- update fields, both spellings
+
+
+def _max_tokens(value: object) -> int | Literal["inf"]:
+    if value == "inf":
+        return "inf"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError("expected a positive integer or 'inf'")
+
+
+_Modalities = Annotated[list[Literal["text", "audio"]], Field(min_length=1)]
+# One validator rather than a pydantic union, whose errors would name union members in `param`.
+_MaxTokens = Annotated[int | Literal["inf"], PlainValidator(_max_tokens)]
+
+
+class GaInputFormat(EventModel):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+    rate: Literal[24000] | None = None  # PCM is 24 kHz only
+
+
+class GaOutputFormat(EventModel):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma", "audio/opus"]
+    rate: Literal[24000] | None = None
+
+
+class TurnDetectionUpdate(EventModel):
+    type: Literal["server_vad"] = "server_vad"  # semantic_vad needs a turn model we do not have
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    prefix_padding_ms: NonNegativeInt | None = None
+    silence_duration_ms: NonNegativeInt | None = None
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+
+
+class _AudioInputUpdate(EventModel):
+    format: GaInputFormat | None = None
+    turn_detection: TurnDetectionUpdate | None = None
+
+
+class _AudioOutputUpdate(EventModel):
+    format: GaOutputFormat | None = None
+    voice: str | None = None
+
+
+class _ResponseAudio(EventModel):
+    output: _AudioOutputUpdate | None = None
+
+
+class _SessionAudio(_ResponseAudio):
+    input: _AudioInputUpdate | None = None
+
+
+class ResponseOverrides(EventModel):
+    """`response.create`'s settings for that response only; GA and beta field names side by side."""
+
+    instructions: str | None = None
+    output_modalities: _Modalities | None = None  # GA
+    modalities: _Modalities | None = None  # beta
+    max_output_tokens: _MaxTokens | None = None  # GA
+    max_response_output_tokens: _MaxTokens | None = None  # beta
+    temperature: float | None = None  # beta; GA dropped it, we still honour it
+    voice: str | None = None  # beta
+    output_audio_format: AudioFormat | None = None  # beta
+    audio: _ResponseAudio | None = None  # GA
+
+
+class SessionFields(ResponseOverrides):
+    """`session.update`'s session object: the response settings plus input audio and turn taking."""
+
+    type: Literal["realtime"] | None = None  # GA; transcription-only sessions are not served
+    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None  # beta
+    turn_detection: TurnDetectionUpdate | None = None  # beta
+    audio: _SessionAudio | None = None  # GA
+
+
+def format_from_ga(fmt: GaInputFormat | GaOutputFormat | None) -> AudioFormat | None:
+    return None if fmt is None else FORMATS_BY_GA_TYPE[fmt.type]
+
+
+def merge_turn_detection(current: TurnDetection | None, update: TurnDetectionUpdate | None) -> TurnDetection | None:
+    if update is None:
+        return None  # an explicit null: the client commits and asks for responses itself
+    settings = update.model_dump(exclude_none=True, exclude={"type"})
+    return (current or TurnDetection()).model_copy(update=settings)

@@ -1,0 +1,27 @@
+"""A session's way out: server events serialised in its dialect, and binary frames, into its outbox."""
+
+from __future__ import annotations
+
+from voice_gateway.realtime import events as ev
+from voice_gateway.realtime.outbox import Outbox
+
+
+class EventSender:
+    """Writes into one outbox; the session, its audio sink and its response runner all send through it."""
+
+    def __init__(self, outbox: Outbox, dialect: ev.Dialect) -> None:
+        self.outbox = outbox
+        self.dialect = dialect
+
+    def event(self, event: ev.ServerEvent, response_id: str | None = None) -> None:
+        """Queue an event; response audio (tagged with `response_id`) may be refused by a full outbox (OutboxFull)."""
+        text = ev.serialize(event, self.dialect)
+        if text is not None:
+            self.outbox.put(text, response_id, force=response_id is None)
+
+    def binary(self, data: bytes, response_id: str) -> None:
+        self.outbox.put(data, response_id)
+
+    def drop(self, response_id: str) -> int:
+        """Forget the response's audio still queued; returns how many messages."""
+        return self.outbox.drop(response_id)

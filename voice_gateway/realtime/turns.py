@@ -1,0 +1,50 @@
+"""Server-VAD turn taking: speech segments on the session's input clock, and the user item each one becomes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from voice_gateway.audio.vad import ServerVad, VadConfig
+from voice_gateway.audio.vad import SpeechStarted as VadStarted
+from voice_gateway.realtime import events as ev
+from voice_gateway.realtime.conversation import new_item_id
+
+
+class TurnTaking:
+    """Owns the VAD (None: the client takes turns with commit and response.create) and the segment in progress."""
+
+    def __init__(self) -> None:
+        self.vad: ServerVad | None = None
+        self._offset_ms = 0  # where the VAD's own clock starts on the session's input clock
+        self.item_id: str | None = None  # the user item the speech in progress will become
+        self.start_ms = 0  # where the latest segment began, on the session clock
+
+    def configure(self, td: ev.TurnDetection | None, now_ms: int) -> None:
+        """A fresh VAD (or none) from `now_ms` on; a segment in progress is forgotten."""
+        self.vad = None if td is None else ServerVad(VadConfig(td.threshold, td.prefix_padding_ms,
+                                                                td.silence_duration_ms))
+        self._offset_ms = now_ms
+        self.item_id = None
+
+    def feed(self, samples_16k: np.ndarray) -> list[ev.SpeechStarted | ev.SpeechStopped]:
+        """The speech starts and stops that these samples complete, as the events that announce them."""
+        if self.vad is None:
+            return []
+        changes: list[ev.SpeechStarted | ev.SpeechStopped] = []
+        for change in self.vad.feed(samples_16k):
+            if isinstance(change, VadStarted):
+                self.item_id, self.start_ms = new_item_id(), change.audio_start_ms + self._offset_ms
+                changes.append(ev.SpeechStarted(audio_start_ms=self.start_ms, item_id=self.item_id))
+            else:
+                changes.append(ev.SpeechStopped(audio_end_ms=change.audio_end_ms + self._offset_ms,
+                                                item_id=self.take_item_id()))
+        return changes
+
+    def take_item_id(self) -> str:
+        """The id for the audio committed now: the speech in progress's, else a new one. The segment ends here."""
+        item_id, self.item_id = self.item_id or new_item_id(), None
+        return item_id
+
+    def forget_segment(self) -> None:
+        """The buffer was cleared: speech in progress will become a new item."""
+        self.item_id = None
