@@ -8,7 +8,6 @@ from pathlib import Path
 from engine.admission import Admission
 from engine.api import Engine
 from engine.frontend import Frontend
-from engine.local import load_core
 from engine.profile import DeployProfile
 from engine.remote.client import RemoteCore
 from engine.remote.messages import Address, EngineSpec
@@ -23,6 +22,10 @@ def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = N
     if profile.engine == "process":
         spec = EngineSpec(model, dataclasses.replace(profile, engine="in_process", http_workers=1), cache_dir)
         return Frontend(RemoteCore.spawn(spec), Admission.open(source, profile, text_on_loop=True))
+    # imported here: a server process whose engine runs elsewhere never loads the stages, their kernels
+    # or transformers' model code (uvicorn's worker health check gives a starting worker 5 s)
+    from engine.local import load_core
+
     return Frontend(load_core(source, profile), Admission.open(source, profile, text_on_loop=False))
 
 

@@ -34,7 +34,6 @@ from prometheus_client import generate_latest
 
 from engine.api import EngineError, Failed, Finished, OutputEvent
 from engine.core import EngineCore
-from engine.local import load_core
 from engine.remote.messages import (
     STATE_PERIOD_S,
     Address,
@@ -128,6 +127,8 @@ class _ChildServer:
         self.last_state: State | None = None
 
     async def run(self) -> None:
+        from engine.local import load_core  # the child alone loads the stages
+
         loop = asyncio.get_running_loop()
         try:
             source = ModelSource.open(self.spec.model, self.spec.profile.load_format, self.spec.cache_dir)

@@ -24,7 +24,6 @@ from engine.api import EngineError
 from engine.weights.checkpoint import StageName, load_config, load_stage, resolve_checkpoint
 from engine.weights.full_size import build_dummy_stage, full_size_config_dict
 from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
-from engine.weights.tokenizer import build_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +98,8 @@ class ModelSource:
 def _dummy_front(cache_dir: Path) -> Path:
     """The tokenizer and feature-extractor files dummy weights are served with, built once (atomically)."""
     from transformers import WhisperFeatureExtractor
+
+    from engine.weights.tokenizer import build_tokenizer  # transformers' converters: only when building
 
     target = cache_dir / f"dummy-qwen3-omni-front-{_DUMMY_FRONT_VERSION}"
     if (target / "tokenizer.json").exists():
