@@ -73,21 +73,26 @@ def load_config(path: Path) -> Any:
     return config
 
 
-def load_stage(path: Path, stage: StageName, *, device: str, dtype: str) -> LoadedStage:
+def stage_class(stage: StageName, config: Any) -> tuple[Any, Any]:
+    """transformers' class for one stage's sub-model, and that stage's part of the whole config."""
     from transformers import (
         Qwen3OmniMoeCode2Wav,
         Qwen3OmniMoeTalkerForConditionalGeneration,
         Qwen3OmniMoeThinkerForConditionalGeneration,
     )
-    from transformers.utils import logging as hf_logging
 
-    config = load_config(path)
-    cls: Any
-    cls, sub_config = {
+    return {
         "thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
         "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
         "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config),
     }[stage]
+
+
+def load_stage(path: Path, stage: StageName, *, device: str, dtype: str) -> LoadedStage:
+    from transformers.utils import logging as hf_logging
+
+    config = load_config(path)
+    cls, sub_config = stage_class(stage, config)
     log.info("loading %s from %s (%s, %s)", stage, path, device, dtype)
     # We check the keys ourselves below; the library's report would list every other stage's keys.
     verbosity = hf_logging.get_verbosity()

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from engine.weights.checkpoint import StageName, stage_class
 from engine.weights.tiny import tiny_config_dict
 
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [24, 20, 20], "interleaved": True}
@@ -55,22 +56,12 @@ def full_size_config_dict() -> dict[str, Any]:
     return config
 
 
-def build_dummy_stage(stage: str, *, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
+def build_dummy_stage(stage: StageName, *, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
     """One stage at full size with random weights, created on `device` (no host copy)."""
-    from transformers import (
-        Qwen3OmniMoeCode2Wav,
-        Qwen3OmniMoeConfig,
-        Qwen3OmniMoeTalkerForConditionalGeneration,
-        Qwen3OmniMoeThinkerForConditionalGeneration,
-    )
+    from transformers import Qwen3OmniMoeConfig
 
     config = Qwen3OmniMoeConfig(**full_size_config_dict())
-    cls: Any
-    cls, sub = {
-        "thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
-        "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
-        "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config),
-    }[stage]
+    cls, sub = stage_class(stage, config)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     with torch.device(device):
         model = cls._from_config(sub, dtype=torch_dtype)

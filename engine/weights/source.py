@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,9 +18,10 @@ from typing import Any, Literal
 import torch
 
 from engine.api import EngineError
+from engine.weights.cache import build_once, default_cache_dir
 from engine.weights.checkpoint import StageName, load_config, load_stage, resolve_checkpoint
 from engine.weights.full_size import build_dummy_stage, full_size_config_dict
-from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID, default_cache_dir
+from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID
 
 log = logging.getLogger(__name__)
 
@@ -97,23 +95,14 @@ class ModelSource:
 
 def _dummy_front(cache_dir: Path) -> Path:
     """The tokenizer and feature-extractor files dummy weights are served with, built once (atomically)."""
+    return build_once(cache_dir / f"dummy-qwen3-omni-front-{_DUMMY_FRONT_VERSION}", "preprocessor_config.json",
+                      _build_dummy_front)
+
+
+def _build_dummy_front(folder: Path) -> None:
     from transformers import WhisperFeatureExtractor
 
     from engine.weights.tokenizer import build_tokenizer  # transformers' converters: only when building
 
-    target = cache_dir / f"dummy-qwen3-omni-front-{_DUMMY_FRONT_VERSION}"
-    if (target / "tokenizer.json").exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".dummy-front-", dir=cache_dir))
-    try:
-        build_tokenizer(tmp)
-        WhisperFeatureExtractor(feature_size=128, sampling_rate=16_000, padding_value=0.0).save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "tokenizer.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    build_tokenizer(folder)
+    WhisperFeatureExtractor(feature_size=128, sampling_rate=16_000, padding_value=0.0).save_pretrained(folder)

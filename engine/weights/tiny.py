@@ -8,11 +8,10 @@ speech is noise and its text gibberish; everything around the math is real.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from engine.weights.cache import build_once
 
 TINY_VERSION = "v3"
 TINY_SEED = 1234
@@ -182,22 +181,6 @@ def build_tiny_checkpoint(out_dir: Path) -> None:
 def ensure_tiny_checkpoint(cache_dir: Path) -> Path:
     """Return the tiny checkpoint's directory, building it on first use (atomically)."""
     target = cache_dir / f"tiny-qwen3-omni-{TINY_VERSION}"
-    if (target / "TINY_MODEL.txt").exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    log.info("building the tiny random-weight checkpoint in %s (first use only)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=cache_dir))
-    try:
-        build_tiny_checkpoint(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "TINY_MODEL.txt").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def default_cache_dir() -> Path:
-    return Path(os.path.expanduser("~/.cache/voice-gateway"))
+    if not (target / "TINY_MODEL.txt").exists():
+        log.info("building the tiny random-weight checkpoint in %s (first use only)", target)
+    return build_once(target, "TINY_MODEL.txt", build_tiny_checkpoint)

@@ -25,3 +25,18 @@ def test_stage_sizes(stage: str, billions: tuple[float, float]) -> None:
         assert len(model.model.layers) == 20
         assert model.model.layers[0].mlp.experts.gate_up_proj.shape == (128, 2 * 384, 1024)
         assert len(model.code_predictor.model.layers) == 5
+
+
+def test_dummy_weights_front_door_builds_once(tmp_path) -> None:
+    """`load_format: dummy` needs no checkpoint: the released config, and a tokenizer built once in the cache."""
+    from engine.weights.source import ModelSource
+
+    source = ModelSource.open("dummy", "dummy", tmp_path)
+    assert source.is_random_weights and source.frame_samples == 1920
+    assert source.speakers == ("aiden", "chelsie", "ethan")
+    assert source.config.thinker_config.text_config.num_hidden_layers == 48
+    built = (source.path / "tokenizer.json").stat().st_mtime_ns
+    again = ModelSource.open("dummy", "dummy", tmp_path)
+    assert again.path == source.path and (again.path / "tokenizer.json").stat().st_mtime_ns == built
+    assert again.tokenizer().convert_tokens_to_ids("<|im_start|>") == 151644
+    assert [p.name for p in tmp_path.iterdir()] == [source.path.name]  # no half-built folder left behind
