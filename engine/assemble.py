@@ -80,7 +80,6 @@ def _code2wav(model: Any, profile: DeployProfile) -> StreamingCode2Wav:
             log.info("code2wav: %d step shapes captured as CUDA graphs", decoder.capture_graphs())
         except Exception:
             log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
-            decoder.graphs.clear()
     return decoder
 
 

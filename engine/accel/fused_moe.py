@@ -184,7 +184,7 @@ def fused_experts(
 ) -> torch.Tensor:
     """hidden [T, H], gate_up [E, 2I, H], down [E, H, I], top_k_index/weights [T, K] -> [T, H]."""
     if triton is None:
-        raise RuntimeError("the fused MoE path needs triton (pip install triton), or use another moe_implementation")
+        raise RuntimeError("the fused MoE path needs triton (pip install triton), or set kernels: reference")
     num_tokens, hidden_dim = hidden.shape
     num_experts, _, inter_dim = down.shape
     top_k = top_k_index.shape[1]

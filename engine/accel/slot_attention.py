@@ -97,7 +97,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """query [B, Hq, D] (one token per row), keys/values [S, Hkv, L, D], slots/lengths [B] -> [B, Hq, D]."""
     if triton is None:
-        raise RuntimeError("decode attention needs triton (pip install triton), or use decode_attention: sdpa")
+        raise RuntimeError("decode attention needs triton (pip install triton), or set kernels: reference")
     batch, num_heads, head_dim = query.shape
     num_kv_heads = keys.shape[1]
     group = num_heads // num_kv_heads

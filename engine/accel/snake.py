@@ -57,7 +57,7 @@ if triton is not None:
 def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
     """x [B, C, T], alpha/beta [C] (log-scale, as the module stores them) -> [B, C, T] in x's dtype."""
     if triton is None:
-        raise RuntimeError("the fused SnakeBeta needs triton (pip install triton), or set code2wav.fused_snake: false")
+        raise RuntimeError("the fused SnakeBeta needs triton (pip install triton), or set kernels: reference")
     x = x.contiguous()
     batch, channels, length = x.shape
     out = torch.empty_like(x)
@@ -76,7 +76,7 @@ def _fused_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 def enable(code2wav: nn.Module) -> int:
     """Make every SnakeBeta module of `code2wav` run the kernel; returns how many."""
     if triton is None:
-        raise RuntimeError("the fused SnakeBeta needs triton (pip install triton), or set code2wav.fused_snake: false")
+        raise RuntimeError("the fused SnakeBeta needs triton (pip install triton), or set kernels: reference")
     count = 0
     for module in code2wav.modules():
         if type(module).__name__.endswith("SnakeBeta"):

@@ -116,7 +116,15 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def capture_graphs(self) -> int:
-        """A CUDA graph per bucket shape, largest first into one memory pool; returns how many."""
+        """A CUDA graph per bucket shape, largest first into one memory pool; returns how many. If a capture
+        fails, none is kept (the steps run eagerly) and the error goes to the caller."""
+        try:
+            return self._capture_graphs()
+        except Exception:
+            self.graphs.clear()
+            raise
+
+    def _capture_graphs(self) -> int:
         pool = None
         capture_stream = torch.cuda.Stream(self.device)
         quantizers = self.model.config.num_quantizers
