@@ -140,12 +140,12 @@ class _ChildServer:
             return
         core = self.core
         self.done = loop.create_future()
-        send(self.owner, Ready(self.spec))
-        read_into(self.owner, loop, functools.partial(self._on_messages, self.owner))
         listener = None
-        if self.listen is not None:
+        if self.listen is not None:  # listening before Ready: the owner lets server processes attach on it
             listener = Listener(self.listen[0], authkey=self.listen[1])
             threading.Thread(target=self._accept, args=(listener, loop), name="engine-accept", daemon=True).start()
+        send(self.owner, Ready(self.spec))
+        read_into(self.owner, loop, functools.partial(self._on_messages, self.owner))
         while not self.done.done():
             state = State(core.stage_load(), generate_latest(core.registry).decode())
             if state != self.last_state:

@@ -120,6 +120,7 @@ async def test_several_server_processes_share_one_engine_process(tiny_checkpoint
 
     host = EngineHost("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
     await asyncio.to_thread(host.start)
+    assert Path(host.address[0]).exists()  # ready means attachable: the socket listens before Ready is sent
     first, second = (attach_engine(host.address) for _ in range(2))
     try:
         await first.start()
