@@ -112,3 +112,60 @@ def test_a_huge_prompt_is_refused_without_tokenizing(client: TestClient) -> None
     assert time.perf_counter() - start < 2.0
     assert reply.status_code == 400
     assert _refused(reply.json()) == ("context_length_exceeded", "messages")
+
+
+def _post(client: TestClient, body: dict) -> tuple[int, dict]:
+    # json.dumps escapes a lone surrogate as \ud800: what a hostile client sends
+    reply = client.post("/v1/chat/completions", content=json.dumps(body), headers={"content-type": "application/json"})
+    return reply.status_code, reply.json()
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages.0.content"),
+    ({"messages": [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "nul\x00"}]}]}, "messages.0.content.0.text"),
+    ({"model": "tiny\ud800"}, "model"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "\ud800", "format": "wav"}}, "audio.voice"),
+])
+def test_lone_surrogates_and_nul_are_a_400(client: TestClient, change: dict, param: str) -> None:
+    status, reply = _post(client, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **change})
+    assert status == 400, reply
+    assert _refused(reply) == ("invalid_value", param)
+
+
+def test_an_error_that_quotes_a_surrogate_still_encodes(client: TestClient) -> None:
+    status, reply = _post(client, {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "\ud800", "text": "x"}]}]})
+    assert status == 400 and reply["error"]["param"] == "messages.0.content.0", reply
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"stream": "yes"}, "stream"),
+    ({"max_tokens": "4"}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_completion_tokens": "4"}, "max_completion_tokens"),
+    ({"n": "1"}, "n"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"seed": 1.5}, "seed"),
+    ({"stream_options": {"include_usage": "yes"}, "stream": True}, "stream_options.include_usage"),
+    ({"modalities": []}, "modalities"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "", "format": "wav"}}, "audio.voice"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                {"type": "input_audio", "input_audio": {"data": 5}}]}]},
+     "messages.0.content.1.input_audio.data"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+])
+def test_loose_types_are_refused_where_openai_refuses_them(client: TestClient, change: dict, param: str) -> None:
+    status, reply = _post(client, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **change})
+    assert status == 400, reply
+    assert _refused(reply) == ("invalid_value", param)
+
+
+def test_the_shapes_openai_clients_send_still_work(client: TestClient) -> None:
+    status, reply = _post(client, {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}]}], "max_tokens": 2, "temperature": 1, "top_p": 0.9, "n": 1, "seed": 3,
+        "stream": False, "modalities": ["text"]})
+    assert status == 200, reply
+
