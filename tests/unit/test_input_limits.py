@@ -169,3 +169,60 @@ def test_the_shapes_openai_clients_send_still_work(client: TestClient) -> None:
         "stream": False, "modalities": ["text"]})
     assert status == 200, reply
 
+
+def _events_until(ws: object, wanted: str) -> list[dict]:
+    events = []
+    while True:
+        event = json.loads(ws.receive_text())  # type: ignore[attr-defined]
+        events.append(event)
+        if event["type"] == wanted:
+            return events
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "session.update", "session": {"instructions": "be \ud800 brief"}},
+    {"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "\ud83d"}]}},
+    {"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "a\x00"}]}},
+    {"type": "response.create", "response": {"instructions": "\udc00"}},
+    {"type": "session.update", "event_id": "\ud800", "session": {"temperature": -5}},
+    {"type": "session.update", "session": {"temperature": 1e308}},
+    {"type": "session.update", "session": {"temperature": "1"}},
+    {"type": "session.update", "session": {"voice": ""}},
+])
+def test_realtime_bad_text_is_an_error_event_and_the_session_answers_on(client: TestClient, event: dict) -> None:
+    with client.websocket_connect("/v1/realtime") as ws:
+        assert json.loads(ws.receive_text())["type"] == "session.created"
+        ws.send_text(json.dumps(event))
+        error = _events_until(ws, "error")[-1]["error"]
+        assert error["code"] == "invalid_value", error
+        ws.send_text(json.dumps({"type": "session.update", "session": {"instructions": "be brief",
+                                                                        "temperature": 0.8}}))
+        assert _events_until(ws, "session.updated")[-1]["session"]["instructions"] == "be brief"
+
+
+async def test_a_send_that_fails_closes_the_session_with_1011() -> None:
+    from voice_gateway.realtime import ws as realtime_ws
+    from voice_gateway.realtime.outbox import Outbox
+
+    class BrokenSocket:
+        closed_with: int | None = None
+
+        async def send_text(self, text: str) -> None:
+            text.encode("utf-8")  # what the server's WebSocket does with it
+
+        async def send_bytes(self, data: bytes) -> None:
+            pass
+
+        async def close(self, code: int = 1000, reason: str | None = None) -> None:
+            self.closed_with = code
+
+    class OneSession:
+        id = "sess_test"
+        outbox = Outbox(16)
+
+    OneSession.outbox.put("\ud800")
+    socket = BrokenSocket()
+    await realtime_ws._write(socket, OneSession())  # type: ignore[arg-type]
+    assert socket.closed_with == 1011
