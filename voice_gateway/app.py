@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine import Engine, attach_engine
 from voice_gateway.admission import Admission, require_api_key
+from voice_gateway.body_limit import LimitBody
 from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import install_error_handlers
 from voice_gateway.metrics import GatewayMetrics
@@ -86,6 +87,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.state.calls = set()
     app.state.started_at = int(time.time())
     install_error_handlers(app)
+    app.add_middleware(LimitBody, max_bytes=gateway.max_body_bytes)
     app.add_middleware(StampArrival)
     app.include_router(openai_router, dependencies=[Depends(require_api_key)])
     app.include_router(realtime_router)

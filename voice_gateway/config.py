@@ -16,7 +16,11 @@ class GatewayConfig:
     # Opus is a perceptual codec: speech keeps ~24 dB SNR at 64 kb/s, but the tiny model's noise
     # needs ~128 kb/s for 20 dB. One mono voice at 96 kb/s is 12 KB/s.
     opus_bitrate_bps: int = 96_000
+    max_body_bytes: int = 32 * 1024 * 1024  # one HTTP request body, read before it is parsed
+    max_input_audio_s: float = 600.0  # one uploaded chat audio part; the engine's own limit is 600 s
+
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16:
+        if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16 \
+                or self.max_body_bytes < 1024 or self.max_input_audio_s <= 0:
             raise ValueError(f"impossible gateway limits: {self}")

@@ -9,6 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from voice_gateway.text import printable
+
 log = logging.getLogger(__name__)
 
 
@@ -26,7 +28,9 @@ class APIError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """The error object; its text may quote the request, so what UTF-8 cannot encode is escaped."""
+        param = None if self.param is None else printable(self.param)
+        return {"error": {"message": printable(self.message), "type": self.type, "param": param, "code": self.code}}
 
 
 def _response(err: APIError) -> JSONResponse:
@@ -36,13 +40,14 @@ def _response(err: APIError) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        log.info("%s %s -> %d: %s", request.method, request.url.path, exc.status, printable(exc.message))
         return _response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # a `$` tag names the union member pydantic chose (schemas.py), not a place in the request
+        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not str(p).startswith("$")]
         param = ".".join(loc) or None
         message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
         return _response(APIError(400, message, param=param, code="invalid_value"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import re
+from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
@@ -14,8 +16,27 @@ _CONTAINERS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16")}
 OUTPUT_FORMATS = ("wav", "pcm16", "flac")
 
 
+MIN_RATE_HZ, MAX_RATE_HZ = 8_000, 192_000
+MAX_CHANNELS = 8
+
+
 class AudioDecodeError(ValueError):
-    pass
+    code = "invalid_audio"
+
+
+class AudioTooLong(AudioDecodeError):
+    code = "audio_too_long"
+
+
+@dataclass(frozen=True, slots=True)
+class AudioHeader:
+    sample_rate_hz: int
+    frames: int
+    channels: int
+
+    @property
+    def duration_s(self) -> float:
+        return self.frames / self.sample_rate_hz
 
 
 def float_to_pcm16(samples: np.ndarray) -> bytes:
@@ -37,16 +58,55 @@ def encode_audio(samples: np.ndarray, sample_rate_hz: int, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def decode_audio(data: bytes, fmt: str, *, to_hz: int, pcm_rate_hz: int = 24_000) -> np.ndarray:
-    """Uploaded audio (wav, mp3, flac, ogg; raw pcm16 at `pcm_rate_hz`) -> mono float32 at `to_hz`."""
+def _libsndfile_error(fmt: str, e: Exception) -> AudioDecodeError:
+    # libsndfile names the file object in its text ("Error opening <_io.BytesIO object at 0x7f...>"):
+    # its own reason is all a client needs, and no address of ours leaks
+    reason = getattr(e, "error_string", None) or re.sub(r"<[^>]*>", "the upload", str(e))
+    return AudioDecodeError(f"could not decode the {fmt} audio: {reason}")
+
+
+def read_header(data: bytes, fmt: str, *, pcm_rate_hz: int = 24_000) -> AudioHeader:
+    """The rate, length and channels that the container declares, without decoding any audio."""
     if fmt == "pcm16":
-        samples, rate = pcm16_to_float(data), pcm_rate_hz
+        return AudioHeader(pcm_rate_hz, len(data) // 2, 1)
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            return AudioHeader(f.samplerate, f.frames, f.channels)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        raise _libsndfile_error(fmt, e) from e
+
+
+def check_header(header: AudioHeader, max_seconds: float) -> None:
+    """Refuse what would be too big to decode: decoding allocates from these numbers, resampling multiplies them."""
+    if not MIN_RATE_HZ <= header.sample_rate_hz <= MAX_RATE_HZ:
+        raise AudioDecodeError(f"the sample rate {header.sample_rate_hz} Hz is outside "
+                               f"{MIN_RATE_HZ}-{MAX_RATE_HZ} Hz")
+    if not 1 <= header.channels <= MAX_CHANNELS:
+        raise AudioDecodeError(f"{header.channels} channels: at most {MAX_CHANNELS} are accepted")
+    if header.duration_s > max_seconds:
+        raise AudioTooLong(f"the audio is {header.duration_s:.1f} s long; at most {max_seconds:g} s is accepted")
+
+
+def decode_audio(data: bytes, fmt: str, *, to_hz: int, max_seconds: float, pcm_rate_hz: int = 24_000) -> np.ndarray:
+    """Uploaded audio (wav, mp3, flac, ogg; raw pcm16 at `pcm_rate_hz`) -> mono float32 at `to_hz`.
+
+    CPU-bound for long audio: call it off the event loop. The header is checked first, and reading stops
+    at `max_seconds` whatever the header claimed, so a lying container cannot make it allocate more.
+    """
+    header = read_header(data, fmt, pcm_rate_hz=pcm_rate_hz)
+    check_header(header, max_seconds)
+    max_frames = int(max_seconds * header.sample_rate_hz)
+    if fmt == "pcm16":
+        samples = pcm16_to_float(data)
     else:
         try:
-            samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+            with sf.SoundFile(io.BytesIO(data)) as f:
+                frames = f.read(max_frames + 1, dtype="float32", always_2d=True)
         except (sf.LibsndfileError, RuntimeError, TypeError) as e:
-            raise AudioDecodeError(f"could not decode the {fmt} audio: {e}") from e
-        samples = samples.mean(axis=1)
+            raise _libsndfile_error(fmt, e) from e
+        if len(frames) > max_frames:
+            raise AudioTooLong(f"the audio is longer than {max_seconds:g} s")
+        samples = frames.mean(axis=1)
     if samples.size == 0:
         raise AudioDecodeError("the audio is empty")
-    return resample(samples, rate, to_hz)
+    return resample(samples, header.sample_rate_hz, to_hz)

@@ -33,7 +33,7 @@ from engine import (
 from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
 from voice_gateway.errors import APIError
-from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent
+from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent, TextContent
 from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, stream_chunks
 from voice_gateway.openai.usage import chat_usage
 
@@ -55,10 +55,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     audio_format = body.audio.format if body.audio else ("pcm16" if body.stream else "wav")
     if want_audio and body.stream and audio_format != "pcm16":
         raise APIError(400, "streamed audio is always pcm16: set audio.format to \"pcm16\"", param="audio.format")
+    _check_text_fits(body, engine.info.max_model_len)
+    max_audio_s = request.app.state.gateway.max_input_audio_s
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = EngineRequest(
         request_id=request_id,
-        messages=tuple(_message(m, i) for i, m in enumerate(body.messages)),
+        messages=tuple([await _message(m, i, max_audio_s) for i, m in enumerate(body.messages)]),
         want_audio=want_audio,
         speaker=body.audio.voice if body.audio else None,
         sampling=SamplingParams(
@@ -95,7 +97,26 @@ async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
     await stream.aclose()
 
 
-def _message(message: ChatMessage, index: int) -> Message:
+# A Qwen BPE token is at most 128 bytes (the longest in its 151643-rank vocabulary), so at most 128
+# characters: text of more than 128 characters per context token needs more tokens than the context holds,
+# whatever it says. Checking that needs no tokenizer, so a huge prompt is refused before it is tokenized.
+_MAX_CHARS_PER_TOKEN = 128
+
+
+def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
+    chars = 0
+    for message in body.messages:
+        if isinstance(message.content, str):
+            chars += len(message.content)
+        elif message.content is not None:
+            chars += sum(len(part.text) for part in message.content if isinstance(part, TextContent))
+    if chars > _MAX_CHARS_PER_TOKEN * max_model_len:
+        raise APIError(400, f"the messages hold {chars} characters, at least {-(-chars // _MAX_CHARS_PER_TOKEN)} "
+                       f"tokens; this model's context is {max_model_len} tokens",
+                       param="messages", code="context_length_exceeded")
+
+
+async def _message(message: ChatMessage, index: int, max_audio_s: float) -> Message:
     role = {"developer": "system", "tool": "user"}.get(message.role, message.role)
     if message.content is None:
         return Message(role, ())  # type: ignore[arg-type]
@@ -104,21 +125,24 @@ def _message(message: ChatMessage, index: int) -> Message:
     parts: list[TextPart | AudioPart] = []
     for j, part in enumerate(message.content):
         if isinstance(part, InputAudioContent):
-            parts.append(AudioPart(_decode_input_audio(part, f"messages.{index}.content.{j}.input_audio")))
+            param = f"messages.{index}.content.{j}.input_audio"
+            parts.append(AudioPart(await _decode_input_audio(part, param, max_audio_s)))
         else:
             parts.append(TextPart(part.text))
     return Message(role, tuple(parts))  # type: ignore[arg-type]
 
 
-def _decode_input_audio(part: InputAudioContent, param: str) -> np.ndarray:
+async def _decode_input_audio(part: InputAudioContent, param: str, max_audio_s: float) -> np.ndarray:
     try:
         raw = base64.b64decode(part.input_audio.data, validate=True)
     except (binascii.Error, ValueError) as e:
         raise APIError(400, f"{param}.data is not valid base64", param=f"{param}.data") from e
     try:
-        return decode_audio(raw, part.input_audio.format, to_hz=INPUT_SAMPLE_RATE_HZ)
+        # decoding and resampling take CPU time in proportion to the audio's length: not on the event loop
+        return await asyncio.to_thread(decode_audio, raw, part.input_audio.format,
+                                       to_hz=INPUT_SAMPLE_RATE_HZ, max_seconds=max_audio_s)
     except AudioDecodeError as e:
-        raise APIError(400, f"{param}: {e}", param=param, code="invalid_audio") from e
+        raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 
 
 async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_format: str) -> JSONResponse:

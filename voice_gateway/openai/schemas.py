@@ -1,10 +1,19 @@
-"""The chat-completions request we accept, as pydantic models (parsed here only)."""
+"""The chat-completions request we accept, as pydantic models (parsed here only).
+
+Types are strict where OpenAI's are: `stream: "yes"`, `max_tokens: "4"` or `true` and `n: "1"` are
+refused, not coerced. Unions are tagged, and their tags start with `$`: the error handler drops such
+tags from an error's `param`, so that it names the request's own path (`messages.0.content.1.text`).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag
+
+from voice_gateway.text import CleanText
+
+StrictFloat = Annotated[float, Field(strict=True)]  # takes a JSON integer, not a string or a bool
 
 
 class _Open(BaseModel):
@@ -14,7 +23,7 @@ class _Open(BaseModel):
 
 class TextContent(_Open):
     type: Literal["text"]
-    text: str
+    text: CleanText
 
 
 class InputAudio(_Open):
@@ -27,33 +36,51 @@ class InputAudioContent(_Open):
     input_audio: InputAudio
 
 
-ContentPart = Annotated[TextContent | InputAudioContent, Field(discriminator="type")]
+def _part_tag(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return f"${kind}" if kind in ("text", "input_audio") else None
+
+
+def _content_tag(content: Any) -> str | None:
+    return "$text" if isinstance(content, str) else "$parts" if isinstance(content, list) else None
+
+
+ContentPart = Annotated[
+    Annotated[TextContent, Tag("$text")] | Annotated[InputAudioContent, Tag("$input_audio")],
+    Discriminator(_part_tag, custom_error_type="invalid_content_part",
+                  custom_error_message="a content part's type must be 'text' or 'input_audio'"),
+]
+Content = Annotated[
+    Annotated[CleanText, Tag("$text")] | Annotated[list[ContentPart], Tag("$parts")],
+    Discriminator(_content_tag, custom_error_type="invalid_content",
+                  custom_error_message="content must be a string or a list of content parts"),
+]
 
 
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: Content | None = None
 
 
 class AudioParams(_Open):
-    voice: str | None = None
+    voice: Annotated[CleanText, Field(min_length=1)] | None = None
     format: Literal["wav", "pcm16", "flac"] = "wav"
 
 
 class StreamOptions(_Open):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(_Open):
-    model: str
+    model: CleanText
     messages: list[ChatMessage] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] | None = None
+    modalities: Annotated[list[Literal["text", "audio"]], Field(min_length=1)] | None = None
     audio: AudioParams | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=1)
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
+    seed: StrictInt | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None

@@ -16,7 +16,7 @@ from voice_gateway.realtime.session import Session
 log = logging.getLogger(__name__)
 router = APIRouter()
 
-CLOSE_POLICY, CLOSE_TRY_AGAIN = 1008, 1013
+CLOSE_POLICY, CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN = 1008, 1011, 1013
 
 
 @router.websocket("/v1/realtime")
@@ -73,11 +73,19 @@ async def _read(ws: WebSocket, session: Session) -> None:
 
 
 async def _write(ws: WebSocket, session: Session) -> None:
-    while (payload := await session.outbox.get()) is not None:
-        if isinstance(payload, bytes):
-            await ws.send_bytes(payload)
-        else:
-            await ws.send_text(payload)
+    try:
+        while (payload := await session.outbox.get()) is not None:
+            if isinstance(payload, bytes):
+                await ws.send_bytes(payload)
+            else:
+                await ws.send_text(payload)
+    except WebSocketDisconnect:
+        pass
+    except Exception:
+        # a session that cannot send would go mute for good: close it where the client sees it
+        log.exception("session %s: a send failed; closing with %d", session.id, CLOSE_INTERNAL_ERROR)
+        with contextlib.suppress(Exception):
+            await ws.close(code=CLOSE_INTERNAL_ERROR, reason="internal error")
 
 
 async def _refuse(ws: WebSocket, subprotocols: list[str], refused: Refused) -> None:

@@ -10,6 +10,7 @@ from pydantic import Field, NonNegativeInt, TypeAdapter, ValidationError
 from voice_gateway.realtime.events.items import MessageItem
 from voice_gateway.realtime.events.session import ResponseOverrides, SessionFields
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
+from voice_gateway.text import CleanText, printable
 
 
 class ProtocolError(Exception):
@@ -24,7 +25,7 @@ class ProtocolError(Exception):
 
 
 class _ClientEvent(EventModel):
-    event_id: str | None = None
+    event_id: CleanText | None = None
 
 
 class SessionUpdate(_ClientEvent):
@@ -48,12 +49,12 @@ class InputAudioClear(_ClientEvent):
 class ConversationItemCreate(_ClientEvent):
     type: Literal["conversation.item.create"] = "conversation.item.create"
     item: MessageItem
-    previous_item_id: str | None = None
+    previous_item_id: CleanText | None = None
 
 
 class ConversationItemTruncate(_ClientEvent):
     type: Literal["conversation.item.truncate"] = "conversation.item.truncate"
-    item_id: str
+    item_id: CleanText
     content_index: NonNegativeInt
     audio_end_ms: NonNegativeInt  # how much of the item's audio the user heard
 
@@ -65,7 +66,7 @@ class ResponseCreate(_ClientEvent):
 
 class ResponseCancel(_ClientEvent):
     type: Literal["response.cancel"] = "response.cancel"
-    response_id: str | None = None
+    response_id: CleanText | None = None
 
 
 class OutputAudioBufferClear(_ClientEvent):
@@ -99,7 +100,8 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         raise ProtocolError("invalid_json", f"the message is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("invalid_json", "an event must be a JSON object")
-    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    # echoed in our error event, which must encode: a bad event_id is escaped
+    event_id = printable(data["event_id"]) if isinstance(data.get("event_id"), str) else None
     try:
         return _CLIENT_EVENTS.validate_python(data)
     except ValidationError as exc:
@@ -109,4 +111,4 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
             message = f"unknown event type {event_type!r}" if event_type is not None else "the event has no 'type'"
             raise ProtocolError("unknown_event", message, event_id, "type") from None
         path = ".".join(str(part) for part in error["loc"][1:])  # loc[0] is the union tag
-        raise ProtocolError("invalid_value", f"{path}: {error['msg']}", event_id, path) from None
+        raise ProtocolError("invalid_value", printable(f"{path}: {error['msg']}"), event_id, printable(path)) from None

@@ -8,15 +8,16 @@ from pydantic import Field, SerializationInfo, field_serializer, field_validator
 
 from voice_gateway.realtime.events.dialect import BETA_PART_TYPES, GA_PART_TYPES, Dialect, dialect_in
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
+from voice_gateway.text import CleanText
 
 
 class ContentPart(EventModel):
     """One part of a message item; `type` holds the GA name, whichever dialect sent it."""
 
     type: Literal["input_text", "input_audio", "output_text", "output_audio"]
-    text: str | None = None
+    text: CleanText | None = None
     audio: AudioBytes | None = None
-    transcript: str | None = None
+    transcript: CleanText | None = None
 
     @field_validator("type", mode="before")
     @classmethod
@@ -31,7 +32,7 @@ class ContentPart(EventModel):
 class MessageItem(EventModel):
     """A conversation item; only messages exist here (no tools, so no function calls)."""
 
-    id: str | None = None
+    id: CleanText | None = None
     type: Literal["message"] = "message"
     object: Literal["realtime.item"] = "realtime.item"
     role: Literal["user", "assistant", "system"]

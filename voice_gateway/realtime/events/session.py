@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, PlainValidator
 
 from voice_gateway.realtime.events.dialect import Dialect
 from voice_gateway.realtime.events.wire import EventModel
+from voice_gateway.text import CleanText
 
 
 class AudioFormat(StrEnum):
@@ -113,6 +114,9 @@ def _max_tokens(value: object) -> int | Literal["inf"]:
 _Modalities = Annotated[list[Literal["text", "audio"]], Field(min_length=1)]
 # One validator rather than a pydantic union, whose errors would name union members in `param`.
 _MaxTokens = Annotated[int | Literal["inf"], PlainValidator(_max_tokens)]
+# OpenAI's realtime range is 0.6-1.2; we sample any temperature chat accepts, so [0, 2] as there.
+_Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0)]
+_Voice = Annotated[CleanText, Field(min_length=1)]
 
 
 class GaInputFormat(EventModel):
@@ -141,7 +145,7 @@ class _AudioInputUpdate(EventModel):
 
 class _AudioOutputUpdate(EventModel):
     format: GaOutputFormat | None = None
-    voice: str | None = None
+    voice: _Voice | None = None
 
 
 class _ResponseAudio(EventModel):
@@ -155,13 +159,13 @@ class _SessionAudio(_ResponseAudio):
 class ResponseOverrides(EventModel):
     """`response.create`'s settings for that response only; GA and beta field names side by side."""
 
-    instructions: str | None = None
+    instructions: CleanText | None = None
     output_modalities: _Modalities | None = None  # GA
     modalities: _Modalities | None = None  # beta
     max_output_tokens: _MaxTokens | None = None  # GA
     max_response_output_tokens: _MaxTokens | None = None  # beta
-    temperature: float | None = None  # beta; GA dropped it, we still honour it
-    voice: str | None = None  # beta
+    temperature: _Temperature | None = None  # beta; GA dropped it, we still honour it
+    voice: _Voice | None = None  # beta
     output_audio_format: AudioFormat | None = None  # beta
     audio: _ResponseAudio | None = None  # GA
 
