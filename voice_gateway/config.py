@@ -16,7 +16,14 @@ class GatewayConfig:
     # Opus is a perceptual codec: speech keeps ~24 dB SNR at 64 kb/s, but the tiny model's noise
     # needs ~128 kb/s for 20 dB. One mono voice at 96 kb/s is 12 KB/s.
     opus_bitrate_bps: int = 96_000
+    # Who may open a realtime session besides a client without an Origin, the page's own origin, and a Host
+    # that is loopback: browser origins (scheme://host[:port]) and Host names; "*" takes any.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    public_metrics: bool = False  # /metrics without the API key (a scraper inside the deployment)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16:
             raise ValueError(f"impossible gateway limits: {self}")
+        if bad := [o for o in self.allowed_origins if o != "*" and "://" not in o]:
+            raise ValueError(f"allowed origins are scheme://host[:port], got {bad}")
