@@ -42,6 +42,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma list of Host names (or *) realtime sessions may come through, besides loopback "
                         "and --host; a name behind a proxy goes here")
     parser.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="after SIGTERM, connections still open this long are cut (default 10)")
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent realtime sessions")
     parser.add_argument("--max-session-seconds", type=float, default=1800.0)
     parser.add_argument("--opus-bitrate", type=int, default=96_000, help="bits/s of Opus output (our extension)")
@@ -98,7 +100,9 @@ def serve(args: argparse.Namespace) -> int:
     webrtc = WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))
     uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=args.http,
                         # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
-                        ws_max_size=32 * 1024 * 1024)
+                        ws_max_size=32 * 1024 * 1024,
+                        # then still-open connections are cut, and the lifespan's engine stop fails their requests
+                        timeout_graceful_shutdown=args.shutdown_timeout)
     workers = profile.http_workers if args.http_workers is None else args.http_workers
     if workers < 1:
         log.error("--http-workers must be at least 1, got %d", workers)

@@ -1,9 +1,14 @@
-"""The edge against the web: which pages and Host names may open a realtime session, and what the API key guards."""
+"""The edge against the web: which pages and Host names may open a realtime session, what the API key guards,
+and how long a stopping server waits for clients that stopped reading."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -100,3 +105,36 @@ def test_public_metrics_opens_only_metrics(tiny_checkpoint: Path, cache_dir: Pat
         assert srv.get("/docs").status_code == 401
     finally:
         stop_server(proc)
+
+
+def test_sigterm_with_a_stalled_reader_exits_within_the_deadline(tiny_checkpoint: Path, cache_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    proc, srv = start_server(cache_dir, tmp_path / "server.log", "--shutdown-timeout", "2")
+    url = urlsplit(srv.base_url)
+    # a streamed reply with audio, asked for by a client that then never reads a byte of it
+    body = json.dumps({"model": "tiny", "stream": True, "modalities": ["text", "audio"],
+                       "audio": {"voice": "ethan", "format": "pcm16"}, "max_tokens": 900,
+                       "messages": [{"role": "user", "content": "Tell me a very long story."}]}).encode()
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window it offers
+    stalled.connect((url.hostname, url.port))
+    stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        time.sleep(1.0)
+        # the reply is under way: the server has a request in the engine
+        deadline = time.monotonic() + 30
+        while srv.get("/health").json()["active_requests"] == 0:
+            assert time.monotonic() < deadline, "the stalled request never reached the engine"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            proc.wait(timeout=2 + 8)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"still running {time.monotonic() - sent:.1f} s after SIGTERM:\n{srv.log()[-3000:]}")
+    finally:
+        stalled.close()
+        if proc.poll() is None:
+            proc.kill()
