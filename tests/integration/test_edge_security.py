@@ -70,20 +70,24 @@ def test_a_webrtc_offer_from_a_foreign_origin_or_host_is_refused(server: Server)
 
 @pytest.fixture(scope="module")
 def keyed(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("keyed") / "server.log", "--api-key", "sekrit",
-                             "--allowed-origins", FOREIGN, "--allowed-hosts", "voice.example")
+    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("keyed") / "server.log", "--api-key", "sekrit")
     yield srv
     stop_server(proc)
 
 
-def test_allowed_origins_and_hosts_are_let_in(keyed: Server) -> None:
-    port = urlsplit(keyed.base_url).port
-    key = ["openai-insecure-api-key.sekrit"]
-    first, _ = asyncio.run(_first_event(_ws_url(keyed), subprotocols=key, additional_headers={"origin": FOREIGN}))
-    assert first["type"] == "session.created", first
-    first, _ = asyncio.run(_first_event(f"ws://voice.example:{port}/v1/realtime", host="127.0.0.1", port=port,
-                                        subprotocols=key))
-    assert first["type"] == "session.created", first
+def test_allowed_origins_and_hosts_are_let_in(tiny_checkpoint: Path, cache_dir: Path, tmp_path: Path) -> None:
+    proc, srv = start_server(cache_dir, tmp_path / "server.log", "--api-key", "sekrit",
+                             "--allowed-origins", FOREIGN, "--allowed-hosts", "voice.example")
+    try:
+        port = urlsplit(srv.base_url).port
+        key = ["openai-insecure-api-key.sekrit"]
+        first, _ = asyncio.run(_first_event(_ws_url(srv), subprotocols=key, additional_headers={"origin": FOREIGN}))
+        assert first["type"] == "session.created", first
+        first, _ = asyncio.run(_first_event(f"ws://voice.example:{port}/v1/realtime", host="127.0.0.1", port=port,
+                                            subprotocols=key))
+        assert first["type"] == "session.created", first
+    finally:
+        stop_server(proc)
 
 
 @pytest.mark.parametrize("path", ["/metrics", "/docs", "/redoc", "/openapi.json", "/v1/models"])
