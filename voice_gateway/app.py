@@ -11,7 +11,8 @@ from pathlib import Path
 
 import anyio
 from fastapi import Depends, FastAPI
-from fastapi.responses import Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -56,7 +57,26 @@ def worker_app() -> FastAPI:
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
     engine = attach_engine((spec["address"], bytes.fromhex(spec["authkey"])))
     webrtc = {**spec["webrtc"], "host_addresses": tuple(spec["webrtc"]["host_addresses"])}
-    return create_app(engine, GatewayConfig(**spec["gateway"]), WebRTCConfig(**webrtc))
+    gateway = {**spec["gateway"], "allowed_origins": tuple(spec["gateway"]["allowed_origins"]),
+               "allowed_hosts": tuple(spec["gateway"]["allowed_hosts"])}
+    return create_app(engine, GatewayConfig(**gateway), WebRTCConfig(**webrtc))
+
+
+def _add_docs(app: FastAPI, keyed: list) -> None:
+    """/openapi.json, /docs and /redoc behind the API key. The docs pages fetch /openapi.json without it: on a
+    keyed server they show only what a client that sends the key reads from /openapi.json itself."""
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=keyed)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=keyed)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=keyed)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:
@@ -78,7 +98,8 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
                 await call.close()
             await engine.stop()
 
-    app = FastAPI(title="voice-gateway", lifespan=lifespan)
+    # the docs are ours to serve: FastAPI's own routes for them take no dependencies, so no key
+    app = FastAPI(title="voice-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
     app.state.gateway = gateway
     app.state.gateway_metrics = metrics
@@ -89,7 +110,8 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     install_error_handlers(app)
     app.add_middleware(LimitBody, max_bytes=gateway.max_body_bytes)
     app.add_middleware(StampArrival)
-    app.include_router(openai_router, dependencies=[Depends(require_api_key)])
+    keyed = [Depends(require_api_key)]  # with a key set, everything but /health and the demo's files wants it
+    app.include_router(openai_router, dependencies=keyed)
     app.include_router(realtime_router)
     app.include_router(webrtc_router)
 
@@ -105,11 +127,12 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
             "stage_load": engine.stage_load(),
         }
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[] if gateway.public_metrics else keyed)
     async def prometheus() -> Response:
         text = generate_latest(engine.registry) + generate_latest(metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
+    _add_docs(app, keyed)
     if WEB_DIR.is_dir():
         # last: the demo page owns whatever path no API route took
         app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")

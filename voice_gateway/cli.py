@@ -35,6 +35,15 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="require this key (Authorization: Bearer, or the "
                         "openai-insecure-api-key.<key> WebSocket subprotocol); default: the "
                         "VOICE_GATEWAY_API_KEY environment variable, else no key")
+    parser.add_argument("--allowed-origins", type=_comma_list, default=(), metavar="ORIGINS",
+                        help="comma list of web origins (scheme://host[:port], or *) whose pages may open realtime "
+                        "sessions, besides this server's own origin; clients that send no Origin are let in")
+    parser.add_argument("--allowed-hosts", type=_comma_list, default=(), metavar="HOSTS",
+                        help="comma list of Host names (or *) realtime sessions may come through, besides loopback "
+                        "and --host; a name behind a proxy goes here")
+    parser.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="after SIGTERM, connections still open this long are cut (default 10)")
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent realtime sessions")
     parser.add_argument("--max-session-seconds", type=float, default=1800.0)
     parser.add_argument("--opus-bitrate", type=int, default=96_000, help="bits/s of Opus output (our extension)")
@@ -50,6 +59,15 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="server processes in front of one engine process (default: the profile's "
                         "http_workers, else 1; more than 1 runs the engine in its own process; /metrics' "
                         "gateway figures and --max-sessions are then per process)")
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _served_hosts(bind_host: str) -> tuple[str, ...]:
+    # a wildcard bind address is no name a client reaches us by (and browsers route 0.0.0.0 to loopback)
+    return () if bind_host in ("", "0.0.0.0", "::") else (bind_host,)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -72,6 +90,9 @@ def serve(args: argparse.Namespace) -> int:
             max_sessions=args.max_sessions,
             max_session_s=args.max_session_seconds,
             opus_bitrate_bps=args.opus_bitrate,
+            allowed_origins=args.allowed_origins,
+            allowed_hosts=(*_served_hosts(args.host), *args.allowed_hosts),
+            public_metrics=args.public_metrics,
         )
     except ValueError as e:
         log.error("%s", e)
@@ -79,7 +100,9 @@ def serve(args: argparse.Namespace) -> int:
     webrtc = WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))
     uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=args.http,
                         # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
-                        ws_max_size=32 * 1024 * 1024)
+                        ws_max_size=32 * 1024 * 1024,
+                        # then still-open connections are cut, and the lifespan's engine stop fails their requests
+                        timeout_graceful_shutdown=args.shutdown_timeout)
     workers = profile.http_workers if args.http_workers is None else args.http_workers
     if workers < 1:
         log.error("--http-workers must be at least 1, got %d", workers)

@@ -18,9 +18,15 @@ class GatewayConfig:
     opus_bitrate_bps: int = 96_000
     max_body_bytes: int = 32 * 1024 * 1024  # one HTTP request body, read before it is parsed
     max_input_audio_s: float = 600.0  # one uploaded chat audio part; the engine's own limit is 600 s
-
+    # Who may open a realtime session besides a client without an Origin, the page's own origin, and a Host
+    # that is loopback: browser origins (scheme://host[:port]) and Host names; "*" takes any.
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    public_metrics: bool = False  # /metrics without the API key (a scraper inside the deployment)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16 \
                 or self.max_body_bytes < 1024 or self.max_input_audio_s <= 0:
             raise ValueError(f"impossible gateway limits: {self}")
+        if bad := [o for o in self.allowed_origins if o != "*" and "://" not in o]:
+            raise ValueError(f"allowed origins are scheme://host[:port], got {bad}")

@@ -20,7 +20,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerCo
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from voice_gateway.admission import Refused, SessionSlot
+from voice_gateway.admission import Caller, Refused, SessionSlot
 from voice_gateway.errors import APIError
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.frames import deliver
@@ -107,7 +107,7 @@ class Call:
 @router.post("/v1/realtime/calls")
 async def create_call(request: Request, model: str | None = None) -> Response:
     try:
-        slot = request.app.state.admission.admit("webrtc", request.headers.get("authorization"), (), model)
+        slot = request.app.state.admission.admit("webrtc", Caller.of(request), model)
     except Refused as refused:
         raise refused.as_api_error() from None
     try:

@@ -1,7 +1,8 @@
 // The voice demo page's wiring: reads the URL's options, builds the pieces on their DOM elements and connects
 // them. What each piece owns is said at the top of its file.
 //
-//   ?server=URL   the gateway (default: this page's origin)     ?key=KEY        an API key
+//   ?server=URL   the gateway (default: this page's origin; another one is confirmed first)
+//   ?key=KEY      an API key: moved to sessionStorage and out of the address bar at once
 //   ?transport=   webrtc (default) | ws-opus | ws-pcm16          ?mode=ptt       start in push-to-talk
 
 import { AudioEngine } from "./audio.js";
@@ -9,6 +10,7 @@ import { Banner } from "./banner.js";
 import { LevelMeter } from "./level-meter.js";
 import { Latency } from "./latency.js";
 import { ModelInfo } from "./model-info.js";
+import { chooseServer, takeApiKey } from "./page-options.js";
 import { TalkControl } from "./push-to-talk.js";
 import { Session } from "./session.js";
 import { StatsPanel } from "./stats-panel.js";
@@ -17,8 +19,8 @@ import { Transcript } from "./transcript.js";
 import { TransportPicker } from "./transport-picker.js";
 
 const params = new URLSearchParams(location.search);
-const baseUrl = params.get("server") || location.origin;
-const apiKey = params.get("key") || null;
+const baseUrl = chooseServer(params.get("server"));
+const apiKey = takeApiKey(params);
 const $ = (id) => document.getElementById(id);
 
 const banner = new Banner($("banner"));

@@ -110,7 +110,7 @@ BAD_OFFERS = ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "m=audio garbage")
 
 def test_refused_webrtc_offers_give_back_only_the_place_they_took(tiny_checkpoint: Path, cache_dir: Path) -> None:
     engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
-    with TestClient(create_app(engine, GatewayConfig(max_sessions=2))) as client:
+    with TestClient(create_app(engine, GatewayConfig(max_sessions=2, allowed_hosts=("testserver",)))) as client:
         for i in range(10):
             answer = client.post("/v1/realtime/calls", content=BAD_OFFERS[i % 2],
                                  headers={"content-type": "application/sdp"})

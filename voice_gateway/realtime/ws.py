@@ -8,7 +8,7 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from voice_gateway.admission import Refused
+from voice_gateway.admission import Caller, Refused
 from voice_gateway.realtime.events import ErrorDetail, ErrorEvent, dialect_for, serialize
 from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import Session
@@ -25,7 +25,7 @@ async def realtime(ws: WebSocket, model: str | None = None) -> None:
     gateway, engine, metrics, admission = state.gateway, state.engine, state.gateway_metrics, state.admission
     subprotocols = ws.scope.get("subprotocols", [])
     try:
-        slot = admission.admit("websocket", ws.headers.get("authorization"), subprotocols, model)
+        slot = admission.admit("websocket", Caller.of(ws), model)
     except Refused as refused:
         if refused.code == "invalid_api_key":
             await ws.close(code=CLOSE_POLICY, reason="invalid or missing API key")  # before accept: HTTP 403
