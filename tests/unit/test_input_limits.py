@@ -27,7 +27,9 @@ MAX_AUDIO_S = 5.0
 @pytest.fixture(scope="module")
 def client(tiny_checkpoint: Path, cache_dir: Path) -> Iterator[TestClient]:
     engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
-    with TestClient(create_app(engine, GatewayConfig(max_body_bytes=MAX_BODY_BYTES, max_input_audio_s=MAX_AUDIO_S))) as client:
+    # TestClient sends `Host: testserver`, which the realtime endpoints take only when named
+    gateway = GatewayConfig(max_body_bytes=MAX_BODY_BYTES, max_input_audio_s=MAX_AUDIO_S, allowed_hosts=("testserver",))
+    with TestClient(create_app(engine, gateway)) as client:
         yield client
 
 
