@@ -7,7 +7,9 @@ engine process shared by several server processes.
 
 from engine.api import (
     INPUT_SAMPLE_RATE_HZ,
+    OVERLOADED,
     SAMPLE_RATE_HZ,
+    UNAVAILABLE,
     AudioChunk,
     AudioPart,
     ContentPart,
@@ -31,7 +33,9 @@ from engine.remote.host import EngineHost
 
 __all__ = [
     "INPUT_SAMPLE_RATE_HZ",
+    "OVERLOADED",
     "SAMPLE_RATE_HZ",
+    "UNAVAILABLE",
     "AudioChunk",
     "AudioPart",
     "ContentPart",

@@ -13,12 +13,19 @@ SAMPLE_RATE_HZ = 24_000
 INPUT_SAMPLE_RATE_HZ = 16_000
 
 
-class EngineError(Exception):
-    """A request the engine cannot take; the message is safe to show a client."""
+# `code`s of refusals that are the server's state, not the request's fault: the client may try again
+OVERLOADED = "server_overloaded"  # every slot busy and the queue full, or the queue's deadline passed
+UNAVAILABLE = "engine_unavailable"  # the engine process is down, stalled or restarting
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+
+class EngineError(Exception):
+    """A request the engine cannot take; the message is safe to show a client. `retry_after_s`: for a
+    refusal that is the server's state (`OVERLOADED`, `UNAVAILABLE`), when trying again makes sense."""
+
+    def __init__(self, message: str, code: str | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +108,13 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
+    """The request's last event when it did not finish. `code`: `OVERLOADED` or `UNAVAILABLE` when the
+    server's state refused or ended it (before any output, for a refusal), None for a failure."""
+
     request_id: str
     reason: str
+    code: str | None = None
+    retry_after_s: float | None = None
 
 
 OutputEvent = TextDelta | AudioChunk | Finished | Failed

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine import OVERLOADED, UNAVAILABLE
 from voice_gateway.text import printable
 
 log = logging.getLogger(__name__)
@@ -23,9 +25,11 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.retry_after_s = retry_after_s
 
     def body(self) -> dict:
         """The error object; its text may quote the request, so what UTF-8 cannot encode is escaped."""
@@ -33,8 +37,23 @@ class APIError(Exception):
         return {"error": {"message": printable(self.message), "type": self.type, "param": param, "code": self.code}}
 
 
+# refusals that are the server's state, not the request's: the client may try again after Retry-After
+_SERVER_STATE = {OVERLOADED: 429, UNAVAILABLE: 503}
+
+
+def engine_error(message: str, code: str | None, retry_after_s: float | None = None, *, status: int = 400) -> APIError:
+    """An engine's refusal (`EngineError`, status 400) or failure (`Failed`, status 500) as OpenAI's error;
+    an overloaded engine is a 429 and one that cannot serve a 503, both with Retry-After."""
+    if code in _SERVER_STATE:
+        return APIError(_SERVER_STATE[code], message, type="server_error", code=code, retry_after_s=retry_after_s)
+    if status >= 500:
+        return APIError(status, f"generation failed: {message}", type="server_error", code=code)
+    return APIError(status, message, code=code)
+
+
 def _response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    headers = None if err.retry_after_s is None else {"Retry-After": str(max(1, math.ceil(err.retry_after_s)))}
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -25,6 +25,7 @@ from engine import (
     Failed,
     Finished,
     Message,
+    OutputEvent,
     RequestStream,
     SamplingParams,
     TextDelta,
@@ -32,7 +33,7 @@ from engine import (
 )
 from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
-from voice_gateway.errors import APIError
+from voice_gateway.errors import APIError, engine_error
 from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent, TextContent
 from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, stream_chunks
 from voice_gateway.openai.usage import chat_usage
@@ -73,12 +74,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     try:
         stream = await engine.submit(engine_request)
     except EngineError as e:
-        raise APIError(400, str(e), code=e.code) from e
+        raise engine_error(str(e), e.code, e.retry_after_s) from e
     if body.stream:
+        head = await _first_event(request, stream)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         received_at = getattr(request.state, "received_at", time.perf_counter())
         return StreamingResponse(
-            stream_chunks(stream, body.model, want_audio, include_usage,
+            stream_chunks(stream, head, body.model, want_audio, include_usage,
                           FirstChunks(received_at, request.app.state.gateway_metrics)),
             media_type="text/event-stream",
         )
@@ -87,6 +89,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         return await _collect(stream, body.model, want_audio, audio_format)
     finally:
         watcher.cancel()
+
+
+async def _first_event(request: Request, stream: RequestStream) -> OutputEvent:
+    """A streamed reply's first event, before its headers: a request the engine queued and then refused
+    (overloaded), or one it could not start, is still an HTTP status (429 with Retry-After, 503)."""
+    watcher = asyncio.create_task(_abort_on_disconnect(request, stream))
+    try:
+        head = await anext(stream)
+    finally:
+        watcher.cancel()
+    if isinstance(head, Failed):
+        raise engine_error(head.reason, head.code, head.retry_after_s, status=500)
+    return head
 
 
 async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
@@ -158,7 +173,7 @@ async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_fo
             elif isinstance(event, Finished):
                 finished = event
             elif isinstance(event, Failed):
-                raise APIError(500, f"generation failed: {event.reason}", type="server_error")
+                raise engine_error(event.reason, event.code, event.retry_after_s, status=500)
     finally:
         await stream.aclose()
     assert finished is not None

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine import AudioChunk, Failed, Finished, RequestStream, TextDelta
+from engine import AudioChunk, Failed, Finished, OutputEvent, RequestStream, TextDelta
 from voice_gateway.audio.wav import float_to_pcm16
-from voice_gateway.errors import APIError
+from voice_gateway.errors import engine_error
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.openai.usage import chat_usage
 
@@ -62,9 +62,16 @@ class ChunkWriter:
                          str(expires_at).encode(), b'}},"finish_reason":null,"logprobs":null}]}\n\n'))
 
 
-async def stream_chunks(stream: RequestStream, model: str, want_audio: bool, include_usage: bool,
+async def _events(head: OutputEvent, stream: RequestStream) -> AsyncIterator[OutputEvent]:
+    yield head
+    async for event in stream:
+        yield event
+
+
+async def stream_chunks(stream: RequestStream, head: OutputEvent, model: str, want_audio: bool, include_usage: bool,
                         first: FirstChunks) -> AsyncIterator[bytes]:
-    """The reply's SSE events, `data: [DONE]` last; the engine request is closed however the stream ends."""
+    """The reply's SSE events from its first engine event `head` on, `data: [DONE]` last; the engine
+    request is closed however the stream ends."""
     created = int(time.time())
     audio_id = f"audio_{uuid.uuid4().hex}"
     writer = ChunkWriter(stream.request_id, model, created)
@@ -74,7 +81,7 @@ async def stream_chunks(stream: RequestStream, model: str, want_audio: bool, inc
         yield chunk({"role": "assistant", "content": None if want_audio else ""})
         if want_audio:
             yield chunk({"audio": {"id": audio_id}})
-        async for event in stream:
+        async for event in _events(head, stream):
             if isinstance(event, TextDelta):
                 # With audio, OpenAI streams the text as the audio's transcript.
                 yield chunk({"audio": {"transcript": event.text}} if want_audio else {"content": event.text})
@@ -89,7 +96,7 @@ async def stream_chunks(stream: RequestStream, model: str, want_audio: bool, inc
                             "model": model, "choices": [], "usage": chat_usage(event)}
                     yield f"data: {json.dumps(body)}\n\n".encode()
             elif isinstance(event, Failed):
-                error = APIError(500, f"generation failed: {event.reason}", type="server_error")
+                error = engine_error(event.reason, event.code, event.retry_after_s, status=500)
                 yield f"data: {json.dumps(error.body())}\n\n".encode()
         yield b"data: [DONE]\n\n"
     finally:

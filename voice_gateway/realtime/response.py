@@ -19,6 +19,8 @@ from typing import Any, Literal
 import numpy as np
 
 from engine import (
+    OVERLOADED,
+    UNAVAILABLE,
     AudioChunk,
     Engine,
     EngineError,
@@ -127,7 +129,9 @@ class ResponseRunner:
             r.outcome = ResponseOutcome("failed", None, ErrorDetail(type="server_error", code="slow_consumer",
                                                                     message="the client did not read fast enough"))
         except EngineError as e:
-            r.outcome = ResponseOutcome("failed", None, ErrorDetail(code=e.code or "invalid_request", message=str(e)))
+            kind = "server_error" if e.code in (OVERLOADED, UNAVAILABLE) else "invalid_request_error"
+            r.outcome = ResponseOutcome("failed", None, ErrorDetail(type=kind, code=e.code or "invalid_request",
+                                                                    message=str(e)))
         self._finish(usage)
 
     async def _stream(self, messages: tuple[Message, ...]) -> Usage:
@@ -156,8 +160,8 @@ class ResponseRunner:
                     usage = _usage(event.timings)
                     break
                 elif isinstance(event, Failed):
-                    self.r.outcome = ResponseOutcome("failed", None, ErrorDetail(type="server_error", code="engine_failed",
-                                                                                 message=event.reason))
+                    self.r.outcome = ResponseOutcome("failed", None, ErrorDetail(
+                        type="server_error", code=event.code or "engine_failed", message=event.reason))
             if self.audio_mode:
                 with _slow_consumer_if_full():
                     sink.finish()  # a failed reply's audio plays out too
