@@ -107,11 +107,12 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
 
 def print_summary(result: BenchResult, console: Console) -> None:
     table = Table(title=f"bench {result.label} ({result.config['model']})")
-    for col in ("P", "C", "req/s", "fail", "TTFT mean/p99", "TTFP mean/p50/p99", "server TTFT/TTFP (from arrival)", "RTF mean/p99",
+    for col in ("P", "C", "req/s", "refused", "fail", "TTFT mean/p99", "TTFP mean/p50/p99", "server TTFT/TTFP (from arrival)", "RTF mean/p99",
                 "gap p99 ms", "audio s", "underruns", "client lag p99 ms"):
         table.add_column(col, justify="right")
     for lv in result.levels:
-        table.add_row(str(lv.prompt_words), str(lv.concurrency), _fmt(lv.req_per_s, ".2f"), str(lv.failures),
+        table.add_row(str(lv.prompt_words), str(lv.concurrency), _fmt(lv.req_per_s, ".2f"), str(lv.refused),
+                      str(lv.failures),
                       f"{_fmt(lv.ttft_s.mean)}/{_fmt(lv.ttft_s.p99)}",
                       f"{_fmt(lv.ttfp_s.mean)}/{_fmt(lv.ttfp_s.p50)}/{_fmt(lv.ttfp_s.p99)}",
                       f"{_fmt(lv.server_ttft_mean_s)}/{_fmt(lv.server_ttfp_mean_s)}"

@@ -25,6 +25,7 @@ class RequestRecord:
     ok: bool = False
     error: str | None = None
     status: int | None = None
+    retry_after_s: float | None = None  # refused as overloaded or unavailable (429/503): when to try again
     headers_s: float | None = None  # the response's status line and headers
     ttft_s: float | None = None
     ttfp_s: float | None = None

@@ -33,6 +33,7 @@ class LevelResult:
     prompt_words: int  # what the client asked for; prompt_tokens_mean is what the server counted
     num_requests: int
     completed: int
+    refused: int  # told 429/503 (overloaded or unavailable): the server's honest no, not a failure
     failures: int
     wall_s: float
     req_per_s: float
@@ -59,8 +60,8 @@ class LevelResult:
     # how late this client's own event loop woke for a 5 ms timer meanwhile: when it is busy, every
     # client-side time above is late by about this much
     client_lag_ms: Stat = field(default_factory=Stat)
-    # request sent -> response headers: the server sends them once the engine took the request, so
-    # a large value here is the request's way in (client pool, connect, the server's accept)
+    # request sent -> response headers: the server sends them with the engine's first event (text), so
+    # this is about TTFT; much more than TTFT is the request's way in (client pool, connect, accept)
     headers_s: Stat = field(default_factory=Stat)
 
 
@@ -72,9 +73,10 @@ def _mean(values: Iterable[float | None]) -> float | None:
 def summarize_level(concurrency: int, records: list[RequestRecord], wall_s: float,
                     prompt_words: int = 0) -> LevelResult:
     ok = [r for r in records if r.ok]
+    refused = sum(1 for r in records if r.retry_after_s is not None)
     return LevelResult(
         concurrency=concurrency, prompt_words=prompt_words, num_requests=len(records), completed=len(ok),
-        failures=len(records) - len(ok), wall_s=wall_s,
+        refused=refused, failures=len(records) - len(ok) - refused, wall_s=wall_s,
         req_per_s=len(ok) / wall_s if wall_s > 0 else 0.0,
         ttft_s=Stat.of(r.ttft_s for r in ok), ttfp_s=Stat.of(r.ttfp_s for r in ok),
         rtf=Stat.of(r.rtf for r in ok), latency_s=Stat.of(r.latency_s for r in ok),

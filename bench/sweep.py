@@ -81,6 +81,8 @@ async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str
             rec.status = resp.status_code
             if resp.status_code >= 400:
                 rec.error = f"HTTP {resp.status_code}: {error_text(await resp.aread())}"
+                if resp.status_code in (429, 503):
+                    rec.retry_after_s = _seconds(resp.headers.get("retry-after"))
                 return rec
             async for line in resp.aiter_lines():
                 if (data := decoder.feed(line)) is not None:
@@ -97,6 +99,13 @@ async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str
     return rec
 
 
+def _seconds(retry_after: str | None) -> float:
+    try:
+        return max(0.0, float(retry_after or 1))
+    except ValueError:  # an HTTP date: not what this server sends
+        return 1.0
+
+
 async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model: str,
                     indices: Iterable[int], concurrency: int, prompt_words: int,
                     on_done: Callable[[], None]) -> list[RequestRecord]:
@@ -106,8 +115,11 @@ async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model
 
     async def worker(client: httpx.AsyncClient) -> None:
         for index in pending:
-            records.append(await one_request(client, config, model, index, concurrency, prompt_words))
+            record = await one_request(client, config, model, index, concurrency, prompt_words)
+            records.append(record)
             on_done()
+            if record.retry_after_s is not None:  # refused: a well-behaved client waits as told
+                await asyncio.sleep(record.retry_after_s)
 
     await asyncio.gather(*(worker(client) for client in clients))
     return sorted(records, key=lambda r: r.index)

@@ -112,6 +112,15 @@ class FirstPacketConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Requests beyond what the stages run at once (engine/gate.py): how many wait, and for how long."""
+
+    max_queued: int = field(default=64, metadata=_at_least(0))
+    # past it a waiting request is refused (overloaded), so none waits longer for its first audio
+    queue_timeout_s: float = field(default=1.0, metadata=_at_least(0.0))
+
+
+@dataclass(frozen=True, slots=True)
 class StagesConfig:
     thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
     talker: TalkerConfig = field(default_factory=TalkerConfig)
@@ -138,6 +147,7 @@ class DeployProfile:
     # reference: transformers' own modules
     kernels: Literal["reference", "triton"] = "reference"
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
 

@@ -212,7 +212,7 @@ def test_cli_arguments_parse() -> None:
 class _FakeOmni(BaseHTTPRequestHandler):
     """Minimal OpenAI-style server: streams text, three 0.1 s audio chunks, usage, [DONE]."""
 
-    fail = False
+    fail = 0  # answer every POST with this status
     requests: list[dict[str, Any]] = []
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
@@ -232,8 +232,14 @@ class _FakeOmni(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
+        if type(self).fail == 429:
+            self.send_response(429)
+            self.send_header("Retry-After", "0")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if type(self).fail:
-            self._send_json(503, {"error": {"message": "overloaded", "type": "server_error"}})
+            self._send_json(type(self).fail, {"error": {"message": "broken", "type": "server_error"}})
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -254,7 +260,7 @@ class _FakeOmni(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_server() -> Iterator[tuple[str, type[_FakeOmni]]]:
-    handler = type("Handler", (_FakeOmni,), {"fail": False, "requests": []})
+    handler = type("Handler", (_FakeOmni,), {"fail": 0, "requests": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -314,14 +320,24 @@ async def test_run_bench_end_to_end_writes_json_and_png(fake_server, tmp_path: P
 
 async def test_run_bench_records_http_errors_as_failures(fake_server, tmp_path: Path) -> None:
     url, handler = fake_server
-    handler.fail = True
+    handler.fail = 500
     cfg = BenchConfig(url=url, model="m", concurrency=[2], num_requests=3, warmup=0,
                       label="fail", out_dir=tmp_path, show_progress=False)
     result = await bench.run_bench(cfg)
     lv = result.levels[0]
-    assert (lv.num_requests, lv.failures, lv.completed, lv.req_per_s) == (3, 3, 0, 0.0)
-    assert all(r.status == 503 and r.error == "HTTP 503: overloaded" for r in lv.records)
+    assert (lv.num_requests, lv.failures, lv.refused, lv.completed, lv.req_per_s) == (3, 3, 0, 0, 0.0)
+    assert all(r.status == 500 and r.error == "HTTP 500: broken" and r.retry_after_s is None for r in lv.records)
     assert (tmp_path / "fail.png").exists()
+
+
+async def test_run_bench_counts_refusals_apart_from_failures(fake_server, tmp_path: Path) -> None:
+    url, handler = fake_server
+    handler.fail = 429
+    cfg = BenchConfig(url=url, model="m", concurrency=[2], num_requests=4, warmup=0,
+                      label="refused", out_dir=tmp_path, show_progress=False)
+    lv = (await bench.run_bench(cfg)).levels[0]
+    assert (lv.num_requests, lv.refused, lv.failures, lv.completed) == (4, 4, 0, 0)
+    assert all(r.status == 429 and r.retry_after_s == 0 for r in lv.records)
 
 
 def test_bench_main_without_model_or_server_returns_2(tmp_path: Path) -> None:

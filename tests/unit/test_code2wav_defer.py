@@ -82,7 +82,7 @@ def _audio(cache_dir: Path, defer_ahead_s: float) -> tuple[list[np.ndarray], int
         await engine.start()
         try:
             audio = await asyncio.wait_for(_replies(engine, 3), timeout=180)
-            return audio, len(engine.core.policy.awaiting)
+            return audio, len(engine.core.core.policy.awaiting)
         finally:
             await engine.stop()
 

@@ -35,7 +35,7 @@ def engine(tiny_checkpoint: Path, cache_dir: Path) -> Engine:
                            stage_overrides={"thinker": {"ignore_eos": True},
                                             "talker": {"max_frames": MAX_FRAMES, "ignore_eos": True}})
     engine = create_engine("tiny", profile, cache_dir)
-    assert isinstance(engine.core, ReferenceCore)  # type: ignore[attr-defined]
+    assert isinstance(engine.core.core, ReferenceCore)  # type: ignore[attr-defined]
     return engine
 
 

@@ -54,7 +54,7 @@ def test_an_aborted_reply_frees_its_replicas_in_the_engine(cache_dir) -> None:
             async for event in stream:
                 if isinstance(event, AudioChunk):  # both routers have placed the reply by now
                     engine.abort("r")
-            return [router.in_flight for router in engine.core.routers]
+            return [router.in_flight for router in engine.core.core.routers]
         finally:
             await engine.stop()
 

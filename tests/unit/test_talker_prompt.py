@@ -60,13 +60,13 @@ def _old_prompt_embeds(runner, token_ids, embeds, hidden, first_text, speaker) -
 @torch.inference_mode()
 def test_prompt_embeds_equal_the_mask_formulation(tiny_checkpoint: Path, cache_dir: Path) -> None:
     engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
-    runner = engine.core.stages["talker"].runner
+    runner = engine.core.core.stages["talker"].runner
     audio = min(runner._multimodal_id_set)
     im, user, assistant = runner.im_start_id, runner.user_token_id, runner.assistant_token_id
     system = 872  # any id that is not a role: a system-like turn the Talker skips
     ids = [im, system, 10, 11, 12, im, user, 13, audio, audio, 14, im, system, 15, im, user, 16, im, assistant, 17]
     gen = torch.Generator().manual_seed(0)
-    thinker_hidden = engine.core.stages["thinker"].runner.thinker.config.text_config.hidden_size
+    thinker_hidden = engine.core.core.stages["thinker"].runner.thinker.config.text_config.hidden_size
     embeds = torch.randn(len(ids), thinker_hidden, generator=gen)
     hidden = torch.randn(len(ids), thinker_hidden, generator=gen)
     first_text = torch.randn(thinker_hidden, generator=gen)

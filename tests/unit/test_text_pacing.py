@@ -46,7 +46,7 @@ def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, m
     profile = load_profile(model="tiny", platform="cpu", stage_overrides={"talker": talker or {}},
                            overrides={"first_packet": {"text_lead": lead}, "async_chunk": {"enabled": chunks}})
     engine = create_engine("tiny", profile, cache_dir)
-    thinker = engine.core.stages["thinker"]
+    thinker = engine.core.core.stages["thinker"]
     leads: list[list[int]] = []
     seen: list[list[tuple[int, int]]] = []
     paused = 0

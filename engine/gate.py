@@ -1,0 +1,156 @@
+"""Admission control: how many replies the stages run at once, and how long the others may wait.
+
+The stages batch whatever they hold, so past their batch every reply slows down together: on the
+H200 at 128 concurrent streams with batches of 64, 192 of 256 replies stuttered (docs/performance.md).
+`Gate` is an `EngineCore` in front of the real one that keeps the running replies within the
+stages' batch (a reply holds its place from its start to its last audio chunk); the next
+`max_queued` requests wait in arrival order, each at most `queue_timeout_s`, and the rest are
+refused at once. A refused request's only event is `Failed` with code `OVERLOADED` and a
+`retry_after_s`, which the edge answers as a 429 (chat, before any output) or a failed realtime
+response. It lives next to the stages, also when the engine has a process of its own, so server
+processes in front of one engine share one count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.api import OVERLOADED, EngineError, Failed, Finished, OutputEvent
+from engine.core import EngineCore, Sink
+from engine.handoff import AdmittedRequest
+from engine.profile import DeployProfile
+
+log = logging.getLogger(__name__)
+
+
+def stage_capacity(profile: DeployProfile) -> int:
+    """Replies the stages run at once: the smallest batch among them (replicas included)."""
+    s = profile.stages
+    return min(s.thinker.max_batch, s.talker.max_batch * s.talker.replicas, s.code2wav.max_batch * s.code2wav.replicas)
+
+
+class GateMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queued = Gauge("engine_admission_queue_depth", "Requests waiting for a place", registry=registry)
+        self.wait = Histogram("engine_admission_wait_seconds", "Time admitted requests waited for a place",
+                              buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0), registry=registry)
+        self.refused = Counter("engine_admission_refused", "Requests refused as overloaded, by why",
+                               ["reason"], registry=registry)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: AdmittedRequest
+    sink: Sink
+    since: float
+    timer: asyncio.TimerHandle | None
+
+
+class Gate:
+    """Owns the running count and the queue; `core` does the work."""
+
+    def __init__(self, core: EngineCore, *, max_active: int, max_queued: int, queue_timeout_s: float) -> None:
+        self.core = core
+        self.registry = core.registry
+        self.max_active = max_active
+        self.max_queued = max_queued
+        self.queue_timeout_s = queue_timeout_s
+        self.metrics = GateMetrics(core.registry)
+        self._active: set[str] = set()
+        self._waiting: OrderedDict[str, _Waiting] = OrderedDict()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def for_profile(cls, core: EngineCore, profile: DeployProfile) -> Gate:
+        a = profile.admission
+        return cls(core, max_active=stage_capacity(profile), max_queued=a.max_queued,
+                   queue_timeout_s=a.queue_timeout_s)
+
+    @property
+    def retry_after_s(self) -> float:
+        return max(1.0, self.queue_timeout_s)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.core.start()
+
+    async def stop(self) -> None:
+        for rid in list(self._waiting):
+            self._drop(rid).sink(Failed(rid, "server shutting down"))
+        await self.core.stop()
+
+    def stage_load(self) -> dict[str, int]:
+        return self.core.stage_load()
+
+    def begin(self, request: AdmittedRequest, sink: Sink) -> None:
+        rid = request.request_id
+        if rid in self._active or rid in self._waiting:
+            raise EngineError(f"request id {rid} is already in use")
+        if len(self._active) < self.max_active and not self._waiting:
+            self._run(request, sink)
+        elif len(self._waiting) < self.max_queued and self.queue_timeout_s > 0:
+            assert self._loop is not None, "gate not started"
+            timer = self._loop.call_later(self.queue_timeout_s, self._expire, rid)
+            self._waiting[rid] = _Waiting(request, sink, time.perf_counter(), timer)
+            self.metrics.queued.set(len(self._waiting))
+        else:
+            self._refuse(rid, sink, "full", f"the server is at capacity ({self.max_active} replies running, "
+                         f"{len(self._waiting)} waiting): try again later")
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._waiting:
+            self._drop(request_id).sink(Failed(request_id, "aborted"))
+        else:
+            self.core.abort(request_id)
+
+    def _run(self, request: AdmittedRequest, sink: Sink) -> None:
+        rid = request.request_id
+        self._active.add(rid)
+
+        def relay(event: OutputEvent) -> None:
+            if isinstance(event, (Finished, Failed)):
+                self._active.discard(rid)
+                sink(event)
+                self._admit_waiting()
+            else:
+                sink(event)
+
+        try:
+            self.core.begin(request, relay)
+        except BaseException:
+            self._active.discard(rid)
+            raise
+
+    def _admit_waiting(self) -> None:
+        while self._waiting and len(self._active) < self.max_active:
+            rid = next(iter(self._waiting))
+            waiting = self._drop(rid)
+            self.metrics.wait.observe(time.perf_counter() - waiting.since)
+            try:
+                self._run(waiting.request, waiting.sink)
+            except EngineError as e:
+                waiting.sink(Failed(rid, str(e), e.code, e.retry_after_s))
+
+    def _expire(self, request_id: str) -> None:
+        if request_id in self._waiting:
+            waiting = self._drop(request_id)
+            self._refuse(request_id, waiting.sink, "timeout",
+                         f"the server is at capacity: no place for this request within {self.queue_timeout_s:g} s")
+
+    def _drop(self, request_id: str) -> _Waiting:
+        waiting = self._waiting.pop(request_id)
+        if waiting.timer is not None:
+            waiting.timer.cancel()
+        self.metrics.queued.set(len(self._waiting))
+        return waiting
+
+    def _refuse(self, request_id: str, sink: Sink, reason: str, message: str) -> None:
+        self.metrics.refused.labels(reason).inc()
+        log.warning("request %s refused (%s): %s", request_id, reason, message)
+        sink(Failed(request_id, message, OVERLOADED, self.retry_after_s))

@@ -1,0 +1,94 @@
+"""Admission control on the tiny engine: replies beyond the stages' batch wait in a bounded queue with a
+deadline, or are refused at once as overloaded; a place that frees goes to the longest waiting."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from engine import (
+    OVERLOADED,
+    AudioChunk,
+    Engine,
+    EngineRequest,
+    Failed,
+    Finished,
+    Message,
+    SamplingParams,
+    TextPart,
+    create_engine,
+    load_profile,
+)
+from engine.gate import Gate, stage_capacity
+
+
+def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: float) -> Engine:
+    profile = load_profile(model="tiny", platform="cpu",
+                           overrides={"admission": {"max_queued": max_queued, "queue_timeout_s": queue_timeout_s}},
+                           stage_overrides={"thinker": {"max_batch": batch, "ignore_eos": True},
+                                            "talker": {"ignore_eos": True}})
+    assert stage_capacity(profile) == batch
+    return create_engine("tiny", profile, cache_dir)
+
+
+def _request(rid: str, *, audio: bool) -> EngineRequest:
+    # a spoken reply of the tiny model's 48 frames takes seconds on a CPU, a text reply of 4 tokens far less
+    return EngineRequest(rid, (Message("user", (TextPart("hello"),)),), want_audio=audio,
+                         sampling=SamplingParams(max_tokens=4, seed=0))
+
+
+async def _outcome(engine: Engine, request: EngineRequest) -> list:
+    return [event async for event in await engine.submit(request)]
+
+
+def _refused(events: list) -> bool:
+    return len(events) == 1 and isinstance(events[0], Failed) and events[0].code == OVERLOADED
+
+
+async def test_past_the_queue_a_request_is_refused_at_once_and_the_queued_one_runs_later(
+        tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = _engine(cache_dir, batch=2, max_queued=1, queue_timeout_s=120)
+    await engine.start()
+    try:
+        gate = engine.core  # type: ignore[attr-defined]
+        assert isinstance(gate, Gate)
+        running = [asyncio.create_task(_outcome(engine, _request(f"run{i}", audio=True))) for i in range(2)]
+        while len(gate._active) < 2:
+            await asyncio.sleep(0.01)
+        queued = asyncio.create_task(_outcome(engine, _request("queued", audio=False)))
+        while not gate._waiting:
+            await asyncio.sleep(0.01)
+        refused = await asyncio.wait_for(_outcome(engine, _request("refused", audio=False)), timeout=5)
+        assert _refused(refused), refused
+        assert refused[0].retry_after_s and refused[0].retry_after_s >= 1
+        assert not queued.done() and not any(t.done() for t in running)  # it refused without waiting for them
+        for task in (*running, queued):
+            events = await asyncio.wait_for(task, timeout=120)
+            assert isinstance(events[-1], Finished), events[-1]
+        assert gate.metrics.wait._sum.get() > 0  # the queued one waited for a running one to end
+        assert not gate._active and not gate._waiting
+    finally:
+        await engine.stop()
+
+
+async def test_a_queued_request_is_refused_when_its_deadline_passes_and_an_aborted_one_never_runs(
+        tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = _engine(cache_dir, batch=1, max_queued=2, queue_timeout_s=0.3)
+    await engine.start()
+    try:
+        gate = engine.core  # type: ignore[attr-defined]
+        long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
+        while not gate._active:
+            await asyncio.sleep(0.01)
+        abandoned = await engine.submit(_request("abandoned", audio=False))
+        await abandoned.aclose()
+        assert not gate._waiting
+        timed_out = await asyncio.wait_for(_outcome(engine, _request("late", audio=False)), timeout=10)
+        assert _refused(timed_out) and "within 0.3 s" in timed_out[0].reason
+        events = await asyncio.wait_for(long, timeout=120)
+        assert isinstance(events[-1], Finished) and any(isinstance(e, AudioChunk) for e in events)
+        assert gate.metrics.refused.labels("timeout")._value.get() == 1
+        # the aborted one took no place: a new request runs at once
+        assert isinstance((await _outcome(engine, _request("after", audio=False)))[-1], Finished)
+    finally:
+        await engine.stop()
