@@ -69,7 +69,7 @@ class Gate:
     @classmethod
     def for_profile(cls, core: EngineCore, profile: DeployProfile) -> Gate:
         a = profile.admission
-        return cls(core, max_active=stage_capacity(profile), max_queued=a.max_queued,
+        return cls(core, max_active=a.max_active or stage_capacity(profile), max_queued=a.max_queued,
                    queue_timeout_s=a.queue_timeout_s)
 
     @property

@@ -113,11 +113,13 @@ class FirstPacketConfig:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """Requests beyond what the stages run at once (engine/gate.py): how many wait, and for how long."""
+    """How many replies run at once, and how many more wait and for how long (engine/gate.py)."""
 
+    # 0: the stages' smallest batch; less keeps replies in real time where the batch alone does not
+    max_active: int = field(default=0, metadata=_at_least(0))
     max_queued: int = field(default=64, metadata=_at_least(0))
     # past it a waiting request is refused (overloaded), so none waits longer for its first audio
-    queue_timeout_s: float = field(default=1.0, metadata=_at_least(0.0))
+    queue_timeout_s: float = field(default=0.1, metadata=_at_least(0.0))
 
 
 @dataclass(frozen=True, slots=True)
