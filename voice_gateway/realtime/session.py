@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import Engine, Message
+from engine import INPUT_SAMPLE_RATE_HZ, Engine, Message
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
@@ -53,7 +53,8 @@ class Session:
         self.buffer = InputAudioBuffer(gateway.max_input_buffer_s)
         self.turns = TurnTaking()
         self.turns.configure(self.config.turn_detection, 0)
-        self.conversation = Conversation()
+        self.conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
+                                         int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))
         self.response: Response | None = None
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
         self.track = TrackSink(self.sender) if audio_on_track else None
@@ -177,16 +178,29 @@ class Session:
                        f"buffer too small: {self.buffer.duration_ms} ms of audio, at least {_MIN_COMMIT_MS} ms needed",
                        event_id=event.event_id)
             return
-        self._commit_audio(self.buffer.take_all(), self.turns.take_item_id())
+        self._commit_audio(self.buffer.take_all(), self.turns.take_item_id(), event.event_id)
 
-    def _commit_audio(self, samples: np.ndarray, item_id: str) -> None:
+    def _commit_audio(self, samples: np.ndarray, item_id: str, event_id: str | None = None) -> None:
         item = Item(item_id, "user", audio=samples, audio_ms=audio_ms(samples))
         previous = self.conversation.add(item)
         self.sender.event(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
         self._announce_item(item, previous)
+        self._bound_audio(item, event_id, None)
+
+    def _bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
+        """Keep the conversation's audio within its bounds; the client hears of it when its new item's own goes."""
+        self.conversation.bound_audio(self.config.instructions)
+        if added.audio_dropped:
+            context_s = self.conversation.context_audio_s()
+            self.error("input_audio_too_long",
+                       f"item {added.id} holds {added.audio_ms / 1000:.1f} s of audio; a session keeps at most "
+                       f"{self.gateway.max_stored_audio_s:.0f} s, and this model's context about {context_s} s: "
+                       "the item stays in the conversation without its audio, which replies will not hear",
+                       event_id=event_id, param=param)
 
     def _announce_item(self, item: Item, previous: str | None) -> None:
-        part = ev.ContentPart(type="input_audio") if item.audio is not None else ev.ContentPart(
+        has_audio = item.audio is not None or item.audio_dropped
+        part = ev.ContentPart(type="input_audio") if has_audio else ev.ContentPart(
             type="input_text" if item.role == "user" else "output_text", text=item.text)
         message = ev.MessageItem(id=item.id, role=item.role, status="completed", content=[part])
         self.sender.event(ev.ConversationItemAdded(item=message, previous_item_id=previous))
@@ -218,6 +232,7 @@ class Session:
                        event_id=event.event_id, param="previous_item_id")
             return
         self._announce_item(item, previous)
+        self._bound_audio(item, event.event_id, "item.content")
 
     async def _truncate(self, event: ev.ConversationItemTruncate) -> None:
         try:
@@ -263,9 +278,9 @@ class Session:
     # -- responses
     def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None) -> None:
         item = Item(new_item_id(), "assistant", status="in_progress")
-        budget = self.engine.info.max_model_len - _REPLY_TOKENS_RESERVE
-        messages = self.conversation.to_messages(config.instructions, budget)
+        messages = self.conversation.to_messages(config.instructions)
         previous = self.conversation.add(item)
+        self.conversation.bound_audio(config.instructions)  # the audio this prompt left out goes
         response = Response.new(item, config, self._sink_for(config.output_audio_format), speech_stopped_at)
         self.response = response
         runner = ResponseRunner(self.engine, response, self.sender)
