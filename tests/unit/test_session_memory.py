@@ -1,11 +1,14 @@
-"""A realtime session's memory: stored audio stays within its bounds."""
+"""A realtime session's memory: stored audio stays within its bounds, and a closed session is freed at once."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import gc
 import json
 import tracemalloc
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +35,17 @@ async def engine(tiny_checkpoint: Path, cache_dir: Path) -> AsyncIterator[Engine
     await engine.start()
     yield engine
     await engine.stop()
+
+
+@pytest.fixture
+def no_cyclic_gc() -> Iterator[None]:
+    """Only reference counting frees anything while the test runs."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _drain(session: Session) -> list[dict]:
@@ -102,3 +116,52 @@ async def test_a_commit_longer_than_a_session_keeps_is_an_error_and_stays_listed
     assert not [e for e in _drain(session) if e["type"] == "error"]
     latest = session.conversation.items[-1].audio
     assert latest is not None and session.conversation.audio_samples() == latest.size
+
+
+async def _used_session(engine: Engine, response: str | None) -> Session:
+    """A session with committed audio and, if asked, a response that `finished` or is still `running`."""
+    session = await _manual_session(engine, GatewayConfig())
+    await deliver(session, _append(3.0))
+    await deliver(session, json.dumps({"type": "input_audio_buffer.commit"}))
+    await deliver(session, _append(1.0, seed=1))  # left in the input buffer
+    if response is not None:
+        await deliver(session, json.dumps({"type": "response.create", "response": {"max_output_tokens": 4}}))
+        assert session.response is not None and session.response.task is not None
+        if response == "finished":
+            await asyncio.wait_for(session.response.task, 60)
+        else:
+            await asyncio.sleep(0)
+    _drain(session)
+    return session
+
+
+@pytest.mark.parametrize("response", [None, "finished", "running"])
+async def test_a_closed_session_is_freed_without_the_cyclic_gc(
+        engine: Engine, no_cyclic_gc: None, response: str | None) -> None:
+    session = await _used_session(engine, response)
+    audio = session.conversation.items[0].audio
+    assert audio is not None
+    freed_session, freed_audio = weakref.ref(session), weakref.ref(audio)
+    del audio
+    await session.close()
+    del session
+    assert freed_session() is None
+    # a cancelled request may still hold its prompt's audio for a moment (a feature thread finishing): the
+    # engine lets it go by itself, with no cycle to wait for
+    for _ in range(200):
+        if freed_audio() is None:
+            break
+        await asyncio.sleep(0.05)
+    assert freed_audio() is None
+
+
+async def test_closing_releases_the_audio_while_the_session_is_still_held(engine: Engine) -> None:
+    session = await _used_session(engine, "finished")
+    audio = session.conversation.items[0].audio
+    assert audio is not None
+    freed_audio = weakref.ref(audio)
+    del audio
+    await session.close()
+    assert freed_audio() is None
+    assert session.conversation.audio_samples() == 0 and session.buffer.duration_ms == 0
+    assert len(session.conversation.items) == 2  # still listed: the user's audio item and the reply

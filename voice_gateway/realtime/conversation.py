@@ -91,6 +91,11 @@ class Conversation:
     def audio_samples(self) -> int:
         return sum(item.audio.size for item in self.items if item.audio is not None)
 
+    def release_audio(self) -> None:
+        """The session is over: every item lets go of its audio."""
+        for item in self.items:
+            item.drop_audio()
+
     def get(self, item_id: str) -> Item | None:
         return next((it for it in self.items if it.id == item_id), None)
 

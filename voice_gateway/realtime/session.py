@@ -59,17 +59,6 @@ class Session:
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
         self.track = TrackSink(self.sender) if audio_on_track else None
         self._sinks: dict[ev.AudioFormat, AudioSink] = {}
-        self._handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
-            ev.SessionUpdate: self._session_update,
-            ev.InputAudioAppend: self._append,
-            ev.InputAudioCommit: self._commit,
-            ev.InputAudioClear: self._clear,
-            ev.ConversationItemCreate: self._item_create,
-            ev.ConversationItemTruncate: self._truncate,
-            ev.ResponseCreate: self._response_create,
-            ev.ResponseCancel: self._response_cancel,
-            ev.OutputAudioBufferClear: self._output_clear,
-        }
 
     @property
     def id(self) -> str:
@@ -102,12 +91,16 @@ class Session:
     async def close(self) -> None:
         if self.response is not None:
             await self.cancel_response("client_cancelled")
+        # A transport may keep the session until the cyclic GC runs (aiortc's peer connection and its
+        # handlers form cycles): the audio goes now, whoever still holds the session.
+        self.buffer.clear()
+        self.conversation.release_audio()
         self.outbox.close()
         log.info("session %s closed", self.id)
 
     # -- input
     async def handle(self, event: ev.ClientEvent) -> None:
-        await self._handlers[type(event)](event)
+        await _HANDLERS[type(event)](self, event)
 
     async def _session_update(self, event: ev.SessionUpdate) -> None:
         try:
@@ -322,3 +315,18 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
         log.info("session %s: response %s cancelled (%s), %d queued messages dropped", self.id, response.id, reason, dropped)
+
+
+# Unbound, at module level: bound methods kept in an instance dict would make a Session <-> handler cycle,
+# and only the cyclic GC would free a closed session's audio.
+_HANDLERS: dict[type, Callable[[Session, Any], Awaitable[None]]] = {
+    ev.SessionUpdate: Session._session_update,
+    ev.InputAudioAppend: Session._append,
+    ev.InputAudioCommit: Session._commit,
+    ev.InputAudioClear: Session._clear,
+    ev.ConversationItemCreate: Session._item_create,
+    ev.ConversationItemTruncate: Session._truncate,
+    ev.ResponseCreate: Session._response_create,
+    ev.ResponseCancel: Session._response_cancel,
+    ev.OutputAudioBufferClear: Session._output_clear,
+}
