@@ -27,6 +27,7 @@ from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.realtime.turns import TurnTaking
+from voice_gateway.text import MAX_CHARS_PER_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class Session:
         await _HANDLERS[type(event)](self, event)
 
     async def _session_update(self, event: ev.SessionUpdate) -> None:
+        if not self._text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
+            return
         try:
             config = ev.apply_session_update(self.config, event)
         except ev.ProtocolError as e:
@@ -207,6 +210,8 @@ class Session:
     async def _item_create(self, event: ev.ConversationItemCreate) -> None:
         src = event.item
         text = "".join(p.text or p.transcript or "" for p in src.content)
+        if not self._text_fits(text, "item text", event.event_id, "item.content"):
+            return
         audio = [p.audio for p in src.content if p.audio]
         try:
             samples = self.buffer.decode(b"".join(audio), self.config.input_audio_format) if audio else None
@@ -244,6 +249,9 @@ class Session:
             self.error("conversation_already_has_active_response",
                        f"response {self.response.id} is still in progress", event_id=event.event_id)
             return
+        instructions = event.response.instructions if event.response is not None else None
+        if not self._text_fits(instructions, "instructions", event.event_id, "response.instructions"):
+            return
         try:
             config = ev.apply_response_overrides(self.config, event)
         except ev.ProtocolError as e:
@@ -267,6 +275,16 @@ class Session:
             await self.cancel_response("client_cancelled")  # clears the track too
         elif playing is not None:
             self._clear_playback(playing)
+
+    def _text_fits(self, text: str | None, what: str, event_id: str | None, param: str) -> bool:
+        """Text that cannot fit the context is refused by its length alone, before any tokenizer sees it."""
+        context_tokens = self.engine.info.max_model_len
+        if text is None or len(text) <= MAX_CHARS_PER_TOKEN * context_tokens:
+            return True
+        self.error("context_length_exceeded",
+                   f"{len(text)} characters of {what} need at least {-(-len(text) // MAX_CHARS_PER_TOKEN)} tokens; "
+                   f"this model's context is {context_tokens} tokens", event_id=event_id, param=param)
+        return False
 
     # -- responses
     def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None) -> None:
