@@ -255,7 +255,7 @@ class Session:
         try:
             config = ev.apply_response_overrides(self.config, event)
         except ev.ProtocolError as e:
-            self.sender.event(ev.ErrorEvent.from_protocol_error(e))
+            self.protocol_error(e)
             return
         self._start_response(config, None)
 
