@@ -46,6 +46,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, connections still open this long are cut (default 10)")
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent realtime sessions")
     parser.add_argument("--max-session-seconds", type=float, default=1800.0)
+    parser.add_argument("--max-stored-audio-seconds", type=float, default=600.0,
+                        help="committed audio one realtime session keeps for its prompts (64 KB per second; "
+                        "default 600, about what an 8192-token context holds)")
     parser.add_argument("--opus-bitrate", type=int, default=96_000, help="bits/s of Opus output (our extension)")
     parser.add_argument("--webrtc-host-address", action="append", default=[], metavar="IP",
                         help="offer WebRTC ICE candidates on this address only (repeatable; "
@@ -89,6 +92,7 @@ def serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("VOICE_GATEWAY_API_KEY") or None,
             max_sessions=args.max_sessions,
             max_session_s=args.max_session_seconds,
+            max_stored_audio_s=args.max_stored_audio_seconds,
             opus_bitrate_bps=args.opus_bitrate,
             allowed_origins=args.allowed_origins,
             allowed_hosts=(*_served_hosts(args.host), *args.allowed_hosts),

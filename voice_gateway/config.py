@@ -23,10 +23,16 @@ class GatewayConfig:
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     public_metrics: bool = False  # /metrics without the API key (a scraper inside the deployment)
+    # A realtime session's memory. Its conversation keeps the audio of the items its prompt can use, and
+    # at most this much in all (16 kHz float32: 64 KB/s); 600 s is about what an 8192-token context holds
+    # at 13 tokens per second of audio. Older audio goes; its items stay, with their text.
+    max_stored_audio_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16 \
                 or self.max_body_bytes < 1024 or self.max_input_audio_s <= 0:
             raise ValueError(f"impossible gateway limits: {self}")
+        if self.max_stored_audio_s <= 0:
+            raise ValueError(f"max_stored_audio_s must be > 0, got {self.max_stored_audio_s}")
         if bad := [o for o in self.allowed_origins if o != "*" and "://" not in o]:
             raise ValueError(f"allowed origins are scheme://host[:port], got {bad}")

@@ -2,6 +2,7 @@
 
 JSON can spell a lone surrogate (`"\\ud800"`), which Python keeps in a str that no UTF-8 encoder takes:
 the tokenizer raises on it, and so does every reply that echoes it. NUL has no business in a prompt.
+`MAX_CHARS_PER_TOKEN` bounds how long a text can be and still fit a context, known without a tokenizer.
 """
 
 from __future__ import annotations
@@ -29,3 +30,9 @@ CleanText = Annotated[str, AfterValidator(_clean)]
 def printable(text: str) -> str:
     """`text` with anything UTF-8 cannot encode spelled as an escape, so that an error message about it can be sent."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# A Qwen BPE token is at most 128 bytes (the longest in its 151643-rank vocabulary), so at most 128
+# characters: text of more than 128 characters per context token needs more tokens than the context holds,
+# whatever it says. Checking that needs no tokenizer, so a huge prompt is refused before it is tokenized.
+MAX_CHARS_PER_TOKEN = 128

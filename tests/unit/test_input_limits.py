@@ -228,3 +228,30 @@ async def test_a_send_that_fails_closes_the_session_with_1011() -> None:
     socket = BrokenSocket()
     await realtime_ws._write(socket, OneSession())  # type: ignore[arg-type]
     assert socket.closed_with == 1011
+
+
+HUGE_TEXT = "word " * 30_000  # 150,000 characters: more than the tiny model's 1024 tokens can hold at 128 a token
+
+
+@pytest.mark.parametrize(("event", "param"), [
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "hello "}, {"type": "input_text", "text": HUGE_TEXT}]}}, "item.content"),
+    ({"type": "session.update", "session": {"instructions": HUGE_TEXT}}, "session.instructions"),
+    ({"type": "response.create", "response": {"instructions": HUGE_TEXT}}, "response.instructions"),
+])
+def test_realtime_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
+        client: TestClient, event: dict, param: str) -> None:
+    with client.websocket_connect("/v1/realtime") as ws:
+        assert json.loads(ws.receive_text())["type"] == "session.created"
+        ws.send_text(json.dumps({"event_id": "evt_huge", **event}))
+        # the session answers on: a small item after the refused event is added
+        ws.send_text(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
+        events = []
+        while not events or events[-1]["type"] != "conversation.item.added":
+            events.append(json.loads(ws.receive_text()))
+        assert events[-1]["item"]["content"][0]["text"] == "hi", events[-1]
+        assert [e["type"] for e in events] == ["error", "conversation.item.added"], events
+        error = events[0]["error"]
+        assert (error["code"], error["param"], error["event_id"]) == ("context_length_exceeded", param, "evt_huge")
+        assert "characters" in error["message"] and "context is 1024 tokens" in error["message"], error

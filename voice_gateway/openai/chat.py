@@ -37,6 +37,7 @@ from voice_gateway.errors import APIError, engine_error
 from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent, TextContent
 from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, stream_chunks
 from voice_gateway.openai.usage import chat_usage
+from voice_gateway.text import MAX_CHARS_PER_TOKEN
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -112,12 +113,6 @@ async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
     await stream.aclose()
 
 
-# A Qwen BPE token is at most 128 bytes (the longest in its 151643-rank vocabulary), so at most 128
-# characters: text of more than 128 characters per context token needs more tokens than the context holds,
-# whatever it says. Checking that needs no tokenizer, so a huge prompt is refused before it is tokenized.
-_MAX_CHARS_PER_TOKEN = 128
-
-
 def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
     chars = 0
     for message in body.messages:
@@ -125,8 +120,8 @@ def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
             chars += len(message.content)
         elif message.content is not None:
             chars += sum(len(part.text) for part in message.content if isinstance(part, TextContent))
-    if chars > _MAX_CHARS_PER_TOKEN * max_model_len:
-        raise APIError(400, f"the messages hold {chars} characters, at least {-(-chars // _MAX_CHARS_PER_TOKEN)} "
+    if chars > MAX_CHARS_PER_TOKEN * max_model_len:
+        raise APIError(400, f"the messages hold {chars} characters, at least {-(-chars // MAX_CHARS_PER_TOKEN)} "
                        f"tokens; this model's context is {max_model_len} tokens",
                        param="messages", code="context_length_exceeded")
 

@@ -3,6 +3,10 @@
 History is trimmed from the oldest item to fit the context budget (the
 instructions always stay); an assistant item truncated after a barge-in keeps
 only the part of its transcript the user heard.
+
+Audio is what makes a conversation big (64 KB a second), so only the items the
+prompt can still use keep theirs, and at most `max_audio_samples` of it: the
+oldest goes first. An item without its audio stays listed, with its text.
 """
 
 from __future__ import annotations
@@ -33,17 +37,27 @@ class Item:
     audio: np.ndarray | None = None  # user speech, float32 at 16 kHz
     audio_ms: int = 0  # how much audio the item holds (user) or was generated (assistant)
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    audio_dropped: bool = False  # the conversation let go of `audio`: the prompt gets the text alone
 
     def estimated_tokens(self) -> int:
-        audio_tokens = 0 if self.audio is None else int(self.audio_ms / 1000 * _TOKENS_PER_AUDIO_SECOND) + 3
+        # Dropped audio still counts, so trimming stays oldest-first: an item that left the context for
+        # its audio does not come back as text while newer items are left out.
+        has_audio = self.audio is not None or self.audio_dropped
+        audio_tokens = int(self.audio_ms / 1000 * _TOKENS_PER_AUDIO_SECOND) + 3 if has_audio else 0
         return _TOKENS_PER_TURN + len(self.text) // _CHARS_PER_TOKEN + 1 + audio_tokens
+
+    def drop_audio(self) -> None:
+        if self.audio is not None:
+            self.audio, self.audio_dropped = None, True
 
 
 class Conversation:
-    """Owns the items, in order."""
+    """Owns the items, in order, and which of them keep their audio."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget_tokens: int, max_audio_samples: int) -> None:
         self.items: list[Item] = []
+        self.budget_tokens = budget_tokens  # what the prompt may take of the context
+        self.max_audio_samples = max_audio_samples  # 16 kHz samples the items' audio may hold in all
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (at the end when None); returns the id before it."""
@@ -55,6 +69,32 @@ class Conversation:
                 raise KeyError(previous_item_id)
         self.items.insert(index, item)
         return self.items[index - 1].id if index > 0 else None
+
+    def bound_audio(self, instructions: str) -> None:
+        """Drop the audio of the items the prompt leaves out, then of the oldest past `max_audio_samples`."""
+        start = self._context_start(instructions)
+        room = self.max_audio_samples
+        for index in range(len(self.items) - 1, -1, -1):
+            item = self.items[index]
+            if item.audio is None:
+                continue
+            if index < start or item.audio.size > room:
+                room = 0  # the oldest audio goes first: nothing older keeps its own
+                item.drop_audio()
+            else:
+                room -= item.audio.size
+
+    def context_audio_s(self) -> int:
+        """About how much audio, in seconds, the prompt can hold with nothing else in it."""
+        return self.budget_tokens // _TOKENS_PER_AUDIO_SECOND
+
+    def audio_samples(self) -> int:
+        return sum(item.audio.size for item in self.items if item.audio is not None)
+
+    def release_audio(self) -> None:
+        """The session is over: every item lets go of its audio."""
+        for item in self.items:
+            item.drop_audio()
 
     def get(self, item_id: str) -> Item | None:
         return next((it for it in self.items if it.id == item_id), None)
@@ -79,17 +119,18 @@ class Conversation:
         item.text, item.audio_ms, item.status = cut, audio_end_ms, "incomplete"
         return item
 
-    def to_messages(self, instructions: str, budget_tokens: int) -> tuple[Message, ...]:
+    def _context_start(self, instructions: str) -> int:
+        """Where the prompt's history begins: the items from there on fit the budget, the older ones do not."""
         used = _TOKENS_PER_TURN + len(instructions) // _CHARS_PER_TOKEN if instructions else 0
-        kept: list[Item] = []
-        for item in reversed(self.items):
-            cost = item.estimated_tokens()
-            if used + cost > budget_tokens:
-                break
-            kept.append(item)
-            used += cost
+        for index in range(len(self.items) - 1, -1, -1):
+            used += self.items[index].estimated_tokens()
+            if used > self.budget_tokens:
+                return index + 1
+        return 0
+
+    def to_messages(self, instructions: str) -> tuple[Message, ...]:
         messages = [Message("system", (TextPart(instructions),))] if instructions else []
-        for item in reversed(kept):
+        for item in self.items[self._context_start(instructions):]:
             parts: list[TextPart | AudioPart] = []
             if item.audio is not None and item.audio.size:
                 parts.append(AudioPart(item.audio))

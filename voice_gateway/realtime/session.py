@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import Engine, Message
+from engine import INPUT_SAMPLE_RATE_HZ, Engine, Message
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
@@ -27,6 +27,7 @@ from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.realtime.turns import TurnTaking
+from voice_gateway.text import MAX_CHARS_PER_TOKEN
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +54,12 @@ class Session:
         self.buffer = InputAudioBuffer(gateway.max_input_buffer_s)
         self.turns = TurnTaking()
         self.turns.configure(self.config.turn_detection, 0)
-        self.conversation = Conversation()
+        self.conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
+                                         int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))
         self.response: Response | None = None
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
         self.track = TrackSink(self.sender) if audio_on_track else None
         self._sinks: dict[ev.AudioFormat, AudioSink] = {}
-        self._handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
-            ev.SessionUpdate: self._session_update,
-            ev.InputAudioAppend: self._append,
-            ev.InputAudioCommit: self._commit,
-            ev.InputAudioClear: self._clear,
-            ev.ConversationItemCreate: self._item_create,
-            ev.ConversationItemTruncate: self._truncate,
-            ev.ResponseCreate: self._response_create,
-            ev.ResponseCancel: self._response_cancel,
-            ev.OutputAudioBufferClear: self._output_clear,
-        }
 
     @property
     def id(self) -> str:
@@ -101,14 +92,20 @@ class Session:
     async def close(self) -> None:
         if self.response is not None:
             await self.cancel_response("client_cancelled")
+        # A transport may keep the session until the cyclic GC runs (aiortc's peer connection and its
+        # handlers form cycles): the audio goes now, whoever still holds the session.
+        self.buffer.clear()
+        self.conversation.release_audio()
         self.outbox.close()
         log.info("session %s closed", self.id)
 
     # -- input
     async def handle(self, event: ev.ClientEvent) -> None:
-        await self._handlers[type(event)](event)
+        await _HANDLERS[type(event)](self, event)
 
     async def _session_update(self, event: ev.SessionUpdate) -> None:
+        if not self._text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
+            return
         try:
             config = ev.apply_session_update(self.config, event)
         except ev.ProtocolError as e:
@@ -177,16 +174,29 @@ class Session:
                        f"buffer too small: {self.buffer.duration_ms} ms of audio, at least {_MIN_COMMIT_MS} ms needed",
                        event_id=event.event_id)
             return
-        self._commit_audio(self.buffer.take_all(), self.turns.take_item_id())
+        self._commit_audio(self.buffer.take_all(), self.turns.take_item_id(), event.event_id)
 
-    def _commit_audio(self, samples: np.ndarray, item_id: str) -> None:
+    def _commit_audio(self, samples: np.ndarray, item_id: str, event_id: str | None = None) -> None:
         item = Item(item_id, "user", audio=samples, audio_ms=audio_ms(samples))
         previous = self.conversation.add(item)
         self.sender.event(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
         self._announce_item(item, previous)
+        self._bound_audio(item, event_id, None)
+
+    def _bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
+        """Keep the conversation's audio within its bounds; the client hears of it when its new item's own goes."""
+        self.conversation.bound_audio(self.config.instructions)
+        if added.audio_dropped:
+            context_s = self.conversation.context_audio_s()
+            self.error("input_audio_too_long",
+                       f"item {added.id} holds {added.audio_ms / 1000:.1f} s of audio; a session keeps at most "
+                       f"{self.gateway.max_stored_audio_s:.0f} s, and this model's context about {context_s} s: "
+                       "the item stays in the conversation without its audio, which replies will not hear",
+                       event_id=event_id, param=param)
 
     def _announce_item(self, item: Item, previous: str | None) -> None:
-        part = ev.ContentPart(type="input_audio") if item.audio is not None else ev.ContentPart(
+        has_audio = item.audio is not None or item.audio_dropped
+        part = ev.ContentPart(type="input_audio") if has_audio else ev.ContentPart(
             type="input_text" if item.role == "user" else "output_text", text=item.text)
         message = ev.MessageItem(id=item.id, role=item.role, status="completed", content=[part])
         self.sender.event(ev.ConversationItemAdded(item=message, previous_item_id=previous))
@@ -200,6 +210,8 @@ class Session:
     async def _item_create(self, event: ev.ConversationItemCreate) -> None:
         src = event.item
         text = "".join(p.text or p.transcript or "" for p in src.content)
+        if not self._text_fits(text, "item text", event.event_id, "item.content"):
+            return
         audio = [p.audio for p in src.content if p.audio]
         try:
             samples = self.buffer.decode(b"".join(audio), self.config.input_audio_format) if audio else None
@@ -218,6 +230,7 @@ class Session:
                        event_id=event.event_id, param="previous_item_id")
             return
         self._announce_item(item, previous)
+        self._bound_audio(item, event.event_id, "item.content")
 
     async def _truncate(self, event: ev.ConversationItemTruncate) -> None:
         try:
@@ -236,10 +249,13 @@ class Session:
             self.error("conversation_already_has_active_response",
                        f"response {self.response.id} is still in progress", event_id=event.event_id)
             return
+        instructions = event.response.instructions if event.response is not None else None
+        if not self._text_fits(instructions, "instructions", event.event_id, "response.instructions"):
+            return
         try:
             config = ev.apply_response_overrides(self.config, event)
         except ev.ProtocolError as e:
-            self.sender.event(ev.ErrorEvent.from_protocol_error(e))
+            self.protocol_error(e)
             return
         self._start_response(config, None)
 
@@ -260,12 +276,22 @@ class Session:
         elif playing is not None:
             self._clear_playback(playing)
 
+    def _text_fits(self, text: str | None, what: str, event_id: str | None, param: str) -> bool:
+        """Text that cannot fit the context is refused by its length alone, before any tokenizer sees it."""
+        context_tokens = self.engine.info.max_model_len
+        if text is None or len(text) <= MAX_CHARS_PER_TOKEN * context_tokens:
+            return True
+        self.error("context_length_exceeded",
+                   f"{len(text)} characters of {what} need at least {-(-len(text) // MAX_CHARS_PER_TOKEN)} tokens; "
+                   f"this model's context is {context_tokens} tokens", event_id=event_id, param=param)
+        return False
+
     # -- responses
     def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None) -> None:
         item = Item(new_item_id(), "assistant", status="in_progress")
-        budget = self.engine.info.max_model_len - _REPLY_TOKENS_RESERVE
-        messages = self.conversation.to_messages(config.instructions, budget)
+        messages = self.conversation.to_messages(config.instructions)
         previous = self.conversation.add(item)
+        self.conversation.bound_audio(config.instructions)  # the audio this prompt left out goes
         response = Response.new(item, config, self._sink_for(config.output_audio_format), speech_stopped_at)
         self.response = response
         runner = ResponseRunner(self.engine, response, self.sender)
@@ -307,3 +333,18 @@ class Session:
         response.task.cancel()
         await asyncio.gather(response.task, return_exceptions=True)
         log.info("session %s: response %s cancelled (%s), %d queued messages dropped", self.id, response.id, reason, dropped)
+
+
+# Unbound, at module level: bound methods kept in an instance dict would make a Session <-> handler cycle,
+# and only the cyclic GC would free a closed session's audio.
+_HANDLERS: dict[type, Callable[[Session, Any], Awaitable[None]]] = {
+    ev.SessionUpdate: Session._session_update,
+    ev.InputAudioAppend: Session._append,
+    ev.InputAudioCommit: Session._commit,
+    ev.InputAudioClear: Session._clear,
+    ev.ConversationItemCreate: Session._item_create,
+    ev.ConversationItemTruncate: Session._truncate,
+    ev.ResponseCreate: Session._response_create,
+    ev.ResponseCancel: Session._response_cancel,
+    ev.OutputAudioBufferClear: Session._output_clear,
+}
