@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from engine.api import EngineError, Failed, Finished
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
-from engine.remote.host import START_TIMEOUT_S, spawn_child
+from engine.remote.child import START_TIMEOUT_S, spawn_child
 from engine.remote.messages import (
     Address,
     Cancel,
