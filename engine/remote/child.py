@@ -11,7 +11,8 @@ process keeps HTTP, JSON, base64 and admission.
 One server process is one event loop, and a burst of arrivals queues on it. With `EngineHost` the
 child also listens on a Unix socket: each server process gets its own connection, its requests'
 events come back on it, and one that goes away loses only its own requests. If the owner's pipe
-closes (the parent died), the child stops.
+closes (the parent died), the child stops. Every `STATE_PERIOD_S` each of them hears from it, its
+state or a heartbeat, and so does a host's pipe: that is how a supervisor tells a stall.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from engine.remote.messages import (
     Closed,
     EngineSpec,
     Events,
+    Heartbeat,
     Ready,
     StartFailed,
     State,
@@ -110,11 +112,15 @@ class _ChildServer:
         send(self.owner, Ready(self.spec))
         read_into(self.owner, loop, functools.partial(self._on_messages, self.owner))
         while not self.done.done():
+            # every turn each client hears something, and a host's pipe too: their supervisors take silence
+            # for a stall (engine/remote/messages.py)
             state = State(core.stage_load(), generate_latest(core.registry).decode())
-            if state != self.last_state:
-                for client in list(self.clients):
-                    send(client, state)
-                self.last_state = state
+            news = state if state != self.last_state else Heartbeat()
+            for client in list(self.clients):
+                send(client, news)
+            if self.listen is not None:
+                send(self.owner, Heartbeat())
+            self.last_state = state
             await asyncio.wait([self.done], timeout=STATE_PERIOD_S)
         if listener is not None:
             listener.close()
