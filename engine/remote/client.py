@@ -203,7 +203,10 @@ class RemoteCore:
             except (OSError, EOFError, AuthenticationError) as e:  # e.g. its host is starting the next one
                 raise EngineError(f"cannot reach the engine process: {type(e).__name__}: {e}") from e
         else:
-            process, conn = spawn_child(self.spec, None)
+            try:
+                process, conn = spawn_child(self.spec, None)
+            except OSError as e:  # out of processes or descriptors: an attempt that failed, not the supervisor's end
+                raise EngineError(f"cannot start the engine process: {e}") from e
         link = _Link(conn, process, loop.create_future(), loop.create_future())
         self._link = link
         read_into(conn, loop, functools.partial(self._on_messages, link))

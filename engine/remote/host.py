@@ -62,7 +62,10 @@ class EngineHost:
     def _spawn(self) -> None:
         """Start a child at the address and wait for its Ready; EngineError if it does not come."""
         Path(self.address[0]).unlink(missing_ok=True)  # a killed child leaves its socket file behind
-        self._process, self._conn = spawn_child(self.spec, self.address)
+        try:
+            self._process, self._conn = spawn_child(self.spec, self.address)
+        except OSError as e:  # out of processes or descriptors: an attempt that failed, not the thread's end
+            raise EngineError(f"cannot start the engine process: {e}") from e
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while not self._conn.poll(STATE_PERIOD_S):  # in slices: a stop need not wait for a start
