@@ -183,6 +183,8 @@ async def test_a_stopped_engine_process_fails_its_requests_by_the_deadline(tiny_
         held = await _held(engine, "held")
         os.kill(first, signal.SIGSTOP)
         stopped_at = time.monotonic()
+        await _until(lambda: engine.health().status == "degraded")  # late, from a second on: still serving
+        assert "no word" in engine.health().detail
         failed = await asyncio.wait_for(_end(held), 30)
         assert time.monotonic() - stopped_at < 3 + 5  # the deadline, a supervisor's turn, a loaded machine
         assert failed.code == UNAVAILABLE and "stalled" in failed.reason, failed
