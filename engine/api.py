@@ -121,6 +121,25 @@ OutputEvent = TextDelta | AudioChunk | Finished | Failed
 
 
 @dataclass(frozen=True, slots=True)
+class EngineHealth:
+    """Whether the engine can serve now. `ok`; `degraded`: it serves, but its process has been silent
+    for longer than it should (not yet a stall); `down`: it cannot (not started, stopped, or its
+    process lost and being started again), and a request is refused with `UNAVAILABLE`.
+    `restarts`: engine processes started (or, for a server process attached to another's, joined)
+    after one was lost, since this server started. `retry_after_s`: when down, when it may serve."""
+
+    status: Literal["ok", "degraded", "down"]
+    detail: str = ""  # why it is not ok
+    restarts: int = 0
+    retry_after_s: float | None = None
+
+    def refusal(self) -> EngineError:
+        """The error a request gets while the engine is down."""
+        return EngineError(f"the engine is unavailable: {self.detail}", code=UNAVAILABLE,
+                           retry_after_s=self.retry_after_s)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelInfo:
     model_id: str
     is_random_weights: bool
@@ -165,6 +184,8 @@ class Engine(Protocol):
         """Requests each stage still holds, by stage name."""
         ...
 
+    def health(self) -> EngineHealth: ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -178,6 +199,7 @@ __all__ = [
     "ContentPart",
     "Engine",
     "EngineError",
+    "EngineHealth",
     "EngineRequest",
     "Failed",
     "Finished",

@@ -8,11 +8,13 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from engine.api import OutputEvent
+from engine.api import EngineHealth, OutputEvent
 from engine.handoff import AdmittedRequest
 
 # Where one request's events go, on the core's event loop, in order, ending with Finished or Failed.
 Sink = Callable[[OutputEvent], None]
+
+SERVING = EngineHealth("ok")  # a core in this process, once started, serves until it is stopped
 
 
 class EngineCore(Protocol):
@@ -34,4 +36,8 @@ class EngineCore(Protocol):
 
     def stage_load(self) -> dict[str, int]:
         """Requests each stage still holds, by stage name."""
+        ...
+
+    def health(self) -> EngineHealth:
+        """Whether it serves, once started and until stopped (the front end answers for before and after)."""
         ...

@@ -4,6 +4,7 @@
 then begun in the core, whose events come back to the request's own queue; closing a stream
 early aborts its request. The core is the staged orchestrator or the baseline in this process,
 or a proxy to one in another process (engine/remote/): the front end is the same for all three.
+Its health is the core's while it runs, and `down` before its start and from its stop.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 
 from engine.admission import Admission
-from engine.api import EngineError, EngineRequest, Failed, Finished, ModelInfo, OutputEvent
+from engine.api import EngineError, EngineHealth, EngineRequest, Failed, Finished, ModelInfo, OutputEvent
 from engine.core import EngineCore
 
 
@@ -53,6 +54,7 @@ class Frontend:
         self._admission = admission if isinstance(admission, Admission) else None
         self._open_admission = None if isinstance(admission, Admission) else admission
         self._streams: dict[str, asyncio.Queue[OutputEvent]] = {}
+        self._running = False
 
     @property
     def admission(self) -> Admission:
@@ -71,8 +73,10 @@ class Frontend:
         await self.core.start()
         if self._open_admission is not None:
             self._admission = await asyncio.to_thread(self._open_admission)
+        self._running = True
 
     async def stop(self) -> None:
+        self._running = False
         await self.core.stop()
         for request_id in list(self._streams):
             self._deliver(request_id, Failed(request_id, "server shutting down"))
@@ -102,6 +106,9 @@ class Frontend:
 
     def stage_load(self) -> dict[str, int]:
         return self.core.stage_load()
+
+    def health(self) -> EngineHealth:
+        return self.core.health() if self._running else EngineHealth("down", "the engine is not running")
 
     def _deliver(self, request_id: str, event: OutputEvent) -> None:
         events = self._streams.get(request_id)

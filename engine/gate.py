@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from engine.api import OVERLOADED, EngineError, Failed, Finished, OutputEvent
+from engine.api import OVERLOADED, EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import EngineCore, Sink
 from engine.handoff import AdmittedRequest
 from engine.profile import DeployProfile
@@ -87,6 +87,9 @@ class Gate:
 
     def stage_load(self) -> dict[str, int]:
         return self.core.stage_load()
+
+    def health(self) -> EngineHealth:
+        return self.core.health()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id

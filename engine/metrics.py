@@ -1,4 +1,5 @@
-"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps) and per-stage batch/queue."""
+"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps), per-stage batch/queue, and
+whether an engine process is up and how often it was restarted."""
 
 from __future__ import annotations
 
@@ -33,3 +34,17 @@ class EngineMetrics:
         )
         self.queue_depth = Gauge("engine_stage_queue_depth", "Requests waiting to join a stage's batch", ["stage"], registry=r)
         self.running = Gauge("engine_stage_running", "Requests held by a stage", ["stage"], registry=r)
+
+
+class ProcessMetrics:
+    """An engine process as the server process in front of it sees it (engine/remote/client.py), next to
+    the families the child pushes into the same registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.up = Gauge("engine_process_up", "1 while the engine process serves, 0 while it is down or restarting",
+                        registry=registry)
+        self.restarts = Counter(
+            "engine_process_restarts",
+            "Engine processes started (or rejoined) after one was lost, by how it was lost (exited, stalled)",
+            ["cause"], registry=registry,
+        )

@@ -13,8 +13,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api import SAMPLE_RATE_HZ, AudioChunk, EngineError, Failed, Finished, OutputEvent, TextDelta, Timings
-from engine.core import Sink
+from engine.api import (
+    SAMPLE_RATE_HZ,
+    AudioChunk,
+    EngineError,
+    EngineHealth,
+    Failed,
+    Finished,
+    OutputEvent,
+    TextDelta,
+    Timings,
+)
+from engine.core import SERVING, Sink
 from engine.handoff import (
     Abort,
     AdmittedRequest,
@@ -86,6 +96,9 @@ class Orchestrator:
     def stage_load(self) -> dict[str, int]:
         """Requests each stage still holds (running or waiting)."""
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
+
+    def health(self) -> EngineHealth:
+        return SERVING
 
     # -- requests
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:

@@ -123,6 +123,29 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SupervisionConfig:
+    """How an engine in a process of its own (`engine: process`, `http_workers` > 1) is kept serving
+    (engine/remote/). Its child speaks four times a second: silence is a stall."""
+
+    # silence after which the engine process counts as stalled: its requests fail with
+    # engine_unavailable, and it is killed and started again
+    stall_timeout_s: float = field(default=10.0, metadata=_at_least(1.0))
+    # the wait before the first attempt to start a lost engine process again; it doubles with each
+    # attempt, up to `restart_backoff_max_s`, and starts over once a process has served that long
+    restart_backoff_s: float = field(default=1.0, metadata=_at_least(0.1))
+    restart_backoff_max_s: float = field(default=30.0, metadata=_at_least(0.1))
+
+    def __post_init__(self) -> None:
+        if self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ProfileError(f"supervision.restart_backoff_max_s: must be >= restart_backoff_s "
+                               f"({self.restart_backoff_s}), got {self.restart_backoff_max_s}")
+
+    def backoff_s(self, attempt: int) -> float:
+        """The wait before restart attempt number `attempt` of a run of them (0 = the first)."""
+        return min(self.restart_backoff_s * 2 ** min(attempt, 32), self.restart_backoff_max_s)
+
+
+@dataclass(frozen=True, slots=True)
 class StagesConfig:
     thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
     talker: TalkerConfig = field(default_factory=TalkerConfig)
@@ -150,6 +173,7 @@ class DeployProfile:
     kernels: Literal["reference", "triton"] = "reference"
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
 

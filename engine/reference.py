@@ -29,8 +29,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.api import SAMPLE_RATE_HZ, AudioChunk, EngineError, Failed, Finished, OutputEvent, TextDelta, Timings
-from engine.core import Sink
+from engine.api import (
+    SAMPLE_RATE_HZ,
+    AudioChunk,
+    EngineError,
+    EngineHealth,
+    Failed,
+    Finished,
+    OutputEvent,
+    TextDelta,
+    Timings,
+)
+from engine.core import SERVING, Sink
 from engine.handoff import AdmittedRequest
 from engine.metrics import EngineMetrics
 from engine.profile import DeployProfile
@@ -108,6 +118,9 @@ class ReferenceCore:
 
     def stage_load(self) -> dict[str, int]:
         return {STAGE: len(self._jobs)}
+
+    def health(self) -> EngineHealth:
+        return SERVING
 
     # -- requests
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:

@@ -21,7 +21,7 @@ from engine import Engine, attach_engine
 from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.body_limit import LimitBody
 from voice_gateway.config import GatewayConfig
-from voice_gateway.errors import install_error_handlers
+from voice_gateway.errors import install_error_handlers, retry_after
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.openai import router as openai_router
 from voice_gateway.realtime.ws import router as realtime_router
@@ -116,16 +116,23 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.include_router(webrtc_router)
 
     @app.get("/health")
-    async def health() -> dict:
-        info = engine.info
-        return {
-            "status": "ok",
+    async def health() -> JSONResponse:
+        """Readiness and liveness in one: 200 while the engine serves (`ok`, or `degraded`: its process is
+        late to report), 503 with Retry-After while it cannot (`down`: stopped, or its process lost and
+        being restarted, when every request gets the same 503)."""
+        info, state = engine.info, engine.health()
+        body = {
+            "status": state.status,
             "model": info.model_id,
             "random_weights": info.is_random_weights,
             "active_requests": engine.num_active_requests(),
             "active_sessions": admission.active_sessions,
             "stage_load": engine.stage_load(),
+            "engine": {"detail": state.detail, "restarts": state.restarts},
         }
+        if state.status != "down":
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503, headers=retry_after(state.retry_after_s))
 
     @app.get("/metrics", dependencies=[] if gateway.public_metrics else keyed)
     async def prometheus() -> Response:

@@ -51,9 +51,13 @@ def engine_error(message: str, code: str | None, retry_after_s: float | None = N
     return APIError(status, message, code=code)
 
 
+def retry_after(seconds: float | None) -> dict[str, str] | None:
+    """The Retry-After header for a wait, in whole seconds (at least one)."""
+    return None if seconds is None else {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
 def _response(err: APIError) -> JSONResponse:
-    headers = None if err.retry_after_s is None else {"Retry-After": str(max(1, math.ceil(err.retry_after_s)))}
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+    return JSONResponse(err.body(), status_code=err.status, headers=retry_after(err.retry_after_s))
 
 
 def install_error_handlers(app: FastAPI) -> None:

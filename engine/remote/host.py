@@ -1,238 +1,150 @@
-"""The engine's process: the core runs here, serving the pipe of the server process that started it and,
-for `serve --http-workers N`, any number of server processes that attach over a Unix socket.
-
-In one process the server's event loop shares Python's GIL with the stage threads: every time the
-loop gives the GIL up (each socket read and write, each wait for events) it waits to get it back
-while a stage thread runs Python, up to the 5 ms switch interval a time. At c=64 that put tens of
-milliseconds between a request's arrival and its start, and between an audio chunk and its bytes
-(docs/performance.md). Here the stages run in a child with a GIL of their own; the server's
-process keeps HTTP, JSON, base64 and admission.
-
-One server process is one event loop, and a burst of arrivals queues on it. With `EngineHost` the
-child also listens on a Unix socket: each server process gets its own connection, its requests'
-events come back on it, and one that goes away loses only its own requests. If the owner's pipe
-closes (the parent died), the child stops.
-"""
+"""`EngineHost`: one engine process (engine/remote/child.py) that several server processes share, for
+`serve --http-workers N`, each attached through `attach_engine(address)`; and its supervision."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
 import threading
-from multiprocessing.connection import Connection, Listener
+import time
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
-
-from engine.api import EngineError, Failed, Finished, OutputEvent
-from engine.core import EngineCore
-from engine.remote.messages import (
-    STATE_PERIOD_S,
-    Address,
-    Cancel,
-    Closed,
-    EngineSpec,
-    Events,
-    Ready,
-    StartFailed,
-    State,
-    Stop,
-    Stopped,
-    Submit,
-)
-from engine.remote.pipe import read_into, send
-from engine.weights.source import ModelSource
+from engine.api import EngineError
+from engine.remote.child import START_TIMEOUT_S, spawn_child
+from engine.remote.messages import STATE_PERIOD_S, Address, EngineSpec, Ready, StartFailed, Stop, Stopped
+from engine.remote.pipe import send
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 1800  # a full-size model with its graphs and compiles takes minutes
-
-
-def spawn_child(spec: EngineSpec, listen: Address | None) -> tuple[BaseProcess, Connection]:
-    """Start the engine's child process; returns it and the pipe to it (its owner's end)."""
-    ctx = multiprocessing.get_context("spawn")  # a fork would copy the parent's threads and locks
-    conn, child_conn = ctx.Pipe()
-    process = ctx.Process(target=_child_main, args=(child_conn, spec, logging.getLogger().level, listen),
-                          name="voice-gateway-engine", daemon=True)
-    process.start()
-    child_conn.close()
-    return process, conn
-
 
 class EngineHost:
-    """Owns an engine child that serves several server processes, each through `attach_engine(address)`.
+    """Owns an engine child that serves several server processes, each through `attach_engine(address)`,
+    and keeps one serving at that address.
 
-    The owner's pipe carries only the start and the stop: nobody reads it in between."""
+    After `start()` a thread owns the child. It reads the owner's pipe, on which the child beats every
+    `STATE_PERIOD_S`; when the child exits, or stays silent for `supervision.stall_timeout_s`, the thread
+    kills it (a stopped one too), reaps it, and starts another at the same address and key after waits
+    that double from one failed attempt to the next (`supervision.backoff_s`). The server processes see
+    the loss on their own connections, fail their requests, and connect again (engine/remote/client.py)."""
 
     def __init__(self, model: str, profile: Any, cache_dir: Path | None = None) -> None:
         self.spec = EngineSpec(model, profile, cache_dir)
         self.address: Address = (str(Path(tempfile.mkdtemp(prefix="vg-engine-")) / "engine.sock"), os.urandom(16))
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process serving now (or starting)."""
+        return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
-        self._process, self._conn = spawn_child(self.spec, self.address)
-        if not self._conn.poll(START_TIMEOUT_S):
-            raise EngineError(f"the engine process did not start within {START_TIMEOUT_S} s")
-        first = self._conn.recv()
-        if isinstance(first, StartFailed):
-            raise EngineError(f"the engine process failed to start: {first.reason}")
-        log.info("engine process %d ready for server processes at %s", self._process.pid, self.address[0])
+        """Start the first child; EngineError if it does not get ready."""
+        self._spawn()
+        self._supervisor = threading.Thread(target=self._supervise, name="engine-host", daemon=True)
+        self._supervisor.start()
 
     def stop(self) -> None:
-        if self._conn is not None and send(self._conn, Stop()):
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(60)  # it stops the child
+        else:
+            self._halt()  # the start failed: nobody supervises
+        shutil.rmtree(Path(self.address[0]).parent, ignore_errors=True)
+
+    def _spawn(self) -> None:
+        """Start a child at the address and wait for its Ready; EngineError if it does not come."""
+        Path(self.address[0]).unlink(missing_ok=True)  # a killed child leaves its socket file behind
+        try:
+            self._process, self._conn = spawn_child(self.spec, self.address)
+        except OSError as e:  # out of processes or descriptors: an attempt that failed, not the thread's end
+            raise EngineError(f"cannot start the engine process: {e}") from e
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while not self._conn.poll(STATE_PERIOD_S):  # in slices: a stop need not wait for a start
+                if self._stopping.is_set():
+                    raise EngineError("the server is shutting down")
+                if time.monotonic() > deadline:
+                    raise EngineError(f"the engine process did not start within {START_TIMEOUT_S} s")
+            first = self._conn.recv()
+        except (EOFError, OSError):
+            raise EngineError("the engine process exited while starting") from None
+        if isinstance(first, StartFailed):
+            raise EngineError(f"the engine process failed to start: {first.reason}")
+        assert isinstance(first, Ready), first
+        log.info("engine process %d ready for server processes at %s", self._process.pid, self.address[0])
+
+    def _supervise(self) -> None:
+        cfg = self.spec.profile.supervision
+        attempts, serving_since = 0, time.monotonic()
+        while True:
+            lost = self._watch(cfg.stall_timeout_s)
+            if lost is None:
+                self._halt()
+                return
+            log.error("engine process %s %s: the server processes fail what they had on it", self.pid, lost)
+            self._kill()
+            if time.monotonic() - serving_since > cfg.restart_backoff_max_s:
+                attempts = 0  # it had served a good while: this loss begins a new run of restarts
+            while True:
+                wait_s = cfg.backoff_s(attempts)
+                attempts += 1
+                log.warning("engine process: restart attempt %d in %.1f s", attempts, wait_s)
+                if self._stopping.wait(wait_s):
+                    return
+                try:
+                    self._spawn()
+                    break
+                except EngineError as e:
+                    log.error("engine process: restart attempt %d failed: %s", attempts, e)
+                    self._kill()
+                    if self._stopping.is_set():
+                        return
+            serving_since = time.monotonic()
+            log.warning("engine process: serving again after restart attempt %d", attempts)
+
+    def _watch(self, stall_timeout_s: float) -> str | None:
+        """Read the owner's pipe until the child is lost (says how) or the host stops (None)."""
+        assert self._conn is not None
+        heard_at = time.monotonic()
+        while not self._stopping.is_set():
             try:
-                self._conn.poll(30)
-            except OSError:
+                if self._conn.poll(STATE_PERIOD_S):
+                    self._conn.recv()  # a Heartbeat: it is there
+                    heard_at = time.monotonic()
+                    continue
+            except (EOFError, OSError):
+                return "exited"
+            if (silent_s := time.monotonic() - heard_at) > stall_timeout_s:
+                return f"stalled: no word from it for {silent_s:.1f} s"
+        return None
+
+    def _kill(self) -> None:
+        """Kill the child (a stopped one too) and reap it, so no zombie is left; close its pipe."""
+        if self._process is not None:
+            self._process.kill()  # a no-op on one that already exited
+            self._process.join(10)
+            log.info("engine process %d is gone (exit code %s)", self._process.pid, self._process.exitcode)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _halt(self) -> None:
+        """Stop the child: its core fails what it still holds, then it exits."""
+        if self._conn is not None and send(self._conn, Stop()):
+            deadline = time.monotonic() + 30
+            try:
+                while (left_s := deadline - time.monotonic()) > 0 and self._conn.poll(left_s):
+                    if isinstance(self._conn.recv(), Stopped):
+                        break
+            except (EOFError, OSError):
                 pass
         if self._process is not None:
             self._process.join(10)
-            if self._process.is_alive():
-                self._process.kill()
-        shutil.rmtree(Path(self.address[0]).parent, ignore_errors=True)
-
-
-def _child_main(conn: Connection, spec: EngineSpec, log_level: int, listen: Address | None) -> None:
-    # the parent decides when to stop: Ctrl-C reaches the whole process group
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
-    try:
-        asyncio.run(_ChildServer(conn, spec, listen).run())
-    finally:
-        conn.close()
-
-
-class _ChildServer:
-    """Runs the core and answers its clients: the owner alone, or (with `listen`) every server process
-    that connects to the socket, the owner then only starting and stopping it."""
-
-    def __init__(self, owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
-        self.owner = owner
-        self.spec = spec
-        self.listen = listen
-        self.core: EngineCore | None = None
-        self.clients: list[Connection] = [] if listen else [owner]  # those that submit and hear events
-        self.routes: dict[str, Connection] = {}  # request id -> the client that submitted it
-        self.outbox: dict[Connection, list[OutputEvent]] = {}
-        self.flush_scheduled = False
-        self.done: asyncio.Future[None] | None = None
-        self.last_state: State | None = None
-
-    async def run(self) -> None:
-        from engine.local import load_core  # the child alone loads the stages
-
-        loop = asyncio.get_running_loop()
-        try:
-            source = ModelSource.open(self.spec.model, self.spec.profile.load_format, self.spec.cache_dir)
-            self.core = load_core(source, self.spec.profile)
-            await self.core.start()
-        except Exception as e:
-            log.exception("engine failed to start")
-            send(self.owner, StartFailed(f"{type(e).__name__}: {e}"))
-            return
-        core = self.core
-        self.done = loop.create_future()
-        listener = None
-        if self.listen is not None:  # listening before Ready: the owner lets server processes attach on it
-            listener = Listener(self.listen[0], authkey=self.listen[1])
-            threading.Thread(target=self._accept, args=(listener, loop), name="engine-accept", daemon=True).start()
-        send(self.owner, Ready(self.spec))
-        read_into(self.owner, loop, functools.partial(self._on_messages, self.owner))
-        while not self.done.done():
-            state = State(core.stage_load(), generate_latest(core.registry).decode())
-            if state != self.last_state:
-                for client in list(self.clients):
-                    send(client, state)
-                self.last_state = state
-            await asyncio.wait([self.done], timeout=STATE_PERIOD_S)
-        if listener is not None:
-            listener.close()
-        await core.stop()  # ends every open request with Failed
-        self._flush()
-        send(self.owner, Stopped())
-
-    def _accept(self, listener: Listener, loop: asyncio.AbstractEventLoop) -> None:
-        """Socket -> a new client: it gets the engine's description, then joins at the loop's next turn."""
-        while True:
-            try:
-                conn = listener.accept()
-                conn.send(Ready(self.spec))
-            except (OSError, EOFError, multiprocessing.AuthenticationError):
-                if self.done is not None and self.done.done():
-                    return  # the listener was closed
-                continue
-            try:
-                loop.call_soon_threadsafe(self._join, conn, loop)
-            except RuntimeError:
-                return
-
-    def _join(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
-        self.clients.append(conn)
-        if self.last_state is not None:
-            send(conn, self.last_state)
-        read_into(conn, loop, functools.partial(self._on_messages, conn))
-
-    def _on_messages(self, conn: Connection, batch: list[Any]) -> None:
-        assert self.core is not None
-        for message in batch:
-            match message:
-                case Submit(request):
-                    self._begin(conn, request)
-                case Cancel(request_id):
-                    self.core.abort(request_id)
-                case Stop():
-                    self._stop()
-                case Closed():
-                    self._leave(conn)
-
-    def _begin(self, conn: Connection, request: Any) -> None:
-        assert self.core is not None
-        rid = request.request_id
-        self.routes[rid] = conn
-        try:
-            self.core.begin(request, functools.partial(self._queue, rid))
-        except Exception as e:  # noqa: BLE001 - the server admitted it already: its stream must still end
-            log.exception("request %s: the engine refused what the server admitted", rid)
-            self._queue(rid, Failed(rid, str(e) if isinstance(e, EngineError) else f"internal error: {type(e).__name__}: {e}"))
-
-    def _leave(self, conn: Connection) -> None:
-        """A vanished owner stops the engine; a vanished server process only loses its requests."""
-        if conn is self.owner:
-            self._stop()
-            return
-        if conn in self.clients:
-            self.clients.remove(conn)
-            assert self.core is not None
-            for rid in [rid for rid, owner in self.routes.items() if owner is conn]:
-                self.core.abort(rid)
-            conn.close()
-
-    def _stop(self) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
-
-    def _queue(self, request_id: str, event: OutputEvent) -> None:
-        conn = self.routes.get(request_id)
-        if isinstance(event, (Finished, Failed)):
-            self.routes.pop(request_id, None)
-        if conn is None or conn not in self.clients:
-            return  # its server process left
-        self.outbox.setdefault(conn, []).append(event)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        outbox, self.outbox = self.outbox, {}
-        for conn, events in outbox.items():
-            if not send(conn, Events(tuple(events))) and conn is self.owner:
-                self._stop()
+        self._kill()  # what did not stop in time

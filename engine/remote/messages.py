@@ -1,8 +1,10 @@
 """What crosses between a server process and the engine's process: frozen messages, pickled on a pipe.
 
 Server -> engine: `Submit` (an admitted request), `Cancel`, `Stop`. Engine -> server: `Ready` or
-`StartFailed` once, then `Events` batched per loop turn, `State` every `STATE_PERIOD_S` while it
-changes, and `Stopped`. `Closed` is never sent: a reader hands it over when the other side is gone.
+`StartFailed` once, then `Events` batched per loop turn, every `STATE_PERIOD_S` its `State` when that
+changed or else a `Heartbeat`, and `Stopped`. So a serving engine is never silent for long: its
+supervisor (engine/remote/client.py, host.py) takes silence as a stall. `Closed` is never sent: a
+reader hands it over when the other side is gone.
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ class State:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Nothing changed, and the engine is still there."""
+
+
+@dataclass(frozen=True, slots=True)
 class Stopped:
     pass
 
@@ -74,4 +81,4 @@ class Closed:
 
 
 ToEngine = Submit | Cancel | Stop | Closed
-FromEngine = Ready | StartFailed | Events | State | Stopped | Closed
+FromEngine = Ready | StartFailed | Events | State | Heartbeat | Stopped | Closed

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -48,3 +50,13 @@ def send(conn: Connection, message: Any) -> bool:
         return True
     except OSError:
         return False
+
+
+def cut(conn: Connection) -> None:
+    """Shut a connection down both ways, still open: the other side reads its end, and so does our reader,
+    even one blocked on a peer that went silent (closing alone would leave it waiting)."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed, or already shut down
+        pass

@@ -1,10 +1,13 @@
 """The engine in its own process (`engine: process`) answers as the in-process engine does: the same
-events for the same seed, the same refusals, aborts, metrics; and a child that dies fails what it held."""
+events for the same seed, the same refusals, aborts, metrics. A child that dies or stalls fails what
+it held with `engine_unavailable`, refuses new requests the same way, and is replaced."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import (
+    UNAVAILABLE,
     AudioChunk,
     EngineError,
     EngineRequest,
@@ -54,6 +58,43 @@ async def _until(condition, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+def _reaped(pid: int) -> bool:
+    """Gone for good: not running, and no zombie left behind."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def _release(pid: int | None) -> None:
+    """A test that failed may leave its child stopped: let it go."""
+    if pid is not None and not _reaped(pid):
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _supervised(**supervision) -> object:
+    return load_profile(model="tiny", platform="cpu", overrides={"engine": "process", "supervision": supervision})
+
+
+async def _held(engine, rid: str):
+    """A request still running, its first output in hand."""
+    stream = await engine.submit(dataclasses.replace(_request(rid), sampling=SamplingParams(max_tokens=500)))
+    assert isinstance(await stream.__anext__(), (TextDelta, AudioChunk))
+    return stream
+
+
+async def _end(stream) -> Failed:
+    events = [event async for event in stream]
+    assert isinstance(events[-1], Failed), events[-1]
+    return events[-1]
+
+
+def _samples(engine) -> dict[tuple[str, str], float]:
+    text = generate_latest(engine.registry).decode()
+    return {(s.name, s.labels.get("cause", "")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: Path, cache_dir: Path) -> None:
     profile = load_profile(model="tiny", platform="cpu")
     local = create_engine("tiny", profile, cache_dir)
@@ -67,6 +108,7 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
     core = remote.core
     assert isinstance(core, RemoteCore)
     await remote.start()
+    pid = core.pid
     try:
         assert remote.info == local.info
         tokens, audio, finished = await _reply(remote, _request("remote"))
@@ -95,22 +137,70 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
         assert pushed["engine_ttft_seconds_count"] == 2 and pushed["engine_ttfp_seconds_count"] >= 1
     finally:
         await remote.stop()
-    assert core._process is not None and not core._process.is_alive()
+    assert pid is not None and _reaped(pid)
 
 
-async def test_a_dead_engine_process_fails_its_requests(tiny_checkpoint: Path, cache_dir: Path) -> None:
-    profile = dataclasses.replace(load_profile(model="tiny", platform="cpu"), engine="process")
-    engine = create_engine("tiny", profile, cache_dir)
+async def test_a_killed_engine_process_fails_its_requests_and_is_restarted(tiny_checkpoint: Path,
+                                                                           cache_dir: Path) -> None:
+    engine = create_engine("tiny", _supervised(restart_backoff_s=0.5), cache_dir)
     await engine.start()
+    first = engine.core.pid
     try:
-        stream = await engine.submit(dataclasses.replace(_request("held"), sampling=SamplingParams(max_tokens=500)))
-        engine.core._process.kill()
-        events = [event async for event in stream]
-        assert isinstance(events[-1], Failed) and "engine process exited" in events[-1].reason
-        with pytest.raises(EngineError, match="not running"):
-            await engine.submit(_request("after"))
+        assert engine.health().status == "ok" and _samples(engine)[("engine_process_up", "")] == 1
+        held = await _held(engine, "held")
+        os.kill(first, signal.SIGKILL)
+        failed = await asyncio.wait_for(_end(held), 30)
+        assert failed.code == UNAVAILABLE and "engine process exited" in failed.reason and failed.retry_after_s >= 1
+
+        # until the next child is ready (its start takes seconds): down, and every request a 503's refusal
+        health = engine.health()
+        assert health.status == "down" and "exited" in health.detail and health.retry_after_s >= 1, health
+        assert engine.stage_load() == {} and _samples(engine)[("engine_process_up", "")] == 0
+        with pytest.raises(EngineError, match="unavailable") as refused:
+            await engine.submit(_request("during"))
+        assert refused.value.code == UNAVAILABLE and refused.value.retry_after_s >= 1
+        await _until(lambda: _reaped(first))
+
+        await _until(lambda: engine.health().status == "ok", timeout_s=180)
+        assert engine.health().restarts == 1 and engine.core.pid not in (None, first)
+        assert (await _reply(engine, _request("after")))[0]
+        samples = _samples(engine)
+        assert samples[("engine_process_up", "")] == 1 and samples[("engine_process_restarts_total", "exited")] == 1
     finally:
         await engine.stop()
+        _release(first)
+    assert engine.health().status == "down"
+
+
+async def test_a_stopped_engine_process_fails_its_requests_by_the_deadline(tiny_checkpoint: Path,
+                                                                          cache_dir: Path) -> None:
+    """SIGSTOP: the pipe stays open, only the heartbeat stops. Past `stall_timeout_s` its requests fail,
+    and the child is killed, reaped and replaced."""
+    engine = create_engine("tiny", _supervised(stall_timeout_s=3, restart_backoff_s=0.5), cache_dir)
+    await engine.start()
+    first = engine.core.pid
+    try:
+        held = await _held(engine, "held")
+        os.kill(first, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        await _until(lambda: engine.health().status == "degraded")  # late, from a second on: still serving
+        assert "no word" in engine.health().detail
+        failed = await asyncio.wait_for(_end(held), 30)
+        assert time.monotonic() - stopped_at < 3 + 5  # the deadline, a supervisor's turn, a loaded machine
+        assert failed.code == UNAVAILABLE and "stalled" in failed.reason, failed
+        assert engine.health().status == "down"
+        with pytest.raises(EngineError) as refused:
+            await engine.submit(_request("during"))
+        assert refused.value.code == UNAVAILABLE
+        await _until(lambda: _reaped(first))  # killed while stopped, and waited for: no zombie
+
+        await _until(lambda: engine.health().status == "ok", timeout_s=180)
+        assert engine.health().restarts == 1
+        assert (await _reply(engine, _request("after")))[0]
+        assert _samples(engine)[("engine_process_restarts_total", "stalled")] == 1
+    finally:
+        await engine.stop()
+        _release(first)
 
 
 async def test_several_server_processes_share_one_engine_process(tiny_checkpoint: Path, cache_dir: Path) -> None:
@@ -140,4 +230,42 @@ async def test_several_server_processes_share_one_engine_process(tiny_checkpoint
         await first.stop()
         await second.stop()
         await asyncio.to_thread(host.stop)
-    assert not host._process.is_alive()
+    assert host.pid is not None and _reaped(host.pid)
+
+
+async def test_an_engine_host_replaces_its_engine_and_server_processes_reconnect(tiny_checkpoint: Path,
+                                                                                cache_dir: Path) -> None:
+    """`serve --http-workers N`: the host's thread replaces a child that exited or stalled at the same
+    address; an attached server process fails its requests, refuses new ones, and connects again."""
+    from engine import EngineHost, attach_engine
+
+    host = EngineHost("tiny", _supervised(stall_timeout_s=3, restart_backoff_s=0.5), cache_dir)
+    await asyncio.to_thread(host.start)
+    worker = attach_engine(host.address)
+    pids: list[int] = []
+    try:
+        await worker.start()
+        for lose, restarts in ((signal.SIGKILL, 1), (signal.SIGSTOP, 2)):
+            held = await _held(worker, f"held-{restarts}")
+            pids.append(host.pid)
+            os.kill(host.pid, lose)
+            lost_at = time.monotonic()
+            failed = await asyncio.wait_for(_end(held), 30)
+            assert time.monotonic() - lost_at < 3 + 5
+            # stopped: the worker's own deadline, or the host's kill that its connection then sees, comes first
+            assert failed.code == UNAVAILABLE, failed
+            assert worker.health().status == "down"
+            with pytest.raises(EngineError) as refused:
+                await worker.submit(_request(f"during-{restarts}"))
+            assert refused.value.code == UNAVAILABLE
+            await _until(lambda: _reaped(pids[-1]))
+
+            await _until(lambda: worker.health().status == "ok", timeout_s=180)
+            assert worker.health().restarts == restarts and host.pid not in pids
+            assert (await _reply(worker, _request(f"after-{restarts}")))[0]
+    finally:
+        await worker.stop()
+        await asyncio.to_thread(host.stop)
+        for pid in pids:
+            _release(pid)
+    assert _reaped(host.pid)
