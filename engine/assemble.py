@@ -154,7 +154,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                       _name("talker", i, tl.replicas)))
         # replicas share the stage's weights; each has its own state, graphs and thread
         for i, inbox in enumerate(code2wav_inboxes):
-            stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, policy, inbox,
+            stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, inbox,
                                         reports.put, metrics, _name("code2wav", i, cw.replicas)))
     tokenizer = source.tokenizer()
     eos_ids = {config.im_end_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
@@ -164,7 +164,6 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         thinker_inbox=thinker_inbox,
         stages={stage.name: stage for stage in (thinker_stage, *stages)},
         reports=reports,
-        policy=policy,
         metrics=metrics,
         has_talker=has_talker,
         routers=tuple(routers),

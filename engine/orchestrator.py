@@ -37,7 +37,6 @@ from engine.handoff import (
 )
 from engine.metrics import EngineMetrics
 from engine.stages.base import Stage
-from engine.stages.policy import FirstPacketPolicy
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,6 @@ class Orchestrator:
         thinker_inbox: Inbox,
         stages: dict[str, Stage],
         reports: ReportQueue,
-        policy: FirstPacketPolicy,
         metrics: EngineMetrics,
         has_talker: bool,
         routers: tuple[StickyRouter, ...] = (),
@@ -74,7 +72,6 @@ class Orchestrator:
         self.thinker_inbox = thinker_inbox
         self.stages = stages
         self.reports = reports
-        self.policy = policy
         self.metrics = metrics
         self.registry = metrics.registry
         self.has_talker = has_talker
@@ -109,8 +106,6 @@ class Orchestrator:
             raise EngineError("this model has no talker: ask for text only")
         self.records[rid] = RequestRecord(request, sink, time.perf_counter())
         self.metrics.active.set(len(self.records))
-        if request.want_audio:
-            self.policy.admitted(rid)
         self.thinker_inbox.put(request)
         log.info("request %s submitted: %d prompt tokens, audio=%s", rid, len(request.token_ids), request.want_audio)
 
@@ -151,7 +146,6 @@ class Orchestrator:
             if item.samples.size:
                 if record.first_audio_at is None:
                     record.first_audio_at = now
-                    self.policy.first_audio(item.request_id)
                     self.metrics.ttfp.observe(now - record.submitted_at)
                 elif record.last_audio_at is not None:
                     self.metrics.chunk_gap.observe(now - record.last_audio_at)
@@ -203,6 +197,5 @@ class Orchestrator:
             return
         record.done = True
         self.records.pop(record.request.request_id, None)
-        self.policy.forget(record.request.request_id)
         self.metrics.active.set(len(self.records))
         record.sink(event)

@@ -107,8 +107,6 @@ class FirstPacketConfig:
     # > 0: the Thinker decodes only while some reply's text is fewer than this many tokens ahead of its
     # speech, and makes a waiting reply's first-chunk text first (0: it decodes whenever it can)
     text_lead: int = field(default=0, metadata=_at_least(0))
-    # > 0: while a reply waits for its first audio, Code2Wav holds back replies this far ahead of real time
-    defer_ahead_s: float = field(default=0.0, metadata=_at_least(0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,27 +5,22 @@ packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Each reply's 
 stays in a slot of the streaming decoder between its chunks, so every chunk decodes only its new
 frames. Chunk boundaries depend only on frame counts, never on timing, so a reply's audio is the
 same however the stages interleave. Async chunk off: one decode when the Talker finishes.
-
-The first-packet policy (engine/stages/policy.py) may hold a reply that runs far ahead of real
-time out of a step while another reply waits for its first packet.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from engine.api import SAMPLE_RATE_HZ, AudioChunk
+from engine.api import AudioChunk
 from engine.handoff import AudioFinished, CodecFrames, Inbox, Report
 from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, Code2WavConfig
 from engine.runners.code2wav import StreamBatch, StreamingCode2Wav
 from engine.stages.base import Stage
-from engine.stages.policy import FirstPacketPolicy
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +35,6 @@ class Code2WavSeq:
     emitted_samples: int = 0
     is_final: bool = False
     slot: int | None = None  # decoder state slot, held from the first chunk to the last
-    first_emitted_at: float | None = None  # perf_counter
-
-    def ahead_s(self, now: float) -> float:
-        """How far its audio runs ahead of real time, played from its first chunk on."""
-        if self.first_emitted_at is None:
-            return 0.0
-        return self.emitted_samples / SAMPLE_RATE_HZ - (now - self.first_emitted_at)
 
     def frames(self) -> torch.Tensor:
         if len(self.pieces) > 1:
@@ -64,7 +52,6 @@ class Code2WavStage(Stage):
         decoder: StreamingCode2Wav,
         cfg: Code2WavConfig,
         chunks: ChunkConfig,
-        policy: FirstPacketPolicy,
         inbox: Inbox,
         report: Report,
         metrics: EngineMetrics,
@@ -74,7 +61,6 @@ class Code2WavStage(Stage):
         self.decoder = decoder
         self.cfg = cfg
         self.chunks = chunks
-        self.policy = policy
         self.seqs: dict[str, Code2WavSeq] = {}
         self.free_slots = list(range(decoder.num_slots))[::-1]
 
@@ -101,14 +87,7 @@ class Code2WavStage(Stage):
         return seq.num_frames if seq.is_final else None
 
     def has_work(self) -> bool:
-        now = time.perf_counter()
-        return any(
-            self._next_end(s) is not None and self._can_start(s) and not self._deferred(s, now)
-            for s in self.seqs.values()
-        )
-
-    def _deferred(self, seq: Code2WavSeq, now: float) -> bool:
-        return self.policy.code2wav_defers(seq.ahead_s(now))
+        return any(self._next_end(s) is not None and self._can_start(s) for s in self.seqs.values())
 
     def _can_start(self, seq: Code2WavSeq) -> bool:
         return seq.slot is not None or bool(self.free_slots)
@@ -120,10 +99,7 @@ class Code2WavStage(Stage):
         return len(self.seqs)
 
     def step(self) -> list[str]:
-        now = time.perf_counter()
-        ready = [
-            (s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None and not self._deferred(s, now)
-        ]
+        ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
         ready.sort(key=lambda item: item[0].slot is None)  # replies already holding a state slot go first
         ready = ready[: self.cfg.max_batch]
         for seq, _ in ready:  # a new reply starts only when a slot is free
@@ -162,8 +138,6 @@ class Code2WavStage(Stage):
 
     def _emit(self, seq: Code2WavSeq, sample_offset: int, samples: np.ndarray) -> None:
         seq.emitted_samples = sample_offset + len(samples)
-        if seq.first_emitted_at is None and len(samples):
-            seq.first_emitted_at = time.perf_counter()
         is_last = seq.is_final and seq.decoded_frames == seq.num_frames
         self.report(AudioChunk(seq.request_id, samples, sample_offset, is_last))
         if is_last:

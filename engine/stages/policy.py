@@ -12,12 +12,12 @@ The rules, each measured on the H200 (docs/performance.md):
   first chunk; once each of them holds the rows that chunk consumes, the others' text waits at a
   lead of one until those frames are made (a batch-64 Talker frame beside a Thinker step takes
   about twice as long).
-* Code2Wav deferral (`defer_ahead_s` > 0): while some reply waits for its first audio, a reply
-  whose audio already runs more than `defer_ahead_s` ahead of real time sits out Code2Wav's steps.
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
-`FirstPacketPolicy` owns the set of replies awaiting their first audio; the orchestrator tells it
-when one is admitted and when its first audio or its end comes, and the stages ask it.
+Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
+helped a burst of 64 arrivals, but under steady arrivals (admission control keeps the stages full)
+some reply always awaits its first packet, the others sat at the threshold, and a third of the
+replies stuttered: it was taken out (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -54,29 +54,15 @@ class PacedText(Protocol):
 class FirstPacketPolicy:
     def __init__(self, cfg: FirstPacketConfig, chunks: ChunkConfig) -> None:
         self.text_lead = cfg.text_lead
-        self.defer_ahead_s = cfg.defer_ahead_s
         # text rows a reply's first audio chunk consumes: one in the Talker's prefill and one per frame
         # (the step that makes frame k takes row k + 1); 0 when chunks are off (no early first packet)
         self.first_chunk_rows = chunks.initial_chunk_frames + 1 if chunks.enabled else 0
-        # replies that want audio and have none yet; written on the event loop, read by stage threads
-        self.awaiting: set[str] = set()
 
     @property
     def paces_text(self) -> bool:
         """The Talker reports what it consumed to the Thinker (`SpeechProgress`)."""
         return self.text_lead > 0
 
-    # -- the orchestrator's side
-    def admitted(self, request_id: str) -> None:
-        self.awaiting.add(request_id)
-
-    def first_audio(self, request_id: str) -> None:
-        self.awaiting.discard(request_id)
-
-    def forget(self, request_id: str) -> None:
-        self.awaiting.discard(request_id)
-
-    # -- the stages' side
     def thinker_may_decode(self, texts: Iterable[PacedText]) -> bool:
         """Whether a Thinker decode step over these running replies is worth its GPU time now."""
         texts = list(texts)
@@ -93,7 +79,3 @@ class FirstPacketPolicy:
             if any(0 < t.spoken < first for t in texts):
                 lead = 1
         return any(t.made - t.spoken < lead for t in texts)
-
-    def code2wav_defers(self, ahead_s: float) -> bool:
-        """Whether a reply whose audio runs `ahead_s` ahead of real time sits out this step."""
-        return bool(self.defer_ahead_s and self.awaiting and ahead_s > self.defer_ahead_s)

@@ -27,8 +27,8 @@ needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
         ({"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
         ({}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
         ({"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
-        # the Thinker paced to the Talker, Code2Wav deferring replies ahead: who runs when, not what
-        ({}, {"first_packet": {"text_lead": 2, "defer_ahead_s": 0.01}}, 1),
+        # the Thinker paced to the Talker: who runs when, not what
+        ({}, {"first_packet": {"text_lead": 2}}, 1),
         # our Triton MoE and decode attention, in Triton's CPU interpreter
         pytest.param({}, {"kernels": "triton"}, 1, marks=[needs_triton, needs_interpreter]),
     ],
