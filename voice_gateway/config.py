@@ -11,7 +11,7 @@ class GatewayConfig:
     max_sessions: int = 64
     max_session_s: float = 30 * 60
     max_append_bytes: int = 15 * 1024 * 1024  # OpenAI's limit for one input_audio_buffer.append
-    max_input_buffer_s: float = 15 * 60
+    max_input_buffer_s: float = 10 * 60  # more than a session stores (max_stored_audio_s) is never heard
     send_queue_messages: int = 2048  # ~40 s of 20 ms Opus packets
     # Opus is a perceptual codec: speech keeps ~24 dB SNR at 64 kb/s, but the tiny model's noise
     # needs ~128 kb/s for 20 dB. One mono voice at 96 kb/s is 12 KB/s.
