@@ -4,9 +4,7 @@ that stall inside a body, are closed after the read timeouts, while other client
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,30 +13,27 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import Server, start_server, stop_server
+from tests.reliability.hostile import open_fds
 
 HEADER_S = BODY_S = 1.0
 SLACK_S = 8.0  # a loaded 2-core machine's scheduling, on top of the timeouts
 
 
 @pytest.fixture(scope="module", params=["auto", "h11"])
-def slow_server(request: pytest.FixtureRequest, tiny_checkpoint: Path, cache_dir: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, Server]]:
+def timed_server(request: pytest.FixtureRequest, tiny_checkpoint: Path, cache_dir: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     proc, srv = start_server(cache_dir, tmp_path_factory.mktemp(f"slow-{request.param}") / "server.log",
                              "--http", request.param, "--header-timeout", str(HEADER_S), "--body-timeout", str(BODY_S))
-    yield proc, srv
+    yield srv
     stop_server(proc)
-
-
-def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def _settled_fds(pid: int) -> int:
     """The server's fd count once it stops changing (a client that just left may still hold one there)."""
-    previous = _open_fds(pid)
+    previous = open_fds(pid)
     for _ in range(20):
         time.sleep(0.2)
-        if (count := _open_fds(pid)) == previous:
+        if (count := open_fds(pid)) == previous:
             break
         previous = count
     return previous
@@ -75,7 +70,8 @@ def _response(sock: socket.socket) -> bytes:
     while b"\r\n\r\n" not in data:
         data += sock.recv(65536)
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
     while len(body) < length:
         body += sock.recv(65536)
     return head + b"\r\n\r\n" + body
@@ -86,35 +82,33 @@ def _chat_head(content_length: int) -> bytes:
             b"Content-Length: %d\r\n\r\n" % content_length)
 
 
-def test_half_sent_requests_are_closed_while_others_are_served(slow_server: tuple[subprocess.Popen, Server]) -> None:
-    proc, server = slow_server
-    before = _settled_fds(proc.pid)
+def test_half_sent_requests_are_closed_while_others_are_served(timed_server: Server) -> None:
+    before = _settled_fds(timed_server.pid)
     opened = time.monotonic()
-    slow = [_connect(server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a") for _ in range(30)]
-    slow += [_connect(server) for _ in range(10)]  # never a byte
-    slow += [_connect(server, _chat_head(1000) + b'{"model": "tiny", ') for _ in range(10)]  # a body that stalls
+    slow = [_connect(timed_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: a") for _ in range(30)]
+    slow += [_connect(timed_server) for _ in range(10)]  # never a byte
+    slow += [_connect(timed_server, _chat_head(1000) + b'{"model": "tiny", ') for _ in range(10)]  # a body that stalls
     try:
         deadline = time.monotonic() + 5
-        while _open_fds(proc.pid) < before + len(slow) - 2:
-            assert time.monotonic() < deadline, f"the server holds {_open_fds(proc.pid) - before} of {len(slow)}"
+        while open_fds(timed_server.pid) < before + len(slow) - 2:
+            assert time.monotonic() < deadline, f"the server holds {open_fds(timed_server.pid) - before} of {len(slow)}"
             time.sleep(0.05)
-        assert server.get("/health").status_code == 200
+        assert timed_server.get("/health").status_code == 200
         for sock in slow:
             assert _closed_by_server(sock, opened + HEADER_S + BODY_S + SLACK_S) == b""
     finally:
         for sock in slow:
             sock.close()
     deadline = time.monotonic() + 5
-    while _open_fds(proc.pid) > before + 2:
-        assert time.monotonic() < deadline, f"fds {before} -> {_open_fds(proc.pid)} after the slow clients went"
+    while open_fds(timed_server.pid) > before + 2:
+        assert time.monotonic() < deadline, f"fds {before} -> {open_fds(timed_server.pid)} after the slow clients went"
         time.sleep(0.05)
-    assert server.get("/health").json()["status"] == "ok"
+    assert timed_server.get("/health").json()["status"] == "ok"
 
 
-def test_a_slow_but_steady_body_is_answered(slow_server: tuple[subprocess.Popen, Server]) -> None:
-    _, server = slow_server
+def test_a_slow_but_steady_body_is_answered(timed_server: Server) -> None:
     body = json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    sock = _connect(server, _chat_head(len(body)))
+    sock = _connect(timed_server, _chat_head(len(body)))
     try:
         pieces = [body[i:i + 4] for i in range(0, len(body), 4)]
         # each pause well under the body timeout, the whole body well over both timeouts
@@ -129,10 +123,8 @@ def test_a_slow_but_steady_body_is_answered(slow_server: tuple[subprocess.Popen,
     assert reply.startswith(b"HTTP/1.1 404"), reply[:200]
 
 
-def test_a_keep_alive_connection_gets_the_same_deadline_for_its_next_head(
-        slow_server: tuple[subprocess.Popen, Server]) -> None:
-    _, server = slow_server
-    sock = _connect(server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+def test_a_keep_alive_connection_gets_the_same_deadline_for_its_next_head(timed_server: Server) -> None:
+    sock = _connect(timed_server, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     try:
         assert _response(sock).startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /health HTTP/1.1\r\n")  # cancels uvicorn's keep-alive timer: ours must still run
