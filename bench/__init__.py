@@ -1,5 +1,5 @@
 """`voice-gateway bench`: load generation against a live server (sweeps of prompt length x
-concurrency), ladders of servers that each add one optimisation, and their JSON and figures.
+concurrency), ladders of servers that each add one optimisation, soaks, and their JSON and figures.
 
 It talks to servers over HTTP and starts them as `python -m voice_gateway.cli serve` subprocesses:
 it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (matplotlib, rich).
@@ -9,6 +9,8 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     config.py    what one sweep does (BenchConfig) and checked sweep settings from ladder files
     sweep.py     the levels, warm-up, the request pool, {label}.json and .png
     ladder.py    one server per row, DIR/<row>.json, DIR/ladder.json and the ladder's figures
+    soak.py      `bench soak`: mixed traffic for a long while, the server's memory and open files sampled
+    procstat.py  a process tree's RSS and open fds from /proc
     server.py    a `voice-gateway serve` subprocess on a free loopback port
     plots.py     the figures
     machine.py   what a result ran on

@@ -1,5 +1,5 @@
 """`voice-gateway bench` arguments and entry point: one sweep against a running server, a ladder
-of servers (`--ladder`), or an overlay of earlier results (`--compare`)."""
+of servers (`--ladder`), an overlay of earlier results (`--compare`), or a soak (`bench soak`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from rich.table import Table
 from bench.config import SWEEP_KEYS, BenchConfig, BenchError
 from bench.ladder import load_ladder, replot_ladder, run_ladder
 from bench.plots import plot_compare
+from bench.soak import DEFAULT_MIX, SoakConfig, run_soak
 from bench.sweep import BenchResult, run_bench
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,76 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--client-processes", type=_at_least(1),
         help="spread each level's workers over this many client processes, each with its own event loop "
              f"(default {_DEFAULTS.client_processes})")
+    modes = parser.add_subparsers(dest="mode", metavar="soak")
+    add_soak_arguments(modes.add_parser("soak", help="mixed traffic for a long while, sampling the server's memory "
+                                        "and open files"))
+
+
+_SOAK = SoakConfig()
+
+
+def _mix(text: str) -> dict[str, int]:
+    try:
+        mix = {kind.strip(): int(share) for kind, _, share in (item.partition("=") for item in text.split(","))}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad mix {text!r}: kind=share,...") from exc
+    if unknown := set(mix) - set(DEFAULT_MIX):
+        raise argparse.ArgumentTypeError(f"unknown kinds {sorted(unknown)}; known: {', '.join(DEFAULT_MIX)}")
+    return mix
+
+
+def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("serve", nargs=argparse.REMAINDER, metavar="-- SERVE_ARGS",
+        help="start `voice-gateway serve SERVE_ARGS` on a free loopback port and soak it "
+             f"(default: {shlex.join(_SOAK.serve_args)})")
+    add("--url", default=None, help="soak this running server instead (needs --pid)")
+    add("--pid", type=_at_least(1), default=None, help="with --url: the server's process, whose tree is sampled")
+    add("--requests", type=_at_least(1), default=_SOAK.requests, help=f"default {_SOAK.requests}")
+    add("--concurrency", type=_at_least(1), default=_SOAK.concurrency, help=f"default {_SOAK.concurrency}")
+    add("--max-tokens", type=_at_least(1), default=_SOAK.max_tokens, help=f"text tokens per reply (default {_SOAK.max_tokens})")
+    add("--mix", type=_mix, default=_SOAK.mix, metavar="KIND=SHARE,...",
+        help="shares of the request kinds; kinds not named are not sent (default " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()) + ")")
+    add("--timeout", type=float, default=_SOAK.timeout_s, help=f"per request, seconds (default {_SOAK.timeout_s:g})")
+    add("--sample-every", type=float, default=_SOAK.sample_every_s, help=f"seconds (default {_SOAK.sample_every_s:g})")
+    add("--settle", type=float, default=_SOAK.settle_s,
+        help=f"seconds between the last request and the last sample (default {_SOAK.settle_s:g})")
+    add("--seed", type=_at_least(0), default=_SOAK.seed, help="the request order's seed (default 0)")
+    add("--label", default=_SOAK.label, help=f"{{out-dir}}/{{label}}.json and .png (default {_SOAK.label})")
+    add("--out-dir", type=Path, default=_DEFAULT_OUT / "soak", help=f"default {_DEFAULT_OUT / 'soak'}")
+
+
+def _serve_args(remainder: list[str]) -> list[str]:
+    args = remainder[1:] if remainder[:1] == ["--"] else remainder
+    return args or list(_SOAK.serve_args)
+
+
+def soak_main(args: argparse.Namespace, argv: list[str], console: Console) -> int:
+    if args.url is not None and args.pid is None:
+        log.error("--url needs --pid: the soak samples the server's processes")
+        return 2
+    config = SoakConfig(url=args.url or _SOAK.url, pid=args.pid, serve_args=_serve_args(args.serve),
+                        requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens,
+                        timeout_s=args.timeout, sample_every_s=args.sample_every, settle_s=args.settle,
+                        seed=args.seed, mix=args.mix, label=args.label, out_dir=args.out_dir, argv=list(argv))
+    try:
+        result = run_soak(config)
+    except BenchError as exc:
+        log.error("%s", exc)
+        return 2
+    summary = result["summary"]
+    table = Table(title=f"soak {config.label}: {summary['requests']} requests in {summary['traffic_s']} s")
+    for col in ("kind", "requests", "failed", "latency mean/p99 s"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, row in summary["by_kind"].items():
+        table.add_row(kind, str(row["requests"]), str(row["failed"]),
+                      f"{_fmt(row['latency_s']['mean'])}/{_fmt(row['latency_s']['p99'])}")
+    console.print(table)
+    rss, fds = summary["rss_mib"], summary["fds"]
+    console.print(f"RSS {rss['start']} -> {rss['end']} MiB (peak {rss['peak']}, {rss['slope_per_1k_requests']} MiB "
+                  f"per 1000 requests late in the run); fds {fds['start']} -> {fds['end']} (peak {fds['peak']})")
+    console.print(f"wrote {config.out_dir / config.label}.json and .png")
+    return 1 if summary["failed"] else 0
 
 
 def cli_sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,6 +215,8 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
     """Exit code: 0 all requests (and rows) ok, 1 some failed, 2 could not run (no model / bad input)."""
     console = Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the progress bars
+    if getattr(args, "mode", None) == "soak":
+        return soak_main(args, argv, console)
     if args.compare:
         try:
             png = plot_compare(list(args.compare), Path(args.out_dir or _DEFAULT_OUT) / "compare.png")

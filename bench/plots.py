@@ -1,6 +1,6 @@
 """PNG figures from sweep results (level dicts as stored in the JSON): one run or an overlay of
-runs on three panels, and the ladder's figures (one per metric, rows as lines; rows as bars at
-the highest concurrency)."""
+runs on three panels, the ladder's figures (one per metric, rows as lines; rows as bars at
+the highest concurrency), and a soak's memory, open files and progress over time."""
 
 from __future__ import annotations
 
@@ -174,3 +174,32 @@ def plot_ladder(runs: list[Run], out_dir: Path, title: str) -> list[Path]:
     paths = [plot_ladder_metric(runs, stem, t, ylabel, read, out_dir, title)
              for stem, t, ylabel, read in LADDER_METRICS]
     return [*paths, plot_ladder_bars(runs, out_dir / "at_max_concurrency.png", title)]
+
+
+def plot_soak(result: dict[str, Any], out_png: Path) -> Path:
+    """A soak's samples against time: the server's RSS (each process, and their sum), open files, requests done."""
+    samples = result["samples"]
+    ts = [s["t_s"] for s in samples]
+    fig, axes = _figure(15, 4.5, 3)
+    names = sorted({p["pid"] for s in samples for p in s["processes"]})
+    if len(names) > 1:
+        for i, pid in enumerate(names):
+            rss = [next((p["rss_kib"] / 1024 for p in s["processes"] if p["pid"] == pid), np.nan) for s in samples]
+            axes[0].plot(ts, rss, color=f"C{(i + 1) % 10}", linewidth=0.8, label=f"pid {pid}")
+    axes[0].plot(ts, [s["rss_mib"] for s in samples], color="C0", label="all processes")
+    axes[1].plot(ts, [s["fds"] for s in samples], color="C0")
+    axes[2].plot(ts, [s["requests_done"] for s in samples], color="C0")
+    summary = result["summary"]
+    for ax, ylabel, title in zip(axes, ("RSS (MiB)", "open fds", "requests done"),
+                                 (f"resident memory: {summary['rss_mib']['start']:.0f} -> "
+                                  f"{summary['rss_mib']['end']:.0f} MiB (peak {summary['rss_mib']['peak']:.0f})",
+                                  f"open files: {summary['fds']['start']} -> {summary['fds']['end']} "
+                                  f"(peak {summary['fds']['peak']})",
+                                  f"{summary['requests']} requests, {summary['failed']} failed, "
+                                  f"{summary['req_per_s']} req/s")):
+        ax.set(xlabel="time (s)", ylabel=ylabel, title=title)
+        ax.grid(True, alpha=0.3)
+    if len(names) > 1:
+        axes[0].legend(fontsize="small")
+    fig.suptitle(f"voice-gateway bench soak: {result['label']}")
+    return _save(fig, out_png)

@@ -45,6 +45,7 @@ def free_port() -> int:
 class Server:
     base_url: str
     log_path: Path
+    pid: int
 
     def get(self, path: str) -> httpx.Response:
         return httpx.get(self.base_url + path, timeout=10)
@@ -59,7 +60,7 @@ def start_server(cache_dir: Path, log_path: Path, *extra: str) -> tuple[subproce
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    server = Server(f"http://127.0.0.1:{port}", log_path)
+    server = Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:

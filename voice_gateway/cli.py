@@ -44,6 +44,11 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--public-metrics", action="store_true", help="serve /metrics without the API key")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="after SIGTERM, connections still open this long are cut (default 10)")
+    parser.add_argument("--header-timeout", type=float, default=15.0, metavar="SECONDS",
+                        help="a connection that has not sent a whole request head this long after it opened, or "
+                        "after its last response, is closed (default 15)")
+    parser.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="a connection whose request body pauses this long is closed (default 30)")
     parser.add_argument("--max-sessions", type=int, default=64, help="concurrent realtime sessions")
     parser.add_argument("--max-session-seconds", type=float, default=1800.0)
     parser.add_argument("--max-stored-audio-seconds", type=float, default=600.0,
@@ -78,6 +83,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from voice_gateway.app import create_app
     from voice_gateway.config import GatewayConfig
+    from voice_gateway.read_deadline import ReadTimeouts, http_protocol
     from voice_gateway.webrtc import WebRTCConfig
 
     try:
@@ -97,12 +103,16 @@ def serve(args: argparse.Namespace) -> int:
             allowed_origins=args.allowed_origins,
             allowed_hosts=(*_served_hosts(args.host), *args.allowed_hosts),
             public_metrics=args.public_metrics,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
         )
     except ValueError as e:
         log.error("%s", e)
         return 2
     webrtc = WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))
-    uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=args.http,
+    # uvicorn's own HTTP protocols plus read deadlines: it has none for a client that sends a request too slowly
+    http = http_protocol(args.http, ReadTimeouts(gateway.header_timeout_s, gateway.body_timeout_s))
+    uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=http,
                         # Above the 15 MiB append limit once base64-encoded, so an oversize append gets an error event.
                         ws_max_size=32 * 1024 * 1024,
                         # then still-open connections are cut, and the lifespan's engine stop fails their requests

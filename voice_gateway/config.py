@@ -27,6 +27,10 @@ class GatewayConfig:
     # at most this much in all (16 kHz float32: 64 KB/s); 600 s is about what an 8192-token context holds
     # at 13 tokens per second of audio. Older audio goes; its items stay, with their text.
     max_stored_audio_s: float = 600.0
+    # Slow clients (voice_gateway/read_deadline.py): a connection is closed that takes longer than this to send
+    # a request's head, from its start or its last response, or that pauses longer than this inside a body.
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16 \
@@ -36,3 +40,5 @@ class GatewayConfig:
             raise ValueError(f"max_stored_audio_s must be > 0, got {self.max_stored_audio_s}")
         if bad := [o for o in self.allowed_origins if o != "*" and "://" not in o]:
             raise ValueError(f"allowed origins are scheme://host[:port], got {bad}")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError(f"read timeouts must be > 0 s, got {self.header_timeout_s} and {self.body_timeout_s}")

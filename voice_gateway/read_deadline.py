@@ -1,0 +1,160 @@
+"""Read deadlines on the server's HTTP/1.1 connections: a client must send a request's head within
+`ReadTimeouts.header_s` and may not pause in a request body for longer than `ReadTimeouts.body_s`, or its
+connection is closed.
+
+uvicorn times out only a connection that idles between requests (`timeout_keep_alive`, armed when a
+response ends and cancelled by the first byte after it): a connection that never completes a request head
+(slowloris: a few bytes now and then, or none at all) would hold its socket and buffers for good.
+
+How: `serve` hands uvicorn `http_protocol(...)` as its `http` setting, a factory of our subclasses of
+uvicorn's own protocol classes (h11 or httptools, as `--http` picks) that add one `ReadDeadline` per
+connection. uvicorn calls it with its config, server state and app state for each connection;
+`functools.partial` binds our timeouts, and pickles with uvicorn's config into `--http-workers`' processes.
+The subclasses change nothing but the connection's ASGI app, which they wrap: the protocol calls the app
+once a request's head is complete, so that call ends the head's deadline, and the body's deadline runs
+while the app waits in `receive()` for more of the body. The head's deadline runs from the connection's
+start and again from the end of each response, so a keep-alive connection's next head is bounded too.
+
+A timed-out connection is closed without a response, as nginx's `client_header_timeout` does: the client
+sent no request that could be answered, and a client that stalls is not reading either. The app of a
+stalled body sees `http.disconnect`, as for any client that hangs up. A WebSocket upgrade hands the socket
+to uvicorn's WebSocket protocol, whose pings time it out: a deadline that expires after it does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable, Scope
+from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTimeouts:
+    header_s: float  # from the connection's start, or the end of its last response, to a complete request head
+    body_s: float  # the longest pause inside a request body
+
+    def __post_init__(self) -> None:
+        if self.header_s <= 0 or self.body_s <= 0:
+            raise ValueError(f"read timeouts must be > 0 s, got {self}")
+
+
+class ReadDeadline:
+    """Owns one connection's timer: it closes the transport unless the awaited bytes come in time."""
+
+    def __init__(self, timeouts: ReadTimeouts, loop: asyncio.AbstractEventLoop) -> None:
+        self.timeouts = timeouts
+        self.loop = loop
+        self._transport: asyncio.BaseTransport | None = None
+        self._owner: asyncio.BaseProtocol | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._running_requests = 0  # app calls under way on this connection (more than one when pipelined)
+
+    def start(self, transport: asyncio.BaseTransport, owner: asyncio.BaseProtocol) -> None:
+        self._transport, self._owner = transport, owner
+        self._arm(self.timeouts.header_s, "request head")
+
+    def stop(self) -> None:
+        self._cancel()
+        self._transport = None
+
+    def timed(self, app: ASGI3Application) -> ASGI3Application:
+        """`app` with the head's deadline ended when it is called and the body's armed while it waits for body."""
+        async def app_with_deadlines(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+            self._cancel()
+            self._running_requests += 1
+            body_done = False
+
+            async def timed_receive() -> ASGIReceiveEvent:
+                nonlocal body_done
+                if body_done:  # the app now waits for a disconnect, which may take as long as it likes
+                    return await receive()
+                self._arm(self.timeouts.body_s, "request body")
+                try:
+                    message = await receive()
+                finally:
+                    self._cancel()
+                body_done = message["type"] != "http.request" or not message.get("more_body", False)
+                return message
+
+            try:
+                await app(scope, timed_receive, send)
+            finally:
+                self._running_requests -= 1
+                if self._running_requests == 0:
+                    self._arm(self.timeouts.header_s, "request head")
+        return app_with_deadlines
+
+    def _arm(self, seconds: float, awaited: str) -> None:
+        self._cancel()
+        if self._transport is not None and not self._transport.is_closing():
+            self._timer = self.loop.call_later(seconds, self._expire, seconds, awaited)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, seconds: float, awaited: str) -> None:
+        self._timer = None
+        transport = self._transport
+        if transport is None or transport.is_closing() or transport.get_protocol() is not self._owner:
+            return  # closed already, or a WebSocket's now
+        peer = transport.get_extra_info("peername")
+        log.info("closing the connection from %s: no %s within %g s", peer, awaited, seconds)
+        transport.close()
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a `ReadDeadline`."""
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *, timeouts: ReadTimeouts) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.deadline = ReadDeadline(timeouts, self.loop)
+        self.app = self.deadline.timed(self.app)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        super().connection_made(transport)
+        self.deadline.start(transport, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline.stop()
+        super().connection_lost(exc)
+
+
+class TimedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a `ReadDeadline`."""
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *, timeouts: ReadTimeouts) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.deadline = ReadDeadline(timeouts, self.loop)
+        self.app = self.deadline.timed(self.app)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        super().connection_made(transport)
+        self.deadline.start(transport, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline.stop()
+        super().connection_lost(exc)
+
+
+def http_protocol(name: str, timeouts: ReadTimeouts) -> Callable[..., asyncio.Protocol]:
+    """uvicorn's `http` setting for `--http NAME`; "auto" is httptools, installed with us, as uvicorn picks."""
+    protocols: dict[str, type[TimedH11Protocol | TimedHttpToolsProtocol]] = {
+        "auto": TimedHttpToolsProtocol, "h11": TimedH11Protocol, "httptools": TimedHttpToolsProtocol}
+    if name not in protocols:
+        raise ValueError(f"unknown HTTP protocol {name!r}, expected auto, h11 or httptools")
+    return functools.partial(protocols[name], timeouts=timeouts)
