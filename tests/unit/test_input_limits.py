@@ -7,6 +7,7 @@ import io
 import json
 import struct
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from starlette.testclient import TestClient
 from engine import create_engine, load_profile
 from voice_gateway.app import create_app
 from voice_gateway.audio import wav
+from voice_gateway.audio.resample import resample
 from voice_gateway.config import GatewayConfig
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -76,6 +78,32 @@ def test_audio_longer_than_the_limit_is_refused_from_its_header(
     assert _refused(reply) == ("audio_too_long", "messages.0.content.1.input_audio")
     pcm = _chat(client, messages=_audio_message(bytes(2 * 24_000 * 6), "pcm16"))
     assert _refused(pcm)[0] == "audio_too_long"
+
+
+def test_many_channels_at_a_high_rate_decode_in_bounded_memory() -> None:
+    """A few hundred KB of 8-channel 96 kHz FLAC silence is 2 minutes of audio: 368 MB as float32 if
+    decoded whole. It is decoded a second at a time and mixed down at once."""
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", 96_000, 8, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(120):
+            f.write(np.zeros((96_000, 8), np.float32))
+    assert len(buf.getvalue()) < 200_000
+    tracemalloc.start()
+    try:
+        samples = wav.decode_audio(buf.getvalue(), "flac", to_hz=16_000, max_seconds=600)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert samples.shape == (120 * 16_000,)
+    assert peak < 40e6, f"decoding took {peak / 1e6:.0f} MB"  # the output is 7.7 MB, a block 3 MB
+
+
+def test_decoding_in_blocks_equals_decoding_whole() -> None:
+    stereo = np.random.default_rng(0).standard_normal((48_000 * 3 + 123, 2)).astype(np.float32) * 0.1
+    buf = io.BytesIO()
+    sf.write(buf, stereo, 48_000, format="WAV", subtype="FLOAT")
+    decoded = wav.decode_audio(buf.getvalue(), "wav", to_hz=16_000, max_seconds=600)
+    np.testing.assert_allclose(decoded, resample(stereo.mean(axis=1), 48_000, 16_000), atol=1e-6)
 
 
 def test_undecodable_audio_says_why_without_a_memory_address(client: TestClient) -> None:
