@@ -69,6 +69,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":  # its loc is a byte offset, not a field
+            where = first.get("loc", ("body", "?"))[-1]
+            return _response(APIError(400, f"the body is not valid JSON (at byte {where}): {first.get('msg', '')}",
+                                      code="invalid_json"))
         # a `$` tag names the union member pydantic chose (schemas.py), not a place in the request
         loc = [str(p) for p in first.get("loc", ()) if p != "body" and not str(p).startswith("$")]
         param = ".".join(loc) or None

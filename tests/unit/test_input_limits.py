@@ -283,3 +283,11 @@ def test_realtime_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
         error = events[0]["error"]
         assert (error["code"], error["param"], error["event_id"]) == ("context_length_exceeded", param, "evt_huge")
         assert "characters" in error["message"] and "context is 1024 tokens" in error["message"], error
+
+
+def test_a_body_that_is_not_json_names_no_field(client: TestClient) -> None:
+    reply = client.post("/v1/chat/completions", content=b'{"model": "tiny",,}',
+                        headers={"content-type": "application/json"})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_json" and error["param"] is None and "byte" in error["message"], error
