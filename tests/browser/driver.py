@@ -164,10 +164,12 @@ def connect_session(page, transport: str) -> dict:
     return session
 
 
-def page_errors(page) -> list[str]:
-    """The banner's errors, once there is one (within 30 s)."""
-    page.wait_for_function("() => window.voiceDemo && voiceDemo.stats.errors.length > 0", timeout=30_000)
-    return page.evaluate("() => voiceDemo.stats.errors")
+def load(page, address: str | None) -> dict:
+    """Go to `address` (None: reload) and wait until the model info loaded or the page shows an error."""
+    page.reload() if address is None else page.goto(address)
+    page.wait_for_function("() => window.voiceDemo && (voiceDemo.model !== null || voiceDemo.stats.errors.length > 0)",
+                           timeout=30_000)
+    return page.evaluate("() => ({href: location.href, model: voiceDemo.model?.id ?? null, errors: voiceDemo.stats.errors})")
 
 
 def scenario_key_in_url(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
@@ -176,21 +178,14 @@ def scenario_key_in_url(browser, url: str, transport: str, out_dir: Path, result
     result["console"] = console = []
     result["key"] = API_KEY
     page = new_page(browser, console)
-    page.goto(f"{url}/?key={API_KEY}&transport={transport}")
-    page.wait_for_function("() => window.voiceDemo && voiceDemo.model !== null", timeout=30_000)
-    result["loaded"] = {"href": page.evaluate("() => location.href"),
-                        "stored_key": page.evaluate(f"() => sessionStorage.getItem('{KEY_STORAGE}')"),
-                        "model": page.evaluate("() => voiceDemo.model.id"),
-                        **connect_session(page, transport)}
-    page.reload()
-    page.wait_for_function("() => window.voiceDemo && voiceDemo.model !== null", timeout=30_000)
-    result["reloaded"] = {"href": page.evaluate("() => location.href"),
-                          "model": page.evaluate("() => voiceDemo.model.id"),
-                          **connect_session(page, transport)}
+    loaded = result["loaded"] = load(page, f"{url}/?key={API_KEY}&transport={transport}")
+    loaded["stored_key"] = page.evaluate(f"() => sessionStorage.getItem('{KEY_STORAGE}')")
+    loaded.update(connect_session(page, transport))
+    reloaded = result["reloaded"] = load(page, None)
+    reloaded.update(connect_session(page, transport))
     page.close()
     page = new_page(browser, console)  # a context of its own: an empty sessionStorage
-    page.goto(f"{url}/?transport={transport}")
-    result["keyless_errors"] = page_errors(page)
+    result["keyless"] = load(page, f"{url}/?transport={transport}")
     page.close()
 
 
@@ -211,11 +206,8 @@ def scenario_server_elsewhere(browser, url: str, transport: str, out_dir: Path, 
         page.on("dialog", answer)
         page.on("request", lambda r, seen=seen: seen["requests"].append(r.url))
         page.on("websocket", lambda ws, seen=seen: seen["websockets"].append(ws.url))
-        page.goto(f"{url}/?server={elsewhere}&transport={transport}")
-        if accept:
-            seen["errors"] = page_errors(page)
-        else:
-            page.wait_for_function("() => window.voiceDemo && voiceDemo.model !== null", timeout=30_000)
+        seen.update(load(page, f"{url}/?server={elsewhere}&transport={transport}"))
+        if not accept:
             seen.update(connect_session(page, transport))
         page.close()
 

@@ -31,7 +31,7 @@ def test_a_key_in_the_url_moves_to_session_storage(tiny_checkpoint: Path, cache_
     assert "key=" not in reloaded["href"], why
     assert reloaded["model"] and reloaded["connect_error"] is None and reloaded["session_id"], why
     # the control: a tab without the key is refused, so the two above did send it
-    assert any("401" in e for e in result["keyless_errors"]), why
+    assert result["keyless"]["model"] is None and any("401" in e for e in result["keyless"]["errors"]), why
     # Only the first page load's request line carries the key; the reload's does not.
     log_lines = [line for line in (tmp_path / "server.log").read_text().splitlines() if key in line]
     assert len(log_lines) == 1 and f"GET /?key={key}&" in log_lines[0], log_lines
@@ -48,10 +48,10 @@ def test_another_server_in_the_url_is_confirmed_first(tiny_checkpoint: Path, cac
 
     # dismissed: the page's own origin, for HTTP and the session's WebSocket, and nothing sent elsewhere
     assert {urlsplit(u).netloc for u in dismissed["requests"] + dismissed["websockets"]} == {own}, (dismissed, why)
-    assert dismissed["connect_error"] is None and dismissed["session_id"], why
+    assert dismissed["model"] and dismissed["connect_error"] is None and dismissed["session_id"], why
     assert dismissed["websockets"], why
 
     # accepted: the page asks the other origin (where nothing listens) for its model
     asked = [u for u in accepted["requests"] if urlsplit(u).netloc == elsewhere]
     assert any(urlsplit(u).path == "/v1/models" for u in asked), (accepted, why)
-    assert any("cannot reach the server" in e for e in accepted["errors"]), why
+    assert accepted["model"] is None and any("cannot reach the server" in e for e in accepted["errors"]), why
