@@ -34,13 +34,15 @@ CHROMIUM_FLAGS = [
     "--use-fake-device-for-media-stream", "--allow-loopback-in-peer-connection",
 ]
 TURN_TIMEOUT_MS = 120_000
+API_KEY = "sekrit"
+KEY_STORAGE = "voice-gateway.api-key"  # web/page-options.js
 
 STATS_JS = "() => JSON.parse(JSON.stringify({state: voiceDemo.state, stats: voiceDemo.stats, replies: voiceDemo.replies()}))"
 
 
-def start_web_server(cache_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_web_server(cache_dir: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     # ICE candidates on loopback: aioice skips it unless told
-    proc, server = start_server(cache_dir, log_path, "--webrtc-host-address", "127.0.0.1")
+    proc, server = start_server(cache_dir, log_path, "--webrtc-host-address", "127.0.0.1", *extra)
     return proc, server.base_url
 
 
@@ -62,10 +64,15 @@ def wait_health(url: str, timeout_s: float) -> tuple[bool, list[dict]]:
         time.sleep(0.25)
 
 
-def open_page(browser, url: str, transport: str, console: list[str]):
+def new_page(browser, console: list[str]):
     page = browser.new_page(viewport={"width": 1360, "height": 860})
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    return page
+
+
+def open_page(browser, url: str, transport: str, console: list[str]):
+    page = new_page(browser, console)
     page.goto(f"{url}/?transport={transport}")
     page.wait_for_function("() => window.voiceDemo && voiceDemo.model !== null", timeout=30_000)
     return page
@@ -147,6 +154,64 @@ def scenario_push_to_talk(browser, url: str, transport: str, out_dir: Path, resu
     result["health_after_close"] = wait_health(url, 15)
 
 
+def connect_session(page, transport: str) -> dict:
+    """Connect, wait for the server's session.created, disconnect: the connect error and the session id."""
+    error = connect(page, transport)
+    if error is None:
+        page.wait_for_function("() => voiceDemo.stats.sessionId !== null", timeout=30_000)
+    session = {"connect_error": error, "session_id": page.evaluate("() => voiceDemo.stats.sessionId")}
+    page.evaluate("() => voiceDemo.disconnect()")
+    return session
+
+
+def load(page, address: str | None) -> dict:
+    """Go to `address` (None: reload) and wait until the model info loaded or the page shows an error."""
+    page.reload() if address is None else page.goto(address)
+    page.wait_for_function("() => window.voiceDemo && (voiceDemo.model !== null || voiceDemo.stats.errors.length > 0)",
+                           timeout=30_000)
+    return page.evaluate("() => ({href: location.href, model: voiceDemo.model?.id ?? null, errors: voiceDemo.stats.errors})")
+
+
+def scenario_key_in_url(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    """On a keyed server, open `/?key=`: the key must leave the address bar, live in sessionStorage and work,
+    after a reload too; a tab without it is refused."""
+    result["console"] = console = []
+    result["key"] = API_KEY
+    page = new_page(browser, console)
+    loaded = result["loaded"] = load(page, f"{url}/?key={API_KEY}&transport={transport}")
+    loaded["stored_key"] = page.evaluate(f"() => sessionStorage.getItem('{KEY_STORAGE}')")
+    loaded.update(connect_session(page, transport))
+    reloaded = result["reloaded"] = load(page, None)
+    reloaded.update(connect_session(page, transport))
+    page.close()
+    page = new_page(browser, console)  # a context of its own: an empty sessionStorage
+    result["keyless"] = load(page, f"{url}/?transport={transport}")
+    page.close()
+
+
+def scenario_server_elsewhere(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    """Open `/?server=` naming another origin (nothing listens there) twice: the confirm dismissed, then accepted.
+    Every HTTP request and WebSocket each page made is reported."""
+    result["console"] = console = []
+    # the server's own port on another loopback address: another origin, and the server listens on 127.0.0.1 only
+    result["elsewhere"] = elsewhere = url.replace("127.0.0.1", "127.0.0.2")
+    for accept in (False, True):
+        seen = result["accepted" if accept else "dismissed"] = {"dialogs": [], "requests": [], "websockets": []}
+
+        def answer(dialog, seen=seen, accept=accept) -> None:
+            seen["dialogs"].append(dialog.message)
+            dialog.accept() if accept else dialog.dismiss()
+
+        page = new_page(browser, console)
+        page.on("dialog", answer)
+        page.on("request", lambda r, seen=seen: seen["requests"].append(r.url))
+        page.on("websocket", lambda ws, seen=seen: seen["websockets"].append(ws.url))
+        seen.update(load(page, f"{url}/?server={elsewhere}&transport={transport}"))
+        if not accept:
+            seen.update(connect_session(page, transport))
+        page.close()
+
+
 SCENARIOS = {
     "ws-opus-push-to-talk": (scenario_push_to_talk, "ws-opus"),
     "ws-opus-turn": (scenario_turn, "ws-opus"),
@@ -157,7 +222,10 @@ SCENARIOS = {
     "ws-pcm16-barge-in": (scenario_barge_in, "ws-pcm16"),
     "ws-opus-barge-in": (scenario_barge_in, "ws-opus"),
     "webrtc-barge-in": (scenario_barge_in, "webrtc"),
+    "key-in-url": (scenario_key_in_url, "ws-opus"),
+    "server-elsewhere": (scenario_server_elsewhere, "ws-opus"),
 }
+SERVER_ARGS = {"key-in-url": ("--api-key", API_KEY)}  # a scenario's extra `serve` arguments
 
 
 def main() -> int:
@@ -179,7 +247,8 @@ def main() -> int:
         if args.url:
             url = args.url
         else:
-            proc, url = start_web_server(args.cache_dir, args.out_dir / "server.log")
+            proc, url = start_web_server(args.cache_dir, args.out_dir / "server.log",
+                                         *SERVER_ARGS.get(args.scenario, ()))
         result["url"] = url
         fn, transport = SCENARIOS[args.scenario]
         with sync_playwright() as p:
