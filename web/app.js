@@ -19,8 +19,8 @@ import { Transcript } from "./transcript.js";
 import { TransportPicker } from "./transport-picker.js";
 
 const params = new URLSearchParams(location.search);
+const apiKey = takeApiKey(params); // first: out of the address bar before any dialog waits on the user
 const baseUrl = chooseServer(params.get("server"));
-const apiKey = takeApiKey(params);
 const $ = (id) => document.getElementById(id);
 
 const banner = new Banner($("banner"));
