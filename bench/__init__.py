@@ -8,6 +8,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     stats.py     per-level mean/p50/p99, req/s, underruns
     config.py    what one sweep does (BenchConfig) and checked sweep settings from ladder files
     sweep.py     the levels, warm-up, the request pool, {label}.json and .png
+    processes.py a level spread over client processes, each with its own event loop
     ladder.py    one server per row, DIR/<row>.json, DIR/ladder.json and the ladder's figures
     server.py    a `voice-gateway serve` subprocess on a free loopback port
     plots.py     the figures

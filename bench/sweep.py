@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import multiprocessing
-import queue
 import shlex
-import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
@@ -27,6 +24,7 @@ from bench.config import BenchConfig, BenchError
 from bench.machine import machine_info
 from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
+from bench.processes import Started, run_in_processes
 from bench.stats import LevelResult, Stat, summarize_level
 
 log = logging.getLogger(__name__)
@@ -160,7 +158,10 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
     t0 = time.perf_counter()
     try:
         if config.client_processes > 1:
-            records, wall_s = await asyncio.to_thread(_run_in_processes, config, model, prompt_words, concurrency, n)
+            job = (config, model, prompt_words, concurrency)
+            records, wall_s = await asyncio.to_thread(run_in_processes, _pool_work, job, n, concurrency,
+                                                      config.client_processes)
+            records.sort(key=lambda r: r.index)
             for _ in records:
                 advance()
         else:
@@ -178,54 +179,16 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
 
 
-def _run_in_processes(config: BenchConfig, model: str, prompt_words: int, concurrency: int,
-                      n: int) -> tuple[list[RequestRecord], float]:
-    """The level's closed loop over `client_processes` processes: process p runs every P-th request with
-    its share of the C workers. All start together (a barrier, once every client is made); the wall
-    time runs from that start to the last one's end (perf_counter is one monotonic clock for all)."""
-    ctx = multiprocessing.get_context("spawn")
-    count = min(config.client_processes, concurrency)
-    start, results = ctx.Barrier(count + 1), ctx.Queue()
-    procs = [ctx.Process(target=_pool_process, daemon=True,
-                         args=(config, model, prompt_words, concurrency, list(range(p, n, count)),
-                               concurrency // count + (p < concurrency % count), start, results))
-             for p in range(count)]
-    for proc in procs:
-        proc.start()
-    try:
-        try:
-            start.wait(timeout=120)
-        except threading.BrokenBarrierError:
-            raise BenchError(f"{count} client processes did not all start within 120 s") from None
-        t0 = time.perf_counter()
-        parts: list[tuple[list[RequestRecord], float]] = []
-        while len(parts) < count:
-            try:
-                parts.append(results.get(timeout=1))
-            except queue.Empty:
-                if not any(proc.is_alive() for proc in procs) and results.empty():
-                    raise BenchError("a client process ended without its records") from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-    records = sorted((r for part, _ in parts for r in part), key=lambda r: r.index)
-    return records, max(end for _, end in parts) - t0
-
-
-def _pool_process(config: BenchConfig, model: str, prompt_words: int, concurrency: int, indices: list[int],
-                  workers: int, start: Any, results: Any) -> None:
-    async def run() -> tuple[list[RequestRecord], float]:
-        async with AsyncExitStack() as stack:
-            clients = [await stack.enter_async_context(httpx.AsyncClient(
-                base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
-                limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
-            await asyncio.to_thread(start.wait, 120)
-            records = await _run_pool(clients, config, model, indices, concurrency, prompt_words, lambda: None)
-            return records, time.perf_counter()
-
-    results.put(asyncio.run(run()))
+async def _pool_work(job: tuple[BenchConfig, str, int, int], indices: list[int], workers: int,
+                     started: Started) -> list[RequestRecord]:
+    """One client process's share of a level (`processes.run_in_processes` runs it)."""
+    config, model, prompt_words, concurrency = job
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(
+            base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
+            limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
+        await started()
+        return await _run_pool(clients, config, model, indices, concurrency, prompt_words, lambda: None)
 
 
 async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
