@@ -31,6 +31,8 @@ class BenchConfig:
     # processes the level's workers are spread over: with one, all C workers share one Python event
     # loop, and a burst of C sends queues on it (the client's own time, not the server's)
     client_processes: int = 1
+    # a WAV file, or a folder of them: each request's user message carries one as `input_audio` after its text
+    input_audio: Path | None = None
     argv: list[str] = field(default_factory=list)  # exact command line, stored verbatim
     show_progress: bool = True
 
@@ -83,6 +85,7 @@ SWEEP_KEYS = {
     "seed": _seed,
     "timeout": _seconds,
     "client_processes": _int_at_least(1),
+    "input_audio": Path,
 }
 assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}
 

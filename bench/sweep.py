@@ -4,11 +4,12 @@ concurrency) level, warm-up first, and writes ``{out_dir}/{label}.json`` plus a 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import shlex
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, replace
 from itertools import cycle, islice
@@ -25,6 +26,7 @@ from bench.machine import machine_info
 from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
 from bench.processes import Started, run_in_processes
+from bench.speech import load_questions
 from bench.stats import LevelResult, Stat, summarize_level
 
 log = logging.getLogger(__name__)
@@ -50,10 +52,17 @@ def make_prompt(n_words: int, index: int) -> str:
     return " ".join([f"#{index}", *islice(cycle(_FILLER), max(n_words - 1, 0))])
 
 
-def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int) -> dict[str, Any]:
+def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int,
+                  input_audio: Sequence[str] = ()) -> dict[str, Any]:
+    """The request body; with `input_audio` (base64 WAV files) the user message is the prompt's text, then
+    file `index % len(input_audio)` as an `input_audio` part."""
+    content: str | list[dict[str, Any]] = make_prompt(prompt_words, index)
+    if input_audio:
+        audio = {"data": input_audio[index % len(input_audio)], "format": "wav"}
+        content = [{"type": "text", "text": content}, {"type": "input_audio", "input_audio": audio}]
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": make_prompt(prompt_words, index)}],
+        "messages": [{"role": "user", "content": content}],
         "modalities": list(config.modalities),
         "stream": True,
         "max_tokens": config.max_tokens,
@@ -66,11 +75,11 @@ def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int
     return body
 
 
-async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str,
-                      index: int, concurrency: int, prompt_words: int) -> RequestRecord:
+async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str, index: int, concurrency: int,
+                      prompt_words: int, input_audio: Sequence[str]) -> RequestRecord:
     rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
     decoder = SSEDecoder()
-    payload = build_payload(config, model, index, prompt_words)
+    payload = build_payload(config, model, index, prompt_words, input_audio)
     t_send = time.perf_counter()
     timer = StreamTimer(rec, t_send)
     try:
@@ -105,7 +114,7 @@ def _seconds(retry_after: str | None) -> float:
 
 
 async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model: str,
-                    indices: Iterable[int], concurrency: int, prompt_words: int,
+                    indices: Iterable[int], concurrency: int, prompt_words: int, input_audio: Sequence[str],
                     on_done: Callable[[], None]) -> list[RequestRecord]:
     """One worker per client; each sends its next request when its last one ends."""
     pending = iter(indices)  # shared: each worker pulls the next index when it becomes free
@@ -113,7 +122,7 @@ async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model
 
     async def worker(client: httpx.AsyncClient) -> None:
         for index in pending:
-            record = await one_request(client, config, model, index, concurrency, prompt_words)
+            record = await one_request(client, config, model, index, concurrency, prompt_words, input_audio)
             records.append(record)
             on_done()
             if record.retry_after_s is not None:  # refused: a well-behaved client waits as told
@@ -135,20 +144,21 @@ def own_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
 
 
 async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, prompt_words: int,
-                    concurrency: int, progress: Progress) -> LevelResult:
+                    concurrency: int, input_audio: Sequence[str], progress: Progress) -> LevelResult:
     n = config.num_requests or max(2 * concurrency, 4)
     task = progress.add_task(f"P={prompt_words} C={concurrency}", total=config.warmup + n)
     advance = lambda: progress.advance(task)  # noqa: E731
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(own_client(client)) for _ in range(concurrency)]
-        return await _measure_level(client, clients, config, model, prompt_words, concurrency, n, advance)
+        return await _measure_level(client, clients, config, model, prompt_words, concurrency, input_audio, n,
+                                    advance)
 
 
 async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncClient], config: BenchConfig,
-                         model: str, prompt_words: int, concurrency: int, n: int,
+                         model: str, prompt_words: int, concurrency: int, input_audio: Sequence[str], n: int,
                          advance: Callable[[], None]) -> LevelResult:
     warm = await _run_pool(clients[:max(min(concurrency, config.warmup), 1)], config, model,
-                           range(-config.warmup, 0), concurrency, prompt_words, advance)
+                           range(-config.warmup, 0), concurrency, prompt_words, input_audio, advance)
     if failed := [r.error for r in warm if not r.ok]:
         log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
                     failed[0])
@@ -158,14 +168,15 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
     t0 = time.perf_counter()
     try:
         if config.client_processes > 1:
-            job = (config, model, prompt_words, concurrency)
+            job = (config, model, prompt_words, concurrency, input_audio)
             records, wall_s = await asyncio.to_thread(run_in_processes, _pool_work, job, n, concurrency,
                                                       config.client_processes)
             records.sort(key=lambda r: r.index)
             for _ in records:
                 advance()
         else:
-            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, advance)
+            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, input_audio,
+                                      advance)
             wall_s = time.perf_counter() - t0
     finally:
         watch.cancel()
@@ -179,16 +190,17 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
 
 
-async def _pool_work(job: tuple[BenchConfig, str, int, int], indices: list[int], workers: int,
+async def _pool_work(job: tuple[BenchConfig, str, int, int, Sequence[str]], indices: list[int], workers: int,
                      started: Started) -> list[RequestRecord]:
     """One client process's share of a level (`processes.run_in_processes` runs it)."""
-    config, model, prompt_words, concurrency = job
+    config, model, prompt_words, concurrency, input_audio = job
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(httpx.AsyncClient(
             base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
             limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
         await started()
-        return await _run_pool(clients, config, model, indices, concurrency, prompt_words, lambda: None)
+        return await _run_pool(clients, config, model, indices, concurrency, prompt_words, input_audio,
+                               lambda: None)
 
 
 async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
@@ -240,10 +252,14 @@ async def measure(config: BenchConfig, console: Console | None = None) -> BenchR
         model = config.model or next((i for i in ids if i), None)
         if model is None:
             raise BenchError(f"no --model given and {config.url}/v1/models listed none")
+        # read once, before any clock starts: each request sends one of these as it is
+        input_audio = [base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)] \
+            if config.input_audio else []
         levels = []
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
             for prompt_words, concurrency in config.levels():
-                levels.append(await run_level(client, config, model, prompt_words, concurrency, progress))
+                levels.append(await run_level(client, config, model, prompt_words, concurrency, input_audio,
+                                              progress))
     cfg = asdict(replace(config, model=model))
     for key in ("argv", "show_progress"):
         cfg.pop(key)
