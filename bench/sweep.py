@@ -164,7 +164,7 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                     failed[0])
     before = await server_latency_sums(client)
     lags: list[float] = []
-    watch = asyncio.create_task(_watch_loop_lag(lags))
+    watch = asyncio.create_task(watch_loop_lag(lags))
     t0 = time.perf_counter()
     try:
         if config.client_processes > 1:
@@ -203,7 +203,8 @@ async def _pool_work(job: tuple[BenchConfig, str, int, int, Sequence[str]], indi
                                lambda: None)
 
 
-async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
+async def watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
+    """Appends how late this event loop wakes for a `period_s` timer (ms) until cancelled."""
     while True:
         t = time.perf_counter()
         await asyncio.sleep(period_s)
@@ -214,9 +215,11 @@ _LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_ch
                        "gateway_chat_ttfp_seconds")
 
 
-async def server_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
-    """(sum, count) of the server's TTFT and TTFP histograms from its /metrics (the engine's, from
-    submit, and the gateway's, from the request's arrival); empty when it has none."""
+async def server_latency_sums(client: httpx.AsyncClient,
+                              names: Iterable[str] = _LATENCY_HISTOGRAMS) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's latency histograms `names` from its /metrics (by default TTFT and TTFP:
+    the engine's, from submit, and the gateway's, from the request's arrival); empty when it has none."""
+    names = set(names)
     try:
         resp = await client.get("/metrics")
         resp.raise_for_status()
@@ -225,7 +228,7 @@ async def server_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[floa
         return {}
     sums: dict[str, tuple[float, float]] = {}
     for family in families:
-        if family.name in _LATENCY_HISTOGRAMS:
+        if family.name in names:
             values = {sample.name: sample.value for sample in family.samples}
             sums[family.name] = (values[f"{family.name}_sum"], values[f"{family.name}_count"])
     return sums
@@ -241,17 +244,23 @@ async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:
         return None
 
 
+async def target_model(client: httpx.AsyncClient, model: str | None, url: str) -> tuple[str, dict[str, Any] | None]:
+    """`model`, or else the first id the server lists; and what GET /v1/models said (None if it failed)."""
+    models = await fetch_models(client)
+    ids = [m.get("id") for m in (models or {}).get("data") or [] if isinstance(m, dict)]
+    chosen = model or next((i for i in ids if i), None)
+    if chosen is None:
+        raise BenchError(f"no --model given and {url}/v1/models listed none")
+    return chosen, models
+
+
 async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
     """Run every level against the server at config.url; writes nothing."""
     # trust_env=False: proxies from the environment would distort latency numbers.
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
                                  limits=httpx.Limits(max_connections=max(config.concurrency)),
                                  trust_env=False) as client:
-        models = await fetch_models(client)
-        ids = [m.get("id") for m in (models or {}).get("data") or [] if isinstance(m, dict)]
-        model = config.model or next((i for i in ids if i), None)
-        if model is None:
-            raise BenchError(f"no --model given and {config.url}/v1/models listed none")
+        model, models = await target_model(client, config.model, config.url)
         # read once, before any clock starts: each request sends one of these as it is
         input_audio = [base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)] \
             if config.input_audio else []
@@ -274,9 +283,9 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     return result
 
 
-def write_json(payload: dict[str, Any], path: Path) -> Path:
+def write_json(payload: dict[str, Any], path: Path, schema_version: int = SCHEMA_VERSION) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str) + "\n")
+    path.write_text(json.dumps({"schema_version": schema_version, **payload}, indent=2, default=str) + "\n")
     return path
 
 
