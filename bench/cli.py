@@ -1,5 +1,6 @@
-"""`voice-gateway bench` arguments and entry point: one sweep against a running server, a ladder
-of servers (`--ladder`), an overlay of earlier results (`--compare`), or a soak (`bench soak`)."""
+"""`voice-gateway bench` arguments and entry point: one sweep against a running server, the realtime voice
+benchmark (`--realtime`), a ladder of servers (`--ladder`), an overlay of earlier results (`--compare`),
+or a soak (`bench soak`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,20 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.config import SWEEP_KEYS, BenchConfig, BenchError
+from bench.config import OUTPUT_FORMATS, SWEEP_KEYS, VOICE_MODES, BenchConfig, BenchError, VoiceConfig
 from bench.ladder import load_ladder, replot_ladder, run_ladder
 from bench.plots import plot_compare
 from bench.soak import DEFAULT_MIX, SoakConfig, run_soak
 from bench.sweep import BenchResult, run_bench
+from bench.voice import VoiceResult, run_voice_bench
+from bench.voice_stats import TurnStats
 
 log = logging.getLogger(__name__)
 _DEFAULTS = BenchConfig()
+_VOICE = VoiceConfig()
+# the sweep flags that mean the same for --realtime (its own defaults: VoiceConfig's)
+_VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes"}
+_VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed")
 _DEFAULT_OUT = Path("benchmarks/local")
 
 
@@ -89,6 +96,31 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--client-processes", type=_at_least(1),
         help="spread each level's workers over this many client processes, each with its own event loop "
              f"(default {_DEFAULTS.client_processes})")
+    opt("--input-audio", type=Path, metavar="WAV",
+        help="a 16-bit PCM WAV, or a folder of them (e.g. benchmarks/voice): each request's user message is its "
+             "--prompt-tokens text and then one of them as input_audio, in turn (--prompt-tokens 1: the text is "
+             "only the request's index)")
+
+
+    voice = parser.add_argument_group(
+        "realtime (--realtime: spoken turns over WS /v1/realtime; it also takes --concurrency, default "
+        f"{_list(_VOICE.concurrency)}, and --warmup (one-turn sessions), --max-tokens, --voice, --timeout (per "
+        "turn), --client-processes)")
+    add("--realtime", action="store_true",
+        help="run the realtime voice benchmark: C conversations at a time, each of --turns spoken questions")
+    vopt = lambda *a, **k: voice.add_argument(*a, default=argparse.SUPPRESS, **k)  # noqa: E731
+    vopt("--turns", type=_at_least(1), help=f"questions per conversation (default {_VOICE.turns})")
+    vopt("--turn-mode", type=_csv(str, set(VOICE_MODES)),
+         help="commit (the client commits and calls response.create), vad (server VAD ends the turn), or both "
+              f"(default {_list(_VOICE.turn_mode)})")
+    vopt("--output-format", type=_csv(str, set(OUTPUT_FORMATS)),
+         help=f"pcm16 (audio deltas), opus (binary packets), or both (default {_list(_VOICE.output_format)})")
+    vopt("--num-sessions", type=_at_least(1), help="conversations per level (default C: one per worker)")
+    vopt("--questions", type=Path, metavar="WAV",
+         help=f"a 16-bit PCM WAV or a folder of them (default {_VOICE.questions})")
+    vopt("--chunk-ms", type=_at_least(10), help=f"audio per append (default {_VOICE.chunk_ms})")
+    vopt("--input-speed", type=float,
+         help=f"how many times real time the questions are sent (default {_VOICE.input_speed:g}: a microphone)")
     modes = parser.add_subparsers(dest="mode", metavar="soak")
     add_soak_arguments(modes.add_parser("soak", help="mixed traffic for a long while, sampling the server's memory "
                                         "and open files"))
@@ -172,6 +204,19 @@ def config_from_args(args: argparse.Namespace, argv: list[str]) -> BenchConfig:
                        out_dir=Path(out_dir), argv=list(argv), **cli_sweep(args))
 
 
+def voice_config_from_args(args: argparse.Namespace, argv: list[str]) -> VoiceConfig:
+    if chat_only := [key for key in cli_sweep(args) if key not in _VOICE_SHARED]:
+        raise BenchError(f"--realtime does not take {', '.join(_flag(k) for k in chat_only)}")
+    given = cli_sweep(args)
+    given |= {key: getattr(args, key) for key in _VOICE_KEYS if hasattr(args, key)}
+    return VoiceConfig(url=args.url, model=args.model, label=args.label or time.strftime("voice-%Y%m%d-%H%M%S"),
+                       out_dir=Path(args.out_dir or _DEFAULT_OUT), argv=list(argv), **given)
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
 def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -192,6 +237,34 @@ def print_summary(result: BenchResult, console: Console) -> None:
                       _fmt(lv.audio_s_mean, ".2f"), f"{lv.underruns} ({lv.underrun_requests} req)",
                       _fmt(lv.client_lag_ms.p99, ".1f"))
     console.print(table)
+
+
+def _turn_row(lv_label: list[str], t: TurnStats) -> list[str]:
+    return [*lv_label, "all" if t.turn is None else str(t.turn + 1), str(t.turns), f"{t.failures} ({t.refused})",
+            f"{_fmt(t.first_audio_s.mean)}/{_fmt(t.first_audio_s.p50)}/{_fmt(t.first_audio_s.p99)}",
+            _fmt(t.vad_wait_s.mean), _fmt(t.done_s.mean), _fmt(t.audio_s_mean, ".2f"),
+            _fmt(t.input_tokens_mean, ".0f"), f"{t.underruns} ({t.underrun_turns})"]
+
+
+def print_voice_summary(result: VoiceResult, console: Console) -> None:
+    table = Table(title=f"bench --realtime {result.label} ({result.config['model']})")
+    for col in ("mode", "out", "C", "turn", "n", "fail (refused)", "first audio mean/p50/p99 s", "VAD wait s",
+                "done s", "audio s", "in tokens", "underruns (turns)"):
+        table.add_column(col, justify="left" if col in ("mode", "out", "turn") else "right")
+    for lv in result.levels:
+        label = [lv.mode, lv.output_format, str(lv.concurrency)]
+        table.add_row(*_turn_row(label, lv.overall), style="bold")
+        for t in lv.by_turn:
+            table.add_row(*_turn_row(["", "", ""], t))
+        table.add_section()
+    console.print(table)
+    for lv in result.levels:
+        ratio = lv.later_turn_ratio
+        opus = f"; {lv.overall.offset_errors} Opus packets out of place" if lv.output_format == "opus" else ""
+        console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency}: {lv.turns_per_s:.2f} turns/s; slowest later "
+                      f"turn / first turn p50 {_fmt(ratio.p50, '.2f')}, p99 {_fmt(ratio.p99, '.2f')}; server "
+                      f"speech_stopped -> first audio mean {_fmt(lv.server_turn_latency_mean_s)} s; client lag p99 "
+                      f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}")
 
 
 def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:
@@ -225,6 +298,11 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
             return 2
         console.print(f"wrote {png}")
         return 0
+    if args.realtime:
+        return _realtime_main(args, argv, console)
+    if voice_only := [key for key in _VOICE_KEYS if hasattr(args, key)]:
+        log.error("%s: only with --realtime", ", ".join(_flag(key) for key in voice_only))
+        return 2
     config = config_from_args(args, argv)
     if args.ladder:
         try:
@@ -248,3 +326,16 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
     print_summary(result, console)
     return 1 if any(lv.failures for lv in result.levels) else 0
+
+
+def _realtime_main(args: argparse.Namespace, argv: list[str], console: Console) -> int:
+    if args.ladder:
+        log.error("--realtime runs against one server (--url), not a --ladder")
+        return 2
+    try:
+        result = asyncio.run(run_voice_bench(voice_config_from_args(args, argv)))
+    except BenchError as exc:
+        log.error("%s", exc)
+        return 2
+    print_voice_summary(result, console)
+    return 1 if any(lv.overall.failures for lv in result.levels) else 0

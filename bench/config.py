@@ -1,4 +1,5 @@
-"""What one sweep does (`BenchConfig`), and checking sweep settings that come from a ladder file."""
+"""What one sweep does (`BenchConfig`; `VoiceConfig` for the realtime one), and checking sweep settings that come
+from a ladder file."""
 
 from __future__ import annotations
 
@@ -31,12 +32,60 @@ class BenchConfig:
     # processes the level's workers are spread over: with one, all C workers share one Python event
     # loop, and a burst of C sends queues on it (the client's own time, not the server's)
     client_processes: int = 1
+    # a WAV file, or a folder of them: each request's user message carries one as `input_audio` after its text
+    input_audio: Path | None = None
     argv: list[str] = field(default_factory=list)  # exact command line, stored verbatim
     show_progress: bool = True
 
     def levels(self) -> list[tuple[int, int]]:
         """(prompt words, concurrency) pairs in run order: each is one level with its own warm-up."""
         return [(p, c) for p in self.prompt_tokens for c in self.concurrency]
+
+
+DEFAULT_QUESTIONS = Path("benchmarks/voice")
+VOICE_MODES = ("commit", "vad")
+OUTPUT_FORMATS = ("pcm16", "opus")
+
+
+# DESIGN.md section 7's spoken workload: recorded questions in conversations of several turns.
+@dataclass
+class VoiceConfig:
+    """What one realtime run does: at each level, C sessions at a time, each a conversation of `turns` questions."""
+
+    url: str = "http://127.0.0.1:8000"
+    model: str | None = None  # None: first id from GET /v1/models
+    concurrency: list[int] = field(default_factory=lambda: [1, 16, 64])
+    turns: int = 6
+    # commit: the client appends the question, then commits and asks for a response; vad: it streams the
+    # question and then silence, and the server's VAD ends the turn and answers on its own
+    turn_mode: list[str] = field(default_factory=lambda: ["commit"])
+    output_format: list[str] = field(default_factory=lambda: ["pcm16"])  # pcm16 deltas, or binary Opus packets
+    num_sessions: int | None = None  # None: C per level, one conversation per worker
+    warmup: int = 1  # unrecorded one-turn sessions before each level
+    max_tokens: int = 40  # the session's max_output_tokens: text tokens per reply
+    voice: str = "ethan"
+    questions: Path = DEFAULT_QUESTIONS  # 16-bit PCM WAVs; turn t of session s asks question (s + t) % count
+    chunk_ms: int = 40  # audio per input_audio_buffer.append, as the browser demo sends
+    input_speed: float = 1.0  # 1: the audio leaves in real time, as from a microphone; 4: four times faster
+    label: str = "voice"
+    out_dir: Path = Path("benchmarks/local")
+    timeout: float = 300.0  # per turn
+    client_processes: int = 1
+    argv: list[str] = field(default_factory=list)
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if unknown := set(self.turn_mode) - set(VOICE_MODES):
+            raise BenchError(f"turn_mode: unknown {sorted(unknown)} (expected {', '.join(VOICE_MODES)})")
+        if unknown := set(self.output_format) - set(OUTPUT_FORMATS):
+            raise BenchError(f"output_format: unknown {sorted(unknown)} (expected {', '.join(OUTPUT_FORMATS)})")
+        if self.turns < 1 or self.chunk_ms < 10 or self.input_speed <= 0:
+            raise BenchError(f"need turns >= 1, chunk_ms >= 10, input_speed > 0; got {self.turns}, "
+                             f"{self.chunk_ms}, {self.input_speed}")
+
+    def levels(self) -> list[tuple[str, str, int]]:
+        """(mode, output format, concurrency) in run order: each is one level with its own warm-up."""
+        return [(m, f, c) for m in self.turn_mode for f in self.output_format for c in self.concurrency]
 
 
 # Sweep settings a ladder file (top-level `bench:` or a row's `bench:`) may set, with their checks.
@@ -83,6 +132,7 @@ SWEEP_KEYS = {
     "seed": _seed,
     "timeout": _seconds,
     "client_processes": _int_at_least(1),
+    "input_audio": Path,
 }
 assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}
 

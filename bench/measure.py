@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 SAMPLE_RATE = 24_000
@@ -69,15 +70,24 @@ class SSEDecoder:
 def playback_underruns(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
     """(underrun count, total stall ms) for a player that starts at the first audio byte and
     plays in real time; ``arrivals`` are (arrival time s, duration s) in arrival order."""
-    if not arrivals:
+    starts = accumulate((d for _, d in arrivals), initial=0.0)  # each chunk starts where the last one ended
+    return scheduled_underruns([(t, start) for (t, _), start in zip(arrivals, starts)])
+
+
+def scheduled_underruns(pieces: list[tuple[float, float]]) -> tuple[int, float]:
+    """(underrun count, total stall ms) for a player that starts at the first piece and plays in real time;
+    ``pieces`` are (arrival time s, where the piece starts in the reply s) in arrival order.
+
+    A piece is due when the player reaches its start: first arrival + (start - first start) + the stalls so
+    far. One that arrives later is an underrun: playback waits for it, so the stall moves every later due time."""
+    if not pieces:
         return 0, 0.0
-    play_until = arrivals[0][0] + arrivals[0][1]
+    t0 = pieces[0][0] - pieces[0][1]
     count, stall = 0, 0.0
-    for t, dur in arrivals[1:]:
-        if t > play_until:  # buffer ran dry before this chunk arrived
-            count, stall = count + 1, stall + (t - play_until)
-            play_until = t
-        play_until += dur
+    for t, start in pieces[1:]:
+        due = t0 + start + stall
+        if t > due:  # the buffer ran dry before this piece arrived
+            count, stall = count + 1, stall + (t - due)
     return count, stall * 1000.0
 
 

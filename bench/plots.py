@@ -1,6 +1,7 @@
 """PNG figures from sweep results (level dicts as stored in the JSON): one run or an overlay of
 runs on three panels, the ladder's figures (one per metric, rows as lines; rows as bars at
-the highest concurrency), and a soak's memory, open files and progress over time."""
+the highest concurrency), the realtime bench's figure (by turn of the conversation), and a soak's
+memory, open files and progress over time."""
 
 from __future__ import annotations
 
@@ -202,4 +203,39 @@ def plot_soak(result: dict[str, Any], out_png: Path) -> Path:
     if len(names) > 1:
         axes[0].legend(fontsize="small")
     fig.suptitle(f"voice-gateway bench soak: {result['label']}")
+    return _save(fig, out_png)
+
+
+# The realtime bench's figure: per turn index, one line per (mode, output format, concurrency) level.
+_VOICE_PANELS = (("first audio (s)", "input end -> first audio (p50 o, p99 x)"),
+                 ("turns that underran (%)", "replies that stalled in playback"),
+                 ("input tokens", "the conversation so far (server's count)"))
+
+
+def _percent(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole else np.nan
+
+
+def plot_voice(levels: list[Level], out_png: Path, title: str) -> Path:
+    """First-audio latency, underruns and conversation length against the turn's index in its conversation."""
+    fig, axes = _figure(15, 4.5, 3)
+    for i, lv in enumerate(levels):
+        name, color = f"{lv['mode']} {lv['output_format']} C={lv['concurrency']}", f"C{i % 10}"
+        turns = lv["by_turn"]
+        xs = [t["turn"] + 1 for t in turns]
+        for pct, marker in (("p50", "o-"), ("p99", "x--")):
+            axes[0].plot(xs, [_value(t, "first_audio_s", pct) for t in turns], marker, color=color,
+                         alpha=1.0 if pct == "p50" else 0.6, label=f"{name} {pct}")
+        axes[1].plot(xs, [_percent(t["underrun_turns"], t["completed"]) for t in turns], _marker(i) + "-",
+                     color=color, label=name)
+        axes[2].plot(xs, [_value(t, "input_tokens_mean", None) for t in turns], _marker(i) + "-", color=color,
+                     label=name)
+    ticks = sorted({t["turn"] + 1 for lv in levels for t in lv["by_turn"]})
+    for ax, (ylabel, subtitle) in zip(axes, _VOICE_PANELS):
+        ax.set(xlabel="turn of the conversation", ylabel=ylabel, title=subtitle, xticks=ticks)
+        ax.grid(True, alpha=0.3)
+        if levels:
+            ax.legend(fontsize="small")
+    axes[1].set_ylim(bottom=0)
+    fig.suptitle(title)
     return _save(fig, out_png)

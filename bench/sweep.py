@@ -4,14 +4,12 @@ concurrency) level, warm-up first, and writes ``{out_dir}/{label}.json`` plus a 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
-import multiprocessing
-import queue
 import shlex
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, replace
 from itertools import cycle, islice
@@ -27,6 +25,8 @@ from bench.config import BenchConfig, BenchError
 from bench.machine import machine_info
 from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
+from bench.processes import Started, run_in_processes
+from bench.speech import load_questions
 from bench.stats import LevelResult, Stat, summarize_level
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,17 @@ def make_prompt(n_words: int, index: int) -> str:
     return " ".join([f"#{index}", *islice(cycle(_FILLER), max(n_words - 1, 0))])
 
 
-def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int) -> dict[str, Any]:
+def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int,
+                  input_audio: Sequence[str] = ()) -> dict[str, Any]:
+    """The request body; with `input_audio` (base64 WAV files) the user message is the prompt's text, then
+    file `index % len(input_audio)` as an `input_audio` part."""
+    content: str | list[dict[str, Any]] = make_prompt(prompt_words, index)
+    if input_audio:
+        audio = {"data": input_audio[index % len(input_audio)], "format": "wav"}
+        content = [{"type": "text", "text": content}, {"type": "input_audio", "input_audio": audio}]
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": "user", "content": make_prompt(prompt_words, index)}],
+        "messages": [{"role": "user", "content": content}],
         "modalities": list(config.modalities),
         "stream": True,
         "max_tokens": config.max_tokens,
@@ -68,11 +75,11 @@ def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int
     return body
 
 
-async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str,
-                      index: int, concurrency: int, prompt_words: int) -> RequestRecord:
+async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str, index: int, concurrency: int,
+                      prompt_words: int, input_audio: Sequence[str]) -> RequestRecord:
     rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
     decoder = SSEDecoder()
-    payload = build_payload(config, model, index, prompt_words)
+    payload = build_payload(config, model, index, prompt_words, input_audio)
     t_send = time.perf_counter()
     timer = StreamTimer(rec, t_send)
     try:
@@ -107,7 +114,7 @@ def _seconds(retry_after: str | None) -> float:
 
 
 async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model: str,
-                    indices: Iterable[int], concurrency: int, prompt_words: int,
+                    indices: Iterable[int], concurrency: int, prompt_words: int, input_audio: Sequence[str],
                     on_done: Callable[[], None]) -> list[RequestRecord]:
     """One worker per client; each sends its next request when its last one ends."""
     pending = iter(indices)  # shared: each worker pulls the next index when it becomes free
@@ -115,7 +122,7 @@ async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model
 
     async def worker(client: httpx.AsyncClient) -> None:
         for index in pending:
-            record = await one_request(client, config, model, index, concurrency, prompt_words)
+            record = await one_request(client, config, model, index, concurrency, prompt_words, input_audio)
             records.append(record)
             on_done()
             if record.retry_after_s is not None:  # refused: a well-behaved client waits as told
@@ -137,34 +144,39 @@ def own_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
 
 
 async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, prompt_words: int,
-                    concurrency: int, progress: Progress) -> LevelResult:
+                    concurrency: int, input_audio: Sequence[str], progress: Progress) -> LevelResult:
     n = config.num_requests or max(2 * concurrency, 4)
     task = progress.add_task(f"P={prompt_words} C={concurrency}", total=config.warmup + n)
     advance = lambda: progress.advance(task)  # noqa: E731
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(own_client(client)) for _ in range(concurrency)]
-        return await _measure_level(client, clients, config, model, prompt_words, concurrency, n, advance)
+        return await _measure_level(client, clients, config, model, prompt_words, concurrency, input_audio, n,
+                                    advance)
 
 
 async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncClient], config: BenchConfig,
-                         model: str, prompt_words: int, concurrency: int, n: int,
+                         model: str, prompt_words: int, concurrency: int, input_audio: Sequence[str], n: int,
                          advance: Callable[[], None]) -> LevelResult:
     warm = await _run_pool(clients[:max(min(concurrency, config.warmup), 1)], config, model,
-                           range(-config.warmup, 0), concurrency, prompt_words, advance)
+                           range(-config.warmup, 0), concurrency, prompt_words, input_audio, advance)
     if failed := [r.error for r in warm if not r.ok]:
         log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
                     failed[0])
     before = await server_latency_sums(client)
     lags: list[float] = []
-    watch = asyncio.create_task(_watch_loop_lag(lags))
+    watch = asyncio.create_task(watch_loop_lag(lags))
     t0 = time.perf_counter()
     try:
         if config.client_processes > 1:
-            records, wall_s = await asyncio.to_thread(_run_in_processes, config, model, prompt_words, concurrency, n)
+            job = (config, model, prompt_words, concurrency, input_audio)
+            records, wall_s = await asyncio.to_thread(run_in_processes, _pool_work, job, n, concurrency,
+                                                      config.client_processes)
+            records.sort(key=lambda r: r.index)
             for _ in records:
                 advance()
         else:
-            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, advance)
+            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, input_audio,
+                                      advance)
             wall_s = time.perf_counter() - t0
     finally:
         watch.cancel()
@@ -178,57 +190,21 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
 
 
-def _run_in_processes(config: BenchConfig, model: str, prompt_words: int, concurrency: int,
-                      n: int) -> tuple[list[RequestRecord], float]:
-    """The level's closed loop over `client_processes` processes: process p runs every P-th request with
-    its share of the C workers. All start together (a barrier, once every client is made); the wall
-    time runs from that start to the last one's end (perf_counter is one monotonic clock for all)."""
-    ctx = multiprocessing.get_context("spawn")
-    count = min(config.client_processes, concurrency)
-    start, results = ctx.Barrier(count + 1), ctx.Queue()
-    procs = [ctx.Process(target=_pool_process, daemon=True,
-                         args=(config, model, prompt_words, concurrency, list(range(p, n, count)),
-                               concurrency // count + (p < concurrency % count), start, results))
-             for p in range(count)]
-    for proc in procs:
-        proc.start()
-    try:
-        try:
-            start.wait(timeout=120)
-        except threading.BrokenBarrierError:
-            raise BenchError(f"{count} client processes did not all start within 120 s") from None
-        t0 = time.perf_counter()
-        parts: list[tuple[list[RequestRecord], float]] = []
-        while len(parts) < count:
-            try:
-                parts.append(results.get(timeout=1))
-            except queue.Empty:
-                if not any(proc.is_alive() for proc in procs) and results.empty():
-                    raise BenchError("a client process ended without its records") from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-    records = sorted((r for part, _ in parts for r in part), key=lambda r: r.index)
-    return records, max(end for _, end in parts) - t0
+async def _pool_work(job: tuple[BenchConfig, str, int, int, Sequence[str]], indices: list[int], workers: int,
+                     started: Started) -> list[RequestRecord]:
+    """One client process's share of a level (`processes.run_in_processes` runs it)."""
+    config, model, prompt_words, concurrency, input_audio = job
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(
+            base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
+            limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
+        await started()
+        return await _run_pool(clients, config, model, indices, concurrency, prompt_words, input_audio,
+                               lambda: None)
 
 
-def _pool_process(config: BenchConfig, model: str, prompt_words: int, concurrency: int, indices: list[int],
-                  workers: int, start: Any, results: Any) -> None:
-    async def run() -> tuple[list[RequestRecord], float]:
-        async with AsyncExitStack() as stack:
-            clients = [await stack.enter_async_context(httpx.AsyncClient(
-                base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
-                limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
-            await asyncio.to_thread(start.wait, 120)
-            records = await _run_pool(clients, config, model, indices, concurrency, prompt_words, lambda: None)
-            return records, time.perf_counter()
-
-    results.put(asyncio.run(run()))
-
-
-async def _watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
+async def watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
+    """Appends how late this event loop wakes for a `period_s` timer (ms) until cancelled."""
     while True:
         t = time.perf_counter()
         await asyncio.sleep(period_s)
@@ -239,9 +215,11 @@ _LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_ch
                        "gateway_chat_ttfp_seconds")
 
 
-async def server_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
-    """(sum, count) of the server's TTFT and TTFP histograms from its /metrics (the engine's, from
-    submit, and the gateway's, from the request's arrival); empty when it has none."""
+async def server_latency_sums(client: httpx.AsyncClient,
+                              names: Iterable[str] = _LATENCY_HISTOGRAMS) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's latency histograms `names` from its /metrics (by default TTFT and TTFP:
+    the engine's, from submit, and the gateway's, from the request's arrival); empty when it has none."""
+    names = set(names)
     try:
         resp = await client.get("/metrics")
         resp.raise_for_status()
@@ -250,7 +228,7 @@ async def server_latency_sums(client: httpx.AsyncClient) -> dict[str, tuple[floa
         return {}
     sums: dict[str, tuple[float, float]] = {}
     for family in families:
-        if family.name in _LATENCY_HISTOGRAMS:
+        if family.name in names:
             values = {sample.name: sample.value for sample in family.samples}
             sums[family.name] = (values[f"{family.name}_sum"], values[f"{family.name}_count"])
     return sums
@@ -266,21 +244,31 @@ async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:
         return None
 
 
+async def target_model(client: httpx.AsyncClient, model: str | None, url: str) -> tuple[str, dict[str, Any] | None]:
+    """`model`, or else the first id the server lists; and what GET /v1/models said (None if it failed)."""
+    models = await fetch_models(client)
+    ids = [m.get("id") for m in (models or {}).get("data") or [] if isinstance(m, dict)]
+    chosen = model or next((i for i in ids if i), None)
+    if chosen is None:
+        raise BenchError(f"no --model given and {url}/v1/models listed none")
+    return chosen, models
+
+
 async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
     """Run every level against the server at config.url; writes nothing."""
     # trust_env=False: proxies from the environment would distort latency numbers.
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
                                  limits=httpx.Limits(max_connections=max(config.concurrency)),
                                  trust_env=False) as client:
-        models = await fetch_models(client)
-        ids = [m.get("id") for m in (models or {}).get("data") or [] if isinstance(m, dict)]
-        model = config.model or next((i for i in ids if i), None)
-        if model is None:
-            raise BenchError(f"no --model given and {config.url}/v1/models listed none")
+        model, models = await target_model(client, config.model, config.url)
+        # read once, before any clock starts: each request sends one of these as it is
+        input_audio = [base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)] \
+            if config.input_audio else []
         levels = []
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
             for prompt_words, concurrency in config.levels():
-                levels.append(await run_level(client, config, model, prompt_words, concurrency, progress))
+                levels.append(await run_level(client, config, model, prompt_words, concurrency, input_audio,
+                                              progress))
     cfg = asdict(replace(config, model=model))
     for key in ("argv", "show_progress"):
         cfg.pop(key)
@@ -295,9 +283,9 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     return result
 
 
-def write_json(payload: dict[str, Any], path: Path) -> Path:
+def write_json(payload: dict[str, Any], path: Path, schema_version: int = SCHEMA_VERSION) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str) + "\n")
+    path.write_text(json.dumps({"schema_version": schema_version, **payload}, indent=2, default=str) + "\n")
     return path
 
 

@@ -15,7 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import soundfile as sf
 
 import bench
 from bench import (
@@ -27,6 +29,7 @@ from bench import (
     playback_underruns,
     summarize_level,
 )
+from bench.speech import load_question, load_questions
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -180,6 +183,32 @@ def test_build_payload_shapes() -> None:
     assert len(bench.build_payload(cfg, "m", 3, prompt_words=512)["messages"][0]["content"].split()) == 512
     text_only = bench.build_payload(BenchConfig(modalities=["text"], seed=None), "m", 0, prompt_words=4)
     assert "audio" not in text_only and "seed" not in text_only
+
+
+def test_build_payload_with_input_audio_sends_the_files_in_turn() -> None:
+    bodies = [bench.build_payload(BenchConfig(), "m", i, prompt_words=1, input_audio=["QQ==", "Qg=="]) for i in (4, 5)]
+    assert [b["messages"][0]["content"] for b in bodies] == [
+        [{"type": "text", "text": f"#{i}"}, {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]
+        for i, data in ((4, "QQ=="), (5, "Qg=="))]
+
+
+def test_questions_load_as_24khz_pcm16_and_chat_takes_the_file_as_is() -> None:
+    questions = load_questions(REPO / "benchmarks" / "voice")
+    assert [q.name for q in questions] == ["book", "egg", "sunset", "weather"]
+    for q in questions:
+        assert 2.0 <= q.duration_s <= 4.0, (q.name, q.duration_s)
+        assert q.wav == (REPO / "benchmarks" / "voice" / f"{q.name}.wav").read_bytes()
+        assert max(abs(v) for v in memoryview(q.pcm16).cast("h")) > 3000  # speech, not silence
+    one = load_question(REPO / "benchmarks" / "voice" / "egg.wav")
+    assert one == questions[1]
+
+
+def test_a_question_that_is_not_16_bit_pcm_is_refused(tmp_path: Path) -> None:
+    sf.write(tmp_path / "float.wav", np.zeros(1600, np.float32), 16_000, subtype="FLOAT")
+    with pytest.raises(bench.BenchError, match="expected 16-bit PCM WAV"):
+        load_question(tmp_path / "float.wav")
+    with pytest.raises(bench.BenchError, match="no WAV files"):
+        load_questions(tmp_path / "empty-dir-that-is-not-there")
 
 
 def test_cli_arguments_parse() -> None:

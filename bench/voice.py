@@ -1,0 +1,142 @@
+"""The realtime benchmark: at each (turn mode, output format, concurrency) level, C workers each hold one
+conversation at a time over WS /v1/realtime (warm-up first), and ``{out_dir}/{label}.json`` plus ``{label}.png``
+record every turn's latency by its index in the conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
+from bench.config import VoiceConfig
+from bench.machine import machine_info
+from bench.plots import plot_voice
+from bench.processes import Started, run_in_processes
+from bench.realtime_session import run_session
+from bench.speech import Question, load_questions
+from bench.stats import Stat
+from bench.sweep import server_latency_sums, target_model, watch_loop_lag, write_json
+from bench.turn import TurnRecord
+from bench.voice_stats import VoiceLevelResult, summarize_voice_level
+
+log = logging.getLogger(__name__)
+
+VOICE_SCHEMA_VERSION = 1
+_TURN_HISTOGRAM = "gateway_speech_stop_to_first_audio_seconds"  # the server's view of server-VAD turns
+
+
+@dataclass
+class VoiceResult:  # serialized as-is (plus schema_version) to {label}.json
+    label: str
+    benchmark: str  # "realtime": tells these files from the chat sweep's
+    created: str
+    command: str
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    server_models: dict[str, Any] | None
+    questions: dict[str, float]  # name -> seconds of speech
+    levels: list[VoiceLevelResult]
+
+
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """What each session of a level does; picklable, for the client processes."""
+
+    config: VoiceConfig
+    model: str
+    mode: str
+    output_format: str
+    questions: tuple[Question, ...]
+
+
+async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, turns: int,
+                        on_done: Callable[[], None]) -> list[TurnRecord]:
+    """`workers` conversations at a time; each worker starts the next session when its last one ends."""
+    pending = iter(indices)
+    records: list[TurnRecord] = []
+
+    async def worker() -> None:
+        for index in pending:
+            records.extend(await run_session(level.config, level.model, level.mode, level.output_format,
+                                             level.questions, index, turns))
+            on_done()
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return records
+
+
+async def _sessions_work(level: _Level, indices: list[int], workers: int, started: Started) -> list[TurnRecord]:
+    """One client process's share of a level (`processes.run_in_processes` runs it)."""
+    await started()
+    return await _run_sessions(level, indices, workers, level.config.turns, lambda: None)
+
+
+async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, progress: Progress) -> VoiceLevelResult:
+    config = level.config
+    n = config.num_sessions or concurrency
+    task = progress.add_task(f"{level.mode} {level.output_format} C={concurrency}", total=config.warmup + n)
+    advance = lambda: progress.advance(task)  # noqa: E731
+    if config.warmup:
+        warm = await _run_sessions(level, range(-config.warmup, 0), min(concurrency, config.warmup), 1, advance)
+        if failed := [r.error for r in warm if not r.ok]:
+            log.warning("%d warm-up turn(s) failed at %s %s C=%d: %s", len(failed), level.mode, level.output_format,
+                        concurrency, failed[0])
+    before = await server_latency_sums(client, [_TURN_HISTOGRAM])
+    lags: list[float] = []
+    watch = asyncio.create_task(watch_loop_lag(lags))
+    t0 = time.perf_counter()
+    try:
+        if config.client_processes > 1:
+            records, wall_s = await asyncio.to_thread(run_in_processes, _sessions_work, level, n, concurrency,
+                                                      config.client_processes)
+            for _ in range(n):
+                advance()
+        else:
+            records = await _run_sessions(level, range(n), concurrency, config.turns, advance)
+            wall_s = time.perf_counter() - t0
+    finally:
+        watch.cancel()
+    records.sort(key=lambda r: (r.session, r.turn))
+    result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s)
+    after = await server_latency_sums(client, [_TURN_HISTOGRAM])
+    served = {name: (after[name][0] - before[name][0]) / count
+              for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
+    return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags))
+
+
+async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:
+    """Run every level against the server at config.url; writes nothing."""
+    questions: Sequence[Question] = load_questions(config.questions)
+    async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False) as client:
+        model, models = await target_model(client, config.model, config.url)
+        levels = []
+        with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
+            for mode, output_format, concurrency in config.levels():
+                level = _Level(config, model, mode, output_format, tuple(questions))
+                levels.append(await run_level(client, level, concurrency, progress))
+    cfg = asdict(replace(config, model=model))
+    for key in ("argv", "show_progress"):
+        cfg.pop(key)
+    return VoiceResult(label=config.label, benchmark="realtime",
+                       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=shlex.join(config.argv),
+                       config=cfg, machine=machine_info(), server_models=models,
+                       questions={q.name: round(q.duration_s, 3) for q in questions}, levels=levels)
+
+
+async def run_voice_bench(config: VoiceConfig) -> VoiceResult:
+    result = await measure_voice(config)
+    out_dir = Path(config.out_dir)
+    json_path = write_json(asdict(result), out_dir / f"{result.label}.json", VOICE_SCHEMA_VERSION)
+    png_path = plot_voice([asdict(lv) for lv in result.levels], out_dir / f"{result.label}.png",
+                          title=f"voice-gateway bench --realtime: {result.label}")
+    log.info("wrote %s and %s", json_path, png_path)
+    return result

@@ -1,0 +1,91 @@
+"""Per-level statistics of the realtime bench: each turn index and all turns together (mean/p50/p99 of the
+spoken-turn latency, the silence window, underruns), and how much slower a conversation's later turns are."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.stats import Stat
+from bench.turn import TurnRecord
+
+
+@dataclass
+class TurnStats:
+    """The turns at one index of their conversations (`turn`), or every turn of the level (`turn` None);
+    aggregates count completed turns only."""
+
+    turn: int | None
+    turns: int
+    completed: int
+    refused: int
+    failures: int
+    first_audio_s: Stat  # input end -> first audio
+    done_s: Stat  # input end -> response.done
+    vad_wait_s: Stat  # server VAD: the question's end -> speech_stopped, waited on top of first_audio_s
+    audio_s_mean: float | None
+    input_tokens_mean: float | None  # the conversation so far, as the server counted it
+    underruns: int
+    underrun_turns: int  # turns whose reply stalled at least once
+    stall_ms_mean: float | None
+    offset_errors: int  # Opus packets out of place, over all turns
+
+
+@dataclass
+class VoiceLevelResult:
+    mode: str
+    output_format: str
+    concurrency: int
+    sessions: int
+    wall_s: float
+    turns_per_s: float  # completed turns / wall time
+    overall: TurnStats
+    by_turn: list[TurnStats]
+    # per conversation, its slowest later turn's first audio / its first turn's (DESIGN.md: at most 1.25)
+    later_turn_ratio: Stat
+    records: list[TurnRecord]
+    # the server's own mean from speech_stopped to the first audio sent (its /metrics; server VAD turns only)
+    server_turn_latency_mean_s: float | None = None
+    client_lag_ms: Stat = field(default_factory=Stat)  # the client's event loop lateness meanwhile
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
+    ok = [r for r in records if r.ok]
+    refused = sum(1 for r in records if r.refused)
+    return TurnStats(
+        turn=turn, turns=len(records), completed=len(ok), refused=refused, failures=len(records) - len(ok) - refused,
+        first_audio_s=Stat.of(r.first_audio_s for r in ok), done_s=Stat.of(r.done_s for r in ok),
+        vad_wait_s=Stat.of(r.vad_wait_s for r in ok), audio_s_mean=_mean(r.audio_s for r in ok),
+        input_tokens_mean=_mean(r.input_tokens for r in ok), underruns=sum(r.underruns for r in ok),
+        underrun_turns=sum(1 for r in ok if r.underruns), stall_ms_mean=_mean(r.stall_ms for r in ok),
+        offset_errors=sum(r.offset_errors for r in records),
+    )
+
+
+def later_turn_ratios(records: list[TurnRecord]) -> list[float]:
+    """Each conversation with a completed first turn and later ones: max(later first audio) / first turn's."""
+    sessions: dict[int, dict[int, float]] = {}
+    for r in records:
+        if r.ok and r.first_audio_s is not None:
+            sessions.setdefault(r.session, {})[r.turn] = r.first_audio_s
+    return [max(v for t, v in turns.items() if t > 0) / turns[0]
+            for turns in sessions.values() if 0 in turns and len(turns) > 1 and turns[0] > 0]
+
+
+def summarize_voice_level(mode: str, output_format: str, concurrency: int, sessions: int,
+                          records: list[TurnRecord], wall_s: float) -> VoiceLevelResult:
+    overall = turn_stats(None, records)
+    indices = sorted({r.turn for r in records})
+    return VoiceLevelResult(
+        mode=mode, output_format=output_format, concurrency=concurrency, sessions=sessions, wall_s=wall_s,
+        turns_per_s=overall.completed / wall_s if wall_s > 0 else 0.0, overall=overall,
+        by_turn=[turn_stats(t, [r for r in records if r.turn == t]) for t in indices],
+        later_turn_ratio=Stat.of(later_turn_ratios(records)), records=records,
+    )

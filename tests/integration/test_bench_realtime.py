@@ -1,0 +1,75 @@
+"""`voice-gateway bench --realtime` and the chat sweep's --input-audio against a live tiny server on loopback:
+its replies are noise, but sessions, turns, VAD, Opus packets and the measurements are real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Server, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def short_replies(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # 16 codec frames (1.28 s) a reply keep each turn short on the CPU
+    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("short") / "server.log",
+                             "--stage-overrides", '{"talker": {"max_frames": 16}}')
+    yield srv
+    stop_server(proc)
+
+
+def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "voice_gateway.cli", "bench", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: Server, tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = _bench("--realtime", "--url", short_replies.base_url, "--concurrency", "2", "--turns", "2",
+                    "--turn-mode", "commit,vad", "--output-format", "pcm16,opus", "--max-tokens", "8",
+                    "--input-speed", "4", "--warmup", "0", "--label", "voice", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert time.monotonic() - started < 240
+    report = json.loads((tmp_path / "voice.json").read_text())
+    assert report["benchmark"] == "realtime" and report["schema_version"] == 1
+    assert report["command"].startswith("voice-gateway bench --realtime")
+    assert set(report["questions"]) == {"book", "egg", "sunset", "weather"}
+    levels = {(lv["mode"], lv["output_format"]): lv for lv in report["levels"]}
+    assert set(levels) == {("commit", "pcm16"), ("commit", "opus"), ("vad", "pcm16"), ("vad", "opus")}
+    for (mode, fmt), lv in levels.items():
+        assert lv["concurrency"] == 2 and lv["sessions"] == 2
+        records = lv["records"]
+        assert [(r["session"], r["turn"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert all(r["ok"] and r["error"] is None and r["status"] == "completed" for r in records), records
+        assert all(0 < r["first_audio_s"] < r["done_s"] and r["audio_s"] > 1.0 for r in records)
+        assert all(r["offset_errors"] == 0 for r in records)
+        if fmt == "opus":
+            assert all(r["pieces"] == round(r["audio_s"] / 0.02) for r in records)  # one packet per 20 ms
+        # each session's second turn carries its first in the history
+        assert all(b["input_tokens"] > a["input_tokens"] for a, b in zip(records[::2], records[1::2]))
+        # server VAD: the silence window, waited on top (0.5 s of silence sent at 4x real time, plus a chunk)
+        assert all((r["vad_wait_s"] is not None) == (mode == "vad") for r in records)
+        assert all(0.05 < r["vad_wait_s"] < 1.0 for r in records if mode == "vad")
+        assert [t["turn"] for t in lv["by_turn"]] == [0, 1]
+        for stats in [lv["overall"], *lv["by_turn"]]:
+            assert stats["failures"] == 0 and stats["first_audio_s"]["p99"] > 0
+        assert (lv["server_turn_latency_mean_s"] is not None) == (mode == "vad")
+    assert (tmp_path / "voice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "bench --realtime voice (tiny)" in result.stdout and "vad opus C=2: " in result.stdout
+
+
+def test_chat_with_input_audio_sends_the_questions(short_replies: Server, tmp_path: Path) -> None:
+    result = _bench("--url", short_replies.base_url, "--input-audio", str(REPO / "benchmarks" / "voice"),
+                    "--prompt-tokens", "1", "--concurrency", "2", "--num-requests", "2", "--warmup", "0",
+                    "--max-tokens", "8", "--label", "chat-audio", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    level = json.loads((tmp_path / "chat-audio.json").read_text())["levels"][0]
+    assert level["failures"] == 0 and level["ttfp_s"]["mean"] > 0
+    # "#<index>" alone is about 10 tokens; each 3 s question adds its audio's
+    assert all(r["prompt_tokens"] > 30 for r in level["records"])

@@ -1,0 +1,188 @@
+"""The realtime bench's pure parts: one turn's events and Opus packets folded into its record, the playback model
+by sample offset, per-turn statistics, and its command line (the live runs are in tests/integration)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench
+from bench import TurnRecord, TurnTimer, VoiceConfig, scheduled_underruns, summarize_voice_level
+from bench.cli import voice_config_from_args
+from bench.realtime_session import realtime_url, session_update
+from bench.turn import TurnError
+
+
+def _event(kind: str, **fields: object) -> str:
+    return json.dumps({"type": kind, **fields})
+
+
+def _delta(seconds: float) -> str:
+    return _event("response.output_audio.delta", delta=base64.b64encode(b"\0\0" * int(seconds * 24_000)).decode())
+
+
+def _packet(offset: int, sequence: int = 0) -> bytes:
+    return struct.pack(">III", sequence, sequence * 960, offset) + b"\xfc"
+
+
+def _done(status: str = "completed", **details: object) -> str:
+    response = {"status": status, "usage": {"input_tokens": 70, "output_token_details": {"audio_tokens": 16}}}
+    if details:
+        response["status_details"] = details
+    return _event("response.done", response=response)
+
+
+def _record() -> TurnRecord:
+    return TurnRecord(session=3, turn=1, question="egg", speech_s=3.4)
+
+
+# ----------------------------------------------------------------------------- one turn
+
+def test_a_committed_turn_times_first_audio_from_the_commit() -> None:
+    rec = _record()
+    timer = TurnTimer(rec, vad=False)
+    timer.on_message(_event("input_audio_buffer.committed", item_id="i"), 9.9)  # before input end: ignored
+    timer.input_ended(10.0)
+    for t in (10.3, 10.5, 10.9):  # 0.2 s chunks: the third is due at 10.7, so it is 0.2 s late
+        timer.on_message(_delta(0.2), t)
+    timer.on_message(_done(), 11.2)
+    timer.finish()
+    assert rec.ok and rec.status == "completed" and rec.vad_wait_s is None
+    assert rec.first_audio_s == pytest.approx(0.3) and rec.done_s == pytest.approx(1.2)
+    assert rec.audio_s == pytest.approx(0.6) and rec.pieces == 3
+    assert (rec.underruns, rec.stall_ms) == (1, pytest.approx(200.0))
+    assert (rec.input_tokens, rec.audio_frames) == (70, 16)
+    assert rec.played_out_s == pytest.approx(0.3 + 0.6 + 0.2)
+
+
+def test_server_vad_ends_the_input_at_speech_stopped_and_times_the_silence() -> None:
+    rec = _record()
+    timer = TurnTimer(rec, vad=True)
+    timer.question_sent(5.0)
+    timer.on_message(_event("input_audio_buffer.speech_stopped", audio_end_ms=3400, item_id="i"), 5.6)
+    timer.on_message(_delta(0.5), 5.8)
+    timer.on_message(_done(), 6.0)
+    timer.finish()
+    assert rec.vad_wait_s == pytest.approx(0.6) and rec.first_audio_s == pytest.approx(0.2)
+    assert timer.input_end == 5.6
+
+
+def test_speech_stopped_before_the_question_ended_is_an_error() -> None:
+    timer = TurnTimer(_record(), vad=True)
+    with pytest.raises(TurnError, match="before the question had been sent"):
+        timer.on_message(_event("input_audio_buffer.speech_stopped", audio_end_ms=900, item_id="i"), 1.0)
+
+
+def test_opus_packets_play_at_their_sample_offsets() -> None:
+    rec = _record()
+    timer = TurnTimer(rec, vad=False)
+    timer.input_ended(0.0)
+    # 20 ms packets: 0 and 480 on time, then 1440 (960 missing) late by 30 ms against its own offset
+    for offset, t in ((0, 0.1), (480, 0.11), (1440, 0.19)):
+        timer.on_message(_packet(offset), t)
+    timer.on_message(_done(), 0.3)
+    timer.finish()
+    assert rec.pieces == 3 and rec.offset_errors == 1
+    assert rec.audio_s == pytest.approx(0.08)  # up to the end of the last packet's offset
+    assert (rec.underruns, rec.stall_ms) == (1, pytest.approx(30.0))
+
+
+def test_error_events_failed_responses_and_silent_replies_end_the_turn() -> None:
+    timer = TurnTimer(_record(), vad=False)
+    timer.input_ended(0.0)
+    with pytest.raises(TurnError) as err:
+        timer.on_message(_event("error", error={"code": "server_overloaded", "message": "busy"}), 0.1)
+    assert err.value.code == "server_overloaded"
+    with pytest.raises(TurnError, match="response failed: engine_failed") as err:
+        timer.on_message(_done("failed", type="failed", error={"code": "engine_failed", "message": "x"}), 0.2)
+    silent = TurnTimer(_record(), vad=False)
+    silent.input_ended(0.0)
+    silent.on_message(_done(), 0.5)
+    with pytest.raises(TurnError, match="no audio"):
+        silent.finish()
+    early = TurnTimer(_record(), vad=True)
+    with pytest.raises(TurnError, match="before the input ended"):
+        early.on_message(_packet(0), 0.1)
+    with pytest.raises(TurnError, match="no Opus packet"):
+        early.on_message(b"\0" * 12, 0.1)
+
+
+def test_scheduled_underruns_equal_the_chunk_model_for_contiguous_audio() -> None:
+    arrivals = [(0.0, 0.1), (0.05, 0.1), (0.35, 0.1), (0.4, 0.1), (0.9, 0.2)]
+    starts = [(t, 0.1 * i) for i, (t, _) in enumerate(arrivals)]
+    assert scheduled_underruns(starts) == pytest.approx(bench.playback_underruns(arrivals))
+    assert scheduled_underruns(starts) == (2, pytest.approx(150.0 + 350.0))  # due 0.2 and 0.4 + 0.15
+    assert scheduled_underruns([]) == (0, 0.0)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def _turn(session: int, turn: int, first_audio_s: float | None, **fields: Any) -> TurnRecord:
+    return TurnRecord(session, turn, "q", 3.0, ok=first_audio_s is not None, first_audio_s=first_audio_s,
+                      audio_s=1.0, input_tokens=50 * (turn + 1), **fields)
+
+
+def test_voice_level_stats_by_turn_index_and_overall() -> None:
+    records = [_turn(0, 0, 0.2), _turn(0, 1, 0.3, underruns=2), _turn(0, 2, 0.24),
+               _turn(1, 0, 0.4), _turn(1, 1, None, error="boom"),
+               _turn(2, 0, None, refused=True, error="busy")]
+    lv = summarize_voice_level("commit", "opus", 3, 3, records, wall_s=2.0)
+    assert (lv.overall.turns, lv.overall.completed, lv.overall.failures, lv.overall.refused) == (6, 4, 1, 1)
+    assert lv.turns_per_s == pytest.approx(2.0)
+    assert [t.turn for t in lv.by_turn] == [0, 1, 2]
+    first, second, third = lv.by_turn
+    assert first.first_audio_s.mean == pytest.approx(0.3) and first.refused == 1 and first.turns == 3
+    assert (second.completed, second.failures, second.underruns, second.underrun_turns) == (1, 1, 2, 1)
+    assert second.input_tokens_mean == 100 and third.first_audio_s.p50 == pytest.approx(0.24)
+    # only session 0 has a first turn and a later one: its slowest later turn took 1.5x its first
+    assert lv.later_turn_ratio.mean == pytest.approx(1.5)
+    assert lv.overall.vad_wait_s == bench.Stat()
+
+
+# ----------------------------------------------------------------------------- command line
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_bench_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_realtime_flags_make_a_voice_config() -> None:
+    args = _parse("--realtime", "--concurrency", "1,16,64", "--turns", "6", "--turn-mode", "commit,vad",
+                  "--output-format", "opus", "--max-tokens", "12", "--input-speed", "2", "--client-processes", "4")
+    cfg = voice_config_from_args(args, ["voice-gateway", "bench", "--realtime"])
+    assert (cfg.concurrency, cfg.turns, cfg.turn_mode, cfg.output_format) == ([1, 16, 64], 6, ["commit", "vad"], ["opus"])
+    assert (cfg.max_tokens, cfg.input_speed, cfg.client_processes, cfg.chunk_ms) == (12, 2.0, 4, 40)
+    assert cfg.levels()[:2] == [("commit", "opus", 1), ("commit", "opus", 16)] and len(cfg.levels()) == 6
+    assert cfg.questions == Path("benchmarks/voice") and cfg.label.startswith("voice-")
+    default = voice_config_from_args(_parse("--realtime"), [])
+    assert (default.concurrency, default.turns, default.turn_mode, default.output_format) == (
+        [1, 16, 64], 6, ["commit"], ["pcm16"])
+    with pytest.raises(bench.BenchError, match="--realtime does not take --prompt-tokens"):
+        voice_config_from_args(_parse("--realtime", "--prompt-tokens", "10"), [])
+    with pytest.raises(SystemExit):
+        _parse("--realtime", "--turn-mode", "semantic")
+    with pytest.raises(bench.BenchError, match="input_speed"):
+        VoiceConfig(input_speed=0)
+
+
+def test_realtime_only_flags_without_realtime_are_refused(tmp_path: Path) -> None:
+    argv = ["--turns", "3", "--out-dir", str(tmp_path)]
+    assert bench.bench_main(_parse(*argv), argv) == 2
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_session_asks_for_its_mode_and_format() -> None:
+    manual = session_update(VoiceConfig(max_tokens=9), "commit", "opus")["session"]
+    assert manual["audio"]["input"]["turn_detection"] is None
+    assert manual["audio"]["output"]["format"] == {"type": "audio/opus"} and manual["max_output_tokens"] == 9
+    vad = session_update(VoiceConfig(), "vad", "pcm16")["session"]
+    assert vad["audio"]["input"]["turn_detection"] == {"type": "server_vad"}
+    assert vad["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert realtime_url("http://127.0.0.1:8000/", "tiny") == "ws://127.0.0.1:8000/v1/realtime?model=tiny"
