@@ -115,40 +115,33 @@ class ReadDeadline:
         transport.close()
 
 
-class TimedH11Protocol(H11Protocol):
+class _Timed:
+    """A uvicorn HTTP protocol with a `ReadDeadline`: mixed in before uvicorn's own class."""
+
+    app: Any
+    loop: asyncio.AbstractEventLoop
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None, *, timeouts: ReadTimeouts) -> None:
+        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]  # uvicorn's
+        self.deadline = ReadDeadline(timeouts, self.loop)
+        self.app = self.deadline.timed(self.app)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]  # uvicorn's
+        self.deadline.start(transport, self)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline.stop()
+        super().connection_lost(exc)  # type: ignore[misc]  # uvicorn's
+
+
+class TimedH11Protocol(_Timed, H11Protocol):  # type: ignore[misc]  # uvicorn narrows connection_made
     """uvicorn's h11 protocol with a `ReadDeadline`."""
 
-    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, timeouts: ReadTimeouts) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self.deadline = ReadDeadline(timeouts, self.loop)
-        self.app = self.deadline.timed(self.app)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
-        super().connection_made(transport)
-        self.deadline.start(transport, self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.deadline.stop()
-        super().connection_lost(exc)
-
-
-class TimedHttpToolsProtocol(HttpToolsProtocol):
+class TimedHttpToolsProtocol(_Timed, HttpToolsProtocol):  # type: ignore[misc]  # as above
     """uvicorn's httptools protocol with a `ReadDeadline`."""
-
-    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None, *, timeouts: ReadTimeouts) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self.deadline = ReadDeadline(timeouts, self.loop)
-        self.app = self.deadline.timed(self.app)
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
-        super().connection_made(transport)
-        self.deadline.start(transport, self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.deadline.stop()
-        super().connection_lost(exc)
 
 
 def http_protocol(name: str, timeouts: ReadTimeouts) -> Callable[..., asyncio.Protocol]:
