@@ -44,7 +44,7 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
         records = lv["records"]
         assert [(r["session"], r["turn"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
         assert all(r["ok"] and r["error"] is None and r["status"] == "completed" for r in records), records
-        assert all(0 < r["first_audio_s"] < r["done_s"] and r["audio_s"] > 1.0 for r in records)
+        assert all(0 < r["first_audio_s"] <= r["done_s"] and r["audio_s"] > 0 for r in records), records
         assert all(r["offset_errors"] == 0 for r in records)
         if fmt == "opus":
             assert all(r["pieces"] == round(r["audio_s"] / 0.02) for r in records)  # one packet per 20 ms
