@@ -140,7 +140,7 @@ def test_voice_level_stats_by_turn_index_and_overall() -> None:
     assert first.first_audio_s.mean == pytest.approx(0.3) and first.refused == 1 and first.turns == 3
     assert (second.completed, second.failures, second.underruns, second.underrun_turns) == (1, 1, 2, 1)
     assert second.input_tokens_mean == 100 and third.first_audio_s.p50 == pytest.approx(0.24)
-    # only session 0 has a first turn and a later one: its slowest later turn took 1.5x its first
+    # only the first conversation has a first turn and a later one: its slowest later turn took 1.5x its first
     assert lv.later_turn_ratio.mean == pytest.approx(1.5)
     assert lv.overall.vad_wait_s == bench.Stat()
 
