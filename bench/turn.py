@@ -47,6 +47,7 @@ class TurnRecord:
     underruns: int = 0
     stall_ms: float = 0.0
     input_tokens: int | None = None  # response.done usage: the conversation so far, as the server counted it
+    cached_tokens: int | None = None  # of those, the ones a cached prefix held (not prefilled again)
     audio_frames: int | None = None  # usage.output_token_details.audio_tokens: codec frames
 
     @property
@@ -121,6 +122,7 @@ class TurnTimer:
         rec.status = response.get("status")
         usage = response.get("usage") or {}
         rec.input_tokens = usage.get("input_tokens")
+        rec.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")
         rec.audio_frames = (usage.get("output_token_details") or {}).get("audio_tokens")
         if rec.status != "completed":
             error = ((response.get("status_details") or {}).get("error")) or {}

@@ -27,6 +27,7 @@ class TurnStats:
     vad_wait_s: Stat  # server VAD: the question's end -> speech_stopped, waited on top of first_audio_s
     audio_s_mean: float | None
     input_tokens_mean: float | None  # the conversation so far, as the server counted it
+    cached_tokens_mean: float | None  # of those, held by a cached prefix (the rest was prefilled)
     underruns: int
     underrun_turns: int  # turns whose reply stalled at least once
     stall_ms_mean: float | None
@@ -63,7 +64,8 @@ def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
         turn=turn, turns=len(records), completed=len(ok), refused=refused, failures=len(records) - len(ok) - refused,
         first_audio_s=Stat.of(r.first_audio_s for r in ok), done_s=Stat.of(r.done_s for r in ok),
         vad_wait_s=Stat.of(r.vad_wait_s for r in ok), audio_s_mean=_mean(r.audio_s for r in ok),
-        input_tokens_mean=_mean(r.input_tokens for r in ok), underruns=sum(r.underruns for r in ok),
+        input_tokens_mean=_mean(r.input_tokens for r in ok), cached_tokens_mean=_mean(r.cached_tokens for r in ok),
+        underruns=sum(r.underruns for r in ok),
         underrun_turns=sum(1 for r in ok if r.underruns), stall_ms_mean=_mean(r.stall_ms for r in ok),
         offset_errors=sum(r.offset_errors for r in records),
     )

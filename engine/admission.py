@@ -96,6 +96,7 @@ class Admission:
             token_ids=prompt.token_ids,
             audio_features=prompt.audio_features,
             audio_tokens=prompt.audio_tokens,
+            audio_keys=prompt.audio_keys,
             want_audio=request.want_audio,
             speaker=speaker,
             max_tokens=max_tokens,

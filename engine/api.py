@@ -97,6 +97,7 @@ class Timings:
     completion_tokens: int
     codec_frames: int
     audio_samples: int
+    cached_tokens: int = 0  # of prompt_tokens, those reused from a cached prefix rather than prefilled
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
 from engine.orchestrator import Orchestrator
 from engine.profile import DeployProfile
+from engine.runners.audio_encoder import CHUNK_BUCKETS
 from engine.runners.code2wav import StreamingCode2Wav
 from engine.runners.code_predictor import CodePredictor, StaticCodePredictor, TransformersCodePredictor
 from engine.runners.talker import TalkerRunner
@@ -127,9 +128,15 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     if triton:
         slot_attention.enable(text_model)
     with torch.inference_mode():
+        on_gpu = tk.device.startswith("cuda")
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
                                        decode_kernel=triton,
-                                       capture=thinker_capture(tk.prefill_token_budget) if graphs else None)
+                                       capture=thinker_capture(tk.prefill_token_budget) if graphs else None,
+                                       audio_buckets=CHUNK_BUCKETS if on_gpu else (), cold=metrics.cold_work)
+        if on_gpu:
+            started = time.perf_counter()
+            count = thinker_runner.audio.warm_up()
+            log.info("thinker: audio tower warmed at %d chunk counts in %.1f s", count, time.perf_counter() - started)
     stages: list[Stage] = []
     to_talker = _route(talker_inboxes, lambda item: isinstance(item, ThinkerDone), routers) if has_talker else _no_talker
     if has_talker:
@@ -149,7 +156,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                     talker, config, tts_embeds, max_batch=tl.max_batch,
                     # a reply's talker sequence: the user turns plus one row per frame
                     max_len=tk.max_model_len + tl.max_frames + 16, predictor=predictor, decode_kernel=triton,
-                    capture=talker_capture(tl.max_prefill_batch) if graphs else None)
+                    capture=talker_capture(tl.max_prefill_batch) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
                                       _name("talker", i, tl.replicas)))
         # replicas share the stage's weights; each has its own state, graphs and thread

@@ -34,6 +34,7 @@ class AdmittedRequest:
     token_ids: list[int]
     audio_features: list[torch.Tensor]  # one [128, frames] log-mel per clip, in prompt order
     audio_tokens: int  # of token_ids, the <|audio_pad|> placeholders
+    audio_keys: list[int]  # per clip, its digest: a reused prefix holds the same audio (engine/prompt.py)
     want_audio: bool
     speaker: str
     max_tokens: int
@@ -199,6 +200,7 @@ class ThinkerFinished:
     finish_reason: Literal["stop", "length"]
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int  # of prompt_tokens, those a cached prefix held (not prefilled)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,12 @@
-"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps), per-stage batch/queue, and
-whether an engine process is up and how often it was restarted."""
+"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps), per-stage batch/queue, prompt
+tokens prefilled or reused, work done after ready (engine/cold_work.py), and whether an engine process is
+up and how often it was restarted."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from engine.cold_work import ColdWork
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -34,6 +37,11 @@ class EngineMetrics:
         )
         self.queue_depth = Gauge("engine_stage_queue_depth", "Requests waiting to join a stage's batch", ["stage"], registry=r)
         self.running = Gauge("engine_stage_running", "Requests held by a stage", ["stage"], registry=r)
+        self.prompt_tokens = Counter(
+            "engine_prompt_tokens", "Prompt tokens of finished Thinker requests, by whether a cached prefix held them",
+            ["source"], registry=r,
+        )
+        self.cold_work = ColdWork(r)
 
 
 class ProcessMetrics:

@@ -83,8 +83,10 @@ class Orchestrator:
         self.reports.bind(asyncio.get_running_loop(), self._on_report)
         for stage in self.stages.values():
             stage.start()
+        self.metrics.cold_work.arm()  # everything start-up compiles, captures and warms is behind us
 
     async def stop(self) -> None:
+        self.metrics.cold_work.disarm()
         for stage in self.stages.values():
             await asyncio.to_thread(stage.stop)
         for record in list(self.records.values()):
@@ -154,6 +156,8 @@ class Orchestrator:
                 record.sink(item)
         elif isinstance(item, ThinkerFinished):
             record.thinker = item
+            self.metrics.prompt_tokens.labels("prefilled").inc(item.prompt_tokens - item.cached_tokens)
+            self.metrics.prompt_tokens.labels("cached").inc(item.cached_tokens)
         elif isinstance(item, AudioFinished):
             record.audio = item
         elif isinstance(item, StageFailed):
@@ -177,14 +181,17 @@ class Orchestrator:
             completion_tokens=record.thinker.completion_tokens,
             codec_frames=record.audio.codec_frames if record.audio else 0,
             audio_samples=record.audio_samples,
+            cached_tokens=record.thinker.cached_tokens,
         )
         if record.audio_samples and record.last_audio_at is not None:
             self.metrics.rtf.observe((record.last_audio_at - t0) / (record.audio_samples / SAMPLE_RATE_HZ))
         self.metrics.requests.labels("completed").inc()
         log.info(
-            "request %s finished (%s): %d tokens, %d frames, ttfp=%s total=%.3fs",
+            "request %s finished (%s): %d prompt tokens (%d cached), %d tokens, %d frames, ttfp=%s total=%.3fs",
             record.request.request_id,
             record.thinker.finish_reason,
+            timings.prompt_tokens,
+            timings.cached_tokens,
             timings.completion_tokens,
             timings.codec_frames,
             f"{timings.ttfp_s:.3f}s" if timings.ttfp_s is not None else "-",

@@ -49,6 +49,9 @@ class ThinkerConfig:
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
     # padded prompt tokens one prefill forward may take (1: one request per prefill)
     prefill_token_budget: int = field(default=4096, metadata=_at_least(1))
+    # a longer prompt prefills in pieces of this many tokens, a decode step for the running replies
+    # between two pieces (512: the longest graphed prefill)
+    prefill_chunk: int = field(default=512, metadata=_at_least(16))
     ignore_eos: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 

@@ -1,5 +1,6 @@
 """CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket;
-prefills (Thinker, Talker), per (prompts, prompt length) bucket; decoder layers through torch.compile
+prefills (Thinker, Talker), per (prompts, prompt length) bucket; the Thinker's extends (rows after a
+prefix already cached), per (prompts, length, keys attended); decoder layers through torch.compile
 while the decode graphs are captured.
 
 Applied to finished runners from outside: `thinker_capture` / `talker_capture` are the `Capture`
@@ -145,27 +146,52 @@ PrefillStep = Callable[[torch.Tensor, SlotBatch, torch.Tensor], tuple[torch.Tens
 PREFILL_LENGTHS = (32, 48, 64, 96, 128, 192, 256, 384, 512)
 PREFILL_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 GROUP_TOKENS = 4096  # the largest group graph: prompts x padded length
+# The Talker's prompt is every user turn of the conversation, never cut in pieces: one-prompt graphs
+# (and a few prompts where they fit GROUP_TOKENS) reach the longest prompt it can be given
+LONG_LENGTHS = (768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+# Extends (a prompt's rows after a prefix already in the cache: the rest of a conversation, or the
+# next chunk of a long prompt): few at once, each attending over its whole prefix
+EXTEND_LENGTHS = (32, 64, 128, 256, 512)
+EXTEND_BATCHES = (1, 2, 4, 8, 16)
+EXTEND_REACH = (512, 1024, 2048, 4096, 8192)  # keys an extend attends over: its start plus its padded length
+
+Shape = tuple[int, int, int]  # (prompts, padded length, keys attended)
 
 
-def plan_prefill(shapes: Iterable[tuple[int, int]], lengths: list[int]) -> list[slice] | None:
-    """A group of prompts as consecutive runs, one replay each, for graphs captured at these (prompts,
-    length) shapes; None when it runs eagerly (a prompt longer than every bucket, or a group when only
-    one-prompt graphs exist)."""
+def plan_prefill(shapes: Iterable[Shape], lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
+    """A group of prompts as consecutive runs, one replay each, for graphs captured at these shapes;
+    None when it runs eagerly (a prompt longer than every bucket, a reach past every bucket, or a
+    group when only one-prompt graphs exist). `starts`: where each row begins in its slot (0 when
+    it is a whole prompt)."""
     shapes = list(shapes)
-    length = min((n for _, n in shapes if n >= max(lengths)), default=None)
-    if length is None:
+    bucket = _bucket(shapes, 1, lengths, starts)
+    if bucket is None:
         return None
-    widest = max(b for b, n in shapes if n == length)
+    _, length, reach = bucket
+    widest = max(b for b, n, k in shapes if (n, k) == (length, reach))
     if widest == 1 and len(lengths) > 1:
         return None  # one replay per prompt costs more than one eager forward (docs/performance.md)
     return [slice(i, i + widest) for i in range(0, len(lengths), widest)]
 
 
-def prefill_bucket(shapes: Iterable[tuple[int, int]], prompts: int, width: int) -> tuple[int, int]:
-    """The smallest captured (prompts, length) a run of `prompts` prompts up to `width` tokens fits."""
-    shapes = list(shapes)
-    length = min(k for _, k in shapes if k >= width)
-    return min(b for b, k in shapes if k == length and b >= prompts), length
+def prefill_bucket(shapes: Iterable[Shape], prompts: int, lengths: list[int], starts: list[int] | None = None) -> Shape:
+    """The smallest captured shape a run of `prompts` prompts fits (`plan_prefill` said one does)."""
+    bucket = _bucket(list(shapes), prompts, lengths, starts)
+    assert bucket is not None, (prompts, lengths, starts)
+    return bucket
+
+
+def _bucket(shapes: list[Shape], prompts: int, lengths: list[int], starts: list[int] | None) -> Shape | None:
+    length = min((n for _, n, _ in shapes if n >= max(lengths)), default=None)
+    if length is None:
+        return None
+    # padding rows write keys up to start + length: that must stay inside what the graph attends over
+    need = max(starts or [0]) + length
+    reach = min((k for _, n, k in shapes if n == length and k >= need), default=None)
+    if reach is None:
+        return None
+    size = min((b for b, n, k in shapes if (n, k) == (length, reach) and b >= prompts), default=None)
+    return None if size is None else (size, length, reach)
 
 
 @dataclass(slots=True)
@@ -173,13 +199,13 @@ class _PrefillBucket:
     graph: torch.cuda.CUDAGraph
     embeds: torch.Tensor  # [B, L, H]
     slots: torch.Tensor  # [B]
-    starts: torch.Tensor  # [B], always 0; held so its memory stays the graph's
+    starts: torch.Tensor  # [B] where each row's first position goes (0 for whole prompts)
     last: torch.Tensor  # [B] index of each prompt's last row
     outputs: tuple[torch.Tensor, ...]
 
 
 class GraphedPrefill:
-    """Prefills captured per (prompts, prompt length) bucket.
+    """Prefills captured per (prompts, padded length, keys attended) bucket.
 
     An eager prefill is host-bound: the Thinker's 48 layers launch ~4000 kernels for ~15 ms of
     GPU work, from a host the other stages' threads share, so at c=64 a group of prompts took
@@ -188,40 +214,47 @@ class GraphedPrefill:
     causal, so padding rows change no real row; padding prompts write into the cache's scratch
     slot, and the keys padding rows write past a prompt are overwritten by decode before any
     query sees them. With `batches=(1,)` only one-prompt prefills are captured.
+
+    Whole prompts attend over their own rows (`reach=None`: keys = length). Extends (`reach`
+    given) start anywhere in their slot and attend over that many keys, the mask hiding what lies
+    past each row.
     """
 
     def __init__(self, step: PrefillStep, kv: SlotKVCache, hidden_size: int, dtype: torch.dtype,
                  lengths: tuple[int, ...] = PREFILL_LENGTHS, batches: tuple[int, ...] = (1,),
-                 max_tokens: int = GROUP_TOKENS) -> None:
+                 max_tokens: int = GROUP_TOKENS, reach: tuple[int, ...] | None = None) -> None:
         device = kv.keys[0].device
         self.kv = kv
-        shapes = [(b, n) for b in batches for n in lengths if n <= kv.max_len and (b == 1 or b * n <= max_tokens)]
-        self.buckets: dict[tuple[int, int], _PrefillBucket] = {}
+        shapes = [(b, n, k) for b in batches for n in lengths for k in (reach or (n,))
+                  if n <= k <= kv.max_len and (b == 1 or b * n <= max_tokens)]
+        self.buckets: dict[Shape, _PrefillBucket] = {}
         pool = None
         capture_stream = torch.cuda.Stream(device)
-        for size, length in sorted(shapes, key=lambda s: -s[0] * s[1]):  # largest first into the shared pool
+        for size, length, keys in sorted(shapes, key=lambda s: (-s[0] * s[1], -s[2])):  # largest first into the pool
             embeds = torch.zeros(size, length, hidden_size, device=device, dtype=dtype)
             slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
             last = torch.zeros(size, dtype=torch.long, device=device)
             # every tensor a graph reads must outlive it: a freed one's memory is handed out again
             starts = torch.zeros(size, dtype=torch.long, device=device)
-            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=length, kv_len=length)
+            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=length, kv_len=keys)
             graph, outputs = capture(lambda: step(embeds, view, last), pool, capture_stream)
             pool = graph.pool()
-            self.buckets[size, length] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
+            self.buckets[size, length, keys] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
-    def plan(self, lengths: list[int]) -> list[slice] | None:
-        return plan_prefill(self.buckets, lengths)
+    def plan(self, lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
+        return plan_prefill(self.buckets, lengths, starts)
 
-    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]:
-        """Right-padded embeds [n, L, H] into `slots` -> the step's outputs for the n rows;
-        (n, L) must fit a bucket (`plan` says which runs do)."""
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int],
+                 starts: list[int] | None = None) -> tuple[torch.Tensor, ...]:
+        """Right-padded embeds [n, L, H] into `slots` from `starts` -> the step's outputs for the n rows;
+        the run must fit a bucket (`plan` says which runs do)."""
         n, width = embeds.shape[:2]
-        size, length = prefill_bucket(self.buckets, n, width)
-        bucket = self.buckets[size, length]
+        starts = starts or [0] * n
+        bucket = self.buckets[prefill_bucket(self.buckets, n, lengths, starts)]
         bucket.embeds[:n, :width].copy_(embeds)
-        pad = size - n
+        pad = bucket.embeds.shape[0] - n
         bucket.slots.copy_(torch.tensor(slots + [self.kv.scratch_slot] * pad).to(bucket.slots.device, non_blocking=True))
+        bucket.starts.copy_(torch.tensor(starts + [0] * pad).to(bucket.starts.device, non_blocking=True))
         bucket.last.copy_(torch.tensor([k - 1 for k in lengths] + [0] * pad).to(bucket.last.device, non_blocking=True))
         bucket.graph.replay()
         return tuple(out[:n].clone() for out in bucket.outputs)
@@ -287,9 +320,10 @@ def talker_capture(max_group: int) -> Callable[[TalkerRunner], StepGraphs]:
                 "talker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
                 runner.talker.model.layers)
             log.info("talker decode captured for batch sizes %s", sorted(buckets))
-            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
+            lengths = tuple(sorted({*PREFILL_LENGTHS, *(n for n in LONG_LENGTHS if n < runner.kv.max_len), runner.kv.max_len}))
+            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype, lengths=lengths,
                                      batches=_prefill_batches(min(max_group, runner.kv.num_slots)))
-            log.info("talker prefill captured for (prompts, length) %s", sorted(prefill.buckets))
+            log.info("talker prefill captured for (prompts, length, keys) %s", sorted(prefill.buckets))
             return StepGraphs(decode=decode, prefill=prefill, predictor=predictor)
 
         return _or_eager("talker", make)
@@ -298,7 +332,8 @@ def talker_capture(max_group: int) -> Callable[[TalkerRunner], StepGraphs]:
 
 
 def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
-    """The Thinker's decode steps (compiled layers) and prefills of groups up to `max_tokens` padded tokens."""
+    """The Thinker's decode steps (compiled layers), prefills of groups up to `max_tokens` padded tokens, and
+    extends (the rows after a reused prefix, or a long prompt's later chunks)."""
 
     def capture_all(runner: ThinkerRunner) -> StepGraphs:
         def make() -> StepGraphs:
@@ -310,8 +345,11 @@ def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
             log.info("thinker decode captured for batch sizes %s", sorted(buckets))
             prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
                                      batches=_prefill_batches(runner.kv.num_slots), max_tokens=max_tokens)
-            log.info("thinker prefill captured for (prompts, length) %s", sorted(prefill.buckets))
-            return StepGraphs(decode=decode, prefill=prefill)
+            log.info("thinker prefill captured for (prompts, length, keys) %s", sorted(prefill.buckets))
+            extend = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype, lengths=EXTEND_LENGTHS,
+                                    batches=EXTEND_BATCHES, reach=EXTEND_REACH)
+            log.info("thinker extend captured for (prompts, length, keys) %s", sorted(extend.buckets))
+            return StepGraphs(decode=decode, prefill=prefill, extend=extend)
 
         return _or_eager("thinker", make)
 

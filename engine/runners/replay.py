@@ -22,11 +22,13 @@ class DecodeReplay(Protocol):
 
 
 class PrefillReplay(Protocol):
-    def plan(self, lengths: list[int]) -> list[slice] | None:
-        """A group of prompts as consecutive runs, one replay each; None when it runs eagerly."""
+    def plan(self, lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
+        """A group of prompts (rows from `starts` in their slots) as consecutive runs, one replay each;
+        None when it runs eagerly."""
         ...
 
-    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]: ...
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int],
+                 starts: list[int] | None = None) -> tuple[torch.Tensor, ...]: ...
 
 
 class PredictorReplay(Protocol):
@@ -39,7 +41,8 @@ class StepGraphs:
     """A runner's captured steps; None where that step runs eagerly."""
 
     decode: DecodeReplay | None = None
-    prefill: PrefillReplay | None = None
+    prefill: PrefillReplay | None = None  # whole prompts
+    extend: PrefillReplay | None = None  # rows after a prefix already in the slot
     predictor: PredictorReplay | None = None
 
 
@@ -48,7 +51,9 @@ EAGER = StepGraphs()
 
 def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
-    it on `stream` into `pool`; returns the graph and the outputs its replays overwrite."""
+    it on `stream` into `pool` and replay it once; returns the graph and the outputs its replays
+    overwrite. A graph's first replay also uploads it to the device, which under load is a request's
+    wait: spoken turns that met an extend graph for the first time took 60-100 ms longer."""
     side = torch.cuda.Stream(stream.device)
     side.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(side):
@@ -58,6 +63,7 @@ def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tupl
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         outputs = fn()
+    graph.replay()  # its inputs are a capture's: zeros, and padding rows that write the scratch slot
     return graph, outputs
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from engine.cold_work import EAGER_FALLBACK, ColdWork
 from engine.runners.code_predictor import CodePredictor, TransformersCodePredictor
 from engine.runners.kv_cache import SlotBatch, SlotKVCache, cache_kwarg
 from engine.runners.replay import EAGER, StepGraphs
@@ -46,12 +47,13 @@ class TalkerRunner:
     `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]).
     `predictor`: the 15 residual codebooks of a frame (engine/runners/code_predictor.py); by default
     transformers' own modules, the eager reference.
-    `decode_kernel` and `capture` as the Thinker runner's."""
+    `decode_kernel`, `capture` and `cold` as the Thinker runner's."""
 
     def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
                  predictor: CodePredictor | None = None, decode_kernel: bool = False,
-                 capture: Callable[[TalkerRunner], StepGraphs] | None = None) -> None:
+                 capture: Callable[[TalkerRunner], StepGraphs] | None = None, cold: ColdWork | None = None) -> None:
         self.talker = talker
+        self.cold = cold
         self.config = config
         tc = config.talker_config
         param = next(talker.parameters())
@@ -137,9 +139,12 @@ class TalkerRunner:
         for b, prompt in enumerate(prompts):
             batch[b, : lengths[b]] = prompt
         graphs = self.graphs.prefill
-        if graphs is not None and (runs := graphs.plan(lengths)) is not None:
-            outs = [graphs(batch[run], slots[run], lengths[run]) for run in runs]
-            return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        if graphs is not None:
+            if (runs := graphs.plan(lengths)) is not None:
+                outs = [graphs(batch[run], slots[run], lengths[run]) for run in runs]
+                return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+            if self.cold is not None:
+                self.cold.record(EAGER_FALLBACK, f"talker prefill of {lengths} rows: no graph fits")
         hidden = self._forward(batch, self.kv.batch(slots, [0] * len(prompts), max(lengths)))
         last = hidden[torch.arange(len(prompts), device=self.device), torch.tensor(lengths, device=self.device) - 1]
         return self.talker.codec_head(last), last
@@ -153,8 +158,11 @@ class TalkerRunner:
 
     def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs [B, H] -> logits [B, V], last hidden [B, H]."""
-        if self.graphs.decode is not None and (out := self.graphs.decode(inputs[:, None], slots, positions)):
-            return out[0], out[1]
+        if self.graphs.decode is not None:
+            if out := self.graphs.decode(inputs[:, None], slots, positions):
+                return out[0], out[1]
+            if self.cold is not None:
+                self.cold.record(EAGER_FALLBACK, f"talker decode of {len(slots)} rows: no graph fits")
         return self.decode_step(inputs[:, None], self.kv.batch(slots, positions, 1))
 
     def decode_step(self, embeds: torch.Tensor, view: SlotBatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The Thinker's tensor work: prefill one prompt (text + audio), decode a batch of slots one token each.
+"""The Thinker's tensor work: prefill prompts (text + audio; whole, or after a prefix their slot holds),
+decode a batch of slots one token each.
 
 Owns the Thinker model and its KV cache. Scheduling lives in `engine/stages/thinker.py`.
 The Thinker stays behind this small interface (prefill, decode, rows out) so another
@@ -13,31 +14,50 @@ from typing import Any
 
 import torch
 
+from engine.cold_work import EAGER_FALLBACK, ColdWork
+from engine.runners.audio_encoder import AudioEncoder
 from engine.runners.kv_cache import SlotBatch, SlotKVCache, cache_kwarg
-from engine.runners.replay import EAGER, StepGraphs
+from engine.runners.replay import EAGER, PrefillReplay, StepGraphs
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRow:
+    """One prompt's rows for a prefill forward: the whole prompt (`start` 0), or what follows the
+    `start` positions its slot already holds (a reused prefix, or the chunks prefilled so far)."""
+
+    slot: int
+    token_ids: list[int]
+    start: int = 0
+    audio: tuple[torch.Tensor, ...] = ()  # log-mels of the clips whose placeholders are in `token_ids`, in order
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillOut:
-    logits: torch.Tensor  # [V] for the last prompt position
-    embeds: torch.Tensor  # [L, H] layer-0 rows (audio merged in)
-    hidden: torch.Tensor | None  # [L, H] rows of `capture_layer`, when asked for
+    logits: torch.Tensor  # [V] for the row's last position
+    embeds: torch.Tensor  # [n, H] layer-0 rows (audio merged in)
+    hidden: torch.Tensor | None  # [n, H] rows of `capture_layer`, when asked for
 
 
 class ThinkerRunner:
-    """Owns the Thinker model, its KV cache and its captured steps.
+    """Owns the Thinker model, its audio tower, its KV cache and its captured steps.
 
     `decode_kernel`: decode steps read the KV buffers in place (engine/accel/slot_attention.py has
     been applied to the model). `capture`: called once with the finished runner; what it returns
-    is replayed wherever a step fits (engine/accel/cuda_graphs.py)."""
+    is replayed wherever a step fits (engine/accel/cuda_graphs.py). `audio_buckets`: chunk counts
+    the audio tower's batch is padded to (engine/runners/audio_encoder.py). `cold`: told of steps
+    that graphs exist for but that run eagerly."""
 
     def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int, decode_kernel: bool = False,
-                 capture: Callable[[ThinkerRunner], StepGraphs] | None = None) -> None:
+                 capture: Callable[[ThinkerRunner], StepGraphs] | None = None, audio_buckets: tuple[int, ...] = (),
+                 cold: ColdWork | None = None) -> None:
         self.thinker = thinker
         # transformers 5.2x nests the text decoder under `model.language_model`.
         self.text_model = getattr(thinker.model, "language_model", thinker.model)
         self.audio_token_id = config.thinker_config.audio_token_id
-        self.n_window = config.thinker_config.audio_config.n_window
+        audio_config = config.thinker_config.audio_config
+        self.audio = AudioEncoder(thinker, audio_config.n_window, audio_config.num_mel_bins, buckets=audio_buckets,
+                                  cold=cold)
+        self.cold = cold
         # hidden_states[k] is the output of decoder layer k-1 (index 0 is the embedding).
         self.capture_layer = config.talker_config.accept_hidden_layer - 1
         text_config = config.thinker_config.text_config
@@ -66,42 +86,57 @@ class ThinkerRunner:
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         return self.text_model.embed_tokens(torch.as_tensor(token_ids, device=self.device))
 
-    def prefill(
-        self, slots: list[int], prompts: list[list[int]], audio: list[list[torch.Tensor]], want_hidden: bool
-    ) -> list[PrefillOut]:
-        """Several prompts in one forward, right-padded to the longest (replayed when graphs are captured).
+    def prefill(self, rows: list[PrefillRow], want_hidden: bool) -> list[PrefillOut]:
+        """Several prompts' rows in one forward, right-padded to the longest (replayed when graphs are
+        captured: whole prompts and extends each by their own graphs).
 
-        Padding positions write junk keys past each prompt's end; decode overwrites each of them in
-        the very step that first lets a query see it, so nothing reads them.
+        Padding positions write junk keys past each row's end; decode (or the next chunk) overwrites
+        each of them before any query sees it.
         """
-        lengths = [len(p) for p in prompts]
-        ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
-        for b, prompt in enumerate(prompts):
-            ids[b, : len(prompt)] = torch.tensor(prompt)
-        ids = ids.to(self.device)
-        embeds = self.text_model.embed_tokens(ids)
-        for b, features in enumerate(audio):
-            if features:
-                merged = self._merge_audio(ids[b : b + 1, : lengths[b]], embeds[b : b + 1, : lengths[b]], features)
-                embeds[b, : lengths[b]] = merged[0]
-        graphs = self.graphs.prefill
-        if graphs is not None and not any(audio) and (runs := graphs.plan(lengths)) is not None:
-            outs = [graphs(embeds[run], slots[run], lengths[run]) for run in runs]
-            logits, hidden = torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-        else:
-            view = self.kv.batch(slots, [0] * len(prompts), max(lengths))
-            self._capturing, self._captured = want_hidden, []
-            try:
-                out = self._forward(embeds, view)
-            finally:
-                self._capturing = False
-            last = torch.tensor([n - 1 for n in lengths], device=self.device)
-            logits = self.thinker.lm_head(out[torch.arange(len(prompts), device=self.device), last])
-            hidden = self._captured[0] if want_hidden else None  # type: ignore[assignment]
+        lengths = [len(r.token_ids) for r in rows]
+        ids = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+        for b, row in enumerate(rows):
+            ids[b, : lengths[b]] = torch.tensor(row.token_ids)
+        embeds = self.text_model.embed_tokens(ids.to(self.device, non_blocking=True))
+        clips = [clip for row in rows for clip in row.audio]
+        if clips:
+            at_audio = ids == self.audio_token_id
+            embeds[at_audio.to(self.device, non_blocking=True)] = self.audio(clips, int(at_audio.sum())).to(embeds.dtype)
+        whole = [b for b, r in enumerate(rows) if r.start == 0]
+        extend = [b for b, r in enumerate(rows) if r.start > 0]
+        logits = torch.empty(len(rows), self.thinker.lm_head.out_features, device=self.device, dtype=self.dtype)
+        hidden = torch.empty_like(embeds) if want_hidden else None
+        for part, graphs in ((whole, self.graphs.prefill), (extend, self.graphs.extend)):
+            if part:
+                part_logits, part_hidden = self._prefill_part(embeds[part], [rows[b] for b in part], graphs, want_hidden)
+                logits[part] = part_logits.to(logits.dtype)
+                if hidden is not None:
+                    hidden[part, : part_hidden.shape[1]] = part_hidden
         return [
-            PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=hidden[b, :n] if want_hidden else None)
+            PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=hidden[b, :n] if hidden is not None else None)
             for b, n in enumerate(lengths)
         ]
+
+    def _prefill_part(self, embeds: torch.Tensor, rows: list[PrefillRow], graphs: PrefillReplay | None,
+                      want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths, starts, slots = [len(r.token_ids) for r in rows], [r.start for r in rows], [r.slot for r in rows]
+        width = max(lengths)
+        embeds = embeds[:, :width]
+        if graphs is not None:
+            if (runs := graphs.plan(lengths, starts)) is not None:
+                outs = [graphs(embeds[run], slots[run], lengths[run], starts[run]) for run in runs]
+                return torch.cat([o[0] for o in outs]), torch.cat([o[1][:, :width] for o in outs])
+            if self.cold is not None:
+                self.cold.record(EAGER_FALLBACK, f"thinker prefill of {lengths} tokens from {starts}: no graph fits")
+        view = self.kv.batch(slots, starts, width)
+        self._capturing, self._captured = want_hidden, []
+        try:
+            out = self._forward(embeds, view)
+        finally:
+            self._capturing = False
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        logits = self.thinker.lm_head(out[torch.arange(len(rows), device=self.device), last])
+        return logits, (self._captured[0] if want_hidden else out)
 
     def prefill_step(self, embeds: torch.Tensor, view: SlotBatch, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], the captured
@@ -117,8 +152,11 @@ class ThinkerRunner:
     def decode(self, slots: list[int], positions: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token for each slot at its position -> logits [B, V]."""
         embeds = self.text_model.embed_tokens(torch.tensor(token_ids, device=self.device)).unsqueeze(1)
-        if self.graphs.decode is not None and (out := self.graphs.decode(embeds, slots, positions)):
-            return out[0]
+        if self.graphs.decode is not None:
+            if out := self.graphs.decode(embeds, slots, positions):
+                return out[0]
+            if self.cold is not None:
+                self.cold.record(EAGER_FALLBACK, f"thinker decode of {len(slots)} rows: no graph fits")
         return self.decode_step(embeds, self.kv.batch(slots, positions, 1))[0]
 
     def decode_step(self, embeds: torch.Tensor, view: SlotBatch) -> tuple[torch.Tensor]:
@@ -129,17 +167,3 @@ class ThinkerRunner:
         kwargs = {**view.forward_kwargs(embeds.dtype), self._cache_kw: view}
         out = self.text_model(inputs_embeds=embeds, use_cache=True, **kwargs)
         return out.last_hidden_state
-
-    def _merge_audio(self, ids: torch.Tensor, embeds: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:
-        lengths = torch.tensor([f.shape[-1] for f in features], device=self.device)
-        batch = torch.zeros(len(features), features[0].shape[0], int(lengths.max()), device=self.device, dtype=self.dtype)
-        mask = torch.zeros(len(features), int(lengths.max()), dtype=torch.long, device=self.device)
-        for i, f in enumerate(features):
-            batch[i, :, : f.shape[-1]] = f.to(self.device, self.dtype)
-            mask[i, : f.shape[-1]] = 1
-        audio = self.thinker.get_audio_features(batch, feature_attention_mask=mask).last_hidden_state
-        positions = ids[0] == self.audio_token_id
-        assert int(positions.sum()) == audio.shape[0], (int(positions.sum()), audio.shape)
-        embeds = embeds.clone()
-        embeds[0, positions] = audio.to(embeds.dtype)
-        return embeds

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.api import TextDelta
@@ -28,8 +29,9 @@ from engine.handoff import (
 )
 from engine.metrics import EngineMetrics
 from engine.profile import ThinkerConfig
+from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
 from engine.runners.sampler import RowSampling, new_seed, sample
-from engine.runners.thinker import ThinkerRunner
+from engine.runners.thinker import PrefillRow, ThinkerRunner
 from engine.stages.base import Stage
 from engine.stages.policy import FirstPacketPolicy
 
@@ -40,8 +42,14 @@ log = logging.getLogger(__name__)
 class ThinkerSeq:
     job: AdmittedRequest
     sampling: RowSampling
+    keys: np.ndarray  # per prompt position, what a cached prefix must hold there (engine/runners/prefix_cache.py)
+    clips: list[tuple[int, int]]  # [start, end) of each audio clip's placeholders, in prompt order
     slot: int = -1
     position: int = 0  # tokens in the KV cache
+    cached: int = 0  # of the prompt, tokens a cached prefix held
+    # the Talker's prompt rows so far (when it speaks): a cached prefix's, then each prefilled piece's
+    embeds: list[torch.Tensor] = field(default_factory=list)
+    hidden: list[torch.Tensor] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     # incremental detokenisation: ids before `text_from` are emitted and never decoded again;
     # [text_from, text_to) were decoded last time and give the context for the next piece
@@ -58,9 +66,25 @@ class ThinkerSeq:
     def made(self) -> int:
         return len(self.generated)
 
+    @property
+    def prompt_len(self) -> int:
+        return len(self.job.token_ids)
+
+
+def clip_spans(token_ids: list[int], audio_token_id: int) -> list[tuple[int, int]]:
+    """Each run of audio placeholders, [start, end), in order: one per clip."""
+    at = np.flatnonzero(np.asarray(token_ids) == audio_token_id)
+    if not at.size:
+        return []
+    breaks = np.flatnonzero(np.diff(at) > 1)
+    starts = np.concatenate([[at[0]], at[breaks + 1]])
+    ends = np.concatenate([at[breaks] + 1, [at[-1] + 1]])
+    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
 
 class ThinkerStage(Stage):
-    """Owns the waiting queue and the running sequences; the runner owns the model and KV cache."""
+    """Owns the waiting queue, the prompts being prefilled piece by piece, the running sequences and the
+    prefix cache; the runner owns the model and KV cache."""
 
     kind = "thinker"
 
@@ -83,8 +107,11 @@ class ThinkerStage(Stage):
         self.eos_ids = set() if cfg.ignore_eos else eos_ids
         self.policy = policy
         self.to_talker = to_talker
+        self.cache = PrefixCache(runner.kv)
         self.waiting: deque[ThinkerSeq] = deque()
+        self.partial: list[ThinkerSeq] = []  # holding a slot, prompt not yet all prefilled
         self.running: dict[str, ThinkerSeq] = {}
+        self._prefilled_last = False
 
     def accept(self, item: AdmittedRequest | SpeechProgress) -> None:
         if isinstance(item, SpeechProgress):
@@ -96,70 +123,128 @@ class ThinkerStage(Stage):
                     seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
-        self.waiting.append(ThinkerSeq(job=item, sampling=sampling))
+        clips = clip_spans(item.token_ids, self.runner.audio_token_id)
+        keys = position_keys(item.token_ids, clips, item.audio_keys)
+        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips))
 
     def release(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
-        seq = self.running.pop(request_id, None)
-        if seq is not None:
-            self.runner.kv.free(seq.slot)
+        for piecewise in [s for s in self.partial if s.job.request_id == request_id]:
+            self.partial.remove(piecewise)  # its KV is incomplete: nothing to keep
+            self.runner.kv.free(piecewise.slot)
+        if (seq := self.running.pop(request_id, None)) is not None:
+            self._keep(seq)
+
+    def _keep(self, seq: ThinkerSeq) -> None:
+        """A finished (or aborted) request's slot stays filled for a prompt that begins the same."""
+        kept = np.concatenate([seq.keys, np.asarray(seq.generated[: seq.position - seq.prompt_len], dtype=np.int64)])
+        embeds = torch.cat(seq.embeds) if seq.embeds else None
+        hidden = torch.cat(seq.hidden) if seq.hidden else None
+        self.cache.keep(Entry(seq.slot, kept, embeds, hidden))
 
     def has_work(self) -> bool:
-        return self._wants_decode() or (bool(self.waiting) and self.runner.kv.num_free > 0)
+        return self._wants_decode() or bool(self.partial) or (bool(self.waiting) and self.cache.num_free > 0)
 
     def _wants_decode(self) -> bool:
         return self.policy.thinker_may_decode(self.running.values())
 
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.partial)
 
     def num_running(self) -> int:
         return len(self.running)
 
     def step(self) -> list[str]:
         # prefill first: a new request's first token matters more than one more token for the others
-        # (and `has_work` said a decode is wanted when this is not so)
-        if self.waiting and self.runner.kv.num_free > 0:
+        # (and `has_work` said a decode is wanted when this is not so); but never two prefills in a
+        # row while a running reply wants text, so a burst of long prompts stalls nobody's speech
+        if self._prefilled_last and self._wants_decode():
+            return self._decode()
+        if self.partial or (self.waiting and self.cache.num_free > 0):
             return self._prefill(self._take_prefill_group())
         return self._decode()
 
+    def _piece_end(self, seq: ThinkerSeq) -> int:
+        """Where the next prefill piece of `seq` ends: at most `prefill_chunk` on, never inside a clip."""
+        end = min(seq.prompt_len, seq.position + self.cfg.prefill_chunk)
+        for a, b in seq.clips:
+            if a < end < b:
+                end = a if a > seq.position else b
+        return end
+
     def _take_prefill_group(self) -> list[ThinkerSeq]:
-        """Waiting requests for one prefill forward: as many as fit the free slots and the token budget."""
-        group = [self.waiting.popleft()]
-        padded = len(group[0].job.token_ids)
-        while self.waiting and len(group) < self.runner.kv.num_free:
-            longest = max(padded // len(group), len(self.waiting[0].job.token_ids))
-            # large enough to batch a burst of arrivals, small enough not to stall everyone's decode
-            if longest * (len(group) + 1) > self.cfg.prefill_token_budget:
+        """Prompts for one prefill forward, pieces under way first: as many as fit the free slots and the
+        token budget (a waiting prompt is measured whole, before a cached prefix shortens it)."""
+        group: list[ThinkerSeq] = []
+        longest = 0
+        while True:
+            if len(group) < len(self.partial):
+                seq = self.partial[len(group)]
+            elif self.waiting and self.cache.num_free > 0:
+                seq = self.waiting[0]
+            else:
                 break
-            group.append(self.waiting.popleft())
-            padded = longest * len(group)
+            width = self._piece_end(seq) - seq.position
+            # large enough to batch a burst of arrivals, small enough not to stall everyone's decode
+            if group and max(longest, width) * (len(group) + 1) > self.cfg.prefill_token_budget:
+                break
+            if seq.slot < 0:
+                self.partial.append(self._start(self.waiting.popleft()))
+            group.append(seq)
+            longest = max(longest, width)
         return group
 
+    def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
+        """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
+        reuse = self.cache.claim(seq.keys, seq.clips, want_hidden=seq.job.want_audio)
+        if reuse is None:
+            seq.slot = self.cache.allocate()
+            return seq
+        seq.slot, seq.position, seq.cached = reuse.slot, reuse.length, reuse.length
+        if seq.job.want_audio:
+            assert reuse.embeds is not None and reuse.hidden is not None
+            seq.embeds, seq.hidden = [reuse.embeds], [reuse.hidden]
+            if (reply := reuse.length - reuse.embeds.shape[0]) > 0:
+                # the cached reply's rows: text, which the Talker reads only from user turns
+                seq.embeds.append(self.runner.embed(seq.job.token_ids[reuse.embeds.shape[0] : reuse.length]))
+                seq.hidden.append(reuse.hidden.new_zeros(reply, reuse.hidden.shape[-1]))
+        return seq
+
     def _prefill(self, seqs: list[ThinkerSeq]) -> list[str]:
-        for seq in seqs:
-            seq.slot = self.runner.kv.allocate()
-            self.running[seq.job.request_id] = seq
+        self._prefilled_last = True
         self.last_batch = [s.job.request_id for s in seqs]
-        outs = self.runner.prefill(
-            [s.slot for s in seqs],
-            [s.job.token_ids for s in seqs],
-            [s.job.audio_features for s in seqs],
-            want_hidden=any(s.job.want_audio for s in seqs),
-        )
-        tokens, embeds = self._sample(torch.stack([o.logits for o in outs]), seqs)
-        for seq, out, token, embed in zip(seqs, outs, tokens, embeds):
-            job = seq.job
-            seq.position = len(job.token_ids)
-            if job.want_audio:
+        ends = [self._piece_end(s) for s in seqs]
+        rows = []
+        for seq, end in zip(seqs, ends):
+            clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features) if seq.position <= a < end)
+            rows.append(PrefillRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips))
+        want_hidden = any(s.job.want_audio for s in seqs)
+        outs = self.runner.prefill(rows, want_hidden=want_hidden)
+        done = [(seq, out) for seq, out, end in zip(seqs, outs, ends) if end == seq.prompt_len]
+        for seq, out, end in zip(seqs, outs, ends):
+            seq.position = end
+            if seq.job.want_audio:
                 assert out.hidden is not None
+                seq.embeds.append(out.embeds)
+                seq.hidden.append(out.hidden)
+        if not done:
+            return self.last_batch
+        tokens, embeds = self._sample(torch.stack([o.logits for _, o in done]), [s for s, _ in done])
+        for (seq, out), token, embed in zip(done, tokens, embeds):
+            job = seq.job
+            self.partial.remove(seq)
+            self.running[job.request_id] = seq
+            if job.want_audio:
+                if len(seq.embeds) > 1:
+                    seq.embeds, seq.hidden = [torch.cat(seq.embeds)], [torch.cat(seq.hidden)]
                 self.to_talker(
-                    ThinkerPrompt(job.request_id, job.token_ids, out.embeds, out.hidden, job.speaker, job.seed)
+                    ThinkerPrompt(job.request_id, job.token_ids, seq.embeds[0], seq.hidden[0], job.speaker, job.seed)
                 )
             self._advance(seq, token, embed)
         return self.last_batch
 
     def _decode(self) -> list[str]:
+        self._prefilled_last = False
         seqs = list(self.running.values())
         self.last_batch = [s.job.request_id for s in seqs]
         logits = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], [s.generated[-1] for s in seqs])
@@ -192,7 +277,8 @@ class ThinkerStage(Stage):
             if job.want_audio:
                 self.to_talker(ThinkerDone(job.request_id))
             self.report(
-                ThinkerFinished(job.request_id, "stop" if is_eos else "length", len(job.token_ids), len(seq.generated))
+                ThinkerFinished(job.request_id, "stop" if is_eos else "length", len(job.token_ids), len(seq.generated),
+                                seq.cached)
             )
 
     def _emit_text(self, seq: ThinkerSeq, final: bool = False) -> None:

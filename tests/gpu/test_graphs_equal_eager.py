@@ -11,6 +11,7 @@ import torch
 from engine.runners.replay import StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors
 from engine.runners.talker import TalkerRunner
+from engine.runners.thinker import PrefillRow
 from engine.weights.checkpoint import load_stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -63,7 +64,7 @@ def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool, 
         with compiled_layers(runner.text_model.layers) if compiled else contextlib.nullcontext():
             graphed = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets=(1, 2, 4))
         prompts = {0: [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198], 2: [151644, 872, 198, 151644, 77091, 198]}
-        runner.prefill(list(prompts), list(prompts.values()), [[], []], want_hidden=False)
+        runner.prefill([PrefillRow(slot, ids) for slot, ids in prompts.items()], want_hidden=False)
         slots, positions, tokens = [0, 2], [len(prompts[0]), len(prompts[2])], [1000, 2000]
         embeds = runner.text_model.embed_tokens(torch.tensor(tokens, device="cuda")).unsqueeze(1)
         eager = runner.decode_step(embeds, runner.kv.batch(slots, positions, 1))[0]
@@ -91,7 +92,7 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         runner = ThinkerRunner(thinker.model, thinker.config, max_batch=8, max_len=128)
         ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
         group = [ids, ids[:9], ids[3:]]
-        eager = runner.prefill([0, 2, 4], group, [[], [], []], want_hidden=True)
+        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 2, 4), group)], want_hidden=True)
         eager_keys = runner.kv.keys[0][[0, 2, 4], :, :14].clone()
         hidden_size = runner.text_model.embed_tokens.embedding_dim
         # (4, 16) holds the group with one padding prompt; (2, 16) alone would split it in two runs;
@@ -101,8 +102,8 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
             prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
                                      lengths=(16, 64), batches=batches, max_tokens=64)
             runner.graphs = StepGraphs(prefill=prefill)
-            assert (4, 64) not in prefill.buckets  # over max_tokens
-            graphed_outs = runner.prefill([1, 3, 5], group, [[], [], []], want_hidden=True)
+            assert (4, 64, 64) not in prefill.buckets  # over max_tokens
+            graphed_outs = runner.prefill([PrefillRow(s, ids) for s, ids in zip((1, 3, 5), group)], want_hidden=True)
             for graphed, expected in zip(graphed_outs, eager):
                 assert torch.equal(graphed.embeds, expected.embeds)
                 assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
@@ -110,9 +111,9 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
                 assert rel(runner.kv.keys[0][real, :, :n], eager_keys[(real - 1) // 2, :, :n]) < 2e-2
             # the padding prompt wrote only the scratch slot
             assert not runner.kv.keys[0][[0, 2, 4, 6, 7]].any()
-        single = runner.prefill([6], [ids], [[]], want_hidden=True)[0]  # replayed from the (1, 16) bucket
+        single = runner.prefill([PrefillRow(6, ids)], want_hidden=True)[0]  # replayed from the (1, 16) bucket
         assert rel(single.logits, eager[0].logits) < 2e-2
-        assert runner.prefill([2], [ids * 5], [[]], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
+        assert runner.prefill([PrefillRow(2, ids * 5)], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
 
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
         prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
@@ -126,3 +127,31 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def test_graphed_extends_equal_eager(tiny_checkpoint: Path) -> None:
+    """Rows after a prefix already in the slot (a conversation's next turn, a long prompt's later pieces),
+    replayed from extend graphs, equal the eager extend and the whole prefill."""
+    from engine.accel import fused_moe
+    from engine.accel.cuda_graphs import GraphedPrefill
+    from engine.runners.thinker import ThinkerRunner
+
+    thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
+    with torch.inference_mode():
+        fused_moe.enable(thinker.model)
+        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=8, max_len=256)
+        ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198] * 5
+        cuts = (30, 47)
+        whole = runner.prefill([PrefillRow(s, ids) for s in (0, 1)], want_hidden=True)
+        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((2, 3), cuts)], want_hidden=True)
+        eager = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((2, 3), cuts)], want_hidden=True)
+        hidden_size = runner.text_model.embed_tokens.embedding_dim
+        runner.graphs = StepGraphs(extend=GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
+                                                         lengths=(32, 64), batches=(1, 2), reach=(128, 256)))
+        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((4, 5), cuts)], want_hidden=True)
+        graphed = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((4, 5), cuts)], want_hidden=True)
+        for g, e, w, cut in zip(graphed, eager, whole, cuts):
+            assert rel(g.logits, e.logits) < 2e-2 and rel(g.hidden, e.hidden) < 2e-2
+            assert rel(g.logits, w.logits) < 2e-2 and rel(g.hidden, w.hidden[cut:]) < 2e-2
+        n = len(ids)
+        assert rel(runner.decode([4, 5], [n, n], [7, 9]), runner.decode([0, 1], [n, n], [7, 9])) < 2e-2

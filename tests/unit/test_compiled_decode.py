@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 
 from engine.accel.cuda_graphs import compiled_layers
 from engine.runners.talker import TalkerRunner
-from engine.runners.thinker import ThinkerRunner
+from engine.runners.thinker import PrefillRow, ThinkerRunner
 from engine.weights.checkpoint import load_stage
 
 PROMPT = [151644, 872, 198, 9707, 11, 1246, 525]
@@ -21,7 +21,7 @@ def test_compiled_thinker_and_talker_layers_decode_as_eager(tiny_checkpoint: Pat
     talker = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
     with torch.inference_mode():
         runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=64)
-        runner.prefill([0, 1, 2], [PROMPT, PROMPT[:5], PROMPT[2:]], [[], [], []], want_hidden=False)
+        runner.prefill([PrefillRow(s, ids) for s, ids in enumerate((PROMPT, PROMPT[:5], PROMPT[2:]))], want_hidden=False)
         slots, positions, tokens = [0, 1, 2], [7, 5, 5], [1000, 2000, 3000]
         eager = runner.decode(slots, positions, tokens)
         layers = runner.text_model.layers

@@ -9,9 +9,13 @@ import torch
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from engine import AudioPart, Message, TextPart
-from engine.prompt import PromptBuilder
-from engine.runners.thinker import ThinkerRunner
+from engine.prompt import Prompt, PromptBuilder
+from engine.runners.thinker import PrefillRow, ThinkerRunner
 from engine.weights.checkpoint import load_stage
+
+
+def row(slot: int, prompt: Prompt) -> PrefillRow:
+    return PrefillRow(slot, prompt.token_ids, audio=tuple(prompt.audio_features))
 
 
 def test_batched_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
@@ -25,8 +29,8 @@ def test_batched_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
     ]
     with torch.inference_mode():
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=128)
-        together = runner.prefill([0, 1], [p.token_ids for p in prompts], [p.audio_features for p in prompts], True)
-        alone = [runner.prefill([2 + b], [p.token_ids], [p.audio_features], True)[0] for b, p in enumerate(prompts)]
+        together = runner.prefill([row(b, p) for b, p in enumerate(prompts)], True)
+        alone = [runner.prefill([row(2 + b, p)], True)[0] for b, p in enumerate(prompts)]
         for t, a in zip(together, alone):
             assert t.embeds.shape == a.embeds.shape
             assert torch.allclose(t.logits, a.logits, atol=1e-4)
@@ -48,7 +52,7 @@ def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) 
              for text in ("a prompt shorter than its bucket", "and one more, a little longer than the first one")]
     with torch.inference_mode():
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=128)
-        plain = runner.prefill([0, 1], group, [[], []], True)
+        plain = runner.prefill([PrefillRow(b, ids) for b, ids in enumerate(group)], True)
         bucket = 64
         assert max(map(len, group)) < bucket
         padded = torch.randn(4, bucket, runner.text_model.embed_tokens.embedding_dim)  # junk past each prompt
@@ -70,14 +74,25 @@ def test_bucket_padded_prefill_step_equals_eager_prefill(tiny_checkpoint: Path) 
 def test_prefill_plan_splits_groups_into_captured_runs() -> None:
     from engine.accel.cuda_graphs import plan_prefill
 
-    one_prompt = [(1, 32), (1, 64)]
+    one_prompt = [(1, 32, 32), (1, 64, 64)]
     assert plan_prefill(one_prompt, [20]) == [slice(0, 1)]
     assert plan_prefill(one_prompt, [20, 30]) is None  # a group runs as one eager forward
     assert plan_prefill(one_prompt, [65]) is None  # longer than every bucket
-    groups = one_prompt + [(2, 32), (4, 32), (2, 64)]
+    groups = one_prompt + [(2, 32, 32), (4, 32, 32), (2, 64, 64)]
     assert plan_prefill(groups, [20, 30, 5]) == [slice(0, 4)]
     assert plan_prefill(groups, [20, 40, 5]) == [slice(0, 2), slice(2, 4)]  # at 64 tokens, two prompts a replay
     assert plan_prefill(groups, [3] * 9) == [slice(0, 4), slice(4, 8), slice(8, 12)]
+
+
+def test_extend_plan_reaches_past_each_rows_prefix() -> None:
+    """Rows that continue a cached prefix replay a graph that attends over at least start + padded length."""
+    from engine.accel.cuda_graphs import plan_prefill, prefill_bucket
+
+    shapes = [(b, n, k) for b in (1, 2) for n in (32, 64) for k in (128, 256)]
+    assert prefill_bucket(shapes, 1, [20], [90]) == (1, 32, 128)
+    assert prefill_bucket(shapes, 2, [20, 40], [10, 100]) == (2, 64, 256)  # 100 + 64 > 128
+    assert plan_prefill(shapes, [20, 30, 5], [0, 50, 7]) == [slice(0, 2), slice(2, 4)]
+    assert plan_prefill(shapes, [20], [240]) is None  # its padding would write past every graph's keys
 
 
 def test_prefill_buckets_pad_little() -> None:
@@ -85,8 +100,8 @@ def test_prefill_buckets_pad_little() -> None:
     48 x 48 (2304 rows), where buckets x2 apart would pad it to 64 x 64 (4096)."""
     from engine.accel.cuda_graphs import GROUP_TOKENS, PREFILL_BATCHES, PREFILL_LENGTHS, plan_prefill, prefill_bucket
 
-    shapes = [(b, n) for b in PREFILL_BATCHES for n in PREFILL_LENGTHS if b == 1 or b * n <= GROUP_TOKENS]
+    shapes = [(b, n, n) for b in PREFILL_BATCHES for n in PREFILL_LENGTHS if b == 1 or b * n <= GROUP_TOKENS]
     lengths = [44] * 40  # a burst of the bench's prompts
     assert plan_prefill(shapes, lengths) == [slice(0, 64)]
-    assert prefill_bucket(shapes, 40, 44) == (48, 48)
-    assert prefill_bucket(shapes, 1, 100) == (1, 128) and prefill_bucket(shapes, 5, 20) == (6, 32)
+    assert prefill_bucket(shapes, 40, [44] * 40) == (48, 48, 48)
+    assert prefill_bucket(shapes, 1, [100]) == (1, 128, 128) and prefill_bucket(shapes, 5, [20] * 5) == (6, 32, 32)

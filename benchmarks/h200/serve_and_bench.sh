@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU-profile server (dummy weights, the bench's reply lengths), then each bench run against it, in order.
+#   bash benchmarks/h200/serve_and_bench.sh OUT_DIR "bench args ..." ["bench args ..." ...]
+# Every run gets --url and --out-dir OUT_DIR. OUT_DIR also gets server.log, metrics.txt (the
+# server's /metrics after the last run) and cold-work.txt (the log's lines about work after ready).
+# SERVE_OVERRIDES replaces the default --overrides. Run from the repo root, after gpu_site.sh on a
+# host without network.
+set -uo pipefail
+out=$1; shift
+mkdir -p "$out"
+overrides=${SERVE_OVERRIDES:-'{"load_format":"dummy","stages":{"thinker":{"max_model_len":2048,"default_max_tokens":40,"ignore_eos":true},"talker":{"max_frames":125,"ignore_eos":true}}}'}
+python3 -m voice_gateway.cli serve dummy --overrides "$overrides" --port 8000 >"$out/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+started=$(date +%s)
+until python3 -c 'import httpx,sys; sys.exit(httpx.get("http://127.0.0.1:8000/health").status_code != 200)' 2>/dev/null; do
+  kill -0 $server 2>/dev/null || { echo "server exited"; tail -40 "$out/server.log"; exit 1; }
+  sleep 2
+done
+echo "server ready in $(( $(date +%s) - started )) s"
+for args in "$@"; do
+  echo "== bench $args"
+  # shellcheck disable=SC2086
+  python3 -m voice_gateway.cli bench --url http://127.0.0.1:8000 --out-dir "$out" $args 2>&1 | tail -25
+done
+python3 -c 'import httpx; print(httpx.get("http://127.0.0.1:8000/metrics").text)' >"$out/metrics.txt"
+grep -h "cold work\|captured\|warmed" "$out/server.log" >"$out/cold-work.txt"
+grep -c "cold work after ready" "$out/server.log" | sed 's/^/cold work events: /'

@@ -1,0 +1,123 @@
+"""Prefix reuse and pieces: what a prompt's rows after a cached prefix compute equals a whole prefill, and the
+audio tower batched and padded equals it clip by clip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, WhisperFeatureExtractor
+
+from engine import AudioPart, Message, TextPart
+from engine.prompt import PromptBuilder
+from engine.runners.kv_cache import SlotKVCache
+from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
+from engine.runners.thinker import PrefillRow, ThinkerRunner
+from engine.stages.thinker import clip_spans
+from engine.weights.checkpoint import load_stage
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_checkpoint: Path) -> tuple[ThinkerRunner, PromptBuilder]:
+    loaded = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
+    builder = PromptBuilder(AutoTokenizer.from_pretrained(tiny_checkpoint),
+                            WhisperFeatureExtractor.from_pretrained(tiny_checkpoint), n_window=50)
+    with torch.inference_mode():
+        return ThinkerRunner(loaded.model, loaded.config, max_batch=6, max_len=256), builder
+
+
+def tone(seconds: float, step: float) -> np.ndarray:
+    return (0.2 * np.sin(np.arange(int(16_000 * seconds)) * step)).astype(np.float32)
+
+
+def test_rows_after_a_prefix_equal_a_whole_prefill(thinker: tuple[ThinkerRunner, PromptBuilder]) -> None:
+    runner, builder = thinker
+    prompt = builder.build((
+        Message("user", (AudioPart(tone(1.5, 0.05)), TextPart("what was that sound"))),
+        Message("assistant", (TextPart("a tone, rising and falling"),)),
+        Message("user", (AudioPart(tone(2.2, 0.09)), TextPart("and this one?"))),
+    ))
+    ids, clips = prompt.token_ids, clip_spans(prompt.token_ids, runner.audio_token_id)
+    assert len(clips) == 2
+    cut = clips[1][0] - 3  # the second clip and what follows are new
+    with torch.inference_mode():
+        whole = runner.prefill([PrefillRow(0, ids, audio=tuple(prompt.audio_features))], True)[0]
+        first = runner.prefill([PrefillRow(1, ids[:cut], audio=(prompt.audio_features[0],))], True)[0]
+        # the rest in two pieces, batched with an unrelated whole prompt
+        other = builder.build((Message("user", (TextPart("something else entirely"),)),)).token_ids
+        middle = clips[1][1] + 2
+        rest = runner.prefill([PrefillRow(2, other), PrefillRow(1, ids[cut:middle], cut, (prompt.audio_features[1],))],
+                              True)[1]
+        last = runner.prefill([PrefillRow(1, ids[middle:], middle)], True)[0]
+        assert torch.allclose(torch.cat([first.hidden, rest.hidden, last.hidden]), whole.hidden, atol=1e-4)
+        assert torch.allclose(torch.cat([first.embeds, rest.embeds, last.embeds]), whole.embeds, atol=1e-5)
+        assert torch.allclose(last.logits, whole.logits, atol=1e-4)
+        n = len(ids)
+        assert torch.allclose(runner.decode([0], [n], [7]), runner.decode([1], [n], [7]), atol=1e-4)
+
+
+def test_audio_tower_batched_and_padded_equals_clip_by_clip(thinker: tuple[ThinkerRunner, PromptBuilder]) -> None:
+    runner, builder = thinker
+    clips = [builder.build((Message("user", (AudioPart(tone(s, step)),)),)).audio_features[0]
+             for s, step in ((0.7, 0.03), (2.4, 0.06), (1.0, 0.11))]
+    with torch.inference_mode():
+        alone = [runner.audio([clip], 10_000) for clip in clips]
+        together = runner.audio(clips, sum(a.shape[0] for a in alone))
+        runner.audio.buckets = (8, 16)  # 1 + 3 + 1 chunks, padded to 8 with a silent clip
+        padded = runner.audio(clips, together.shape[0])
+        runner.audio.buckets = ()
+    assert torch.allclose(together, torch.cat(alone), atol=1e-4)
+    assert torch.allclose(padded, together, atol=1e-4)
+
+
+def small_cache(slots: int) -> PrefixCache:
+    kv = SlotKVCache(num_layers=2, num_slots=slots, num_kv_heads=1, head_dim=4, max_len=64, dtype=torch.float32,
+                     device="cpu")
+    return PrefixCache(kv, min_tokens=4)
+
+
+def keep(cache: PrefixCache, tokens: list[int]) -> int:
+    slot = cache.allocate()
+    for layer in cache.kv.keys:
+        layer[slot, :, : len(tokens)] = torch.tensor(tokens, dtype=torch.float32)[None, :, None]
+    cache.keep(Entry(slot, np.asarray(tokens), None, None))
+    return slot
+
+
+def test_a_continuing_prompt_takes_the_slot_and_a_shared_prefix_is_copied() -> None:
+    cache = small_cache(4)
+    conversation = list(range(10, 30))
+    slot = keep(cache, conversation)
+    reuse = cache.claim(np.asarray(conversation + [99, 98]), [], want_hidden=False)
+    assert reuse is not None and (reuse.slot, reuse.length) == (slot, 20) and len(cache) == 0
+
+    system = list(range(100, 110))
+    shared = keep(cache, system + [1, 2, 3])
+    reuse = cache.claim(np.asarray(system + [7, 7, 7, 7]), [], want_hidden=False)
+    assert reuse is not None and reuse.slot != shared and reuse.length == 10 and len(cache) == 1
+    assert torch.equal(cache.kv.keys[1][reuse.slot, :, :10], cache.kv.keys[1][shared, :, :10])
+    assert cache.claim(np.asarray([5, 6, 7, 8, 9]), [], want_hidden=False) is None  # nothing in common
+
+
+def test_a_match_never_ends_inside_a_clip_nor_covers_the_last_position() -> None:
+    cache = small_cache(2)
+    first = position_keys([1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 9], [(6, 10)], [-77])
+    keep(cache, list(first))
+    other_clip = position_keys([1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 9, 8], [(6, 10)], [-78])
+    reuse = cache.claim(other_clip, [(6, 10)], want_hidden=False)
+    assert reuse is not None and reuse.length == 6  # the clip differs: it is encoded again, whole
+    keep(cache, list(first))
+    reuse = cache.claim(first, [(6, 10)], want_hidden=False)
+    assert reuse is not None and reuse.length == len(first) - 1  # the prompt's last row gives its logits
+
+
+def test_kept_slots_are_given_back_least_recently_used_first() -> None:
+    cache = small_cache(3)
+    a, b, c = (keep(cache, [k] * 8) for k in (1, 2, 3))
+    assert cache.kv.num_free == 0 and cache.num_free == 3
+    assert cache.claim(np.asarray([1] * 8 + [5]), [], want_hidden=False).slot == a  # a is in use again
+    fresh = cache.allocate()  # nothing free: the least recently kept entry goes
+    assert fresh == b and set(cache.entries) == {c}
+    assert cache.claim(np.asarray([2] * 8 + [5]), [], want_hidden=False) is None  # b's prefix is gone
