@@ -4,9 +4,9 @@ A conversation's next turn is its last prompt, the reply, and something new. Whe
 finishes, its slot is not freed but kept with the keys of the positions its KV holds; a new prompt
 takes the entry with the longest common prefix (at least `min_tokens`: a shorter one saves less than
 it costs a burst of short prompts, which prefill many to a graph where extends go a few at a time)
-and prefills only what follows. Taking an entry whose whole content is a prefix of the new prompt moves the slot to the
-new request; a shorter match (one system prompt, many users) copies the shared part into a fresh
-slot and leaves the entry for others. Kept slots are given back, least recently used first,
+and prefills only what follows. A match that covers the entry's prompt moves the slot to the new request (what is left
+past it is that conversation's reply); a shorter one (one system prompt, many users) copies the
+shared part into a free slot and leaves the entry for others. Kept slots are given back, least recently used first,
 whenever a request needs a slot and none is free, so the cache only ever holds slots nobody else
 wants. Anything that does not match prefills in full, as it would without the cache.
 
@@ -37,6 +37,7 @@ def position_keys(token_ids: list[int], clip_spans: list[tuple[int, int]], clip_
 class Entry:
     slot: int
     keys: np.ndarray  # [n]: what positions 0..n-1 of the slot hold
+    prompt_len: int  # of those, the prompt's; the rest is its reply
     embeds: torch.Tensor | None  # [p, H] layer-0 rows of the prompt that made it (p <= n), for the Talker
     hidden: torch.Tensor | None  # [p, H] its captured layer's rows; None when that request spoke no audio
 
@@ -94,13 +95,13 @@ class PrefixCache:
         p = min(best_length, 0 if best.embeds is None else best.embeds.shape[0])
         embeds = None if best.embeds is None else best.embeds[:p]
         hidden = None if best.hidden is None else best.hidden[:p]
-        if best_length == len(best.keys):  # all it holds continues into this prompt: the slot moves
+        # The slot moves to the new request when what it holds past the match is nobody else's: its
+        # reply (a conversation's next turn re-tokenizes the reply text, which may part from the
+        # tokens generated), or when no slot is free (a copy would push out another conversation's).
+        if best_length >= best.prompt_len or self.kv.num_free == 0:
             del self.entries[best.slot]
             return Reuse(best.slot, best_length, embeds, hidden)
-        slot = self.allocate() if self.kv.num_free or len(self.entries) > 1 else None
-        if slot is None:  # the only slot there is: take it over rather than copy from it into itself
-            del self.entries[best.slot]
-            return Reuse(best.slot, best_length, embeds, hidden)
+        slot = self.kv.allocate()
         for keys_, values in zip(self.kv.keys, self.kv.values):
             keys_[slot, :, :best_length] = keys_[best.slot, :, :best_length]
             values[slot, :, :best_length] = values[best.slot, :, :best_length]

@@ -140,7 +140,7 @@ class ThinkerStage(Stage):
         kept = np.concatenate([seq.keys, np.asarray(seq.generated[: seq.position - seq.prompt_len], dtype=np.int64)])
         embeds = torch.cat(seq.embeds) if seq.embeds else None
         hidden = torch.cat(seq.hidden) if seq.hidden else None
-        self.cache.keep(Entry(seq.slot, kept, embeds, hidden))
+        self.cache.keep(Entry(seq.slot, kept, seq.prompt_len, embeds, hidden))
 
     def has_work(self) -> bool:
         return self._wants_decode() or bool(self.partial) or (bool(self.waiting) and self.cache.num_free > 0)

@@ -78,11 +78,11 @@ def small_cache(slots: int) -> PrefixCache:
     return PrefixCache(kv, min_tokens=4)
 
 
-def keep(cache: PrefixCache, tokens: list[int]) -> int:
+def keep(cache: PrefixCache, tokens: list[int], prompt_len: int | None = None) -> int:
     slot = cache.allocate()
     for layer in cache.kv.keys:
         layer[slot, :, : len(tokens)] = torch.tensor(tokens, dtype=torch.float32)[None, :, None]
-    cache.keep(Entry(slot, np.asarray(tokens), None, None))
+    cache.keep(Entry(slot, np.asarray(tokens), len(tokens) if prompt_len is None else prompt_len, None, None))
     return slot
 
 
@@ -99,6 +99,12 @@ def test_a_continuing_prompt_takes_the_slot_and_a_shared_prefix_is_copied() -> N
     assert reuse is not None and reuse.slot != shared and reuse.length == 10 and len(cache) == 1
     assert torch.equal(cache.kv.keys[1][reuse.slot, :, :10], cache.kv.keys[1][shared, :, :10])
     assert cache.claim(np.asarray([5, 6, 7, 8, 9]), [], want_hidden=False) is None  # nothing in common
+
+    # a next turn that parts from the kept one inside its reply (the reply's text tokenizes otherwise)
+    turn = list(range(40, 60))
+    kept = keep(cache, turn + [1, 2, 3, 4], prompt_len=20)
+    reuse = cache.claim(np.asarray(turn + [1, 2, 9, 9, 9]), [], want_hidden=False)
+    assert reuse is not None and (reuse.slot, reuse.length) == (kept, 22)  # moved, not copied
 
 
 def test_a_match_never_ends_inside_a_clip_nor_covers_the_last_position() -> None:
