@@ -20,13 +20,16 @@ from pydantic import BaseModel, TypeAdapter
 from websockets.asyncio.server import ServerConnection, serve
 
 from voice_gateway.realtime.events import (
+    SEMANTIC_SILENCE_MS,
     AudioFormat,
     ContentPart,
     ContentPartAdded,
     ContentPartDone,
     ConversationItemAdded,
     ConversationItemCreate,
+    ConversationItemDeleted,
     ConversationItemDone,
+    ConversationItemRetrieved,
     ConversationItemTruncate,
     ConversationItemTruncated,
     Dialect,
@@ -36,6 +39,7 @@ from voice_gateway.realtime.events import (
     InputAudioCleared,
     InputAudioCommit,
     InputAudioCommitted,
+    InputAudioTimeoutTriggered,
     MessageItem,
     OutputAudioDelta,
     OutputAudioDone,
@@ -69,6 +73,7 @@ from voice_gateway.realtime.events import (
     serialize,
     session_payload,
 )
+from voice_gateway.realtime.voices import OPENAI_VOICES, UnknownVoice, resolve_voice
 
 PCM = bytes(range(256)) * 4
 PCM_B64 = base64.b64encode(PCM).decode()
@@ -272,30 +277,17 @@ def user_item(**fields: Any) -> dict[str, Any]:
         ({**TRUNCATE, "audio_end_ms": 5, "event_id": 5}, "invalid_value", "event_id", None, "string"),
         (user_item(content=[{"type": "input_image"}]), "invalid_value", "item.content.0.type", None, "input_text"),
         (user_item(type="function_call_output"), "invalid_value", "item.type", None, "message"),
+        (session_update("not an object"), "invalid_value", "session", None, "dictionary"),
+        ({"type": "session.update"}, "invalid_value", "session", None, "required"),
+        ({"type": "conversation.item.delete", "event_id": "e4"}, "invalid_value", "item_id", "e4", "required"),
+        ({"type": "conversation.item.retrieve", "item_id": 5}, "invalid_value", "item_id", None, "string"),
         (
-            session_update({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}),
+            {"type": "response.create", "response": {"metadata": {"k": "v" * 513}}},
             "invalid_value",
-            "session.audio.input.format.rate",
+            "response.metadata.k",
             None,
-            "24000",
+            "512",
         ),
-        (
-            session_update({"audio": {"input": {"format": {"type": "audio/opus"}}}}),
-            "invalid_value",
-            "session.audio.input.format.type",
-            None,
-            "audio/pcm",
-        ),
-        (
-            session_update({"turn_detection": {"type": "semantic_vad"}}),
-            "invalid_value",
-            "session.turn_detection.type",
-            None,
-            "server_vad",
-        ),
-        (session_update({"type": "transcription"}), "invalid_value", "session.type", None, "realtime"),
-        (session_update({"output_audio_format": "mp3"}), "invalid_value", "session.output_audio_format", None, "opus"),
-        (session_update({"modalities": []}), "invalid_value", "session.modalities", None, "1 item"),
         (
             {"type": "response.create", "response": {"max_output_tokens": 0}},
             "invalid_value",
@@ -321,6 +313,80 @@ def test_protocol_errors(
         **({"param": param} if param else {}),
         **({"event_id": event_id} if event_id else {}),
     }
+
+
+@pytest.mark.parametrize(
+    ("session", "param", "in_message"),
+    [
+        ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "session.audio.input.format.rate",
+         "24000"),
+        ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "session.audio.input.format.type", "audio/pcm"),
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}},
+         "session.audio.input.turn_detection.eagerness", "low"),
+        ({"turn_detection": {"type": "model_vad"}}, "session.turn_detection.type", "semantic_vad"),
+        ({"audio": {"input": {"turn_detection": {"idle_timeout_ms": 10}}}},
+         "session.audio.input.turn_detection.idle_timeout_ms", "5000"),
+        ({"type": "transcription"}, "session.type", "realtime"),
+        ({"output_audio_format": "mp3"}, "session.output_audio_format", "opus"),
+        ({"modalities": []}, "session.modalities", "1 item"),
+        ({"audio": "loud"}, "session.audio", "dictionary"),
+    ],
+)
+def test_a_bad_setting_rejects_that_setting_only(session: dict[str, Any], param: str, in_message: str) -> None:
+    """Pipecat ends its session on any error, LiveKit logs one: the settings around a bad one still apply."""
+    event = parse_client_event(json.dumps(session_update({**session, "instructions": "be brief"}) | {"event_id": "e"}))
+    assert isinstance(event, SessionUpdate)
+    [error] = event.rejected
+    assert (error.code, error.param, error.event_id) == ("invalid_value", param, "e")
+    assert in_message in error.message
+    assert apply_session_update(SessionConfig(), event).instructions == "be brief"
+
+
+def test_two_bad_settings_are_two_errors_and_the_rest_applies() -> None:
+    event = update({"modalities": [], "audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}},
+                                                "output": {"voice": "marin", "format": {"type": "audio/pcmu"}}}})
+    assert sorted(e.param or "" for e in event.rejected) == ["session.audio.input.format.rate", "session.modalities"]
+    config = apply_session_update(SessionConfig(), event)
+    assert (config.voice, config.output_audio_format, config.input_audio_format) == (
+        "marin", AudioFormat.G711_ULAW, AudioFormat.PCM16)
+
+
+def test_what_agent_frameworks_send_is_accepted() -> None:
+    """LiveKit's and Pipecat's session settings: the ones we ignore (tools, transcription, noise reduction,
+    speed, tracing, truncation) are taken without a word; semantic_vad runs on the server VAD."""
+    event = update({
+        "type": "realtime", "model": "gpt-realtime", "output_modalities": ["audio"], "max_output_tokens": "inf",
+        "tool_choice": "auto", "tools": [{"type": "function", "name": "lamp", "parameters": {}}], "tracing": "auto",
+        "truncation": "auto",
+        "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": 24000}, "noise_reduction": {"type": "near_field"},
+                      "transcription": {"model": "gpt-4o-transcribe"},
+                      "turn_detection": {"type": "semantic_vad", "eagerness": "high", "create_response": True,
+                                         "interrupt_response": True}},
+            "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin", "speed": 1.0},
+        },
+    })
+    assert event.rejected == []
+    config = apply_session_update(SessionConfig(), event)
+    td = config.turn_detection
+    assert td is not None and (td.type, td.eagerness) == ("semantic_vad", "high")
+    assert td.end_of_turn_silence_ms() == SEMANTIC_SILENCE_MS["high"]
+    assert session_payload(config, Dialect.GA)["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True}
+    back = apply_session_update(config, update({"turn_detection": {"type": "server_vad", "idle_timeout_ms": 6000}}))
+    assert back.turn_detection is not None and back.turn_detection.type == "server_vad"
+    assert back.turn_detection.end_of_turn_silence_ms() == 500 and back.turn_detection.idle_timeout_ms == 6000
+
+
+def test_voice_names_map_onto_the_speakers() -> None:
+    speakers = ("aiden", "chelsie", "ethan")
+    assert resolve_voice("Ethan", speakers) == "ethan"
+    assert {resolve_voice(name, speakers) for name in OPENAI_VOICES} <= set(speakers)
+    assert resolve_voice("marin", speakers) == "chelsie"
+    with pytest.raises(UnknownVoice, match="aiden, chelsie, ethan.*alloy, ash"):
+        resolve_voice("nova", speakers)
+    with pytest.raises(UnknownVoice, match="no talker"):
+        resolve_voice("marin", ())
 
 
 # ------------------------------------------------------------------ session.update merging
@@ -405,6 +471,13 @@ def sample_server_events() -> list[ServerEvent]:
         ConversationItemAdded(item=user, previous_item_id="item_0"),
         ConversationItemDone(item=user),
         ConversationItemTruncated(item_id="item_reply", content_index=0, audio_end_ms=900),
+        ConversationItemDeleted(item_id="item_reply"),
+        ConversationItemRetrieved(item=spoken),
+        InputAudioTimeoutTriggered(audio_start_ms=3000, audio_end_ms=9000, item_id="item_idle"),
+        ResponseCreated(response=RealtimeResponse(id="resp_2", metadata={"client_event_id": "response_create_1"})),
+        SessionUpdated(session=config.model_copy(update={"turn_detection": TurnDetection(
+            type="semantic_vad", eagerness="low")})),
+        SessionUpdated(session=config.model_copy(update={"turn_detection": TurnDetection(idle_timeout_ms=6000)})),
         ResponseCreated(response=RealtimeResponse(id="resp_1")),
         OutputItemAdded(response_id="resp_1", item=spoken.model_copy(update={"status": "in_progress"})),
         ContentPartAdded(**ref, part=OutputPart(type="audio", transcript="")),
@@ -467,7 +540,7 @@ def test_every_server_event_validates_with_the_sdk(dialect: Dialect) -> None:
     seen_ids: set[str] = set()
     for event in sample_server_events():
         text = serialize(event, dialect)
-        if isinstance(event, ConversationItemDone) and dialect is Dialect.BETA:
+        if isinstance(event, (ConversationItemDone, InputAudioTimeoutTriggered)) and dialect is Dialect.BETA:
             assert text is None
             continue
         assert text is not None

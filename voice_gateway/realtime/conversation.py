@@ -25,6 +25,9 @@ _CHARS_PER_TOKEN = 3
 _TOKENS_PER_TURN = 6  # <|im_start|>role\n ... <|im_end|>\n
 
 
+ROOT = "root"  # previous_item_id for the start of the conversation
+
+
 def new_item_id() -> str:
     return f"item_{uuid.uuid4().hex[:20]}"
 
@@ -60,9 +63,11 @@ class Conversation:
         self.max_audio_samples = max_audio_samples  # 16 kHz samples the items' audio may hold in all
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
-        """Insert after `previous_item_id` (at the end when None); returns the id before it."""
+        """Insert after `previous_item_id` (at the end when None, first when "root"); returns the id before it."""
         if previous_item_id is None:
             index = len(self.items)
+        elif previous_item_id == ROOT:
+            index = 0
         else:
             index = next((i + 1 for i, it in enumerate(self.items) if it.id == previous_item_id), -1)
             if index < 0:
@@ -95,6 +100,13 @@ class Conversation:
         """The session is over: every item lets go of its audio."""
         for item in self.items:
             item.drop_audio()
+
+    def delete(self, item_id: str) -> Item:
+        item = self.get(item_id)
+        if item is None:
+            raise KeyError(item_id)
+        self.items.remove(item)
+        return item
 
     def get(self, item_id: str) -> Item | None:
         return next((it for it in self.items if it.id == item_id), None)

@@ -89,13 +89,16 @@ class Response:
     config: SessionConfig
     sink: AudioSink  # where its audio goes: the session's sink for config.output_audio_format
     speech_stopped_at: float | None = None  # perf_counter of the VAD stop that triggered it
+    speaker: str | None = None  # config.voice as the engine names it (None: its default)
+    metadata: dict[str, str] | None = None  # response.create's, echoed in response.created and response.done
     first_audio_at: float | None = None
     outcome: ResponseOutcome = field(default_factory=ResponseOutcome)
     task: asyncio.Task | None = None
 
     @staticmethod
-    def new(item: Item, config: SessionConfig, sink: AudioSink, speech_stopped_at: float | None) -> Response:
-        return Response(f"resp_{uuid.uuid4().hex[:20]}", item, config, sink, speech_stopped_at)
+    def new(item: Item, config: SessionConfig, sink: AudioSink, speech_stopped_at: float | None,
+            speaker: str | None = None, metadata: dict[str, str] | None = None) -> Response:
+        return Response(f"resp_{uuid.uuid4().hex[:20]}", item, config, sink, speech_stopped_at, speaker, metadata)
 
 
 class ResponseRunner:
@@ -114,7 +117,7 @@ class ResponseRunner:
 
     async def run(self, messages: tuple[Message, ...], previous_item_id: str | None) -> None:
         r, item = self.r, self.r.item
-        self.sender.event(ResponseCreated(response=RealtimeResponse(id=r.id)))
+        self.sender.event(ResponseCreated(response=RealtimeResponse(id=r.id, metadata=r.metadata)))
         announced = MessageItem(id=item.id, role="assistant", status="in_progress")
         self.sender.event(OutputItemAdded(response_id=r.id, item=announced))
         self.sender.event(ConversationItemAdded(item=announced, previous_item_id=previous_item_id))
@@ -141,7 +144,7 @@ class ResponseRunner:
             request_id=self.r.id,
             messages=messages,
             want_audio=self.audio_mode,
-            speaker=cfg.voice,
+            speaker=self.r.speaker,
             sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
         )
         stream = await self.engine.submit(request)
@@ -200,7 +203,8 @@ class ResponseRunner:
         details = None
         if outcome.status != "completed":
             details = StatusDetails(type=outcome.status, reason=outcome.reason, error=outcome.error)
-        done = RealtimeResponse(id=r.id, status=outcome.status, status_details=details, output=[final_item], usage=usage)
+        done = RealtimeResponse(id=r.id, status=outcome.status, status_details=details, output=[final_item], usage=usage,
+                                metadata=r.metadata)
         self.sender.event(ResponseDone(response=done))
         log.info("response %s %s (%s): %d ms of audio", r.id, outcome.status, outcome.reason or "-", item.audio_ms)
 

@@ -9,6 +9,7 @@ transport drains. WebSocket and WebRTC adapters share it: each decodes a frame
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,16 +23,20 @@ from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.audio_sinks import AudioSink, TrackSink, event_sink
 from voice_gateway.realtime.conversation import Conversation, Item, audio_ms, new_item_id
+from voice_gateway.realtime.idle import IdleTimer
 from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
 from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.realtime.turns import TurnTaking
+from voice_gateway.realtime.voices import UnknownVoice, resolve_voice
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
 
 log = logging.getLogger(__name__)
 
 _MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
+# OpenAI's text: LiveKit recognises the barge-in race (a cancel after the reply ended) by its start
+CANCEL_NOT_ACTIVE = "Cancellation failed: no active response found"
 # Room left in the context for the reply when history is trimmed (the engine has the final word).
 _REPLY_TOKENS_RESERVE = 256
 
@@ -57,6 +62,7 @@ class Session:
         self.conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                          int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))
         self.response: Response | None = None
+        self.idle = IdleTimer()
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
         self.track = TrackSink(self.sender) if audio_on_track else None
         self._sinks: dict[ev.AudioFormat, AudioSink] = {}
@@ -72,7 +78,8 @@ class Session:
     def protocol_error(self, e: ev.ProtocolError) -> None:
         """Every error the client is told of passes here: counted, logged with the session id, sent."""
         self.metrics.protocol_errors.labels(e.code).inc()
-        log.info("session %s error %s: %s", self.id, e.code, e.message)
+        log.info("session %s error %s (param %s, event %s): %s", self.id, e.code, e.param or "-", e.event_id or "-",
+                 e.message)
         self.sender.event(ev.ErrorEvent.from_protocol_error(e))
 
     def _sink_for(self, fmt: ev.AudioFormat) -> AudioSink:
@@ -90,6 +97,7 @@ class Session:
         self.sender.event(ev.SessionCreated(session=self.config))
 
     async def close(self) -> None:
+        self.idle.disarm()
         if self.response is not None:
             await self.cancel_response("client_cancelled")
         # A transport may keep the session until the cyclic GC runs (aiortc's peer connection and its
@@ -104,18 +112,20 @@ class Session:
         await _HANDLERS[type(event)](self, event)
 
     async def _session_update(self, event: ev.SessionUpdate) -> None:
-        if not self._text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
-            return
+        """A rejected setting is reported and left as it was; the rest of the update applies."""
+        for rejected in event.rejected:
+            self.protocol_error(rejected)
         try:
             config = ev.apply_session_update(self.config, event)
         except ev.ProtocolError as e:
             self.protocol_error(e)
             return
-        if config.voice is not None and config.voice.lower() not in self.engine.info.speakers:
-            voices = ", ".join(self.engine.info.speakers)
-            self.error("invalid_value", f"unknown voice {config.voice!r}; available: {voices}",
-                       event_id=event.event_id, param="session.voice")
-            return
+        if not self._text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
+            config = config.model_copy(update={"instructions": self.config.instructions})
+        if config.voice != self.config.voice and not self._voice_exists(config.voice, event.event_id, "session"):
+            config = config.model_copy(update={"voice": self.config.voice})
+        if config.turn_detection is None or config.turn_detection.idle_timeout_ms is None:
+            self.idle.disarm()
         vad_changed = config.turn_detection != self.config.turn_detection
         self.config = config
         if vad_changed:
@@ -149,7 +159,19 @@ class Session:
             else:
                 await self._speech_stopped(change)
 
+    def _voice_exists(self, voice: str | None, event_id: str | None, where: str) -> bool:
+        if voice is None:
+            return True
+        try:
+            resolve_voice(voice, self.engine.info.speakers)
+        except UnknownVoice as e:
+            param = f"{where}.voice" if self.dialect is ev.Dialect.BETA else f"{where}.audio.output.voice"
+            self.error("invalid_value", str(e), event_id=event_id, param=param)
+            return False
+        return True
+
     async def _speech_started(self) -> None:
+        self.idle.disarm()
         td = self.config.turn_detection
         assert td is not None, "speech detected without turn detection"
         if td.interrupt_response:
@@ -195,12 +217,30 @@ class Session:
                        event_id=event_id, param=param)
 
     def _announce_item(self, item: Item, previous: str | None) -> None:
-        has_audio = item.audio is not None or item.audio_dropped
-        part = ev.ContentPart(type="input_audio") if has_audio else ev.ContentPart(
-            type="input_text" if item.role == "user" else "output_text", text=item.text)
-        message = ev.MessageItem(id=item.id, role=item.role, status="completed", content=[part])
+        message = _message(item)
         self.sender.event(ev.ConversationItemAdded(item=message, previous_item_id=previous))
         self.sender.event(ev.ConversationItemDone(item=message, previous_item_id=previous))
+
+    def _idle_timeout(self) -> None:
+        """The user stayed silent after a reply: what the buffer holds is committed, and a reply asked for."""
+        if self.response is not None or self.config.turn_detection is None:
+            return
+        item_id = self.turns.take_item_id()
+        start_ms = self.buffer.start_sample * 1000 // INPUT_SAMPLE_RATE_HZ
+        self.sender.event(ev.InputAudioTimeoutTriggered(audio_start_ms=start_ms, audio_end_ms=self.buffer.end_ms,
+                                                        item_id=item_id))
+        log.info("session %s: idle timeout, asking for a reply", self.id)
+        self._commit_audio(self.buffer.take_all(), item_id)
+        self._start_response(self.config, None)
+
+    def _arm_idle_timeout(self, response: Response) -> None:
+        """After a reply, once its audio has played out (as far as the server can tell) and the timeout passed."""
+        td = self.config.turn_detection
+        if td is None or td.type != "server_vad" or td.idle_timeout_ms is None:
+            return
+        played_s = time.perf_counter() - (response.first_audio_at or time.perf_counter())
+        playback_left_s = max(0.0, response.item.audio_ms / 1000 - played_s)
+        self.idle.arm(playback_left_s + td.idle_timeout_ms / 1000, self._idle_timeout)
 
     async def _clear(self, event: ev.InputAudioClear) -> None:
         self.buffer.clear()
@@ -221,22 +261,47 @@ class Session:
         item = Item(src.id or new_item_id(), src.role, text=text, audio=samples,
                     audio_ms=audio_ms(samples) if samples is not None else 0)
         if self.conversation.get(item.id) is not None:
-            self.error("item_exists", f"item {item.id} already exists", event_id=event.event_id, param="item.id")
+            # LiveKit takes this code to mean the item is there already, as its create wanted
+            self.error("item_create_duplicate_item_id", f"Item with id '{item.id}' already exists.",
+                       event_id=event.event_id, param="item.id")
             return
         try:
             previous = self.conversation.add(item, event.previous_item_id)
         except KeyError:
-            self.error("item_not_found", f"previous_item_id {event.previous_item_id} is not in the conversation",
+            self.error("item_create_invalid_previous_item_id",
+                       f"Error adding item: the previous item with id '{event.previous_item_id}' does not exist.",
                        event_id=event.event_id, param="previous_item_id")
             return
         self._announce_item(item, previous)
         self._bound_audio(item, event.event_id, "item.content")
 
+    async def _item_delete(self, event: ev.ConversationItemDelete) -> None:
+        try:
+            self.conversation.delete(event.item_id)
+        except KeyError:
+            self.error("item_delete_invalid_item_id",
+                       f"Error deleting item: the item with id '{event.item_id}' does not exist.",
+                       event_id=event.event_id, param="item_id")
+            return
+        self.sender.event(ev.ConversationItemDeleted(item_id=event.item_id))
+
+    async def _item_retrieve(self, event: ev.ConversationItemRetrieve) -> None:
+        item = self.conversation.get(event.item_id)
+        if item is None:
+            # Pipecat matches this code to fail the retrieval it waits on (anything else ends its session)
+            self.error("item_retrieve_invalid_item_id",
+                       f"Error retrieving item: the item with id '{event.item_id}' does not exist.",
+                       event_id=event.event_id, param="item_id")
+            return
+        self.sender.event(ev.ConversationItemRetrieved(item=_message(item)))
+
     async def _truncate(self, event: ev.ConversationItemTruncate) -> None:
         try:
             self.conversation.truncate(event.item_id, event.audio_end_ms)
         except KeyError:
-            self.error("item_not_found", f"no item {event.item_id}", event_id=event.event_id, param="item_id")
+            self.error("item_truncate_invalid_item_id",
+                       f"Error truncating item: the item with id '{event.item_id}' does not exist.",
+                       event_id=event.event_id, param="item_id")
             return
         except ValueError as e:
             self.error("invalid_value", str(e), event_id=event.event_id, param="audio_end_ms")
@@ -247,7 +312,8 @@ class Session:
     async def _response_create(self, event: ev.ResponseCreate) -> None:
         if self.response is not None:
             self.error("conversation_already_has_active_response",
-                       f"response {self.response.id} is still in progress", event_id=event.event_id)
+                       f"Conversation already has an active response in progress: {self.response.id}. Wait until the "
+                       "response is finished before creating a new one.", event_id=event.event_id)
             return
         instructions = event.response.instructions if event.response is not None else None
         if not self._text_fits(instructions, "instructions", event.event_id, "response.instructions"):
@@ -257,11 +323,13 @@ class Session:
         except ev.ProtocolError as e:
             self.protocol_error(e)
             return
-        self._start_response(config, None)
+        if config.voice != self.config.voice and not self._voice_exists(config.voice, event.event_id, "response"):
+            return
+        self._start_response(config, None, event.response.metadata if event.response is not None else None)
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response.id):
-            self.error("response_cancel_not_active", "there is no active response to cancel", event_id=event.event_id)
+            self.error("response_cancel_not_active", CANCEL_NOT_ACTIVE, event_id=event.event_id)
             return
         await self.cancel_response("client_cancelled")
 
@@ -287,12 +355,20 @@ class Session:
         return False
 
     # -- responses
-    def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None) -> None:
+    def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None,
+                        metadata: dict[str, str] | None = None) -> None:
+        self.idle.disarm()
         item = Item(new_item_id(), "assistant", status="in_progress")
         messages = self.conversation.to_messages(config.instructions)
         previous = self.conversation.add(item)
         self.conversation.bound_audio(config.instructions)  # the audio this prompt left out goes
-        response = Response.new(item, config, self._sink_for(config.output_audio_format), speech_stopped_at)
+        # voices were checked when set: an engine that lost the speaker since answers the request itself
+        speaker = config.voice
+        if speaker is not None:
+            with contextlib.suppress(UnknownVoice):
+                speaker = resolve_voice(speaker, self.engine.info.speakers)
+        response = Response.new(item, config, self._sink_for(config.output_audio_format), speech_stopped_at,
+                                speaker, metadata)
         self.response = response
         runner = ResponseRunner(self.engine, response, self.sender)
         response.task = asyncio.create_task(self._run(runner, messages, previous))
@@ -310,6 +386,8 @@ class Session:
                 self.error("slow_consumer", f"response {response.id} cancelled: the client did not read fast enough")
             if response.outcome.status != "completed":
                 self.metrics.cancelled_responses.labels(response.outcome.reason or response.outcome.status).inc()
+            elif self.response is None:
+                self._arm_idle_timeout(response)
             elif response.speech_stopped_at is not None and response.first_audio_at is not None:
                 self.metrics.turn_latency.observe(response.first_audio_at - response.speech_stopped_at)
 
@@ -343,8 +421,22 @@ _HANDLERS: dict[type, Callable[[Session, Any], Awaitable[None]]] = {
     ev.InputAudioCommit: Session._commit,
     ev.InputAudioClear: Session._clear,
     ev.ConversationItemCreate: Session._item_create,
+    ev.ConversationItemDelete: Session._item_delete,
+    ev.ConversationItemRetrieve: Session._item_retrieve,
     ev.ConversationItemTruncate: Session._truncate,
     ev.ResponseCreate: Session._response_create,
     ev.ResponseCancel: Session._response_cancel,
     ev.OutputAudioBufferClear: Session._output_clear,
 }
+
+
+def _message(item: Item) -> ev.MessageItem:
+    """A conversation item as the protocol shows it: audio items without their audio, text items with theirs."""
+    if item.role == "assistant" and (item.audio_ms > 0 or item.audio is not None):
+        part = ev.ContentPart(type="output_audio", transcript=item.text)
+    elif item.audio is not None or item.audio_dropped:
+        part = ev.ContentPart(type="input_audio")
+    else:
+        part = ev.ContentPart(type="output_text" if item.role == "assistant" else "input_text", text=item.text)
+    status = "completed" if item.status == "completed" else item.status
+    return ev.MessageItem(id=item.id, role=item.role, status=status, content=[part])

@@ -1,4 +1,8 @@
-"""Server-VAD turn taking: speech segments on the session's input clock, and the user item each one becomes."""
+"""Server-VAD turn taking: speech segments on the session's input clock, and the user item each one becomes.
+
+`semantic_vad` runs here too, on the same VAD, its eagerness choosing the silence that ends a turn: a
+semantic end-of-turn model is not in yet, and this is its fallback.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ class TurnTaking:
     def configure(self, td: ev.TurnDetection | None, now_ms: int) -> None:
         """A fresh VAD (or none) from `now_ms` on; a segment in progress is forgotten."""
         self.vad = None if td is None else ServerVad(VadConfig(td.threshold, td.prefix_padding_ms,
-                                                                td.silence_duration_ms))
+                                                                td.end_of_turn_silence_ms()))
         self._offset_ms = now_ms
         self.item_id = None
 

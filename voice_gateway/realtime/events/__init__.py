@@ -19,6 +19,8 @@ session's audio leaves as binary WebSocket messages (framed by `audio/opus.py`) 
 from voice_gateway.realtime.events.client import (
     ClientEvent,
     ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
     ConversationItemTruncate,
     InputAudioAppend,
     InputAudioClear,
@@ -42,12 +44,15 @@ from voice_gateway.realtime.events.server import (
     ContentPartAdded,
     ContentPartDone,
     ConversationItemAdded,
+    ConversationItemDeleted,
     ConversationItemDone,
+    ConversationItemRetrieved,
     ConversationItemTruncated,
     ErrorDetail,
     ErrorEvent,
     InputAudioCleared,
     InputAudioCommitted,
+    InputAudioTimeoutTriggered,
     InputTokenDetails,
     OutputAudioBufferCleared,
     OutputAudioBufferStarted,
@@ -75,6 +80,7 @@ from voice_gateway.realtime.events.server import (
     serialize,
 )
 from voice_gateway.realtime.events.session import (
+    SEMANTIC_SILENCE_MS,
     AudioFormat,
     ResponseOverrides,
     SessionConfig,
@@ -88,6 +94,7 @@ from voice_gateway.realtime.events.updates import (
 )
 
 __all__ = [
+    "SEMANTIC_SILENCE_MS",
     "AudioFormat",
     "ClientEvent",
     "ContentPart",
@@ -95,7 +102,11 @@ __all__ = [
     "ContentPartDone",
     "ConversationItemAdded",
     "ConversationItemCreate",
+    "ConversationItemDelete",
+    "ConversationItemDeleted",
     "ConversationItemDone",
+    "ConversationItemRetrieve",
+    "ConversationItemRetrieved",
     "ConversationItemTruncate",
     "ConversationItemTruncated",
     "Dialect",
@@ -106,6 +117,7 @@ __all__ = [
     "InputAudioCleared",
     "InputAudioCommit",
     "InputAudioCommitted",
+    "InputAudioTimeoutTriggered",
     "InputTokenDetails",
     "MessageItem",
     "OutputAudioBufferClear",

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, NonNegativeInt, TypeAdapter, ValidationError
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    NonNegativeInt,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from voice_gateway.realtime.events.items import MessageItem
 from voice_gateway.realtime.events.session import ResponseOverrides, SessionFields
@@ -28,9 +36,76 @@ class _ClientEvent(EventModel):
     event_id: CleanText | None = None
 
 
+# The objects of a session that only group settings: a bad value below one of them rejects the setting it is
+# in (`audio.input.turn_detection`, `audio.output.voice`), never its siblings.
+_SETTING_GROUPS = {("session",), ("session", "audio"), ("session", "audio", "input"), ("session", "audio", "output")}
+# a bound on the retries: each one drops at least one setting, and a session has fewer than this
+_MAX_REJECTED_SETTINGS = 32
+
+
+def _error_path(loc: tuple[int | str, ...]) -> str:
+    return printable(".".join(str(part) for part in loc))
+
+
+def _without(data: dict[str, Any], path: tuple[int | str, ...]) -> dict[str, Any]:
+    """A copy of `data` without the value at `path` (whose parents are dicts: they are setting groups)."""
+    head, *rest = path
+    if not rest:
+        return {k: v for k, v in data.items() if k != head}
+    return {**data, str(head): _without(data[str(head)], tuple(rest))}
+
+
+def _rejected_setting(loc: tuple[int | str, ...]) -> tuple[int | str, ...] | None:
+    """The setting a validation error at `loc` rejects, or None where the event itself is malformed."""
+    for depth in range(1, len(loc)):
+        if loc[:depth] in _SETTING_GROUPS and loc[: depth + 1] not in _SETTING_GROUPS:
+            return loc[: depth + 1]
+    # a group that is not an object (`"audio": 5`) goes whole; the session object itself cannot
+    return loc if loc in _SETTING_GROUPS and len(loc) > 1 else None
+
+
 class SessionUpdate(_ClientEvent):
+    """A bad setting rejects that setting only: it is dropped, and `rejected` says why; the rest applies."""
+
     type: Literal["session.update"] = "session.update"
     session: SessionFields
+    _rejected: list[ProtocolError] = PrivateAttr(default_factory=list)
+
+    @property
+    def rejected(self) -> list[ProtocolError]:
+        return list(self._rejected)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _drop_rejected_settings(cls, data: Any, handler: ModelWrapValidatorHandler[SessionUpdate]) -> SessionUpdate:
+        rejected: list[tuple[str, str]] = []  # (param, message)
+        for _ in range(_MAX_REJECTED_SETTINGS):
+            try:
+                event = handler(data)
+            except ValidationError as exc:
+                errors = exc.errors(include_url=False)
+                settings = [_rejected_setting(tuple(e["loc"])) for e in errors]
+                if not isinstance(data, dict) or not all(s is not None and _has(data, s) for s in settings):
+                    raise
+                for error, setting in zip(errors, settings):
+                    assert setting is not None, errors
+                    path = _error_path(tuple(error["loc"]))
+                    rejected.append((path, printable(f"{path}: {error['msg']}")))
+                    if _has(data, setting):  # two errors in one setting drop it once
+                        data = _without(data, setting)
+                continue
+            event._rejected = [ProtocolError("invalid_value", message, event.event_id, param)
+                               for param, message in rejected]
+            return event
+        raise ValueError("too many rejected settings")
+
+
+def _has(data: dict[str, Any], path: tuple[int | str, ...]) -> bool:
+    for part in path:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
 
 
 class InputAudioAppend(_ClientEvent):
@@ -50,6 +125,16 @@ class ConversationItemCreate(_ClientEvent):
     type: Literal["conversation.item.create"] = "conversation.item.create"
     item: MessageItem
     previous_item_id: CleanText | None = None
+
+
+class ConversationItemDelete(_ClientEvent):
+    type: Literal["conversation.item.delete"] = "conversation.item.delete"
+    item_id: CleanText
+
+
+class ConversationItemRetrieve(_ClientEvent):
+    type: Literal["conversation.item.retrieve"] = "conversation.item.retrieve"
+    item_id: CleanText
 
 
 class ConversationItemTruncate(_ClientEvent):
@@ -82,6 +167,8 @@ ClientEvent = Annotated[
         InputAudioCommit,
         InputAudioClear,
         ConversationItemCreate,
+        ConversationItemDelete,
+        ConversationItemRetrieve,
         ConversationItemTruncate,
         ResponseCreate,
         ResponseCancel,

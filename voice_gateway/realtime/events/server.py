@@ -81,6 +81,28 @@ class ConversationItemDone(_ItemEvent):
         return None if dialect is Dialect.BETA else super()._payload(dialect)
 
 
+class ConversationItemDeleted(_ServerEvent):
+    type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
+    item_id: str
+
+
+class ConversationItemRetrieved(_ServerEvent):
+    type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
+    item: MessageItem
+
+
+class InputAudioTimeoutTriggered(_ServerEvent):
+    """`idle_timeout_ms` passed with no speech after a reply played: a response is asked for."""
+
+    type: Literal["input_audio_buffer.timeout_triggered"] = "input_audio_buffer.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+    def _payload(self, dialect: Dialect) -> dict[str, Any] | None:
+        return None if dialect is Dialect.BETA else super()._payload(dialect)  # a GA event only
+
+
 class ConversationItemTruncated(_ServerEvent):
     type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
     item_id: str
@@ -128,6 +150,7 @@ class RealtimeResponse(EventModel):
     status_details: StatusDetails | None = None
     output: list[MessageItem] = Field(default_factory=list)
     usage: Usage | None = None  # set on response.done
+    metadata: dict[str, str] | None = None  # response.create's, echoed (LiveKit matches replies by it)
 
 
 class ResponseCreated(_ServerEvent):
@@ -245,6 +268,9 @@ ServerEvent = Union[
     InputAudioCleared,
     ConversationItemAdded,
     ConversationItemDone,
+    ConversationItemDeleted,
+    ConversationItemRetrieved,
+    InputAudioTimeoutTriggered,
     ConversationItemTruncated,
     ResponseCreated,
     ResponseDone,

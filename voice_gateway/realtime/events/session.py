@@ -38,14 +38,45 @@ def _ga_format(fmt: AudioFormat) -> dict[str, Any]:
     return {"type": _GA_FORMAT_TYPES[fmt]}
 
 
-class TurnDetection(BaseModel, frozen=True):
-    """Server VAD settings; a session without them takes a turn only on commit / response.create."""
+Eagerness = Literal["low", "medium", "high", "auto"]
 
+
+class TurnDetection(BaseModel, frozen=True):
+    """Turn detection settings; a session without them takes a turn only on commit / response.create.
+
+    `semantic_vad` runs on the server VAD for now: its `eagerness` picks the silence that ends a turn
+    (`SEMANTIC_SILENCE_MS`), and the server VAD's own fields are kept for a switch back to `server_vad`.
+    """
+
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: Eagerness = "auto"  # semantic_vad only
+    idle_timeout_ms: int | None = None  # server_vad only, as OpenAI has it
+
+    def end_of_turn_silence_ms(self) -> int:
+        if self.type == "semantic_vad":
+            return SEMANTIC_SILENCE_MS[self.eagerness]
+        return self.silence_duration_ms
+
+    def payload(self, dialect: Dialect) -> dict[str, Any]:
+        """The wire object: each type with the fields OpenAI gives it (beta's server VAD had no idle timeout)."""
+        if self.type == "semantic_vad":
+            return {"type": "semantic_vad", "eagerness": self.eagerness, "create_response": self.create_response,
+                    "interrupt_response": self.interrupt_response}
+        fields = self.model_dump(exclude={"type", "eagerness", "idle_timeout_ms"})
+        idle = {"idle_timeout_ms": self.idle_timeout_ms} if self.idle_timeout_ms is not None else {}
+        if dialect is Dialect.BETA:
+            idle = {}
+        return {"type": "server_vad", **fields, **idle}
+
+
+# The semantic_vad fallback: how long a silence ends the turn at each eagerness. OpenAI's semantic model
+# waits longer when eagerness is low; `auto` is its `medium`, which is the server VAD's default here.
+SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
 
 
 class SessionConfig(BaseModel, frozen=True):
@@ -67,7 +98,7 @@ def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
     """The `session` object of session.created / session.updated, in `dialect`'s shape."""
     voice = {"voice": config.voice} if config.voice is not None else {}
     vad = config.turn_detection
-    turn_detection = {"type": "server_vad", **vad.model_dump()} if vad else None
+    turn_detection = vad.payload(dialect) if vad else None
     if dialect is Dialect.BETA:
         # no `model`: the beta SDK types only admit OpenAI's model names there
         return {
@@ -117,6 +148,11 @@ _MaxTokens = Annotated[int | Literal["inf"], PlainValidator(_max_tokens)]
 # OpenAI's realtime range is 0.6-1.2; we sample any temperature chat accepts, so [0, 2] as there.
 _Temperature = Annotated[float, Field(strict=True, ge=0.0, le=2.0)]
 _Voice = Annotated[CleanText, Field(min_length=1)]
+# OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512; echoed in response.created/done
+_Metadata = Annotated[
+    dict[Annotated[CleanText, Field(max_length=64)], Annotated[CleanText, Field(max_length=512)]],
+    Field(max_length=16),
+]
 
 
 class GaInputFormat(EventModel):
@@ -130,12 +166,15 @@ class GaOutputFormat(EventModel):
 
 
 class TurnDetectionUpdate(EventModel):
-    type: Literal["server_vad"] = "server_vad"  # semantic_vad needs a turn model we do not have
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     prefix_padding_ms: NonNegativeInt | None = None
     silence_duration_ms: NonNegativeInt | None = None
     create_response: bool | None = None
     interrupt_response: bool | None = None
+    eagerness: Eagerness | None = None
+    # OpenAI's range; a null turns it off
+    idle_timeout_ms: Annotated[int, Field(strict=True, ge=5000, le=30000)] | None = None
 
 
 class _AudioInputUpdate(EventModel):
@@ -168,6 +207,7 @@ class ResponseOverrides(EventModel):
     voice: _Voice | None = None  # beta
     output_audio_format: AudioFormat | None = None  # beta
     audio: _ResponseAudio | None = None  # GA
+    metadata: _Metadata | None = None  # response.create only: the response carries it back
 
 
 class SessionFields(ResponseOverrides):
@@ -186,5 +226,8 @@ def format_from_ga(fmt: GaInputFormat | GaOutputFormat | None) -> AudioFormat | 
 def merge_turn_detection(current: TurnDetection | None, update: TurnDetectionUpdate | None) -> TurnDetection | None:
     if update is None:
         return None  # an explicit null: the client commits and asks for responses itself
-    settings = update.model_dump(exclude_none=True, exclude={"type"})
+    settings = update.model_dump(exclude_none=True)
+    settings["type"] = update.type  # always: OpenAI's type is required, our default is server_vad
+    if "idle_timeout_ms" in update.model_fields_set:
+        settings["idle_timeout_ms"] = update.idle_timeout_ms  # an explicit null turns it off
     return (current or TurnDetection()).model_copy(update=settings)

@@ -1,0 +1,151 @@
+"""A realtime Session's answers to the conversation and session events agent frameworks send, error paths
+included: item create at the root, delete, retrieve, truncate, voices, rejected settings, idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, create_engine, load_profile
+from voice_gateway.config import GatewayConfig
+from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.realtime.events import Dialect
+from voice_gateway.realtime.frames import deliver
+from voice_gateway.realtime.session import CANCEL_NOT_ACTIVE, Session
+
+# the engine's stage loops run on the loop its fixture started them on: the tests share that loop
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny_checkpoint: Path, cache_dir: Path) -> AsyncIterator[Engine]:
+    engine = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+def new_session(engine: Engine, dialect: Dialect = Dialect.GA) -> Session:
+    session = Session(engine, GatewayConfig(), dialect, GatewayMetrics(), "test")
+    session.open()
+    drain(session)
+    return session
+
+
+def drain(session: Session) -> list[dict[str, Any]]:
+    out = []
+    while (payload := session.outbox.get_nowait()) is not None:
+        assert isinstance(payload, str)
+        out.append(json.loads(payload))
+    return out
+
+
+async def send(to: Session, **event: Any) -> list[dict[str, Any]]:
+    await deliver(to, json.dumps(event))
+    return drain(to)
+
+
+def text_item(item_id: str, text: str, role: str = "user") -> dict[str, Any]:
+    part = "output_text" if role == "assistant" else "input_text"
+    return {"id": item_id, "type": "message", "role": role, "content": [{"type": part, "text": text}]}
+
+
+async def test_items_at_the_root_delete_and_retrieve(engine: Engine) -> None:
+    session = new_session(engine)
+    added = await send(session, type="conversation.item.create", item=text_item("b", "second"))
+    assert [e["type"] for e in added] == ["conversation.item.added", "conversation.item.done"]
+    first = await send(session, type="conversation.item.create", previous_item_id="root",
+                       item=text_item("a", "first", "system"))
+    assert "previous_item_id" not in first[0]  # first in the conversation
+    assert first[0]["item"]["content"] == [{"type": "input_text", "text": "first"}]
+    assert [item.id for item in session.conversation.items] == ["a", "b"]
+    [retrieved] = await send(session, type="conversation.item.retrieve", item_id="b", event_id="rci_b")
+    assert retrieved["type"] == "conversation.item.retrieved"
+    assert retrieved["item"]["id"] == "b" and retrieved["item"]["content"][0]["text"] == "second"
+    [deleted] = await send(session, type="conversation.item.delete", item_id="a")
+    assert deleted == {"type": "conversation.item.deleted", "event_id": deleted["event_id"], "item_id": "a"}
+    assert [item.id for item in session.conversation.items] == ["b"]
+
+
+@pytest.mark.parametrize(
+    ("event", "code", "param"),
+    [
+        ({"type": "conversation.item.delete", "item_id": "nope"}, "item_delete_invalid_item_id", "item_id"),
+        ({"type": "conversation.item.retrieve", "item_id": "nope"}, "item_retrieve_invalid_item_id", "item_id"),
+        ({"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 0},
+         "item_truncate_invalid_item_id", "item_id"),
+        ({"type": "conversation.item.create", "previous_item_id": "nope", "item": text_item("c", "hi")},
+         "item_create_invalid_previous_item_id", "previous_item_id"),
+        ({"type": "conversation.item.create", "item": text_item("b", "again")}, "item_create_duplicate_item_id",
+         "item.id"),
+        ({"type": "conversation.item.truncate", "item_id": "b", "content_index": 0, "audio_end_ms": 10},
+         "invalid_value", "audio_end_ms"),
+        ({"type": "response.cancel"}, "response_cancel_not_active", None),
+        ({"type": "response.create", "response": {"voice": "nova"}}, "invalid_value", "response.audio.output.voice"),
+    ],
+)
+async def test_conversation_event_errors(engine: Engine, event: dict[str, Any], code: str, param: str | None) -> None:
+    session = new_session(engine)
+    await send(session, type="conversation.item.create", item=text_item("b", "there"))
+    events = await send(session, **event, event_id="evt_x")
+    assert [e["type"] for e in events] == ["error"], events
+    error = events[0]["error"]
+    assert (error["code"], error.get("param"), error["event_id"]) == (code, param, "evt_x")
+    assert session.response is None and [item.id for item in session.conversation.items] == ["b"]
+    if code == "response_cancel_not_active":
+        assert error["message"] == CANCEL_NOT_ACTIVE  # LiveKit recognises the barge-in race by it
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+async def test_an_unknown_voice_rejects_the_voice_only(engine: Engine, dialect: Dialect) -> None:
+    session = new_session(engine, dialect)
+    voice = {"audio": {"output": {"voice": "nova"}}} if dialect is Dialect.GA else {"voice": "nova"}
+    events = await send(session, type="session.update", event_id="u1", session={**voice, "instructions": "Hi."})
+    assert [e["type"] for e in events] == ["error", "session.updated"]
+    error = events[0]["error"]
+    assert error["param"] == ("session.audio.output.voice" if dialect is Dialect.GA else "session.voice")
+    assert "chelsie" in error["message"] and "marin" in error["message"]
+    assert session.config.instructions == "Hi." and session.config.voice is None
+    mapped = {"audio": {"output": {"voice": "marin"}}} if dialect is Dialect.GA else {"voice": "marin"}
+    assert [e["type"] for e in await send(session, type="session.update", session=mapped)] == ["session.updated"]
+    assert session.config.voice == "marin"
+
+
+async def test_rejected_settings_leave_the_rest_applied(engine: Engine) -> None:
+    session = new_session(engine)
+    events = await send(session, type="session.update", session={
+        "instructions": "Be brief.", "output_modalities": [],
+        "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}})
+    assert [e["type"] for e in events] == ["error", "session.updated"]
+    assert events[0]["error"]["param"] == "session.output_modalities"
+    td = events[1]["session"]["audio"]["input"]["turn_detection"]
+    assert (td["type"], td["eagerness"]) == ("semantic_vad", "low")
+    assert session.config.instructions == "Be brief." and session.config.output_modality == "audio"
+    assert session.turns.vad is not None and session.turns.vad.config.silence_duration_ms == 1000
+
+
+async def test_idle_timeout_asks_for_a_reply(engine: Engine) -> None:
+    session = new_session(engine)
+    await send(session, type="session.update", session={
+        "output_modalities": ["text"], "max_output_tokens": 4,
+        "audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}})
+    await send(session, type="conversation.item.create", item=text_item("u", "hello"))
+    await deliver(session, json.dumps({"type": "response.create"}))
+    assert session.response is not None and session.response.task is not None
+    await asyncio.wait_for(session.response.task, 60)
+    assert session.idle.armed  # the idle clock runs from the reply's end
+    session.idle.arm(0.01, session._idle_timeout)
+    await asyncio.sleep(0.05)
+    events = drain(session)
+    types = [e["type"] for e in events]
+    assert "input_audio_buffer.timeout_triggered" in types and "response.created" in types
+    assert session.response is not None and session.response.task is not None
+    await asyncio.wait_for(session.response.task, 60)
+    await send(session, type="session.update", session={"audio": {"input": {"turn_detection": None}}})
+    assert not session.idle.armed
+    await session.close()
