@@ -1,6 +1,6 @@
 """The staged speech engine's face: what `voice_gateway` may import, and nothing else.
 
-Requests in (`EngineRequest`), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
+Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
 an `Engine` to submit them to (`create_engine`), and `EngineHost` / `attach_engine` for one
 engine process shared by several server processes.
 """
@@ -19,15 +19,21 @@ from engine.api import (
     EngineRequest,
     Failed,
     Finished,
+    JsonOutput,
     Message,
     ModelInfo,
+    OutputConstraint,
     OutputEvent,
     RequestStream,
     SamplingParams,
     TextDelta,
     TextPart,
     Timings,
+    Tool,
+    ToolCall,
+    ToolCallOutput,
 )
+from engine.constraints import schema_error
 from engine.factory import attach_engine, create_engine
 from engine.profile import DeployProfile, ProfileError, load_profile
 from engine.remote.host import EngineHost
@@ -48,8 +54,10 @@ __all__ = [
     "EngineRequest",
     "Failed",
     "Finished",
+    "JsonOutput",
     "Message",
     "ModelInfo",
+    "OutputConstraint",
     "OutputEvent",
     "ProfileError",
     "RequestStream",
@@ -57,7 +65,11 @@ __all__ = [
     "TextDelta",
     "TextPart",
     "Timings",
+    "Tool",
+    "ToolCall",
+    "ToolCallOutput",
     "attach_engine",
     "create_engine",
     "load_profile",
+    "schema_error",
 ]

@@ -1,7 +1,8 @@
 """The front door: a request's voice, prompt and reply length decided once, before any engine sees it.
 
 `Admission` turns an `EngineRequest` into an `AdmittedRequest` (engine/handoff.py) or refuses it
-with an `EngineError` that is safe to show a client. It runs in the server's process, also when
+with an `EngineError` that is safe to show a client. An output constraint becomes its grammar here
+(engine/constraints.py), so a schema the engine cannot decode under is refused before any work. It runs in the server's process, also when
 the engine's stages run in another one: a refusal is an error at once, and an accepted request's
 response starts without a round trip.
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 import asyncio
 
 from engine.api import AudioPart, EngineError, EngineRequest, ModelInfo
+from engine.constraints import grammar_for
 from engine.handoff import AdmittedRequest
 from engine.profile import DeployProfile, ThinkerConfig
-from engine.prompt import PromptBuilder
+from engine.prompt import TOOL_CALL_END, TOOL_CALL_START, PromptBuilder
 from engine.weights.source import ModelSource
 
 
@@ -75,6 +77,10 @@ class Admission:
         self.default_speaker = profile.stages.talker.default_speaker
         self.prompts = prompts
         self.text_on_loop = text_on_loop
+        self.constrains = profile.backend != "transformers_generate"  # generate() takes no grammar
+        tokenizer = prompts.tokenizer
+        self.tool_call_ids = (tokenizer.convert_tokens_to_ids(TOOL_CALL_START),
+                              tokenizer.convert_tokens_to_ids(TOOL_CALL_END))
 
     @classmethod
     def open(cls, source: ModelSource, profile: DeployProfile, *, text_on_loop: bool) -> Admission:
@@ -82,13 +88,25 @@ class Admission:
                                 n_window=source.config.thinker_config.audio_config.n_window)
         return cls(model_info(source, profile), profile, prompts, text_on_loop=text_on_loop)
 
+    def grammar(self, request: EngineRequest) -> str | None:
+        """The grammar the reply is decoded under, if the request constrains it."""
+        if request.output is None:
+            return None
+        if not self.constrains:
+            raise EngineError("this engine's transformers generate() baseline cannot constrain a reply")
+        try:
+            return grammar_for(request.output, request.tools)
+        except ValueError as e:
+            raise EngineError(f"cannot constrain the reply: {e}", code="invalid_schema") from e
+
     async def admit(self, request: EngineRequest) -> AdmittedRequest:
         speaker = resolve_speaker(request, self.default_speaker, self.info.speakers)
+        grammar = self.grammar(request)
         has_audio = any(isinstance(p, AudioPart) for m in request.messages for p in m.content)
         if self.text_on_loop and not has_audio:
-            prompt = self.prompts.build(request.messages)
+            prompt = self.prompts.build(request.messages, request.tools)
         else:
-            prompt = await asyncio.to_thread(self.prompts.build, request.messages)
+            prompt = await asyncio.to_thread(self.prompts.build, request.messages, request.tools)
         sp, cfg = request.sampling, self.thinker
         max_tokens = resolve_max_tokens(sp.max_tokens, cfg, len(prompt.token_ids))
         return AdmittedRequest(
@@ -104,4 +122,6 @@ class Admission:
             top_p=sp.top_p if sp.top_p is not None else cfg.sampling.top_p,
             top_k=cfg.sampling.top_k,
             seed=sp.seed,
+            grammar=grammar,
+            tool_call_ids=self.tool_call_ids if request.tools else None,
         )

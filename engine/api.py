@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -44,9 +44,49 @@ ContentPart = TextPart | AudioPart
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the assistant made, as the client sends it back: `arguments` is JSON text."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
-    role: Literal["system", "user", "assistant"]
+    """`role` "tool": a tool's result (its content); an assistant's `tool_calls` follow its content."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: tuple[ContentPart, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call; `parameters`: the JSON Schema of its arguments (None: any object)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JsonOutput:
+    """The reply is one JSON value that `schema` accepts (None: any JSON object)."""
+
+    schema: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallOutput:
+    """The reply is tool calls and nothing else: to `name` (None: any of the request's tools), one, or
+    (`parallel`) one or more."""
+
+    name: str | None = None
+    parallel: bool = True
+
+
+# what constrained decoding holds a reply to (engine/constraints.py)
+OutputConstraint = JsonOutput | ToolCallOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +106,8 @@ class EngineRequest:
     want_audio: bool = True
     speaker: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    tools: tuple[Tool, ...] = ()  # described in the prompt; calls come back as `<tool_call>` text
+    output: OutputConstraint | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +246,17 @@ __all__ = [
     "EngineRequest",
     "Failed",
     "Finished",
+    "JsonOutput",
     "Message",
     "ModelInfo",
+    "OutputConstraint",
     "OutputEvent",
     "RequestStream",
     "SamplingParams",
     "TextDelta",
     "TextPart",
     "Timings",
+    "Tool",
+    "ToolCall",
+    "ToolCallOutput",
 ]

@@ -42,6 +42,10 @@ class AdmittedRequest:
     top_p: float
     top_k: int
     seed: int | None
+    grammar: str | None = None  # the reply's grammar (engine/constraints.py), compiled by the Thinker
+    # the ids that open and close a tool call, when the request has tools: what lies between them
+    # (they included) is for the client, never spoken
+    tool_call_ids: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

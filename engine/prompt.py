@@ -7,11 +7,16 @@ frame + `<|audio_end|>`.
 
 Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
 the control token, so no message can open a turn of its own.
+
+Tools, calls and results follow Qwen3's chat template: the tools' JSON in a `# Tools` section of the
+system turn, each call an assistant wrote as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
+and a run of tool results as one user turn of `<tool_response>` blocks.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -20,12 +25,25 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart
+from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart, Tool
 
 AUDIO_START = "<|audio_start|>"
 AUDIO_PAD = "<|audio_pad|>"
 AUDIO_END = "<|audio_end|>"
 MAX_AUDIO_SECONDS = 600
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+# Qwen3's chat template, word for word, around the tools' JSON
+_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_TAIL = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>"
+)
 
 
 def audio_output_frames(num_mel_frames: int, n_window: int = 50) -> int:
@@ -73,13 +91,21 @@ class PromptBuilder:
         self._content = _plain_text_copy(self._backend)
         self._recent, self._lock = OrderedDict(), threading.Lock()
 
-    def build(self, messages: tuple[Message, ...]) -> Prompt:
+    def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt:
         ids: list[int] = []
         features: list[torch.Tensor] = []
         keys: list[int] = []
         audio_tokens = 0
-        for message in messages:
-            ids += self._encode(f"<|im_start|>{message.role}\n")
+        if tools:
+            ids += self._tools_turn(messages[0] if messages[0].role == "system" else None, tools)
+            messages = messages[1:] if messages[0].role == "system" else messages
+        for i, message in enumerate(messages):
+            if message.role == "tool":  # a run of results is one user turn
+                if i == 0 or messages[i - 1].role != "tool":
+                    ids += self._encode("<|im_start|>user")
+                ids += self._encode("\n<tool_response>\n")
+            else:
+                ids += self._encode(f"<|im_start|>{message.role}\n")
             for part in message.content:
                 if isinstance(part, TextPart):
                     ids += self._encode_text(part.text)
@@ -90,9 +116,40 @@ class PromptBuilder:
                     num_pads = audio_output_frames(mel.shape[-1], self.n_window)
                     audio_tokens += num_pads
                     ids += self._encode(AUDIO_START + AUDIO_PAD * num_pads + AUDIO_END)
-            ids += self._encode("<|im_end|>\n")
+            has_text = any(isinstance(p, TextPart) and p.text for p in message.content)
+            for k, call in enumerate(message.tool_calls):
+                if k or has_text:
+                    ids += self._encode("\n")
+                ids += self._encode(f'{TOOL_CALL_START}\n{{"name": "')
+                ids += self._encode_text(f'{call.name}", "arguments": {call.arguments}')
+                ids += self._encode(f"}}\n{TOOL_CALL_END}")
+            if message.role != "tool":
+                ids += self._encode("<|im_end|>\n")
+            else:
+                ids += self._encode("\n</tool_response>")
+                if i + 1 == len(messages) or messages[i + 1].role != "tool":
+                    ids += self._encode("<|im_end|>\n")
         ids += self._encode("<|im_start|>assistant\n")
         return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens, audio_keys=keys)
+
+    def _tools_turn(self, system: Message | None, tools: tuple[Tool, ...]) -> list[int]:
+        """The system turn with the tools in it (and the request's own system text first)."""
+        ids = self._encode("<|im_start|>system\n")
+        if system is not None:
+            for part in system.content:
+                if isinstance(part, TextPart):
+                    ids += self._encode_text(part.text)
+            ids += self._encode("\n\n")
+        ids += self._encode(_TOOLS_HEAD)
+        for tool in tools:
+            function: dict = {"name": tool.name}
+            if tool.description is not None:
+                function["description"] = tool.description
+            if tool.parameters is not None:
+                function["parameters"] = tool.parameters
+            # the template's `tojson`: json.dumps' spacing, non-ASCII kept
+            ids += self._encode_text("\n" + json.dumps({"type": "function", "function": function}, ensure_ascii=False))
+        return ids + self._encode(_TOOLS_TAIL + "<|im_end|>\n")
 
     def _encode(self, text: str) -> list[int]:
         """Our own template text: its special tokens are meant."""

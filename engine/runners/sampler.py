@@ -88,8 +88,36 @@ class RowTensors:
         )
 
 
-def sample(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
-    """logits [B, V] -> token ids [B]. Temperature 0 is greedy. Advances each row's counter."""
+@dataclass(frozen=True, slots=True)
+class TokenMask:
+    """Some rows of a batch held to some tokens (constrained decoding, engine/grammar.py).
+
+    `rows`: those rows' indices in the batch; `bits` [len(rows), words] int32 on the host: bit j of
+    word w allows token 32 * w + j. Tokens past 32 * words (the model's vocab can be larger than
+    its tokenizer's) are never allowed."""
+
+    rows: list[int]
+    bits: torch.Tensor
+
+
+def allow_only(logits: torch.Tensor, allowed: TokenMask) -> torch.Tensor:
+    """logits [B, V] with every token `allowed` does not allow at -inf, in its rows; a new tensor
+    (the runner's logits may be a captured graph's output buffer)."""
+    device, vocab = logits.device, logits.shape[-1]
+    bits = allowed.bits.to(device, non_blocking=True)
+    shifts = torch.arange(32, device=device, dtype=torch.int32)
+    keep = ((bits[:, :, None] >> shifts) & 1).bool().flatten(1)  # [n, 32 * words]
+    keep = keep[:, :vocab] if keep.shape[1] >= vocab else torch.nn.functional.pad(keep, (0, vocab - keep.shape[1]))
+    rows = host_to_device(allowed.rows, torch.int64, device)
+    masked = logits[rows].float().masked_fill(~keep, float("-inf"))
+    return logits.float().index_put((rows,), masked)
+
+
+def sample(logits: torch.Tensor, rows: list[RowSampling], allowed: TokenMask | None = None) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]. Temperature 0 is greedy. Advances each row's counter.
+    `allowed`: rows held to some tokens; rows outside it (all, when None) cost nothing extra."""
+    if allowed is not None:
+        logits = allow_only(logits, allowed)
     tokens = sample_tensors(logits, RowTensors.of(rows, logits.device))
     for r in rows:
         r.draws += 1

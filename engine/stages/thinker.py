@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.api import TextDelta
+from engine.grammar import Grammars, GrammarState
 from engine.handoff import (
     AdmittedRequest,
     Inbox,
@@ -55,8 +56,11 @@ class ThinkerSeq:
     # [text_from, text_to) were decoded last time and give the context for the next piece
     text_from: int = 0
     text_to: int = 0
-    spoken: int = 0  # text rows the Talker has consumed (when pacing)
+    spoken: int = 0  # text rows the Talker has consumed (when pacing), and those it never gets
     talker_done: bool = False
+    grammar: GrammarState | None = None  # a constrained reply's place in its grammar
+    in_tool_call: bool = False  # inside <tool_call>...</tool_call>: text the Talker never gets
+    after_tool_call: bool = False  # and the whitespace after it (between calls) neither
 
     @property
     def paced(self) -> bool:
@@ -112,6 +116,7 @@ class ThinkerStage(Stage):
         self.partial: list[ThinkerSeq] = []  # holding a slot, prompt not yet all prefilled
         self.running: dict[str, ThinkerSeq] = {}
         self._prefilled_last = False
+        self.grammars = Grammars(tokenizer)
 
     def accept(self, item: AdmittedRequest | SpeechProgress) -> None:
         if isinstance(item, SpeechProgress):
@@ -125,7 +130,8 @@ class ThinkerStage(Stage):
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
         clips = clip_spans(item.token_ids, self.runner.audio_token_id)
         keys = position_keys(item.token_ids, clips, item.audio_keys)
-        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips))
+        grammar = None if item.grammar is None else self.grammars.start(item.grammar)
+        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips, grammar=grammar))
 
     def release(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
@@ -257,19 +263,23 @@ class ThinkerStage(Stage):
     def _sample(self, logits: torch.Tensor, seqs: list[ThinkerSeq]) -> tuple[list[int], list[torch.Tensor | None]]:
         """The batch's next tokens and, for the Talker, their embeddings: one lookup for the batch,
         queued before the host reads the tokens, so the embeddings are done when they are sent."""
-        ids = sample(logits, [s.sampling for s in seqs])
+        allowed = self.grammars.mask([s.grammar for s in seqs])  # None when no reply is constrained
+        ids = sample(logits, [s.sampling for s in seqs], allowed)
         embeds = self.runner.embed(ids) if any(s.job.want_audio for s in seqs) else [None] * len(seqs)
         return ids.tolist(), list(embeds)
 
     def _advance(self, seq: ThinkerSeq, token: int, embed: torch.Tensor | None) -> None:
         job = seq.job
         is_eos = token in self.eos_ids
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         if not is_eos:
             seq.generated.append(token)
             self._emit_text(seq)
             if job.want_audio:
-                assert embed is not None
-                self.to_talker(ThinkerToken(job.request_id, token, embed))
+                self._speak(seq, token, embed)
+        # a finished grammar ends the reply, at its last token or (with ignore_eos too) at EOS
+        is_eos = is_eos or (seq.grammar is not None and seq.grammar.done)
         at_limit = len(seq.generated) >= job.max_tokens or seq.position + 1 >= self.runner.kv.max_len
         if is_eos or at_limit:
             self._emit_text(seq, final=True)
@@ -280,6 +290,21 @@ class ThinkerStage(Stage):
                 ThinkerFinished(job.request_id, "stop" if is_eos else "length", len(job.token_ids), len(seq.generated),
                                 seq.cached)
             )
+
+    def _speak(self, seq: ThinkerSeq, token: int, embed: torch.Tensor | None) -> None:
+        """Send a token's row to the Talker, unless it is part of a tool call."""
+        tags = seq.job.tool_call_ids
+        if tags is not None and token == tags[0]:
+            seq.in_tool_call = True
+        elif seq.after_tool_call and not self.tokenizer.decode([token]).isspace():
+            seq.after_tool_call = False
+        if seq.in_tool_call or seq.after_tool_call:
+            seq.spoken += 1  # never spoken, so never waited for (text pacing)
+        else:
+            assert embed is not None
+            self.to_talker(ThinkerToken(seq.job.request_id, token, embed))
+        if tags is not None and token == tags[1]:
+            seq.in_tool_call, seq.after_tool_call = False, True
 
     def _emit_text(self, seq: ThinkerSeq, final: bool = False) -> None:
         """Emit the text the newest tokens added, decoding only a short window, not the whole reply."""

@@ -30,12 +30,15 @@ from engine import (
     SamplingParams,
     TextDelta,
     TextPart,
+    ToolCall,
 )
 from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
 from voice_gateway.errors import APIError, engine_error
 from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent, TextContent
-from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, stream_chunks
+from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, finish_reason, stream_chunks
+from voice_gateway.openai.tool_parser import Content, ToolCallParser
+from voice_gateway.openai.tools import max_calls, output_constraint, tools_of
 from voice_gateway.openai.usage import chat_usage
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
 
@@ -58,6 +61,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     if want_audio and body.stream and audio_format != "pcm16":
         raise APIError(400, "streamed audio is always pcm16: set audio.format to \"pcm16\"", param="audio.format")
     _check_text_fits(body, engine.info.max_model_len)
+    output = output_constraint(body)
+    tools = tools_of(body)
     max_audio_s = request.app.state.gateway.max_input_audio_s
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = EngineRequest(
@@ -71,7 +76,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             top_p=body.top_p,
             seed=body.seed,
         ),
+        tools=tools,
+        output=output,
     )
+    # calls are parsed out of the text wherever the prompt offers tools
+    parser = ToolCallParser(max_calls(body)) if tools else None
     try:
         stream = await engine.submit(engine_request)
     except EngineError as e:
@@ -82,12 +91,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         received_at = getattr(request.state, "received_at", time.perf_counter())
         return StreamingResponse(
             stream_chunks(stream, head, body.model, want_audio, include_usage,
-                          FirstChunks(received_at, request.app.state.gateway_metrics)),
+                          FirstChunks(received_at, request.app.state.gateway_metrics), parser),
             media_type="text/event-stream",
         )
     watcher = asyncio.create_task(_abort_on_disconnect(request, stream))
     try:
-        return await _collect(stream, body.model, want_audio, audio_format)
+        return await _collect(stream, body.model, want_audio, audio_format, parser)
     finally:
         watcher.cancel()
 
@@ -127,11 +136,12 @@ def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
 
 
 async def _message(message: ChatMessage, index: int, max_audio_s: float) -> Message:
-    role = {"developer": "system", "tool": "user"}.get(message.role, message.role)
+    role = {"developer": "system"}.get(message.role, message.role)
+    calls = tuple(ToolCall(c.function.name, c.function.arguments) for c in message.tool_calls or ())
     if message.content is None:
-        return Message(role, ())  # type: ignore[arg-type]
+        return Message(role, (), calls)  # type: ignore[arg-type]
     if isinstance(message.content, str):
-        return Message(role, (TextPart(message.content),))  # type: ignore[arg-type]
+        return Message(role, (TextPart(message.content),), calls)  # type: ignore[arg-type]
     parts: list[TextPart | AudioPart] = []
     for j, part in enumerate(message.content):
         if isinstance(part, InputAudioContent):
@@ -139,7 +149,7 @@ async def _message(message: ChatMessage, index: int, max_audio_s: float) -> Mess
             parts.append(AudioPart(await _decode_input_audio(part, param, max_audio_s)))
         else:
             parts.append(TextPart(part.text))
-    return Message(role, tuple(parts))  # type: ignore[arg-type]
+    return Message(role, tuple(parts), calls)  # type: ignore[arg-type]
 
 
 async def _decode_input_audio(part: InputAudioContent, param: str, max_audio_s: float) -> np.ndarray:
@@ -155,7 +165,8 @@ async def _decode_input_audio(part: InputAudioContent, param: str, max_audio_s: 
         raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 
 
-async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_format: str) -> JSONResponse:
+async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_format: str,
+                   parser: ToolCallParser | None) -> JSONResponse:
     text: list[str] = []
     audio: list[np.ndarray] = []
     finished: Finished | None = None
@@ -174,6 +185,13 @@ async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_fo
     assert finished is not None
     transcript = "".join(text)
     message: dict[str, Any] = {"role": "assistant", "content": transcript, "refusal": None}
+    if parser is not None:
+        pieces = parser.feed(transcript) + parser.close()
+        transcript = "".join(p.text for p in pieces if isinstance(p, Content))
+        message["content"] = transcript if transcript.strip() or not parser.calls else None
+        if parser.calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in parser.calls]
     if want_audio:
         samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         message["content"] = None
@@ -189,7 +207,8 @@ async def _collect(stream: RequestStream, model: str, want_audio: bool, audio_fo
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finished.finish_reason, "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish_reason(finished, bool(parser and parser.calls))}],
             "usage": chat_usage(finished),
         }
     )

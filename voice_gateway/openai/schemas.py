@@ -57,9 +57,69 @@ Content = Annotated[
 ]
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for a function's name
+
+
+class FunctionCall(_Open):
+    name: FunctionName
+    arguments: CleanText  # JSON text, as the model wrote it
+
+
+class ToolCallParam(_Open):
+    id: CleanText
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
+    tool_calls: list[ToolCallParam] | None = None  # an assistant's calls, sent back with their results
+    tool_call_id: CleanText | None = None  # a tool result's call
+
+
+class FunctionDef(_Open):
+    name: FunctionName
+    description: CleanText | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; None: no parameters
+    strict: StrictBool | None = None
+
+
+class ToolDef(_Open):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Open):
+    name: FunctionName
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+def _choice_tag(choice: Any) -> str | None:
+    return "$mode" if isinstance(choice, str) else "$named" if isinstance(choice, dict) else None
+
+
+ToolChoice = Annotated[
+    Annotated[Literal["none", "auto", "required"], Tag("$mode")] | Annotated[NamedToolChoice, Tag("$named")],
+    Discriminator(_choice_tag, custom_error_type="invalid_tool_choice",
+                  custom_error_message="tool_choice must be 'none', 'auto', 'required' or a named function"),
+]
+
+
+class JsonSchemaFormat(_Open):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: CleanText | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # None: any JSON object
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class AudioParams(_Open):
@@ -84,3 +144,7 @@ class ChatCompletionRequest(_Open):
     top_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
     seed: StrictInt | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: ResponseFormat | None = None

@@ -14,6 +14,7 @@ from engine import AudioChunk, Failed, Finished, OutputEvent, RequestStream, Tex
 from voice_gateway.audio.wav import float_to_pcm16
 from voice_gateway.errors import engine_error
 from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.openai.tool_parser import Arguments, CallStart, Content, Piece, ToolCallParser
 from voice_gateway.openai.usage import chat_usage
 
 AUDIO_TTL_S = 3600
@@ -62,6 +63,24 @@ class ChunkWriter:
                          str(expires_at).encode(), b'}},"finish_reason":null,"logprobs":null}]}\n\n'))
 
 
+def finish_reason(finished: Finished, made_calls: bool) -> str:
+    """OpenAI's finish reason: a reply that called tools and ended by itself ends in "tool_calls"."""
+    return "tool_calls" if made_calls and finished.finish_reason == "stop" else finished.finish_reason
+
+
+def _delta(piece: Piece, want_audio: bool) -> dict[str, Any]:
+    if isinstance(piece, Content):
+        # With audio, OpenAI streams the text as the audio's transcript.
+        return {"audio": {"transcript": piece.text}} if want_audio else {"content": piece.text}
+    if isinstance(piece, CallStart):
+        call = {"index": piece.index, "id": piece.id, "type": "function",
+                "function": {"name": piece.name, "arguments": ""}}
+    else:
+        assert isinstance(piece, Arguments)
+        call = {"index": piece.index, "function": {"arguments": piece.text}}
+    return {"tool_calls": [call]}
+
+
 async def _events(head: OutputEvent, stream: RequestStream) -> AsyncIterator[OutputEvent]:
     yield head
     async for event in stream:
@@ -69,9 +88,10 @@ async def _events(head: OutputEvent, stream: RequestStream) -> AsyncIterator[Out
 
 
 async def stream_chunks(stream: RequestStream, head: OutputEvent, model: str, want_audio: bool, include_usage: bool,
-                        first: FirstChunks) -> AsyncIterator[bytes]:
+                        first: FirstChunks, parser: ToolCallParser | None = None) -> AsyncIterator[bytes]:
     """The reply's SSE events from its first engine event `head` on, `data: [DONE]` last; the engine
-    request is closed however the stream ends."""
+    request is closed however the stream ends. `parser`: where the prompt offers tools, the text's
+    tool calls go out as `tool_calls` deltas."""
     created = int(time.time())
     audio_id = f"audio_{uuid.uuid4().hex}"
     writer = ChunkWriter(stream.request_id, model, created)
@@ -83,14 +103,17 @@ async def stream_chunks(stream: RequestStream, head: OutputEvent, model: str, wa
             yield chunk({"audio": {"id": audio_id}})
         async for event in _events(head, stream):
             if isinstance(event, TextDelta):
-                # With audio, OpenAI streams the text as the audio's transcript.
-                yield chunk({"audio": {"transcript": event.text}} if want_audio else {"content": event.text})
-                first.text()  # back here once the chunk is written
+                pieces: list[Piece] = [Content(event.text)] if parser is None else parser.feed(event.text)
+                for piece in pieces:
+                    yield chunk(_delta(piece, want_audio))
+                    first.text()  # back here once the chunk is written
             elif isinstance(event, AudioChunk):
                 yield writer.audio(float_to_pcm16(event.samples), created + AUDIO_TTL_S)
                 first.audio()
             elif isinstance(event, Finished):
-                yield chunk({}, event.finish_reason)
+                for piece in parser.close() if parser is not None else ():
+                    yield chunk(_delta(piece, want_audio))
+                yield chunk({}, finish_reason(event, bool(parser and parser.calls)))
                 if include_usage:
                     body = {"id": stream.request_id, "object": "chat.completion.chunk", "created": created,
                             "model": model, "choices": [], "usage": chat_usage(event)}
