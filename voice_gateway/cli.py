@@ -156,7 +156,10 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
         "gateway": dataclasses.asdict(gateway), "webrtc": dataclasses.asdict(webrtc),
     })
     try:
-        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=workers, **uvicorn_args)
+        # A spawned worker imports torch and transformers before it answers uvicorn's health pings: on a
+        # loaded host that takes longer than uvicorn's 5 s, and each worker was killed and respawned in turn.
+        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=workers, timeout_worker_healthcheck=60,
+                    **uvicorn_args)
     finally:
         host.stop()
     return 0
