@@ -18,4 +18,5 @@ pip install -e '.[dev]'
 ruff check engine voice_gateway bench tests
 lint-imports  # the architecture's rules: pyproject.toml [tool.importlinter]
 mypy  # pyproject.toml [tool.mypy]
+bash scripts/docker_ci.sh  # builds the CPU image that tests/integration/test_docker_image.py starts
 exec python -m pytest "$@"

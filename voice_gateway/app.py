@@ -22,7 +22,7 @@ from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.body_limit import LimitBody
 from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import install_error_handlers, retry_after
-from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.metrics import GatewayMetrics, shared_across_processes
 from voice_gateway.openai import router as openai_router
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
@@ -52,6 +52,7 @@ def worker_app() -> FastAPI:
     import json
 
     spec = json.loads(os.environ[WORKER_ENV])
+    metrics = shared_across_processes(Path(spec["metrics_dir"]))  # before this process makes any other metric
     # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
     logging.basicConfig(level=spec["log_level"],
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
@@ -59,7 +60,7 @@ def worker_app() -> FastAPI:
     webrtc = {**spec["webrtc"], "host_addresses": tuple(spec["webrtc"]["host_addresses"])}
     gateway = {**spec["gateway"], "allowed_origins": tuple(spec["gateway"]["allowed_origins"]),
                "allowed_hosts": tuple(spec["gateway"]["allowed_hosts"])}
-    return create_app(engine, GatewayConfig(**gateway), WebRTCConfig(**webrtc))
+    return create_app(engine, GatewayConfig(**gateway), WebRTCConfig(**webrtc), metrics)
 
 
 def _add_docs(app: FastAPI, keyed: list) -> None:
@@ -79,9 +80,10 @@ def _add_docs(app: FastAPI, keyed: list) -> None:
         return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
-def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None) -> FastAPI:
+def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None,
+               metrics: GatewayMetrics | None = None) -> FastAPI:
     gateway = gateway or GatewayConfig()
-    metrics = GatewayMetrics()
+    metrics = metrics or GatewayMetrics()
     admission = Admission(gateway, engine, metrics)
 
     @asynccontextmanager
@@ -136,7 +138,8 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
 
     @app.get("/metrics", dependencies=[] if gateway.public_metrics else keyed)
     async def prometheus() -> Response:
-        text = generate_latest(engine.registry) + generate_latest(metrics.registry)
+        # the engine's families once (an engine process's, as its last report gave them), then the gateway's
+        text = generate_latest(engine.registry) + metrics.exposition()
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     _add_docs(app, keyed)

@@ -65,8 +65,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
     parser.add_argument("--http-workers", type=int,
                         help="server processes in front of one engine process (default: the profile's "
-                        "http_workers, else 1; more than 1 runs the engine in its own process; /metrics' "
-                        "gateway figures and --max-sessions are then per process)")
+                        "http_workers, else 1; more than 1 runs the engine in its own process; /metrics then sums every "
+                        "process's gateway figures, and --max-sessions is per process)")
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
@@ -137,6 +137,8 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
     """One engine process, then `workers` server processes attached to it (uvicorn's workers)."""
     import dataclasses
     import json
+    import shutil
+    import tempfile
 
     import uvicorn
 
@@ -151,14 +153,21 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
         host.stop()
         return 2
     address, authkey = host.address
+    # the workers' gateway figures, which each worker's /metrics sums (voice_gateway/metrics.py)
+    metrics_dir = tempfile.mkdtemp(prefix="vg-metrics-")
     os.environ[WORKER_ENV] = json.dumps({
         "model": args.model, "address": address, "authkey": authkey.hex(), "log_level": args.log_level.upper(),
+        "metrics_dir": metrics_dir,
         "gateway": dataclasses.asdict(gateway), "webrtc": dataclasses.asdict(webrtc),
     })
     try:
-        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=workers, **uvicorn_args)
+        # A spawned worker imports torch and transformers before it answers uvicorn's health pings: on a
+        # loaded host that takes longer than uvicorn's 5 s, and each worker was killed and respawned in turn.
+        uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=workers, timeout_worker_healthcheck=60,
+                    **uvicorn_args)
     finally:
         host.stop()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

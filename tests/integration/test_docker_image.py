@@ -1,0 +1,110 @@
+"""The CPU image (docker/Dockerfile.cpu), as scripts/docker_ci.sh built it: started as a container, driven
+over /health, a chat request with audio and a realtime turn over WebSocket, then stopped and removed.
+Skips, with the script's reason, where docker cannot run; fails where it runs and the image does not
+build."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import subprocess
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import websockets
+
+DOCKER = "/usr/bin/docker"  # Debian's docker.io, as the script used
+STATE = Path(os.environ.get("VG_DOCKER_STATE", "/tmp/vg-docker/state"))
+RATE = 24_000
+
+
+def _docker(*args: str, timeout_s: float = 60) -> str:
+    return subprocess.run([DOCKER, *args], check=True, capture_output=True, text=True, timeout=timeout_s).stdout.strip()
+
+
+def _built_image() -> str:
+    if not STATE.exists():
+        pytest.skip(f"scripts/docker_ci.sh has not run here (scripts/test.sh runs it): no {STATE}")
+    key, _, value = STATE.read_text().strip().partition("=")
+    if key == "skip":
+        pytest.skip(f"docker cannot run here: {value}")
+    if key != "image":
+        pytest.fail(f"the CPU image did not build: {value or 'scripts/docker_ci.sh wrote nothing'}")
+    return value
+
+
+@pytest.fixture(scope="module")
+def container_url() -> Iterator[str]:
+    image = _built_image()
+    container = _docker("run", "--detach", "--publish", "127.0.0.1::8000", image)
+    try:
+        port = _docker("port", container, "8000/tcp").splitlines()[0].rsplit(":", 1)[1]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            running = _docker("inspect", "--format", "{{.State.Running}}", container)
+            if running != "true" or time.monotonic() > deadline:
+                pytest.fail(f"the container did not serve (running: {running}):\n{_docker('logs', container)[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        subprocess.run([DOCKER, "stop", "--time", "15", container], capture_output=True, timeout=60)
+        logs = subprocess.run([DOCKER, "logs", container], capture_output=True, text=True, timeout=30)
+        subprocess.run([DOCKER, "rm", "--force", container], capture_output=True, timeout=60)
+    assert "Traceback" not in logs.stdout + logs.stderr, (logs.stdout + logs.stderr)[-3000:]
+    assert container not in _docker("ps", "--all", "--no-trunc", "--format", "{{.ID}}")
+
+
+def _speech_pcm16(seconds: float) -> bytes:
+    t = np.arange(int(RATE * seconds)) / RATE
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2").tobytes()
+
+
+def test_the_container_serves_health_chat_audio_and_a_realtime_turn(container_url: str) -> None:
+    health = httpx.get(container_url + "/health", timeout=10).json()
+    assert health["status"] == "ok" and health["random_weights"] is True, health
+
+    client = openai.OpenAI(base_url=container_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me about the sea."}],
+        modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"}, max_tokens=6)
+    with wave.open(io.BytesIO(base64.b64decode(reply.choices[0].message.audio.data))) as wav:
+        assert wav.getframerate() == RATE and wav.getnframes() > 0
+
+    events = asyncio.run(_realtime_turn(container_url.replace("http://", "ws://") + "/v1/realtime?model=tiny"))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "session.created" and "response.output_audio.delta" in kinds, kinds
+    assert events[-1]["type"] == "response.done" and events[-1]["response"]["status"] == "completed", events[-1]
+
+
+async def _realtime_turn(url: str) -> list[dict]:
+    """One manual turn: a second of audio in, committed, a response asked for and read to its end."""
+    events: list[dict] = []
+    async with websockets.connect(url, max_size=None) as ws:
+        events.append(json.loads(await ws.recv()))
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(_speech_pcm16(1.0)).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        async with asyncio.timeout(120):
+            while events[-1]["type"] != "response.done":
+                message = await ws.recv()
+                if isinstance(message, str):
+                    events.append(json.loads(message))
+    return events
