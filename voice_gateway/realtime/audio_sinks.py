@@ -8,20 +8,17 @@ not left yet). Event sinks' `write` and `finish` raise OutboxFull when the clien
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
 import soxr
 
 from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_encode, ulaw_encode
-from voice_gateway.audio.opus import FRAME_INPUT_SAMPLES, OpusPacket, OpusStream
+from voice_gateway.audio.opus import OpusStream
 from voice_gateway.audio.wav import float_to_pcm16
 from voice_gateway.realtime import events as ev
-from voice_gateway.realtime.outbox import OutboxFull
 from voice_gateway.realtime.sender import EventSender
 
 REPLY_RATE_HZ = 24_000
@@ -91,42 +88,23 @@ class G711Sink(_EventSink):
 
 
 class OpusSink(_EventSink):
-    """Binary messages of one 20 ms Opus packet each (`audio/opus.py` frames them); counters run across responses.
-
-    Owns the session's `OpusStream` and the one thread that runs it: resampling and encoding cost ~0.2 ms per
-    packet, ~90 % of the realtime edge's work, and a 2 s chunk is 100 packets. On the event loop, one session's
-    chunk held every other session's sends for ~20 ms, and 16 sessions' chunks landing on one engine step for
-    ~0.3 s. On the thread, libopus and soxr run without the GIL. Jobs run in the order they were written, and
-    each write's packets hold their place in the outbox meanwhile; a cancel drops the jobs not started.
-    """
+    """Binary messages of one 20 ms Opus packet each (`audio/opus.py` frames them); counters run across responses."""
 
     def __init__(self, sender: EventSender, bitrate_bps: int) -> None:
         super().__init__(sender)
         self._opus = OpusStream(bitrate_bps=bitrate_bps)
-        # one worker: the stream's jobs run in order; its thread ends when the sink is freed
-        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opus")
 
     def begin(self, response_id: str, item_id: str) -> None:
         super().begin(response_id, item_id)
-        self._encoder.submit(self._opus.start_response)  # drops a cancelled response's partial frame
+        self._opus.start_response()  # drops a cancelled response's partial frame
 
     def write(self, samples: np.ndarray) -> None:
-        self._later(lambda: self._opus.encode(samples), samples.size // FRAME_INPUT_SAMPLES + 1)
+        for packet in self._opus.encode(samples):
+            self.sender.binary(packet.pack(), self.response_id)
 
     def finish(self) -> None:
-        self._later(self._opus.flush, 2)
-
-    def _later(self, packets: Callable[[], list[OpusPacket]], expected: int) -> None:
-        frames = asyncio.get_running_loop().run_in_executor(self._encoder, _packed, packets)
-        try:
-            self.sender.binary_later(frames, self.response_id, expected)
-        except OutboxFull:
-            frames.cancel()
-            raise
-
-
-def _packed(packets: Callable[[], list[OpusPacket]]) -> list[bytes]:
-    return [packet.pack() for packet in packets()]
+        for packet in self._opus.flush():
+            self.sender.binary(packet.pack(), self.response_id)
 
 
 def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) -> AudioSink:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from voice_gateway.realtime import events as ev
-from voice_gateway.realtime.outbox import Later, Outbox
+from voice_gateway.realtime.outbox import Outbox
 
 
 class EventSender:
@@ -21,10 +21,6 @@ class EventSender:
 
     def binary(self, data: bytes, response_id: str) -> None:
         self.outbox.put(data, response_id)
-
-    def binary_later(self, frames: Later, response_id: str, expected_frames: int) -> None:
-        """Binary frames still being made keep this place in the queue; a full outbox refuses them (OutboxFull)."""
-        self.outbox.put_later(frames, response_id, expected_frames)
 
     def drop(self, response_id: str) -> int:
         """Forget the response's audio still queued; returns how many messages."""
