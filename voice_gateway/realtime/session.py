@@ -386,10 +386,11 @@ class Session:
                 self.error("slow_consumer", f"response {response.id} cancelled: the client did not read fast enough")
             if response.outcome.status != "completed":
                 self.metrics.cancelled_responses.labels(response.outcome.reason or response.outcome.status).inc()
-            elif self.response is None:
-                self._arm_idle_timeout(response)
-            elif response.speech_stopped_at is not None and response.first_audio_at is not None:
-                self.metrics.turn_latency.observe(response.first_audio_at - response.speech_stopped_at)
+            else:
+                if response.speech_stopped_at is not None and response.first_audio_at is not None:
+                    self.metrics.turn_latency.observe(response.first_audio_at - response.speech_stopped_at)
+                if self.response is None:
+                    self._arm_idle_timeout(response)
 
     def _clear_playback(self, response_id: str) -> None:
         assert self.track is not None, "only a track plays audio out"
