@@ -12,12 +12,14 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import pytest_asyncio
 from prometheus_client import generate_latest
 
 from engine import (
     UNAVAILABLE,
+    AudioPart,
     Engine,
     EngineRequest,
     Failed,
@@ -39,8 +41,10 @@ OVERRIDES = {
     "replicas": {"count": 2, "address": "local", "cpus": 1},
     "stages": {"thinker": {"ignore_eos": True}, "talker": {"max_frames": 12}},
 }
-# long enough that turn 2's common prefix passes the prefix cache's minimum (64 tokens)
-FIRST = Message("user", (TextPart("tell me about the sea and the ships that sail on it " * 8),))
+# a spoken question, as a realtime session sends it; long enough that turn 2's common prefix passes the
+# prefix cache's minimum (64 tokens)
+TONE = (0.2 * np.sin(np.arange(16_000) * 0.05)).astype(np.float32)
+FIRST = Message("user", (AudioPart(TONE), TextPart("tell me about the sea and the ships that sail on it " * 4)))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
