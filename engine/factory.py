@@ -18,7 +18,8 @@ from engine.weights.source import ModelSource
 def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
     """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use).
 
-    In process, the stages' weights load now; with `engine: process` they load in the child at start()."""
+    In process, the stages' weights load now; with `engine: process` they load in the child at start(), and
+    with `replicas.count` in each replica's Ray actor at start()."""
     source = ModelSource.open(model, profile.load_format, cache_dir)
     if profile.replicas.count:
         # imported here: Ray is an optional extra, and only a server with replicas needs it
