@@ -1,4 +1,5 @@
-"""Which engine a deploy profile asks for: the staged engine in this process or in its own, or the baseline."""
+"""Which engine a deploy profile asks for: the staged engine in this process or in its own, several of them
+on Ray (engine/replicas/), or the baseline."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import dataclasses
 from pathlib import Path
 
 from engine.admission import Admission
-from engine.api import Engine
+from engine.api import Engine, EngineError
 from engine.frontend import Frontend
-from engine.profile import DeployProfile
+from engine.profile import DeployProfile, ReplicasConfig
 from engine.remote.client import RemoteCore
 from engine.remote.messages import Address, EngineSpec
 from engine.weights.source import ModelSource
@@ -17,8 +18,19 @@ from engine.weights.source import ModelSource
 def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
     """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use).
 
-    In process, the stages' weights load now; with `engine: process` they load in the child at start()."""
+    In process, the stages' weights load now; with `engine: process` they load in the child at start(), and
+    with `replicas.count` in each replica's Ray actor at start()."""
     source = ModelSource.open(model, profile.load_format, cache_dir)
+    if profile.replicas.count:
+        # imported here: Ray is an optional extra, and only a server with replicas needs it
+        try:
+            from engine.replicas.router import ReplicaSet
+        except ImportError as e:
+            raise EngineError(f"replicas.count: engines on Ray need Ray ({e}); pip install 'voice-gateway[ray]'") from e
+
+        spec = EngineSpec(model, dataclasses.replace(profile, replicas=ReplicasConfig()), cache_dir)
+        return Frontend(ReplicaSet.on_ray(spec, profile.replicas, profile.supervision),
+                        Admission.open(source, profile, text_on_loop=True))
     if profile.engine == "process":
         spec = EngineSpec(model, dataclasses.replace(profile, engine="in_process", http_workers=1), cache_dir)
         return Frontend(RemoteCore.spawn(spec), Admission.open(source, profile, text_on_loop=True))

@@ -147,6 +147,21 @@ class SupervisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicasConfig:
+    """Several engines behind one server, each a Ray actor in a process of its own (engine/replicas/):
+    one per GPU, or per CPU process for the tiny model."""
+
+    # engines on Ray; 0: no Ray, the engine runs in this server (or its own process, `engine: process`)
+    count: int = field(default=0, metadata=_at_least(0))
+    # Ray's address: "local" starts a Ray instance for this server alone; "auto" joins the one that
+    # `ray start --head` runs on this host; "HOST:PORT" (or "ray://HOST:PORT") a cluster's head
+    address: str = "local"
+    # what each replica asks of Ray: its CPUs (its torch threads) and GPUs (1 on a GPU host)
+    cpus: float = field(default=1.0, metadata=_at_least(0.0))
+    gpus: float = field(default=0.0, metadata=_at_least(0.0))
+
+
+@dataclass(frozen=True, slots=True)
 class StagesConfig:
     thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
     talker: TalkerConfig = field(default_factory=TalkerConfig)
@@ -175,6 +190,7 @@ class DeployProfile:
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
 
@@ -184,10 +200,13 @@ class DeployProfile:
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
         if self.backend == "transformers_generate" and self.engine != "in_process":
             raise ProfileError("engine: the transformers_generate baseline runs in_process")
+        if self.replicas.count and (self.engine != "in_process" or self.http_workers != 1):
+            raise ProfileError("replicas.count: each replica is a process of its own already; it needs "
+                               f"engine: in_process and http_workers: 1, got {self.engine}, {self.http_workers}")
 
     @property
     def runs_in_process(self) -> bool:
-        return self.engine == "in_process" and self.http_workers == 1
+        return self.engine == "in_process" and self.http_workers == 1 and self.replicas.count == 0
 
 
 def detect_platform() -> str:

@@ -1,0 +1,184 @@
+"""The server's side of one engine replica (engine/replicas/actor.py): an `EngineCore` that proxies to a
+Ray actor, and tells whether it serves.
+
+Each request is one streaming call to the actor; its batches of events come back to the request's
+sink in order. Every `STATE_PERIOD_S` the replica is polled for its stage load, metrics and health,
+one poll at a time. When the actor dies, Ray says so on the poll and on every call under way: the
+replica is lost, each open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the
+router sends new work elsewhere. Ray starts the actor again (it is created with `max_restarts=-1`);
+when a poll is answered again the replica serves again. One silent past `stall_timeout_s` is lost too,
+and killed so that Ray starts another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from engine.api import UNAVAILABLE, EngineError, EngineHealth, Failed, Finished, OutputEvent
+from engine.core import Sink
+from engine.handoff import AdmittedRequest
+from engine.remote.child import START_TIMEOUT_S
+from engine.remote.messages import STATE_PERIOD_S
+from engine.replicas.actor import ReplicaState
+
+log = logging.getLogger(__name__)
+
+LATE_S = 4 * STATE_PERIOD_S  # unanswered past four polls: `degraded`, not yet a stall
+
+
+class ReplicaCore:
+    """Owns the handle to one replica actor, the requests this server runs on it (their sinks and relay
+    tasks), what its last poll said, and whether it serves."""
+
+    def __init__(self, name: str, actor: Any, stall_timeout_s: float) -> None:
+        self.name = name
+        self._actor = actor
+        self._stall_timeout_s = stall_timeout_s
+        self._open: dict[str, tuple[Sink, asyncio.Task[None]]] = {}
+        self._serving = False
+        self._stopping = False
+        self._down = "not started"
+        self._heard_at = 0.0
+        self.restarts = 0  # times it served again after it was lost
+        self.stage_load_now: dict[str, int] = {}
+        self.health_now = EngineHealth("down", "not started")
+        self.metrics_text = ""  # its engine families, as its last poll gave them
+        self.pid: int | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._serving and self.health_now.status != "down"
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._open)
+
+    async def start(self) -> None:
+        try:
+            self.pid = await asyncio.wait_for(self._actor.ready.remote(), START_TIMEOUT_S)
+            state = await asyncio.wait_for(self._ask(), START_TIMEOUT_S)
+        except (RayError, TimeoutError) as e:
+            raise EngineError(f"engine replica {self.name} did not start: {type(e).__name__}: {e}") from e
+        self._heard(state)
+        self._serving = True
+        self._poller = asyncio.get_running_loop().create_task(self._poll(), name=f"replica-{self.name}")
+        log.info("engine replica %s ready (process %s)", self.name, self.pid)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._poller is not None:
+            self._poller.cancel()
+        if self._serving:
+            try:
+                await asyncio.wait_for(self._actor.stop.remote(), 30)  # ends what it holds with Failed
+            except (RayError, TimeoutError):
+                pass
+        self._serving = False
+        self._end_all("server shutting down")
+
+    def begin(self, request: AdmittedRequest, sink: Sink) -> None:
+        rid = request.request_id
+        if not self.serving:
+            raise self.health().refusal()
+        if rid in self._open:
+            raise EngineError(f"request id {rid} is already in use")
+        calls = self._actor.run.remote(request)
+        self._open[rid] = (sink, asyncio.get_running_loop().create_task(self._relay(rid, calls)))
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._open:
+            self._actor.abort.remote(request_id)  # the actor answers with the request's Failed("aborted")
+
+    def stage_load(self) -> dict[str, int]:
+        return dict(self.stage_load_now) if self.serving else {}
+
+    def health(self) -> EngineHealth:
+        if not self._serving:
+            return EngineHealth("down", self._down, self.restarts, STATE_PERIOD_S * 4)
+        silent_s = time.monotonic() - self._heard_at
+        if silent_s > LATE_S:
+            return EngineHealth("degraded", f"no word from engine replica {self.name} for {silent_s:.1f} s",
+                                self.restarts)
+        return EngineHealth(self.health_now.status, self.health_now.detail, self.restarts,
+                            self.health_now.retry_after_s)
+
+    async def _relay(self, rid: str, calls: Any) -> None:
+        """The actor's batches of events -> the request's sink; a lost actor ends the request."""
+        try:
+            async for ref in calls:
+                batch: tuple[OutputEvent, ...] = await ref
+                for event in batch:
+                    self._deliver(rid, event)
+        except RayError as e:
+            self._lose(f"engine replica {self.name} was lost ({type(e).__name__})")
+        finally:
+            if rid in self._open:  # its stream ended without an end (lost, or a cancelled relay)
+                self._deliver(rid, Failed(rid, f"engine replica {self.name} was lost", UNAVAILABLE,
+                                          STATE_PERIOD_S * 4))
+
+    def _deliver(self, rid: str, event: OutputEvent) -> None:
+        entry = self._open.get(rid)
+        if entry is None:
+            return
+        if isinstance(event, (Finished, Failed)):
+            del self._open[rid]
+        entry[0](event)
+
+    async def _poll(self) -> None:
+        """One poll at a time: a replica that is restarting answers only once it serves again."""
+        pending: asyncio.Future[ReplicaState] | None = None
+        while not self._stopping:
+            if pending is None:
+                pending = asyncio.ensure_future(self._ask())
+            done, _ = await asyncio.wait([pending], timeout=STATE_PERIOD_S)
+            if done:
+                try:
+                    state = pending.result()
+                except RayError as e:
+                    self._lose(f"engine replica {self.name} was lost ({type(e).__name__})")
+                    await asyncio.sleep(STATE_PERIOD_S)
+                except Exception:
+                    log.exception("engine replica %s: poll failed", self.name)
+                    await asyncio.sleep(STATE_PERIOD_S)
+                else:
+                    self._heard(state)
+                    await asyncio.sleep(STATE_PERIOD_S)
+                pending = None
+            elif self._serving and (silent_s := time.monotonic() - self._heard_at) > self._stall_timeout_s:
+                self._lose(f"engine replica {self.name} stalled: no word from it for {silent_s:.1f} s")
+                ray.kill(self._actor, no_restart=False)  # Ray starts another
+
+    async def _ask(self) -> ReplicaState:
+        state: ReplicaState = await self._actor.state.remote()
+        return state
+
+    def _heard(self, state: ReplicaState) -> None:
+        self._heard_at = time.monotonic()
+        self.stage_load_now, self.metrics_text, self.health_now = state
+        if not self._serving and not self._stopping and self._poller is not None:  # back after a loss
+            self._serving = True
+            self.restarts += 1
+            log.warning("engine replica %s serves again (%d restarts)", self.name, self.restarts)
+
+    def _lose(self, what: str) -> None:
+        if not self._serving or self._stopping:
+            return
+        self._serving = False
+        self._down = f"{what}; Ray is starting it again"
+        self.stage_load_now, self.metrics_text = {}, ""
+        log.error("%s: %d open requests fail", what, len(self._open))
+        self._end_all(what, UNAVAILABLE, STATE_PERIOD_S * 4)
+
+    def _end_all(self, reason: str, code: str | None = None, retry_after_s: float | None = None) -> None:
+        opened, self._open = self._open, {}
+        for rid, (sink, relay) in opened.items():
+            if relay is not asyncio.current_task():
+                relay.cancel()
+            sink(Failed(rid, reason, code, retry_after_s))

@@ -1,0 +1,132 @@
+"""Several engine replicas as one `EngineCore`: each request goes to the least loaded replica that
+serves, or to the one that ran its conversation's last turn (engine/replicas/affinity.py); health,
+stage load and metrics are the replicas' together.
+
+A replica that is lost takes its open requests with it (they end with `engine_unavailable`) and leaves
+the rotation until it serves again; while one serves the engine is `degraded`, not down, and new work
+goes there. The engine families of every replica are exposed once, each sample labelled with its
+`replica`, next to `engine_replica_up` and `engine_replica_restarts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from engine.api import EngineError, EngineHealth, Failed, Finished, OutputEvent
+from engine.core import Sink
+from engine.handoff import AdmittedRequest
+from engine.profile import ReplicasConfig, SupervisionConfig
+from engine.remote.messages import EngineSpec
+from engine.replicas.affinity import ConversationAffinity
+from engine.replicas.cluster import RayCluster
+from engine.replicas.replica import ReplicaCore
+
+
+class _ReplicaFamilies(Collector):
+    """Each replica's engine families as its last poll gave them, labelled by replica, one family per name."""
+
+    def __init__(self, replicas: list[ReplicaCore]) -> None:
+        self._replicas = replicas
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for replica in self._replicas:
+            for family in text_string_to_metric_families(replica.metrics_text) if replica.metrics_text else ():
+                out = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                out.samples += [s._replace(labels={**s.labels, "replica": replica.name}) for s in family.samples]
+        up = GaugeMetricFamily("engine_replica_up", "1 while the engine replica serves", labels=["replica"])
+        restarts = GaugeMetricFamily("engine_replica_restarts", "Times the engine replica served again after it "
+                                     "was lost", labels=["replica"])
+        for replica in self._replicas:
+            up.add_metric([replica.name], 1.0 if replica.serving else 0.0)
+            restarts.add_metric([replica.name], replica.restarts)
+        return [*merged.values(), up, restarts]
+
+
+class ReplicaSet:
+    """Owns the replicas, which replica each open request runs on, and the conversations' affinity."""
+
+    def __init__(self, cluster: RayCluster, spec: EngineSpec, supervision: SupervisionConfig) -> None:
+        self._cluster = cluster
+        self._spec = spec
+        self._supervision = supervision
+        self.replicas: list[ReplicaCore] = []
+        self._routes: dict[str, ReplicaCore] = {}
+        self.affinity = ConversationAffinity()
+        self.registry = CollectorRegistry()
+        self.registry.register(_ReplicaFamilies(self.replicas))
+
+    @classmethod
+    def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig, supervision: SupervisionConfig) -> ReplicaSet:
+        return cls(RayCluster(replicas), spec, supervision)
+
+    async def start(self) -> None:
+        self._cluster.connect()
+        actors = self._cluster.launch(self._spec)
+        self.replicas.extend(ReplicaCore(str(i), actor, self._supervision.stall_timeout_s)
+                             for i, actor in enumerate(actors))
+        try:
+            await asyncio.gather(*(replica.start() for replica in self.replicas))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(replica.stop() for replica in self.replicas))
+        self._cluster.shutdown()
+
+    def begin(self, request: AdmittedRequest, sink: Sink) -> None:
+        serving = [i for i, replica in enumerate(self.replicas) if replica.serving]
+        if not serving:
+            raise self.health().refusal()
+        index = self.affinity.replica_for(request)
+        if index not in serving:
+            index = min(serving, key=lambda i: self.replicas[i].in_flight)  # a tie: the first
+        replica = self.replicas[index]
+        rid = request.request_id
+        if rid in self._routes:
+            raise EngineError(f"request id {rid} is already in use")
+
+        def relay(event: OutputEvent) -> None:
+            if isinstance(event, (Finished, Failed)):
+                self._routes.pop(rid, None)
+            sink(event)
+
+        replica.begin(request, relay)
+        self._routes[rid] = replica
+        self.affinity.keep(request, index)
+
+    def abort(self, request_id: str) -> None:
+        if (replica := self._routes.get(request_id)) is not None:
+            replica.abort(request_id)
+
+    def stage_load(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for replica in self.replicas:
+            for stage, n in replica.stage_load().items():
+                total[stage] = total.get(stage, 0) + n
+        return total
+
+    def routed(self) -> dict[str, str]:
+        """Open request id -> the name of the replica it runs on."""
+        return {rid: replica.name for rid, replica in self._routes.items()}
+
+    def health(self) -> EngineHealth:
+        states = [replica.health() for replica in self.replicas]
+        restarts = sum(state.restarts for state in states)
+        unwell = [f"replica {r.name} {s.status}: {s.detail}" for r, s in zip(self.replicas, states) if s.status != "ok"]
+        if not self.replicas:
+            return EngineHealth("down", "no engine replica started")
+        if all(state.status == "down" for state in states):
+            retry_after_s = min(state.retry_after_s or 1.0 for state in states)
+            return EngineHealth("down", "; ".join(unwell), restarts, retry_after_s)
+        if unwell:
+            return EngineHealth("degraded", "; ".join(unwell), restarts)
+        return EngineHealth("ok", restarts=restarts)
+

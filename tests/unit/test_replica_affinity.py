@@ -1,0 +1,53 @@
+"""Which replica a conversation's next turn goes to (engine/replicas/affinity.py), and the profile's
+`replicas:` section; neither needs Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import ProfileError, load_profile
+from engine.handoff import AdmittedRequest
+from engine.replicas.affinity import ConversationAffinity
+
+
+def _request(ids: list[int], audio_keys: tuple[int, ...] = ()) -> AdmittedRequest:
+    return AdmittedRequest("r", ids, [], 0, list(audio_keys), False, "ethan", 4, 0.7, 0.8, 20, None)
+
+
+def test_a_turn_goes_where_the_longest_prompt_it_begins_with_ran() -> None:
+    affinity = ConversationAffinity()
+    affinity.keep(_request([1, 2, 3]), replica=0)
+    affinity.keep(_request([1, 2, 3, 4, 5]), replica=1)
+    assert affinity.replica_for(_request([1, 2, 3, 4, 5, 6])) == 1
+    assert affinity.replica_for(_request([1, 2, 3, 9])) == 0
+    # a shared beginning that covers no whole kept prompt, or the same prompt again: no affinity
+    assert affinity.replica_for(_request([1, 2, 7, 8])) is None
+    assert affinity.replica_for(_request([1, 2, 3])) is None
+
+
+def test_other_audio_under_the_same_placeholders_does_not_match() -> None:
+    affinity = ConversationAffinity()
+    affinity.keep(_request([1, 5, 5, 2], audio_keys=(-11,)), replica=1)
+    assert affinity.replica_for(_request([1, 5, 5, 2, 3], audio_keys=(-11, -12))) == 1
+    assert affinity.replica_for(_request([1, 5, 5, 2, 3], audio_keys=(-13,))) is None
+
+
+def test_the_oldest_prompts_are_forgotten_first() -> None:
+    affinity = ConversationAffinity(capacity=2)
+    for replica, ids in enumerate(([1], [1, 2], [1, 2, 3])):
+        affinity.keep(_request(ids), replica)
+    assert len(affinity) == 2
+    assert affinity.replica_for(_request([1, 9])) is None
+    assert affinity.replica_for(_request([1, 2, 9])) == 1
+
+
+def test_the_replicas_section_is_checked() -> None:
+    profile = load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2, "address": "auto"}})
+    assert profile.replicas.count == 2 and profile.replicas.address == "auto" and not profile.runs_in_process
+    assert load_profile(model="tiny", platform="cpu").replicas.count == 0
+    with pytest.raises(ProfileError, match=r"replicas\.count: must be >= 0"):
+        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": -1}})
+    with pytest.raises(ProfileError, match=r"replicas\.gpu: unknown key"):
+        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"gpu": 1}})
+    with pytest.raises(ProfileError, match="replicas.count: each replica is a process of its own"):
+        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2}, "http_workers": 2})
