@@ -84,7 +84,7 @@ class ResponseCalls:
 
     def _finish(self, item: Item, index: int, arguments: str) -> None:
         item.arguments = arguments
-        item.status = "completed" if _is_json(arguments) else "incomplete"
+        item.status = "completed" if is_json(arguments) else "incomplete"
         self._open = {k: v for k, v in self._open.items() if v[0] is not item}
         self._done.add(item.call_id)
         self.sender.event(FunctionCallArgumentsDone(response_id=self.response_id, item_id=item.id, output_index=index,
@@ -94,7 +94,7 @@ class ResponseCalls:
         self.sender.event(ConversationItemDone(item=shown))
 
 
-def _is_json(text: str) -> bool:
+def is_json(text: str) -> bool:
     try:
         json.loads(text)
     except ValueError:

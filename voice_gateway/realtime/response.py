@@ -124,6 +124,7 @@ class ResponseRunner:
         self.tools = engine_tools(response.config)
         self.calls = ResponseCalls(response.id, sender, self._announce, self._say) if self.tools else None
         self.message_index: int | None = None  # the message's output_index, once announced
+        self._held_space = ""  # with tools: whitespace before the message has words
         self.transcript = ""
         self.audio_samples = 0
 
@@ -147,6 +148,12 @@ class ResponseRunner:
         self.sender.event(self._content(ContentPartAdded, part=part))
 
     def _say(self, text: str) -> None:
+        if self.message_index is None and self.calls is not None:
+            # the whitespace a model writes before its calls is no message
+            self._held_space += text
+            if not self._held_space.strip():
+                return
+            text, self._held_space = self._held_space, ""
         self._open_message()
         self.transcript += text
         delta_cls = OutputAudioTranscriptDelta if self.audio_mode else OutputTextDelta

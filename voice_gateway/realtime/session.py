@@ -21,6 +21,7 @@ from engine import INPUT_SAMPLE_RATE_HZ, Engine, Message
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
+from voice_gateway.realtime import item_events
 from voice_gateway.realtime.audio_sinks import AudioSink, TrackSink, event_sink
 from voice_gateway.realtime.conversation import Conversation, Item, audio_ms, new_item_id
 from voice_gateway.realtime.idle import IdleTimer
@@ -125,7 +126,7 @@ class Session:
         except ev.ProtocolError as e:
             self.protocol_error(e)
             return
-        if not self._text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
+        if not self.text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
             config = config.model_copy(update={"instructions": self.config.instructions})
         if config.voice != self.config.voice and not self._voice_exists(config.voice, event.event_id, "session"):
             config = config.model_copy(update={"voice": self.config.voice})
@@ -210,12 +211,12 @@ class Session:
         item = Item(item_id, "user", audio=samples, audio_ms=audio_ms(samples))
         previous = self.conversation.add(item)
         self.sender.event(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
-        self._announce_item(item, previous)
+        self.announce_item(item, previous)
         if self.config.transcription is not None:
             self.transcriber.start(item, self.config.transcription)  # before bounding may drop the audio
-        self._bound_audio(item, event_id, None)
+        self.bound_audio(item, event_id, None)
 
-    def _bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
+    def bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
         """Keep the conversation's audio within its bounds; the client hears of it when its new item's own goes."""
         self.conversation.bound_audio(self.config.instructions)
         if added.audio_dropped:
@@ -226,7 +227,7 @@ class Session:
                        "the item stays in the conversation without its audio, which replies will not hear",
                        event_id=event_id, param=param)
 
-    def _announce_item(self, item: Item, previous: str | None) -> None:
+    def announce_item(self, item: Item, previous: str | None) -> None:
         message = protocol_item(item)
         self.sender.event(ev.ConversationItemAdded(item=message, previous_item_id=previous))
         self.sender.event(ev.ConversationItemDone(item=message, previous_item_id=previous))
@@ -257,87 +258,6 @@ class Session:
         self.turns.forget_segment()
         self.sender.event(ev.InputAudioCleared())
 
-    def _function_item(self, src: ev.FunctionCallItem | ev.FunctionCallOutputItem, event_id: str | None) -> Item | None:
-        if isinstance(src, ev.FunctionCallItem):
-            if not self._text_fits(src.arguments, "item arguments", event_id, "item.arguments"):
-                return None
-            return Item(src.id or new_item_id(), "assistant", kind="function_call", name=src.name,
-                        call_id=src.call_id or f"call_{new_item_id()[5:]}", arguments=src.arguments or "{}")
-        if not self._text_fits(src.output, "item output", event_id, "item.output"):
-            return None
-        return Item(src.id or new_item_id(), "tool", src.output, kind="function_call_output", call_id=src.call_id)
-
-    def _message_item(self, src: ev.MessageItem, event_id: str | None) -> Item | None:
-        text = "".join(p.text or p.transcript or "" for p in src.content)
-        if not self._text_fits(text, "item text", event_id, "item.content"):
-            return None
-        audio = [p.audio for p in src.content if p.audio]
-        try:
-            samples = self.buffer.decode(b"".join(audio), self.config.input_audio_format) if audio else None
-        except ValueError as e:
-            self.error("invalid_audio", str(e), event_id=event_id, param="item.content")
-            return None
-        return Item(src.id or new_item_id(), src.role, text=text, audio=samples,
-                    audio_ms=audio_ms(samples) if samples is not None else 0)
-
-    async def _item_create(self, event: ev.ConversationItemCreate) -> None:
-        src = event.item
-        if isinstance(src, ev.MessageItem):
-            item = self._message_item(src, event.event_id)
-        else:
-            item = self._function_item(src, event.event_id)
-        if item is None:
-            return
-        if self.conversation.get(item.id) is not None:
-            # LiveKit takes this code to mean the item is there already, as its create wanted
-            self.error("item_create_duplicate_item_id", f"Item with id '{item.id}' already exists.",
-                       event_id=event.event_id, param="item.id")
-            return
-        try:
-            previous = self.conversation.add(item, event.previous_item_id)
-        except KeyError:
-            self.error("item_create_invalid_previous_item_id",
-                       f"Error adding item: the previous item with id '{event.previous_item_id}' does not exist.",
-                       event_id=event.event_id, param="previous_item_id")
-            return
-        self._announce_item(item, previous)
-        self._bound_audio(item, event.event_id, "item.content")
-
-    async def _item_delete(self, event: ev.ConversationItemDelete) -> None:
-        try:
-            self.conversation.delete(event.item_id)
-            self.transcriber.cancel(event.item_id)
-        except KeyError:
-            self.error("item_delete_invalid_item_id",
-                       f"Error deleting item: the item with id '{event.item_id}' does not exist.",
-                       event_id=event.event_id, param="item_id")
-            return
-        self.sender.event(ev.ConversationItemDeleted(item_id=event.item_id))
-
-    async def _item_retrieve(self, event: ev.ConversationItemRetrieve) -> None:
-        item = self.conversation.get(event.item_id)
-        if item is None:
-            # Pipecat matches this code to fail the retrieval it waits on (anything else ends its session)
-            self.error("item_retrieve_invalid_item_id",
-                       f"Error retrieving item: the item with id '{event.item_id}' does not exist.",
-                       event_id=event.event_id, param="item_id")
-            return
-        self.sender.event(ev.ConversationItemRetrieved(item=protocol_item(item)))
-
-    async def _truncate(self, event: ev.ConversationItemTruncate) -> None:
-        try:
-            self.conversation.truncate(event.item_id, event.audio_end_ms)
-        except KeyError:
-            self.error("item_truncate_invalid_item_id",
-                       f"Error truncating item: the item with id '{event.item_id}' does not exist.",
-                       event_id=event.event_id, param="item_id")
-            return
-        except ValueError as e:
-            self.error("invalid_value", str(e), event_id=event.event_id, param="audio_end_ms")
-            return
-        self.sender.event(ev.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
-                                               audio_end_ms=event.audio_end_ms))
-
     async def _response_create(self, event: ev.ResponseCreate) -> None:
         if self.response is not None:
             self.error("conversation_already_has_active_response",
@@ -345,7 +265,7 @@ class Session:
                        "response is finished before creating a new one.", event_id=event.event_id)
             return
         instructions = event.response.instructions if event.response is not None else None
-        if not self._text_fits(instructions, "instructions", event.event_id, "response.instructions"):
+        if not self.text_fits(instructions, "instructions", event.event_id, "response.instructions"):
             return
         try:
             config = ev.apply_response_overrides(self.config, event)
@@ -376,7 +296,7 @@ class Session:
         elif playing is not None:
             self._clear_playback(playing)
 
-    def _text_fits(self, text: str | None, what: str, event_id: str | None, param: str) -> bool:
+    def text_fits(self, text: str | None, what: str, event_id: str | None, param: str) -> bool:
         """Text that cannot fit the context is refused by its length alone, before any tokenizer sees it."""
         context_tokens = self.engine.info.max_model_len
         if text is None or len(text) <= MAX_CHARS_PER_TOKEN * context_tokens:
@@ -451,10 +371,10 @@ _HANDLERS: dict[type, Callable[[Session, Any], Awaitable[None]]] = {
     ev.InputAudioAppend: Session._append,
     ev.InputAudioCommit: Session._commit,
     ev.InputAudioClear: Session._clear,
-    ev.ConversationItemCreate: Session._item_create,
-    ev.ConversationItemDelete: Session._item_delete,
-    ev.ConversationItemRetrieve: Session._item_retrieve,
-    ev.ConversationItemTruncate: Session._truncate,
+    ev.ConversationItemCreate: item_events.create,
+    ev.ConversationItemDelete: item_events.delete,
+    ev.ConversationItemRetrieve: item_events.retrieve,
+    ev.ConversationItemTruncate: item_events.truncate,
     ev.ResponseCreate: Session._response_create,
     ev.ResponseCancel: Session._response_cancel,
     ev.OutputAudioBufferClear: Session._output_clear,
