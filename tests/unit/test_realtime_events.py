@@ -33,13 +33,22 @@ from voice_gateway.realtime.events import (
     ConversationItemTruncate,
     ConversationItemTruncated,
     Dialect,
+    ErrorDetail,
     ErrorEvent,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
     InputAudioAppend,
     InputAudioClear,
     InputAudioCleared,
     InputAudioCommit,
     InputAudioCommitted,
     InputAudioTimeoutTriggered,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
+    InputTranscriptionFailed,
     MessageItem,
     OutputAudioDelta,
     OutputAudioDone,
@@ -64,6 +73,9 @@ from voice_gateway.realtime.events import (
     SpeechStarted,
     SpeechStopped,
     StatusDetails,
+    Transcription,
+    TranscriptionTokenDetails,
+    TranscriptionUsage,
     TurnDetection,
     Usage,
     apply_response_overrides,
@@ -104,10 +116,13 @@ GA_SESSION_UPDATE: ga.SessionUpdateEventParam = {
                 "format": {"type": "audio/pcmu"},
                 "turn_detection": {"type": "server_vad", "threshold": 0.7, "silence_duration_ms": 800},
                 "noise_reduction": {"type": "near_field"},
+                "transcription": {"model": "whisper-1"},
             },
             "output": {"format": {"type": "audio/pcma"}, "voice": "chelsie", "speed": 1.1},
         },
         "tracing": "auto",
+        "tools": [{"type": "function", "name": "set_lamp", "parameters": {"type": "object"}}],
+        "tool_choice": "required",
     },
 }
 BETA_SESSION_UPDATE: beta.SessionUpdateEventParam = {
@@ -122,6 +137,8 @@ BETA_SESSION_UPDATE: beta.SessionUpdateEventParam = {
         "turn_detection": {"type": "server_vad", "threshold": 0.7, "silence_duration_ms": 800},
         "voice": "chelsie",
         "input_audio_transcription": {"model": "whisper-1"},
+        "tools": [{"type": "function", "name": "set_lamp", "parameters": {"type": "object"}}],
+        "tool_choice": "required",
     },
 }
 
@@ -144,6 +161,9 @@ def test_session_update_means_the_same_in_both_dialects(dialect: Dialect, payloa
         turn_detection=TurnDetection(threshold=0.7, silence_duration_ms=800),
         max_output_tokens=256,
         temperature=0.6,
+        tools=(FunctionTool(name="set_lamp", parameters={"type": "object"}),),
+        tool_choice="required",
+        transcription=Transcription(model="whisper-1"),
     )
 
 
@@ -276,7 +296,10 @@ def user_item(**fields: Any) -> dict[str, Any]:
         ({**TRUNCATE, "audio_end_ms": "soon", "event_id": "e3"}, "invalid_value", "audio_end_ms", "e3", "integer"),
         ({**TRUNCATE, "audio_end_ms": 5, "event_id": 5}, "invalid_value", "event_id", None, "string"),
         (user_item(content=[{"type": "input_image"}]), "invalid_value", "item.content.0.type", None, "input_text"),
-        (user_item(type="function_call_output"), "invalid_value", "item.type", None, "message"),
+        (user_item(type="mcp_call"), "invalid_value", "item.type", None, "message"),
+        (user_item(type="function_call_output"), "invalid_value", "item.call_id", None, "required"),
+        ({"type": "conversation.item.create", "item": {"type": "function_call", "arguments": "{}"}}, "invalid_value",
+         "item.name", None, "required"),
         (session_update("not an object"), "invalid_value", "session", None, "dictionary"),
         ({"type": "session.update"}, "invalid_value", "session", None, "required"),
         ({"type": "conversation.item.delete", "event_id": "e4"}, "invalid_value", "item_id", "e4", "required"),
@@ -458,6 +481,8 @@ def sample_server_events() -> list[ServerEvent]:
         content=[ContentPart(type="output_audio", transcript="Hello there.")],
     )
     written = MessageItem(id="item_text", role="assistant", content=[ContentPart(type="output_text", text="Hi.")])
+    call = FunctionCallItem(id="item_call", status="completed", call_id="call_1", name="set_lamp",
+                            arguments='{"on": true}')
     ref: dict[str, Any] = {"response_id": "resp_1", "item_id": "item_reply", "output_index": 0, "content_index": 0}
     usage = Usage(total_tokens=30, input_tokens=20, output_tokens=10)
     return [
@@ -509,6 +534,29 @@ def sample_server_events() -> list[ServerEvent]:
             )
         ),
         ErrorEvent.from_protocol_error(ProtocolError("unknown_event", "unknown event type 'x'", "evt_9", "type")),
+        # function calling
+        SessionUpdated(session=config.model_copy(update={
+            "tools": (FunctionTool(name="set_lamp", description="Switch the lamp", parameters={"type": "object"}),),
+            "tool_choice": "required", "transcription": Transcription(model="whisper-1", language="en")})),
+        OutputItemAdded(response_id="resp_4", output_index=1, item=FunctionCallItem(
+            id="item_call", status="in_progress", call_id="call_1", name="set_lamp")),
+        ConversationItemAdded(item=FunctionCallItem(id="item_call", status="in_progress", call_id="call_1",
+                                                    name="set_lamp"), previous_item_id="item_reply"),
+        FunctionCallArgumentsDelta(response_id="resp_4", item_id="item_call", output_index=1, call_id="call_1",
+                                   delta='{"on": '),
+        FunctionCallArgumentsDone(response_id="resp_4", item_id="item_call", output_index=1, call_id="call_1",
+                                  name="set_lamp", arguments='{"on": true}'),
+        OutputItemDone(response_id="resp_4", output_index=1, item=call),
+        ConversationItemRetrieved(item=FunctionCallOutputItem(id="item_out", status="completed", call_id="call_1",
+                                                              output="done")),
+        ResponseDone(response=RealtimeResponse(id="resp_4", status="completed", output=[spoken, call], usage=usage)),
+        # input transcription
+        InputTranscriptionDelta(item_id="item_user", delta="Hello"),
+        InputTranscriptionCompleted(item_id="item_user", transcript="Hello there", usage=TranscriptionUsage(
+            total_tokens=30, input_tokens=25, output_tokens=5,
+            input_token_details=TranscriptionTokenDetails(text_tokens=12, audio_tokens=13))),
+        InputTranscriptionFailed(item_id="item_user", error=ErrorDetail(type="server_error", code="server_overloaded",
+                                                                       message="busy")),
     ]
 
 

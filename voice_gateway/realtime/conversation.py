@@ -7,6 +7,9 @@ only the part of its transcript the user heard.
 Audio is what makes a conversation big (64 KB a second), so only the items the
 prompt can still use keep theirs, and at most `max_audio_samples` of it: the
 oldest goes first. An item without its audio stays listed, with its text.
+
+Function calls and their outputs go to the prompt as chat's `tool_calls` and `role: "tool"` messages
+do: a run of calls joins the assistant message before it, and each output is a tool message.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, Message, TextPart
+from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, Message, TextPart, ToolCall
 
 # Prompt cost estimates, on the generous side: the engine checks the real count.
 _TOKENS_PER_AUDIO_SECOND = 13  # Qwen3-Omni's audio encoder: 13 tokens per 100 mel frames (1 s)
@@ -32,22 +35,31 @@ def new_item_id() -> str:
     return f"item_{uuid.uuid4().hex[:20]}"
 
 
+ItemKind = Literal["message", "function_call", "function_call_output"]
+
+
 @dataclass(slots=True)
 class Item:
     id: str
-    role: Literal["user", "assistant", "system"]
-    text: str = ""  # typed text, or the transcript of generated audio
+    role: Literal["user", "assistant", "system", "tool"]  # a call is the assistant's, its output the tool's
+    text: str = ""  # typed text, the transcript of generated audio, or a call's output
     audio: np.ndarray | None = None  # user speech, float32 at 16 kHz
     audio_ms: int = 0  # how much audio the item holds (user) or was generated (assistant)
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
     audio_dropped: bool = False  # the conversation let go of `audio`: the prompt gets the text alone
+    kind: ItemKind = "message"
+    call_id: str = ""  # function_call, function_call_output
+    name: str = ""  # function_call: the function
+    arguments: str = ""  # function_call: JSON text, as the model wrote it
+    transcript: str = ""  # user audio: its input transcription, when the session asks for one
 
     def estimated_tokens(self) -> int:
         # Dropped audio still counts, so trimming stays oldest-first: an item that left the context for
         # its audio does not come back as text while newer items are left out.
         has_audio = self.audio is not None or self.audio_dropped
         audio_tokens = int(self.audio_ms / 1000 * _TOKENS_PER_AUDIO_SECOND) + 3 if has_audio else 0
-        return _TOKENS_PER_TURN + len(self.text) // _CHARS_PER_TOKEN + 1 + audio_tokens
+        text_chars = len(self.text) + len(self.name) + len(self.arguments)
+        return _TOKENS_PER_TURN + text_chars // _CHARS_PER_TOKEN + 1 + audio_tokens
 
     def drop_audio(self) -> None:
         if self.audio is not None:
@@ -143,6 +155,13 @@ class Conversation:
     def to_messages(self, instructions: str) -> tuple[Message, ...]:
         messages = [Message("system", (TextPart(instructions),))] if instructions else []
         for item in self.items[self._context_start(instructions):]:
+            if item.kind == "function_call":
+                if item.status == "completed":  # a call cut off has no arguments a prompt can hold
+                    _add_call(messages, ToolCall(item.name, item.arguments))
+                continue
+            if item.kind == "function_call_output":
+                messages.append(Message("tool", (TextPart(item.text),)))
+                continue
             parts: list[TextPart | AudioPart] = []
             if item.audio is not None and item.audio.size:
                 parts.append(AudioPart(item.audio))
@@ -151,6 +170,15 @@ class Conversation:
             if parts:
                 messages.append(Message(item.role, tuple(parts)))
         return tuple(messages)
+
+
+def _add_call(messages: list[Message], call: ToolCall) -> None:
+    """A call joins the assistant message just before it (its words, or the calls before it), as in chat."""
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant":
+        messages[-1] = Message("assistant", last.content, last.tool_calls + (call,))
+    else:
+        messages.append(Message("assistant", (), (call,)))
 
 
 def audio_ms(samples_16k: np.ndarray) -> int:

@@ -3,6 +3,10 @@
 Audio goes to the response's `AudioSink` (`audio_sinks.py`), which the session
 chose for its output format. A cancelled response (barge-in, `response.cancel`, a slow reader) stops at once:
 the engine request is aborted and its queued audio dropped by the session.
+
+With tools in the prompt, the reply's text goes through `ResponseCalls` (calls.py), which makes each
+call an output item of its own; the reply's message is then announced only once it has words (or
+audio), so that a reply of calls alone, as `tool_choice: "required"` makes, is calls alone.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from engine import (
     Timings,
 )
 from voice_gateway.realtime.audio_sinks import REPLY_RATE_HZ, AudioSink
+from voice_gateway.realtime.calls import ResponseCalls
 from voice_gateway.realtime.conversation import Item
 from voice_gateway.realtime.events import (
     ContentPart,
@@ -41,6 +46,7 @@ from voice_gateway.realtime.events import (
     ConversationItemAdded,
     ConversationItemDone,
     ErrorDetail,
+    FunctionCallItem,
     InputTokenDetails,
     MessageItem,
     OutputAudioDone,
@@ -60,8 +66,10 @@ from voice_gateway.realtime.events import (
     StatusDetails,
     Usage,
 )
+from voice_gateway.realtime.item_shapes import protocol_item
 from voice_gateway.realtime.outbox import OutboxFull
 from voice_gateway.realtime.sender import EventSender
+from voice_gateway.realtime.tools import engine_tools, output_constraint
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +93,7 @@ class Response:
     """A response's state; the session owns it and may cancel it."""
 
     id: str
-    item: Item
+    item: Item  # its message (announced once it has words, when tools are in the prompt)
     config: SessionConfig
     sink: AudioSink  # where its audio goes: the session's sink for config.output_audio_format
     speech_stopped_at: float | None = None  # perf_counter of the VAD stop that triggered it
@@ -94,6 +102,7 @@ class Response:
     first_audio_at: float | None = None
     outcome: ResponseOutcome = field(default_factory=ResponseOutcome)
     task: asyncio.Task | None = None
+    output: list[Item] = field(default_factory=list)  # its announced output items, by output_index
 
     @staticmethod
     def new(item: Item, config: SessionConfig, sink: AudioSink, speech_stopped_at: float | None,
@@ -102,27 +111,59 @@ class Response:
 
 
 class ResponseRunner:
-    """Streams one response: events through `sender`, audio into the response's sink."""
+    """Streams one response: events through `sender`, audio into the response's sink. `add_item` puts an
+    output item in the conversation (at its end) and returns the id of the item before it."""
 
-    def __init__(self, engine: Engine, response: Response, sender: EventSender) -> None:
+    def __init__(self, engine: Engine, response: Response, sender: EventSender,
+                 add_item: Callable[[Item], str | None]) -> None:
         self.engine = engine
         self.r = response
         self.sender = sender
+        self.add_item = add_item
         self.audio_mode = response.config.output_modality == "audio"
+        self.tools = engine_tools(response.config)
+        self.calls = ResponseCalls(response.id, sender, self._announce, self._say) if self.tools else None
+        self.message_index: int | None = None  # the message's output_index, once announced
+        self._held_space = ""  # with tools: whitespace before the message has words
         self.transcript = ""
         self.audio_samples = 0
 
     def _content(self, event_cls: Callable[..., ServerEvent], **fields: Any) -> ServerEvent:
-        return event_cls(response_id=self.r.id, item_id=self.r.item.id, **fields)
+        return event_cls(response_id=self.r.id, item_id=self.r.item.id, output_index=self.message_index, **fields)
 
-    async def run(self, messages: tuple[Message, ...], previous_item_id: str | None) -> None:
-        r, item = self.r, self.r.item
-        self.sender.event(ResponseCreated(response=RealtimeResponse(id=r.id, metadata=r.metadata)))
-        announced = MessageItem(id=item.id, role="assistant", status="in_progress")
-        self.sender.event(OutputItemAdded(response_id=r.id, item=announced))
-        self.sender.event(ConversationItemAdded(item=announced, previous_item_id=previous_item_id))
+    def _announce(self, item: Item, shown: MessageItem | FunctionCallItem) -> int:
+        index = len(self.r.output)
+        self.r.output.append(item)
+        previous = self.add_item(item)
+        self.sender.event(OutputItemAdded(response_id=self.r.id, output_index=index, item=shown))
+        self.sender.event(ConversationItemAdded(item=shown, previous_item_id=previous))
+        return index
+
+    def _open_message(self) -> None:
+        if self.message_index is not None:
+            return
+        item = self.r.item
+        self.message_index = self._announce(item, MessageItem(id=item.id, role="assistant", status="in_progress"))
         part = OutputPart(type="audio", transcript="") if self.audio_mode else OutputPart(type="text", text="")
         self.sender.event(self._content(ContentPartAdded, part=part))
+
+    def _say(self, text: str) -> None:
+        if self.message_index is None and self.calls is not None:
+            # the whitespace a model writes before its calls is no message
+            self._held_space += text
+            if not self._held_space.strip():
+                return
+            text, self._held_space = self._held_space, ""
+        self._open_message()
+        self.transcript += text
+        delta_cls = OutputAudioTranscriptDelta if self.audio_mode else OutputTextDelta
+        self.sender.event(self._content(delta_cls, delta=text))
+
+    async def run(self, messages: tuple[Message, ...]) -> None:
+        r = self.r
+        self.sender.event(ResponseCreated(response=RealtimeResponse(id=r.id, metadata=r.metadata)))
+        if self.calls is None:
+            self._open_message()  # without tools every reply is a message: it is announced at once
         usage = Usage()
         try:
             usage = await self._stream(messages)
@@ -146,6 +187,8 @@ class ResponseRunner:
             want_audio=self.audio_mode,
             speaker=self.r.speaker,
             sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
+            tools=self.tools,
+            output=output_constraint(cfg),
         )
         stream = await self.engine.submit(request)
         sink, usage = self.r.sink, Usage()
@@ -154,13 +197,16 @@ class ResponseRunner:
         try:
             async for event in stream:
                 if isinstance(event, TextDelta):
-                    self.transcript += event.text
-                    delta_cls = OutputAudioTranscriptDelta if self.audio_mode else OutputTextDelta
-                    self.sender.event(self._content(delta_cls, delta=event.text))
+                    if self.calls is not None:
+                        self.calls.feed(event.text)
+                    else:
+                        self._say(event.text)
                 elif isinstance(event, AudioChunk):
                     self._audio(event.samples)
                 elif isinstance(event, Finished):
                     usage = _usage(event.timings)
+                    if self.calls is not None:
+                        self.calls.close()
                     break
                 elif isinstance(event, Failed):
                     self.r.outcome = ResponseOutcome("failed", None, ErrorDetail(
@@ -173,6 +219,7 @@ class ResponseRunner:
             await stream.aclose()
 
     def _audio(self, samples: np.ndarray) -> None:
+        self._open_message()
         if self.r.first_audio_at is None:
             self.r.first_audio_at = time.perf_counter()
         self.audio_samples += samples.size
@@ -180,15 +227,35 @@ class ResponseRunner:
             self.r.sink.write(samples)
 
     def _finish(self, usage: Usage) -> None:
-        r, item, outcome = self.r, self.r.item, self.r.outcome
-        item.text = self.transcript
-        item.audio_ms = self.audio_samples * 1000 // REPLY_RATE_HZ
-        item.status = "completed" if outcome.status == "completed" else "incomplete"
+        r, outcome = self.r, self.r.outcome
+        if self.calls is not None:
+            self.calls.abandon()  # a completed reply has none left open
+        if self.message_index is not None:
+            self._finish_message()
+        details = None
+        if outcome.status != "completed":
+            details = StatusDetails(type=outcome.status, reason=outcome.reason, error=outcome.error)
+        output = [self._final_message() if it is r.item else protocol_item(it) for it in r.output]
+        done = RealtimeResponse(id=r.id, status=outcome.status, status_details=details, output=output, usage=usage,
+                                metadata=r.metadata)
+        self.sender.event(ResponseDone(response=done))
+        log.info("response %s %s (%s): %d ms of audio, %d output items", r.id, outcome.status, outcome.reason or "-",
+                 r.item.audio_ms, len(output))
+
+    def _final_message(self) -> MessageItem:
+        item = self.r.item
         if self.audio_mode:
             content = [ContentPart(type="output_audio", transcript=self.transcript)]
         else:
             content = [ContentPart(type="output_text", text=self.transcript)]
-        final_item = MessageItem(id=item.id, role="assistant", status=item.status, content=content)
+        return MessageItem(id=item.id, role="assistant", status=item.status, content=content)
+
+    def _finish_message(self) -> None:
+        r, item, outcome = self.r, self.r.item, self.r.outcome
+        item.text = self.transcript
+        item.audio_ms = self.audio_samples * 1000 // REPLY_RATE_HZ
+        item.status = "completed" if outcome.status == "completed" else "incomplete"
+        final_item = self._final_message()
         if outcome.status == "completed":
             if self.audio_mode:
                 self.sender.event(self._content(OutputAudioDone))
@@ -198,15 +265,8 @@ class ResponseRunner:
                 self.sender.event(self._content(OutputTextDone, text=self.transcript))
                 part = OutputPart(type="text", text=self.transcript)
             self.sender.event(self._content(ContentPartDone, part=part))
-        self.sender.event(OutputItemDone(response_id=r.id, item=final_item))
+        self.sender.event(OutputItemDone(response_id=r.id, output_index=self.message_index or 0, item=final_item))
         self.sender.event(ConversationItemDone(item=final_item))
-        details = None
-        if outcome.status != "completed":
-            details = StatusDetails(type=outcome.status, reason=outcome.reason, error=outcome.error)
-        done = RealtimeResponse(id=r.id, status=outcome.status, status_details=details, output=[final_item], usage=usage,
-                                metadata=r.metadata)
-        self.sender.event(ResponseDone(response=done))
-        log.info("response %s %s (%s): %d ms of audio", r.id, outcome.status, outcome.reason or "-", item.audio_ms)
 
 
 @contextlib.contextmanager

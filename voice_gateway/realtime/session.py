@@ -1,8 +1,8 @@
 """A realtime session: client events in, server events out; knows nothing about sockets.
 
 It owns the session config, the input audio buffer, turn taking, the
-conversation, the one active response, the audio sink and the outbox the
-transport drains. WebSocket and WebRTC adapters share it: each decodes a frame
+conversation, the one active response, the transcriptions in flight, the audio
+sink and the outbox the transport drains. WebSocket and WebRTC adapters share it: each decodes a frame
 (`frames.deliver`), `handle`s the event, and writes out what the outbox holds.
 """
 
@@ -21,13 +21,17 @@ from engine import INPUT_SAMPLE_RATE_HZ, Engine, Message
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
+from voice_gateway.realtime import item_events
 from voice_gateway.realtime.audio_sinks import AudioSink, TrackSink, event_sink
 from voice_gateway.realtime.conversation import Conversation, Item, audio_ms, new_item_id
 from voice_gateway.realtime.idle import IdleTimer
 from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
+from voice_gateway.realtime.item_shapes import protocol_item
 from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
+from voice_gateway.realtime.tools import response_tool_error, settle_tools
+from voice_gateway.realtime.transcription import Transcriber
 from voice_gateway.realtime.turns import TurnTaking
 from voice_gateway.realtime.voices import UnknownVoice, resolve_voice
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
@@ -62,6 +66,7 @@ class Session:
         self.conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                          int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))
         self.response: Response | None = None
+        self.transcriber = Transcriber(engine, self.sender, self.config.id)
         self.idle = IdleTimer()
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
         self.track = TrackSink(self.sender) if audio_on_track else None
@@ -100,6 +105,7 @@ class Session:
         self.idle.disarm()
         if self.response is not None:
             await self.cancel_response("client_cancelled")
+        await self.transcriber.close()
         # A transport may keep the session until the cyclic GC runs (aiortc's peer connection and its
         # handlers form cycles): the audio goes now, whoever still holds the session.
         self.buffer.clear()
@@ -120,10 +126,13 @@ class Session:
         except ev.ProtocolError as e:
             self.protocol_error(e)
             return
-        if not self._text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
+        if not self.text_fits(event.session.instructions, "instructions", event.event_id, "session.instructions"):
             config = config.model_copy(update={"instructions": self.config.instructions})
         if config.voice != self.config.voice and not self._voice_exists(config.voice, event.event_id, "session"):
             config = config.model_copy(update={"voice": self.config.voice})
+        config, tool_errors = settle_tools(self.config, config, event.event_id)
+        for error in tool_errors:
+            self.protocol_error(error)
         if config.turn_detection is None or config.turn_detection.idle_timeout_ms is None:
             self.idle.disarm()
         vad_changed = config.turn_detection != self.config.turn_detection
@@ -202,10 +211,12 @@ class Session:
         item = Item(item_id, "user", audio=samples, audio_ms=audio_ms(samples))
         previous = self.conversation.add(item)
         self.sender.event(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
-        self._announce_item(item, previous)
-        self._bound_audio(item, event_id, None)
+        self.announce_item(item, previous)
+        if self.config.transcription is not None:
+            self.transcriber.start(item, self.config.transcription)  # before bounding may drop the audio
+        self.bound_audio(item, event_id, None)
 
-    def _bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
+    def bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
         """Keep the conversation's audio within its bounds; the client hears of it when its new item's own goes."""
         self.conversation.bound_audio(self.config.instructions)
         if added.audio_dropped:
@@ -216,8 +227,8 @@ class Session:
                        "the item stays in the conversation without its audio, which replies will not hear",
                        event_id=event_id, param=param)
 
-    def _announce_item(self, item: Item, previous: str | None) -> None:
-        message = _message(item)
+    def announce_item(self, item: Item, previous: str | None) -> None:
+        message = protocol_item(item)
         self.sender.event(ev.ConversationItemAdded(item=message, previous_item_id=previous))
         self.sender.event(ev.ConversationItemDone(item=message, previous_item_id=previous))
 
@@ -247,68 +258,6 @@ class Session:
         self.turns.forget_segment()
         self.sender.event(ev.InputAudioCleared())
 
-    async def _item_create(self, event: ev.ConversationItemCreate) -> None:
-        src = event.item
-        text = "".join(p.text or p.transcript or "" for p in src.content)
-        if not self._text_fits(text, "item text", event.event_id, "item.content"):
-            return
-        audio = [p.audio for p in src.content if p.audio]
-        try:
-            samples = self.buffer.decode(b"".join(audio), self.config.input_audio_format) if audio else None
-        except ValueError as e:
-            self.error("invalid_audio", str(e), event_id=event.event_id, param="item.content")
-            return
-        item = Item(src.id or new_item_id(), src.role, text=text, audio=samples,
-                    audio_ms=audio_ms(samples) if samples is not None else 0)
-        if self.conversation.get(item.id) is not None:
-            # LiveKit takes this code to mean the item is there already, as its create wanted
-            self.error("item_create_duplicate_item_id", f"Item with id '{item.id}' already exists.",
-                       event_id=event.event_id, param="item.id")
-            return
-        try:
-            previous = self.conversation.add(item, event.previous_item_id)
-        except KeyError:
-            self.error("item_create_invalid_previous_item_id",
-                       f"Error adding item: the previous item with id '{event.previous_item_id}' does not exist.",
-                       event_id=event.event_id, param="previous_item_id")
-            return
-        self._announce_item(item, previous)
-        self._bound_audio(item, event.event_id, "item.content")
-
-    async def _item_delete(self, event: ev.ConversationItemDelete) -> None:
-        try:
-            self.conversation.delete(event.item_id)
-        except KeyError:
-            self.error("item_delete_invalid_item_id",
-                       f"Error deleting item: the item with id '{event.item_id}' does not exist.",
-                       event_id=event.event_id, param="item_id")
-            return
-        self.sender.event(ev.ConversationItemDeleted(item_id=event.item_id))
-
-    async def _item_retrieve(self, event: ev.ConversationItemRetrieve) -> None:
-        item = self.conversation.get(event.item_id)
-        if item is None:
-            # Pipecat matches this code to fail the retrieval it waits on (anything else ends its session)
-            self.error("item_retrieve_invalid_item_id",
-                       f"Error retrieving item: the item with id '{event.item_id}' does not exist.",
-                       event_id=event.event_id, param="item_id")
-            return
-        self.sender.event(ev.ConversationItemRetrieved(item=_message(item)))
-
-    async def _truncate(self, event: ev.ConversationItemTruncate) -> None:
-        try:
-            self.conversation.truncate(event.item_id, event.audio_end_ms)
-        except KeyError:
-            self.error("item_truncate_invalid_item_id",
-                       f"Error truncating item: the item with id '{event.item_id}' does not exist.",
-                       event_id=event.event_id, param="item_id")
-            return
-        except ValueError as e:
-            self.error("invalid_value", str(e), event_id=event.event_id, param="audio_end_ms")
-            return
-        self.sender.event(ev.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
-                                               audio_end_ms=event.audio_end_ms))
-
     async def _response_create(self, event: ev.ResponseCreate) -> None:
         if self.response is not None:
             self.error("conversation_already_has_active_response",
@@ -316,7 +265,7 @@ class Session:
                        "response is finished before creating a new one.", event_id=event.event_id)
             return
         instructions = event.response.instructions if event.response is not None else None
-        if not self._text_fits(instructions, "instructions", event.event_id, "response.instructions"):
+        if not self.text_fits(instructions, "instructions", event.event_id, "response.instructions"):
             return
         try:
             config = ev.apply_response_overrides(self.config, event)
@@ -324,6 +273,9 @@ class Session:
             self.protocol_error(e)
             return
         if config.voice != self.config.voice and not self._voice_exists(config.voice, event.event_id, "response"):
+            return
+        if (tool_error := response_tool_error(config, event.event_id)) is not None:
+            self.protocol_error(tool_error)
             return
         self._start_response(config, None, event.response.metadata if event.response is not None else None)
 
@@ -344,7 +296,7 @@ class Session:
         elif playing is not None:
             self._clear_playback(playing)
 
-    def _text_fits(self, text: str | None, what: str, event_id: str | None, param: str) -> bool:
+    def text_fits(self, text: str | None, what: str, event_id: str | None, param: str) -> bool:
         """Text that cannot fit the context is refused by its length alone, before any tokenizer sees it."""
         context_tokens = self.engine.info.max_model_len
         if text is None or len(text) <= MAX_CHARS_PER_TOKEN * context_tokens:
@@ -360,7 +312,6 @@ class Session:
         self.idle.disarm()
         item = Item(new_item_id(), "assistant", status="in_progress")
         messages = self.conversation.to_messages(config.instructions)
-        previous = self.conversation.add(item)
         self.conversation.bound_audio(config.instructions)  # the audio this prompt left out goes
         # voices were checked when set: an engine that lost the speaker since answers the request itself
         speaker = config.voice
@@ -370,13 +321,13 @@ class Session:
         response = Response.new(item, config, self._sink_for(config.output_audio_format), speech_stopped_at,
                                 speaker, metadata)
         self.response = response
-        runner = ResponseRunner(self.engine, response, self.sender)
-        response.task = asyncio.create_task(self._run(runner, messages, previous))
+        runner = ResponseRunner(self.engine, response, self.sender, self.conversation.add)
+        response.task = asyncio.create_task(self._run(runner, messages))
 
-    async def _run(self, runner: ResponseRunner, messages: tuple[Message, ...], previous: str | None) -> None:
+    async def _run(self, runner: ResponseRunner, messages: tuple[Message, ...]) -> None:
         response = runner.r
         try:
-            await runner.run(messages, previous)
+            await runner.run(messages)
         finally:
             if self.response is response:
                 self.response = None
@@ -421,23 +372,12 @@ _HANDLERS: dict[type, Callable[[Session, Any], Awaitable[None]]] = {
     ev.InputAudioAppend: Session._append,
     ev.InputAudioCommit: Session._commit,
     ev.InputAudioClear: Session._clear,
-    ev.ConversationItemCreate: Session._item_create,
-    ev.ConversationItemDelete: Session._item_delete,
-    ev.ConversationItemRetrieve: Session._item_retrieve,
-    ev.ConversationItemTruncate: Session._truncate,
+    ev.ConversationItemCreate: item_events.create,
+    ev.ConversationItemDelete: item_events.delete,
+    ev.ConversationItemRetrieve: item_events.retrieve,
+    ev.ConversationItemTruncate: item_events.truncate,
     ev.ResponseCreate: Session._response_create,
     ev.ResponseCancel: Session._response_cancel,
     ev.OutputAudioBufferClear: Session._output_clear,
 }
 
-
-def _message(item: Item) -> ev.MessageItem:
-    """A conversation item as the protocol shows it: audio items without their audio, text items with theirs."""
-    if item.role == "assistant" and (item.audio_ms > 0 or item.audio is not None):
-        part = ev.ContentPart(type="output_audio", transcript=item.text)
-    elif item.audio is not None or item.audio_dropped:
-        part = ev.ContentPart(type="input_audio")
-    else:
-        part = ev.ContentPart(type="output_text" if item.role == "assistant" else "input_text", text=item.text)
-    status = "completed" if item.status == "completed" else item.status
-    return ev.MessageItem(id=item.id, role=item.role, status=status, content=[part])

@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from voice_gateway.realtime.events.items import MessageItem
+from voice_gateway.realtime.events.items import ITEM_TYPES, ConversationItem
 from voice_gateway.realtime.events.session import ResponseOverrides, SessionFields
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
 from voice_gateway.text import CleanText, printable
@@ -123,7 +123,7 @@ class InputAudioClear(_ClientEvent):
 
 class ConversationItemCreate(_ClientEvent):
     type: Literal["conversation.item.create"] = "conversation.item.create"
-    item: MessageItem
+    item: ConversationItem
     previous_item_id: CleanText | None = None
 
 
@@ -197,5 +197,8 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
             event_type = data.get("type")
             message = f"unknown event type {event_type!r}" if event_type is not None else "the event has no 'type'"
             raise ProtocolError("unknown_event", message, event_id, "type") from None
-        path = ".".join(str(part) for part in error["loc"][1:])  # loc[0] is the union tag
+        loc = error["loc"][1:]  # loc[0] is the union tag
+        # an item's type tag, too, is no field of the event
+        loc = tuple(part for i, part in enumerate(loc) if not (i and loc[i - 1] == "item" and part in ITEM_TYPES))
+        path = ".".join(str(part) for part in loc)
         raise ProtocolError("invalid_value", printable(f"{path}: {error['msg']}"), event_id, printable(path)) from None

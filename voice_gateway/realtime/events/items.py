@@ -1,10 +1,11 @@
-"""Conversation items as the protocol carries them: message items and their content parts."""
+"""Conversation items as the protocol carries them: messages and their content parts, function calls and
+their outputs, and `ConversationItem`, the union of the three (an item without a `type` is a message)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, SerializationInfo, field_serializer, field_validator
+from pydantic import Discriminator, Field, SerializationInfo, Tag, field_serializer, field_validator
 
 from voice_gateway.realtime.events.dialect import BETA_PART_TYPES, GA_PART_TYPES, Dialect, dialect_in
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
@@ -30,7 +31,7 @@ class ContentPart(EventModel):
 
 
 class MessageItem(EventModel):
-    """A conversation item; only messages exist here (no tools, so no function calls)."""
+    """A message: what the user said or typed, the instructions, or a reply."""
 
     id: CleanText | None = None
     type: Literal["message"] = "message"
@@ -38,3 +39,48 @@ class MessageItem(EventModel):
     role: Literal["user", "assistant", "system"]
     status: Literal["completed", "incomplete", "in_progress"] | None = None
     content: list[ContentPart] = Field(default_factory=list)
+
+
+ItemStatus = Literal["completed", "incomplete", "in_progress"]
+
+
+class FunctionCallItem(EventModel):
+    """A call the model made (or, from the client, one it made earlier); `arguments` is JSON text."""
+
+    id: CleanText | None = None
+    type: Literal["function_call"] = "function_call"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: ItemStatus | None = None
+    call_id: CleanText | None = None  # the client may leave it out; the server names the call then
+    name: Annotated[CleanText, Field(min_length=1)]
+    arguments: CleanText = ""  # "" while the model is still writing them
+
+
+class FunctionCallOutputItem(EventModel):
+    """A call's result, as the client ran it: fed to the model on the next response."""
+
+    id: CleanText | None = None
+    type: Literal["function_call_output"] = "function_call_output"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: ItemStatus | None = None
+    call_id: Annotated[CleanText, Field(min_length=1)]
+    output: CleanText
+
+
+ITEM_TYPES = ("message", "function_call", "function_call_output")
+
+
+def _item_type(value: Any) -> str:
+    """The item's union member; any other type is read as a message's, whose error names `item.type`."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in ITEM_TYPES else "message"
+
+
+ConversationItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    ],
+    Discriminator(_item_type),
+]

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from voice_gateway.realtime.events.client import ProtocolError
 from voice_gateway.realtime.events.dialect import BETA_EVENT_TYPES, Dialect
-from voice_gateway.realtime.events.items import MessageItem
+from voice_gateway.realtime.events.items import ConversationItem
 from voice_gateway.realtime.events.session import SessionConfig, session_payload
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
 
@@ -65,7 +65,7 @@ class InputAudioCleared(_ServerEvent):
 
 
 class _ItemEvent(_ServerEvent):
-    item: MessageItem
+    item: ConversationItem
     previous_item_id: str | None = None
 
 
@@ -88,7 +88,7 @@ class ConversationItemDeleted(_ServerEvent):
 
 class ConversationItemRetrieved(_ServerEvent):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
-    item: MessageItem
+    item: ConversationItem
 
 
 class InputAudioTimeoutTriggered(_ServerEvent):
@@ -148,7 +148,7 @@ class RealtimeResponse(EventModel):
     object: Literal["realtime.response"] = "realtime.response"
     status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"] = "in_progress"
     status_details: StatusDetails | None = None
-    output: list[MessageItem] = Field(default_factory=list)
+    output: list[ConversationItem] = Field(default_factory=list)
     usage: Usage | None = None  # set on response.done
     metadata: dict[str, str] | None = None  # response.create's, echoed (LiveKit matches replies by it)
 
@@ -166,7 +166,7 @@ class ResponseDone(_ServerEvent):
 class _OutputItemEvent(_ServerEvent):
     response_id: str
     output_index: int = 0
-    item: MessageItem
+    item: ConversationItem
 
 
 class OutputItemAdded(_OutputItemEvent):
@@ -233,6 +233,71 @@ class OutputTextDone(_ContentEvent):
     text: str
 
 
+class _CallEvent(_ServerEvent):
+    """An event about one function call item of one response."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+
+
+class FunctionCallArgumentsDelta(_CallEvent):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    delta: str  # a piece of the arguments' JSON text, as the model writes it
+
+
+class FunctionCallArgumentsDone(_CallEvent):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    name: str
+    arguments: str
+
+    def _payload(self, dialect: Dialect) -> dict[str, Any] | None:
+        payload = super()._payload(dialect)
+        if payload is not None and dialect is Dialect.BETA:
+            del payload["name"]  # GA added it
+        return payload
+
+
+class TranscriptionTokenDetails(EventModel):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class TranscriptionUsage(EventModel):
+    """A transcription's usage, billed by tokens (OpenAI's other kind, by duration, is not used here)."""
+
+    type: Literal["tokens"] = "tokens"
+    total_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    input_token_details: TranscriptionTokenDetails = Field(default_factory=TranscriptionTokenDetails)
+
+
+class _TranscriptionEvent(_ServerEvent):
+    item_id: str  # the user item whose audio is transcribed
+    content_index: int = 0  # its input_audio part
+
+
+class InputTranscriptionDelta(_TranscriptionEvent):
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta")
+    delta: str
+
+
+class InputTranscriptionCompleted(_TranscriptionEvent):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed")
+    transcript: str
+    usage: TranscriptionUsage
+
+
+class InputTranscriptionFailed(_TranscriptionEvent):
+    type: Literal["conversation.item.input_audio_transcription.failed"] = (
+        "conversation.item.input_audio_transcription.failed")
+    error: ErrorDetail
+
+
 class OutputAudioBufferStarted(_ServerEvent):
     """WebRTC only: the server started playing a response's audio on the track."""
 
@@ -284,6 +349,11 @@ ServerEvent = Union[
     OutputAudioTranscriptDone,
     OutputTextDelta,
     OutputTextDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    InputTranscriptionDelta,
+    InputTranscriptionCompleted,
+    InputTranscriptionFailed,
     OutputAudioBufferStarted,
     OutputAudioBufferStopped,
     OutputAudioBufferCleared,

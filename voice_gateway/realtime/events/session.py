@@ -9,7 +9,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, NonNegativeInt, PlainValidator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PlainValidator, ValidationError
 
 from voice_gateway.realtime.events.dialect import Dialect
 from voice_gateway.realtime.events.wire import EventModel
@@ -79,6 +79,50 @@ class TurnDetection(BaseModel, frozen=True):
 SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
 
 
+class _FrozenSetting(BaseModel):
+    """A setting that lives in the (frozen) session config and arrives in updates as it is stored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class FunctionTool(_FrozenSetting):
+    """A function the model may call (the only kind of tool served); the same shape in both dialects."""
+
+    type: Literal["function"] = "function"
+    name: Annotated[CleanText, Field(min_length=1, max_length=64)]
+    description: CleanText | None = None
+    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments; None: any object
+
+
+class NamedToolChoice(_FrozenSetting):
+    type: Literal["function"]
+    name: Annotated[CleanText, Field(min_length=1)]
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+def _tool_choice(value: object) -> ToolChoice:
+    """One validator rather than a union, whose errors would name union members in `param`."""
+    if value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        try:
+            return NamedToolChoice.model_validate(value)
+        except ValidationError:
+            pass
+    raise ValueError("expected 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...} "
+                     "(function tools are the only kind served)")
+
+
+class Transcription(_FrozenSetting):
+    """Input audio transcription settings. The Thinker transcribes whatever `model` names (echoed as sent)."""
+
+    model: CleanText | None = None
+    language: Annotated[CleanText, Field(max_length=32)] | None = None
+    prompt: CleanText | None = None
+
+
 class SessionConfig(BaseModel, frozen=True):
     """What a session is set to, in neither dialect's shape: the session logic reads only this."""
 
@@ -92,11 +136,19 @@ class SessionConfig(BaseModel, frozen=True):
     turn_detection: TurnDetection | None = Field(default_factory=TurnDetection)
     max_output_tokens: int | Literal["inf"] = "inf"
     temperature: float = 0.8
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    transcription: Transcription | None = None  # None: committed audio is not transcribed
 
 
 def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
     """The `session` object of session.created / session.updated, in `dialect`'s shape."""
     voice = {"voice": config.voice} if config.voice is not None else {}
+    tools = {
+        "tools": [t.model_dump(exclude_none=True) for t in config.tools],
+        "tool_choice": config.tool_choice if isinstance(config.tool_choice, str) else config.tool_choice.model_dump(),
+    }
+    transcription = config.transcription.model_dump(exclude_none=True) if config.transcription else None
     vad = config.turn_detection
     turn_detection = vad.payload(dialect) if vad else None
     if dialect is Dialect.BETA:
@@ -109,9 +161,11 @@ def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
             **voice,
             "input_audio_format": config.input_audio_format.value,
             "output_audio_format": config.output_audio_format.value,
+            "input_audio_transcription": transcription,
             "turn_detection": turn_detection,
             "temperature": config.temperature,
             "max_response_output_tokens": config.max_output_tokens,
+            **tools,
         }
     return {
         "type": "realtime",
@@ -121,9 +175,11 @@ def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
         "output_modalities": [config.output_modality],
         "instructions": config.instructions,
         "max_output_tokens": config.max_output_tokens,
+        **tools,
         "audio": {
             "input": {
                 "format": _ga_format(config.input_audio_format),
+                "transcription": transcription,
                 "turn_detection": turn_detection,
             },
             "output": {"format": _ga_format(config.output_audio_format), **voice},
@@ -179,6 +235,7 @@ class TurnDetectionUpdate(EventModel):
 
 class _AudioInputUpdate(EventModel):
     format: GaInputFormat | None = None
+    transcription: Transcription | None = None  # a null turns it off
     turn_detection: TurnDetectionUpdate | None = None
 
 
@@ -208,6 +265,8 @@ class ResponseOverrides(EventModel):
     output_audio_format: AudioFormat | None = None  # beta
     audio: _ResponseAudio | None = None  # GA
     metadata: _Metadata | None = None  # response.create only: the response carries it back
+    tools: list[FunctionTool] | None = None
+    tool_choice: Annotated[ToolChoice, PlainValidator(_tool_choice)] | None = None
 
 
 class SessionFields(ResponseOverrides):
@@ -215,6 +274,7 @@ class SessionFields(ResponseOverrides):
 
     type: Literal["realtime"] | None = None  # GA; transcription-only sessions are not served
     input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None  # beta
+    input_audio_transcription: Transcription | None = None  # beta; a null turns it off
     turn_detection: TurnDetectionUpdate | None = None  # beta
     audio: _SessionAudio | None = None  # GA
 

@@ -29,6 +29,8 @@ def _output_changes(fields: ResponseOverrides) -> dict[str, Any]:
         "temperature": fields.temperature,
         "voice": _first(output.voice if output else None, fields.voice),
         "output_audio_format": _first(format_from_ga(output.format if output else None), fields.output_audio_format),
+        "tools": tuple(fields.tools) if fields.tools is not None else None,
+        "tool_choice": fields.tool_choice,
     }
     return {name: value for name, value in changes.items() if value is not None}
 
@@ -47,6 +49,11 @@ def apply_session_update(current: SessionConfig, event: SessionUpdate) -> Sessio
         if holder is not None and "turn_detection" in holder.model_fields_set:
             changes["turn_detection"] = merge_turn_detection(current.turn_detection, holder.turn_detection)
             break
+    # likewise a null transcription turns it off
+    if audio_input is not None and "transcription" in audio_input.model_fields_set:
+        changes["transcription"] = audio_input.transcription
+    elif "input_audio_transcription" in session.model_fields_set:
+        changes["transcription"] = session.input_audio_transcription
     return current.model_copy(update=changes)
 
 

@@ -1,0 +1,86 @@
+"""A realtime session's tools and tool choice: their checks, and what they make of a response's engine request.
+
+They mean what they mean in chat completions (voice_gateway/openai/tools.py), on the same engine parts:
+
+* `tool_choice: "auto"` (the default): the tools are in the prompt and the model may call them; calls
+  are parsed out of its text (voice_gateway/openai/tool_parser.py).
+* `"none"`: the tools are left out of the prompt, so the model answers in words.
+* `"required"` or a named function: the reply is decoded under a grammar of tool calls (any tool, or
+  that one), so each call's arguments validate against its schema. Realtime has no
+  `parallel_tool_calls`: such a reply may hold several calls, as OpenAI's may.
+
+A refusal names its field in the session's path style (`session.tools.1.parameters`).
+"""
+
+from __future__ import annotations
+
+from engine import OutputConstraint, Tool, ToolCallOutput, schema_error
+from voice_gateway.realtime.events import NamedToolChoice, ProtocolError, SessionConfig
+from voice_gateway.realtime.events.session import FunctionTool, ToolChoice
+
+
+def tool_errors(tools: tuple[FunctionTool, ...], where: str, event_id: str | None) -> list[ProtocolError]:
+    """What is wrong with `tools` (each error names the tool's field), or nothing."""
+    errors: list[ProtocolError] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        if tool.name in seen:
+            errors.append(ProtocolError("invalid_value", f"{where}.tools.{i}.name: {tool.name!r} is the name of an "
+                                        "earlier tool too", event_id, f"{where}.tools.{i}.name"))
+        seen.add(tool.name)
+        if tool.parameters is not None and (error := schema_error(tool.parameters)):
+            errors.append(ProtocolError("invalid_function_parameters",
+                                        f"Invalid schema for function {tool.name!r}: {error}", event_id,
+                                        f"{where}.tools.{i}.parameters"))
+    return errors
+
+
+def choice_error(choice: ToolChoice, tools: tuple[FunctionTool, ...], where: str,
+                 event_id: str | None) -> ProtocolError | None:
+    """A tool choice that the tools cannot meet: a named function that is not among them, or a call required
+    of no tools at all."""
+    if isinstance(choice, NamedToolChoice) and choice.name not in {t.name for t in tools}:
+        return ProtocolError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools",
+                             event_id, f"{where}.tool_choice.name")
+    if choice == "required" and not tools:
+        return ProtocolError("invalid_value", "tool_choice \"required\" needs at least one tool", event_id,
+                             f"{where}.tool_choice")
+    return None
+
+
+def settle_tools(current: SessionConfig, updated: SessionConfig, event_id: str | None) -> tuple[SessionConfig,
+                                                                                                 list[ProtocolError]]:
+    """`updated` as session.update left it, with bad tools or a tool choice they cannot meet put back as they
+    were in `current` (the update's other settings stand), and the errors that say why."""
+    errors = tool_errors(updated.tools, "session", event_id)
+    if errors:
+        updated = updated.model_copy(update={"tools": current.tools})
+    if (error := choice_error(updated.tool_choice, updated.tools, "session", event_id)) is not None:
+        errors.append(error)
+        updated = updated.model_copy(update={"tool_choice": current.tool_choice})
+        if choice_error(updated.tool_choice, updated.tools, "session", event_id) is not None:
+            updated = updated.model_copy(update={"tools": current.tools})  # they dropped what the choice names
+    return updated, errors
+
+
+def response_tool_error(config: SessionConfig, event_id: str | None) -> ProtocolError | None:
+    """Why one response cannot run with the tools `response.create` gave it, if it cannot."""
+    errors = tool_errors(config.tools, "response", event_id)
+    return errors[0] if errors else choice_error(config.tool_choice, config.tools, "response", event_id)
+
+
+def engine_tools(config: SessionConfig) -> tuple[Tool, ...]:
+    """The tools the prompt describes (none for `tool_choice: "none"`)."""
+    if config.tool_choice == "none":
+        return ()
+    return tuple(Tool(t.name, t.description, t.parameters) for t in config.tools)
+
+
+def output_constraint(config: SessionConfig) -> OutputConstraint | None:
+    if not config.tools:
+        return None
+    if config.tool_choice == "required":
+        return ToolCallOutput(None)
+    if isinstance(config.tool_choice, NamedToolChoice):
+        return ToolCallOutput(config.tool_choice.name)
+    return None
