@@ -48,6 +48,8 @@ class SmartTurnModel:
         self._session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         # the features the model was trained on: Whisper's, over an 8 s window
         self._features = WhisperFeatureExtractor(chunk_length=8)
+        # onnxruntime's first run allocates and plans: pay it here, not at the first user's first pause
+        self.probability(np.zeros(SAMPLE_RATE_HZ, np.float32))
 
     def probability(self, samples_16k: np.ndarray) -> float:
         """P(complete) for the utterance that ends where `samples_16k` ends (float32 mono, any length)."""

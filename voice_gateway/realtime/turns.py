@@ -35,13 +35,16 @@ class TurnTaking:
 
     async def feed(self, samples_16k: np.ndarray) -> list[ev.SpeechStarted | ev.SpeechStopped]:
         """The speech starts and stops that these samples complete, as the events that announce them."""
-        if self.vad is None:
+        vad = self.vad
+        if vad is None:
             return []
-        if isinstance(self.vad, SemanticVad) and self.vad.in_speech:
-            # a pause may need the model's judgement: it runs on a thread, and this session waits for it
-            vad_changes = await asyncio.to_thread(self.vad.feed, samples_16k)
+        if isinstance(vad, SemanticVad) and vad.in_speech:
+            # a pause may need the model's judgement: it runs on a thread, and this session's audio waits for it
+            vad_changes = await asyncio.to_thread(vad.feed, samples_16k)
+            if vad is not self.vad:
+                return []  # reconfigured meanwhile (WebRTC's events and audio interleave): the new VAD starts afresh
         else:
-            vad_changes = self.vad.feed(samples_16k)
+            vad_changes = vad.feed(samples_16k)
         changes: list[ev.SpeechStarted | ev.SpeechStopped] = []
         for change in vad_changes:
             if isinstance(change, VadStarted):
