@@ -93,7 +93,7 @@ async def test_a_livekit_realtime_session(realtime: tuple[RealtimeSession, list]
     assert frames > 0 and text
     await generations.get()  # the same generation, announced too
 
-    # a spoken turn: the server VAD (semantic_vad falls back to it) commits it and answers
+    # a spoken turn: turn detection (semantic_vad in both settings: Smart Turn) commits it and answers
     await push_speech(session, np.concatenate([silence(0.3), speech, silence(1.0)]))
     spoken = await asyncio.wait_for(generations.get(), 60)
     assert not spoken.user_initiated
