@@ -22,6 +22,9 @@ from tests.conftest import Server
 from tests.integration.test_realtime import RATE, pcm16, silence, speech  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+# The silence sent after each utterance: semantic_vad's clock is the audio, so a turn it holds open ends only
+# once this much silence has arrived (its longest wait is 4 s at eagerness auto), as a live microphone sends it.
+AFTER_SPEECH_S = 4.5
 
 _FRAME_S = 0.02  # a room delivers 10-20 ms frames
 
@@ -121,7 +124,7 @@ async def test_an_agent_session(agents: Agents, speech: np.ndarray) -> None:  # 
 
     # a spoken turn: the realtime model's turn detection (semantic_vad, LiveKit's default) ends it; a reply follows
     frames = agents.speaker.frames
-    agents.microphone.speak(np.concatenate([silence(0.3), speech, silence(1.5)]))
+    agents.microphone.speak(np.concatenate([silence(0.3), speech, silence(AFTER_SPEECH_S)]))
     spoken_reply = await _next_reply(agents.added)
     assert agents.speaker.frames > frames
 

@@ -44,6 +44,9 @@ from tests.integration.test_realtime import RATE, pcm16, silence, speech  # noqa
 
 # the service's tasks live on the loop its fixture made them on: the tests share that loop
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+# The silence sent after each utterance: semantic_vad's clock is the audio, so a turn it holds open ends only
+# once this much silence has arrived (its longest wait is 4 s at eagerness auto), as a live microphone sends it.
+AFTER_SPEECH_S = 4.5
 
 _WEATHER = FunctionSchema(name="get_current_weather", description="Get the current weather",
                           properties={"location": {"type": "string"},
@@ -173,10 +176,10 @@ async def test_a_pipecat_pipeline(bot: Bot, server: Server, speech: np.ndarray) 
     await bot.reply_audio()
 
     # a spoken turn: the server's turn detection commits it and answers; barge in on that reply
-    await bot.microphone.speak(np.concatenate([silence(0.3), speech, silence(1.2)]))
+    await bot.microphone.speak(np.concatenate([silence(0.3), speech, silence(AFTER_SPEECH_S)]))
     await bot.reply_audio()
     interruptions = bot.seen.interruptions
-    await bot.microphone.speak(np.concatenate([speech, silence(1.2)]))
+    await bot.microphone.speak(np.concatenate([speech, silence(AFTER_SPEECH_S)]))
     async with asyncio.timeout(10):
         while bot.seen.interruptions == interruptions:
             await asyncio.sleep(0.05)
