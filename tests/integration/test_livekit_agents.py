@@ -19,6 +19,9 @@ from tests.integration.test_realtime import RATE, pcm16, silence, speech  # noqa
 
 # the client's tasks live on the loop its fixture made it on: the tests share that loop
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+# The silence sent after each utterance: semantic_vad's clock is the audio, so a turn it holds open ends only
+# once this much silence has arrived (its longest wait is 4 s at eagerness auto), as a live microphone sends it.
+AFTER_SPEECH_S = 4.5
 
 # LiveKit's defaults (semantic_vad, voice "marin") and its RealtimeModel docstring example's settings
 SETTINGS = {
@@ -93,8 +96,8 @@ async def test_a_livekit_realtime_session(realtime: tuple[RealtimeSession, list]
     assert frames > 0 and text
     await generations.get()  # the same generation, announced too
 
-    # a spoken turn: the server VAD (semantic_vad falls back to it) commits it and answers
-    await push_speech(session, np.concatenate([silence(0.3), speech, silence(1.0)]))
+    # a spoken turn: turn detection (semantic_vad in both settings: Smart Turn) commits it and answers
+    await push_speech(session, np.concatenate([silence(0.3), speech, silence(AFTER_SPEECH_S)]))
     spoken = await asyncio.wait_for(generations.get(), 60)
     assert not spoken.user_initiated
     # barge-in: the agent interrupts the reply after its first audio

@@ -161,7 +161,7 @@ class Session:
         except BufferFull as e:
             self.error("input_audio_buffer_full", str(e), event_id=event_id)
             return
-        for change in self.turns.feed(samples):
+        for change in await self.turns.feed(samples):
             self.sender.event(change)
             if isinstance(change, ev.SpeechStarted):
                 await self._speech_started()

@@ -1,13 +1,17 @@
-"""Server-VAD turn taking: speech segments on the session's input clock, and the user item each one becomes.
+"""Turn taking: speech segments on the session's input clock, and the user item each one becomes.
 
-`semantic_vad` runs here too, on the same VAD, its eagerness choosing the silence that ends a turn: a
-semantic end-of-turn model is not in yet, and this is its fallback.
+`server_vad` ends a turn after a fixed silence (webrtcvad); `semantic_vad` when Smart Turn judges the utterance
+complete (`audio/semantic_vad.py`), on the server VAD with its eagerness's silence where the model is absent.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
+from voice_gateway.audio.semantic_vad import SemanticConfig, SemanticVad
+from voice_gateway.audio.smart_turn import load_smart_turn
 from voice_gateway.audio.vad import ServerVad, VadConfig
 from voice_gateway.audio.vad import SpeechStarted as VadStarted
 from voice_gateway.realtime import events as ev
@@ -18,24 +22,31 @@ class TurnTaking:
     """Owns the VAD (None: the client takes turns with commit and response.create) and the segment in progress."""
 
     def __init__(self) -> None:
-        self.vad: ServerVad | None = None
+        self.vad: ServerVad | SemanticVad | None = None
         self._offset_ms = 0  # where the VAD's own clock starts on the session's input clock
         self.item_id: str | None = None  # the user item the speech in progress will become
         self.start_ms = 0  # where the latest segment began, on the session clock
 
     def configure(self, td: ev.TurnDetection | None, now_ms: int) -> None:
         """A fresh VAD (or none) from `now_ms` on; a segment in progress is forgotten."""
-        self.vad = None if td is None else ServerVad(VadConfig(td.threshold, td.prefix_padding_ms,
-                                                                td.end_of_turn_silence_ms()))
+        self.vad = None if td is None else _vad_for(td)
         self._offset_ms = now_ms
         self.item_id = None
 
-    def feed(self, samples_16k: np.ndarray) -> list[ev.SpeechStarted | ev.SpeechStopped]:
+    async def feed(self, samples_16k: np.ndarray) -> list[ev.SpeechStarted | ev.SpeechStopped]:
         """The speech starts and stops that these samples complete, as the events that announce them."""
-        if self.vad is None:
+        vad = self.vad
+        if vad is None:
             return []
+        if isinstance(vad, SemanticVad) and vad.in_speech:
+            # a pause may need the model's judgement: it runs on a thread, and this session's audio waits for it
+            vad_changes = await asyncio.to_thread(vad.feed, samples_16k)
+            if vad is not self.vad:
+                return []  # reconfigured meanwhile (WebRTC's events and audio interleave): the new VAD starts afresh
+        else:
+            vad_changes = vad.feed(samples_16k)
         changes: list[ev.SpeechStarted | ev.SpeechStopped] = []
-        for change in self.vad.feed(samples_16k):
+        for change in vad_changes:
             if isinstance(change, VadStarted):
                 self.item_id, self.start_ms = new_item_id(), change.audio_start_ms + self._offset_ms
                 changes.append(ev.SpeechStarted(audio_start_ms=self.start_ms, item_id=self.item_id))
@@ -52,3 +63,12 @@ class TurnTaking:
     def forget_segment(self) -> None:
         """The buffer was cleared: speech in progress will become a new item."""
         self.item_id = None
+
+
+def _vad_for(td: ev.TurnDetection) -> ServerVad | SemanticVad:
+    if td.type == "semantic_vad":
+        model = load_smart_turn()
+        if model is not None:
+            return SemanticVad(SemanticConfig(td.eagerness, td.threshold), model)
+    # server_vad, or semantic_vad's fallback (load_smart_turn said why, once)
+    return ServerVad(VadConfig(td.threshold, td.prefix_padding_ms, td.end_of_turn_silence_ms()))

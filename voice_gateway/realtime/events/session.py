@@ -44,8 +44,9 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 class TurnDetection(BaseModel, frozen=True):
     """Turn detection settings; a session without them takes a turn only on commit / response.create.
 
-    `semantic_vad` runs on the server VAD for now: its `eagerness` picks the silence that ends a turn
-    (`SEMANTIC_SILENCE_MS`), and the server VAD's own fields are kept for a switch back to `server_vad`.
+    `semantic_vad` ends a turn on Smart Turn's judgement (`audio/semantic_vad.py`); where the model is absent, on the
+    server VAD with the silence its `eagerness` picks (`SEMANTIC_SILENCE_MS`). The server VAD's own fields are kept
+    for a switch back to `server_vad`.
     """
 
     type: Literal["server_vad", "semantic_vad"] = "server_vad"
@@ -74,7 +75,7 @@ class TurnDetection(BaseModel, frozen=True):
         return {"type": "server_vad", **fields, **idle}
 
 
-# The semantic_vad fallback: how long a silence ends the turn at each eagerness. OpenAI's semantic model
+# The semantic_vad fallback (no Smart Turn model): how long a silence ends the turn at each eagerness. OpenAI's semantic model
 # waits longer when eagerness is low; `auto` is its `medium`, which is the server VAD's default here.
 SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
 
