@@ -110,7 +110,7 @@ class ThinkerRunner:
             if part:
                 part_logits, part_hidden = self._prefill_part(embeds[part], [rows[b] for b in part], graphs, want_hidden)
                 logits[part] = part_logits.to(logits.dtype)
-                if hidden is not None:
+                if hidden is not None and part_hidden is not None:
                     hidden[part, : part_hidden.shape[1]] = part_hidden
         return [
             PrefillOut(logits=logits[b], embeds=embeds[b, :n], hidden=hidden[b, :n] if hidden is not None else None)
@@ -118,7 +118,7 @@ class ThinkerRunner:
         ]
 
     def _prefill_part(self, embeds: torch.Tensor, rows: list[PrefillRow], graphs: PrefillReplay | None,
-                      want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         lengths, starts, slots = [len(r.token_ids) for r in rows], [r.start for r in rows], [r.slot for r in rows]
         width = max(lengths)
         embeds = embeds[:, :width]
@@ -136,7 +136,7 @@ class ThinkerRunner:
             self._capturing = False
         last = torch.tensor([n - 1 for n in lengths], device=self.device)
         logits = self.thinker.lm_head(out[torch.arange(len(rows), device=self.device), last])
-        return logits, (self._captured[0] if want_hidden else out)
+        return logits, (self._captured[0] if want_hidden else None)
 
     def prefill_step(self, embeds: torch.Tensor, view: SlotBatch, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], the captured
