@@ -96,6 +96,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--client-processes", type=_at_least(1),
         help="spread each level's workers over this many client processes, each with its own event loop "
              f"(default {_DEFAULTS.client_processes})")
+    opt("--spread-s", type=float, metavar="S",
+        help="each worker's first request waits a random 0-S s, so that requests arrive steadily rather than "
+             "in waves of C (default 0: all at once)")
     opt("--input-audio", type=Path, metavar="WAV",
         help="a 16-bit PCM WAV, or a folder of them (e.g. benchmarks/voice): each request's user message is its "
              "--prompt-tokens text and then one of them as input_audio, in turn (--prompt-tokens 1: the text is "

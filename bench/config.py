@@ -34,6 +34,10 @@ class BenchConfig:
     client_processes: int = 1
     # a WAV file, or a folder of them: each request's user message carries one as `input_audio` after its text
     input_audio: Path | None = None
+    # 0: every worker sends its first request at once, and replies of one length keep them in waves;
+    # S: each worker's first send waits a random [0, S) s, and the closed loop keeps those phases
+    # (steady arrivals, as independent users make them)
+    spread_s: float = 0.0
     argv: list[str] = field(default_factory=list)  # exact command line, stored verbatim
     show_progress: bool = True
 
@@ -117,6 +121,10 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
+def _seconds_or_zero(value: Any) -> float:
+    return 0.0 if value == 0 else _seconds(value)
+
+
 def _seed(value: Any) -> int | None:
     return None if value is None else _int_at_least(0)(value)
 
@@ -133,6 +141,7 @@ SWEEP_KEYS = {
     "timeout": _seconds,
     "client_processes": _int_at_least(1),
     "input_audio": Path,
+    "spread_s": _seconds_or_zero,
 }
 assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}
 

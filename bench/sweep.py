@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import logging
+import random
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -115,12 +116,15 @@ def _seconds(retry_after: str | None) -> float:
 
 async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model: str,
                     indices: Iterable[int], concurrency: int, prompt_words: int, input_audio: Sequence[str],
-                    on_done: Callable[[], None]) -> list[RequestRecord]:
-    """One worker per client; each sends its next request when its last one ends."""
+                    on_done: Callable[[], None], spread_s: float = 0.0) -> list[RequestRecord]:
+    """One worker per client; each sends its next request when its last one ends, the first one after a
+    random wait of up to `spread_s`."""
+    indices = list(indices)
     pending = iter(indices)  # shared: each worker pulls the next index when it becomes free
     records: list[RequestRecord] = []
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: httpx.AsyncClient, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
         for index in pending:
             record = await one_request(client, config, model, index, concurrency, prompt_words, input_audio)
             records.append(record)
@@ -128,8 +132,16 @@ async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model
             if record.retry_after_s is not None:  # refused: a well-behaved client waits as told
                 await asyncio.sleep(record.retry_after_s)
 
-    await asyncio.gather(*(worker(client) for client in clients))
+    # seeded by the pool's first index, which differs between client processes
+    delays = first_send_delays(f"{config.seed}:{indices[:1]}", len(clients), spread_s)
+    await asyncio.gather(*(worker(client, delay) for client, delay in zip(clients, delays)))
     return sorted(records, key=lambda r: r.index)
+
+
+def first_send_delays(seed: str, workers: int, spread_s: float) -> list[float]:
+    """Each worker's wait before its first request: uniform in [0, spread_s), the same for the same seed."""
+    rng = random.Random(seed)
+    return [rng.uniform(0, spread_s) for _ in range(workers)]
 
 
 def own_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
@@ -176,7 +188,7 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                 advance()
         else:
             records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, input_audio,
-                                      advance)
+                                      advance, config.spread_s)
             wall_s = time.perf_counter() - t0
     finally:
         watch.cancel()
@@ -200,7 +212,7 @@ async def _pool_work(job: tuple[BenchConfig, str, int, int, Sequence[str]], indi
             limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
         await started()
         return await _run_pool(clients, config, model, indices, concurrency, prompt_words, input_audio,
-                               lambda: None)
+                               lambda: None, config.spread_s)
 
 
 async def watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:

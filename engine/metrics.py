@@ -32,7 +32,8 @@ class EngineMetrics:
             "engine_stage_batch_size", "Requests per forward, per stage", ["stage"], buckets=_BATCH_BUCKETS, registry=r
         )
         self.step_seconds = Histogram(
-            "engine_stage_step_seconds", "Wall time of one stage step (one batched forward)", ["stage"],
+            "engine_stage_step_seconds", "Wall time of one stage step (one batched forward), by phase (prefill, decode)",
+            ["stage", "phase"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
         )
         self.queue_depth = Gauge("engine_stage_queue_depth", "Requests waiting to join a stage's batch", ["stage"], registry=r)

@@ -164,7 +164,7 @@ class ReferenceCore:
                 self._running = None
                 self.metrics.running.labels(STAGE).set(0)
             self.metrics.batch_size.labels(STAGE).observe(1)
-            self.metrics.step_seconds.labels(STAGE).observe(time.perf_counter() - started)
+            self.metrics.step_seconds.labels(STAGE, "decode").observe(time.perf_counter() - started)
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._deliver, job, reply)
 

@@ -49,6 +49,7 @@ class Stage(ABC):
         self._thread: threading.Thread | None = None
         self._aborted: OrderedDict[str, None] = OrderedDict()
         self.last_batch: list[str] = []  # the requests of the step in progress, failed together if it raises
+        self.last_phase = "decode"  # what that step was (prefill | decode): a label of its step time
 
     # -- what a stage implements
     @abstractmethod
@@ -125,7 +126,7 @@ class Stage(ABC):
             batch = self.step()
             if batch:
                 self.metrics.batch_size.labels(self.name).observe(len(batch))
-                self.metrics.step_seconds.labels(self.name).observe(time.perf_counter() - started)
+                self.metrics.step_seconds.labels(self.name, self.last_phase).observe(time.perf_counter() - started)
         except Exception as e:  # a bad batch must not take the stage down
             log.exception("%s step failed", self.name)
             failed = batch or self._current_batch()

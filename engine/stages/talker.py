@@ -154,7 +154,7 @@ class TalkerStage(Stage):
             prompts.append(self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker))
             seq.position = prompts[-1].shape[0]
             self._consumed.append(seq.request_id)  # its first text row is in the prompt
-        self.last_batch = [s.request_id for s in seqs]
+        self.last_batch, self.last_phase = [s.request_id for s in seqs], "prefill"
         self.runner.forget_codes([s.slot for s in seqs])
         logits, hidden = self.runner.prefill([s.slot for s in seqs], prompts)
         self._take_code0(seqs, logits, hidden)
@@ -163,7 +163,7 @@ class TalkerStage(Stage):
     def _decode(self, seqs: list[TalkerSeq]) -> list[str]:
         if not seqs:
             return []
-        self.last_batch = [s.request_id for s in seqs]
+        self.last_batch, self.last_phase = [s.request_id for s in seqs], "decode"
         code0 = torch.stack([s.code0 for s in seqs])
         past_hidden = torch.stack([s.past_hidden for s in seqs])
         codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in seqs])

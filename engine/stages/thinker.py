@@ -218,6 +218,7 @@ class ThinkerStage(Stage):
 
     def _prefill(self, seqs: list[ThinkerSeq]) -> list[str]:
         self._prefilled_last = True
+        self.last_phase = "prefill"
         self.last_batch = [s.job.request_id for s in seqs]
         ends = [self._piece_end(s) for s in seqs]
         rows = []
@@ -251,6 +252,7 @@ class ThinkerStage(Stage):
 
     def _decode(self) -> list[str]:
         self._prefilled_last = False
+        self.last_phase = "decode"
         seqs = list(self.running.values())
         self.last_batch = [s.job.request_id for s in seqs]
         logits = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], [s.generated[-1] for s in seqs])

@@ -396,6 +396,23 @@ async def test_workers_spread_over_client_processes(fake_server, tmp_path: Path)
     assert lv.req_per_s > 0 and json.loads((tmp_path / "procs.json").read_text())["config"]["client_processes"] == 2
 
 
+def test_spread_first_sends_are_seeded_and_within_the_spread() -> None:
+    delays = bench.sweep.first_send_delays("0:[0]", 64, 5.0)
+    assert all(0 <= d < 5.0 for d in delays) and max(delays) - min(delays) > 2.5
+    assert delays == bench.sweep.first_send_delays("0:[0]", 64, 5.0)
+    assert delays != bench.sweep.first_send_delays("0:[1]", 64, 5.0)  # another client process
+    assert bench.sweep.first_send_delays("0:[0]", 3, 0.0) == [0.0, 0.0, 0.0]
+
+
+async def test_a_spread_level_still_runs_every_request(fake_server, tmp_path: Path) -> None:
+    url, handler = fake_server
+    cfg = BenchConfig(url=url, model="m", concurrency=[3], num_requests=5, warmup=1, spread_s=0.2,
+                      label="spread", out_dir=tmp_path, show_progress=False)
+    lv = (await bench.run_bench(cfg)).levels[0]
+    assert len(handler.requests) == 1 + 5 and lv.completed == 5
+    assert json.loads((tmp_path / "spread.json").read_text())["config"]["spread_s"] == 0.2
+
+
 # ----------------------------------------------------------------------------- package boundaries
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
