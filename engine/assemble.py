@@ -18,7 +18,7 @@ import torch
 
 from engine.accel import fused_moe, slot_attention, snake
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
-from engine.api import EngineError
+from engine.api import SAMPLE_RATE_HZ, EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
 from engine.orchestrator import Orchestrator
@@ -115,7 +115,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     triton = profile.kernels == "triton"
     graphs = profile.cuda_graphs
     metrics, reports = EngineMetrics(), ReportQueue()
-    policy = FirstPacketPolicy(profile.first_packet, profile.async_chunk)
+    policy = FirstPacketPolicy(profile.first_packet, profile.async_chunk, source.frame_samples / SAMPLE_RATE_HZ)
     has_talker = source.has_talker
     tk, tl, cw = stages_cfg.thinker, stages_cfg.talker, stages_cfg.code2wav
     thinker_inbox = Inbox()
@@ -132,7 +132,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
                                        decode_kernel=triton,
                                        capture=thinker_capture(tk.prefill_token_budget) if graphs else None,
-                                       audio_buckets=CHUNK_BUCKETS if on_gpu else (), cold=metrics.cold_work)
+                                       audio_buckets=CHUNK_BUCKETS if on_gpu else (), cold=metrics.cold_work,
+                                       audio_timed=metrics.audio_tower.observe)
         if on_gpu:
             started = time.perf_counter()
             count = thinker_runner.audio.warm_up()

@@ -1,6 +1,6 @@
-"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps), per-stage batch/queue, prompt
-tokens prefilled or reused, work done after ready (engine/cold_work.py), and whether an engine process is
-up and how often it was restarted."""
+"""Engine metrics: per-request timings (TTFT, TTFP, RTF, inter-chunk gaps), per-stage batch, queue and step
+time, the audio tower's time, prompt tokens prefilled or reused, work done after ready (engine/cold_work.py),
+and whether an engine process is up and how often it was restarted."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ class EngineMetrics:
             "engine_stage_step_seconds", "Wall time of one stage step (one batched forward), by phase (prefill, decode)",
             ["stage", "phase"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
+        )
+        self.audio_tower = Histogram(
+            "engine_audio_tower_seconds", "Host time of the Thinker's audio tower over one prefill's clips",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), registry=r,
         )
         self.queue_depth = Gauge("engine_stage_queue_depth", "Requests waiting to join a stage's batch", ["stage"], registry=r)
         self.running = Gauge("engine_stage_running", "Requests held by a stage", ["stage"], registry=r)

@@ -11,6 +11,8 @@ counted as cold work (engine/cold_work.py).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,10 +24,11 @@ CHUNK_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 38
 
 
 class AudioEncoder:
-    """`buckets`: chunk counts the batch is padded to (empty: unpadded, as on a CPU)."""
+    """`buckets`: chunk counts the batch is padded to (empty: unpadded, as on a CPU). `timed`: told the host
+    time of each call (its launches, and the waits inside the tower for the lengths it reads back)."""
 
     def __init__(self, thinker: Any, n_window: int, num_mel_bins: int, *, buckets: tuple[int, ...] = (),
-                 cold: ColdWork | None = None) -> None:
+                 cold: ColdWork | None = None, timed: Callable[[float], None] | None = None) -> None:
         self.thinker = thinker
         param = next(thinker.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -33,16 +36,21 @@ class AudioEncoder:
         self.num_mel_bins = num_mel_bins
         self.buckets = tuple(sorted(buckets))
         self.cold = cold
+        self.timed = timed
 
     def __call__(self, clips: list[torch.Tensor], rows: int) -> torch.Tensor:
         """Log-mels [mel, frames] -> the tower's `rows` rows for them (their placeholders), in clip order [rows, H]."""
+        started = time.perf_counter()
         chunks = sum(-(-clip.shape[-1] // self.chunk_frames) for clip in clips)
         bucket = min((b for b in self.buckets if b >= chunks), default=None)
         if bucket is None and self.buckets and self.cold is not None:
             self.cold.record(UNWARMED_SHAPE, f"audio tower over {chunks} chunks (largest warmed: {self.buckets[-1]})")
         if bucket is not None and bucket > chunks:
             clips = [*clips, torch.zeros(self.num_mel_bins, (bucket - chunks) * self.chunk_frames)]
-        return self._encode(clips)[:rows]  # the padding clip's rows come last
+        rows_out = self._encode(clips)[:rows]  # the padding clip's rows come last
+        if self.timed is not None:
+            self.timed(time.perf_counter() - started)
+        return rows_out
 
     def _encode(self, clips: list[torch.Tensor]) -> torch.Tensor:
         frames = [clip.shape[-1] for clip in clips]

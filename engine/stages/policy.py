@@ -12,6 +12,11 @@ The rules, each measured on the H200 (docs/performance.md):
   first chunk; once each of them holds the rows that chunk consumes, the others' text waits at a
   lead of one until those frames are made (a batch-64 Talker frame beside a Thinker step takes
   about twice as long).
+* Text keeps up with speech through prefills: speech takes a reply's text at one token per codec
+  frame (80 ms), and a Thinker decode makes one token for each running reply. So while a running
+  reply wants text, a prefill is followed by as many decodes as frames passed from its start to the
+  end of the first decode after it (a group of long prompts takes ~120 ms, 1.5 frames: with one
+  decode between prefills their replies' text fell behind their speech, and most of them stuttered).
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
 Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
@@ -22,6 +27,7 @@ replies stuttered: it was taken out (docs/performance.md).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -52,8 +58,11 @@ class PacedText(Protocol):
 
 
 class FirstPacketPolicy:
-    def __init__(self, cfg: FirstPacketConfig, chunks: ChunkConfig) -> None:
+    """`frame_s`: the speech one text row becomes (one codec frame); 0 when the model does not speak."""
+
+    def __init__(self, cfg: FirstPacketConfig, chunks: ChunkConfig, frame_s: float = 0.0) -> None:
         self.text_lead = cfg.text_lead
+        self.frame_s = frame_s
         # text rows a reply's first audio chunk consumes: one in the Talker's prefill and one per frame
         # (the step that makes frame k takes row k + 1); 0 when chunks are off (no early first packet)
         self.first_chunk_rows = chunks.initial_chunk_frames + 1 if chunks.enabled else 0
@@ -79,3 +88,8 @@ class FirstPacketPolicy:
             if any(0 < t.spoken < first for t in texts):
                 lead = 1
         return any(t.made - t.spoken < lead for t in texts)
+
+    def decodes_after_prefill(self, cycle_s: float) -> int:
+        """Decodes owed to the running replies before the next prefill, for a prefill that took `cycle_s` with
+        the first decode after it."""
+        return max(1, math.ceil(cycle_s / self.frame_s)) if self.frame_s else 1

@@ -8,6 +8,7 @@ the Talker reports as it consumes rows (`SpeechProgress`).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,7 +116,10 @@ class ThinkerStage(Stage):
         self.waiting: deque[ThinkerSeq] = deque()
         self.partial: list[ThinkerSeq] = []  # holding a slot, prompt not yet all prefilled
         self.running: dict[str, ThinkerSeq] = {}
-        self._prefilled_last = False
+        # decodes the running replies are owed before the next prefill (policy `decodes_after_prefill`), and
+        # when the last prefill began, until the first decode after it has counted them
+        self._owed_decodes = 0
+        self._prefill_started: float | None = None
         self.grammars = Grammars(tokenizer)
 
     def accept(self, item: AdmittedRequest | SpeechProgress) -> None:
@@ -162,9 +166,9 @@ class ThinkerStage(Stage):
 
     def step(self) -> list[str]:
         # prefill first: a new request's first token matters more than one more token for the others
-        # (and `has_work` said a decode is wanted when this is not so); but never two prefills in a
-        # row while a running reply wants text, so a burst of long prompts stalls nobody's speech
-        if self._prefilled_last and self._wants_decode():
+        # (and `has_work` said a decode is wanted when this is not so); but while a running reply wants
+        # text, only once its text has kept up with its speech, so a burst of long prompts stalls nobody
+        if self._owed_decodes and self._wants_decode():
             return self._decode()
         if self.partial or (self.waiting and self.cache.num_free > 0):
             return self._prefill(self._take_prefill_group())
@@ -217,7 +221,7 @@ class ThinkerStage(Stage):
         return seq
 
     def _prefill(self, seqs: list[ThinkerSeq]) -> list[str]:
-        self._prefilled_last = True
+        self._prefill_started, self._owed_decodes = time.perf_counter(), 1
         self.last_phase = "prefill"
         self.last_batch = [s.job.request_id for s in seqs]
         ends = [self._piece_end(s) for s in seqs]
@@ -251,12 +255,15 @@ class ThinkerStage(Stage):
         return self.last_batch
 
     def _decode(self) -> list[str]:
-        self._prefilled_last = False
         self.last_phase = "decode"
         seqs = list(self.running.values())
         self.last_batch = [s.job.request_id for s in seqs]
         logits = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], [s.generated[-1] for s in seqs])
-        tokens, embeds = self._sample(logits, seqs)
+        tokens, embeds = self._sample(logits, seqs)  # the host waits for the GPU here: the cycle is over
+        if self._prefill_started is not None:
+            self._owed_decodes = self.policy.decodes_after_prefill(time.perf_counter() - self._prefill_started)
+            self._prefill_started = None
+        self._owed_decodes = max(0, self._owed_decodes - 1)
         for seq, token, embed in zip(seqs, tokens, embeds):
             seq.position += 1
             self._advance(seq, token, embed)

@@ -8,9 +8,11 @@ moves when the Thinker's steps happen, never what they compute.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextDelta, TextPart, create_engine
 from engine.profile import ChunkConfig, FirstPacketConfig, load_profile
@@ -136,3 +138,53 @@ def test_no_decode_runs_beside_a_first_chunk_that_has_its_text(cache_dir) -> Non
     np.testing.assert_array_equal(first.samples, unpaced.samples)
     assert any(beside_first_chunk(seen) for seen in no_first_chunk.seen), "the rule would have nothing to do"
     assert first.seen and not any(beside_first_chunk(seen) for seen in first.seen), first.seen
+
+
+def test_a_long_prefill_is_followed_by_a_frame_of_text_per_frame_it_took() -> None:
+    """Speech takes one text token per codec frame: a prefill cycle of 0.13 s owes two decodes at 80 ms
+    frames, a short one the one decode between prefills it always had, and a model that does not speak one."""
+    policy = FirstPacketPolicy(FirstPacketConfig(text_lead=5), ChunkConfig(), frame_s=0.08)
+    assert policy.decodes_after_prefill(0.030) == 1
+    assert policy.decodes_after_prefill(0.133) == 2
+    assert policy.decodes_after_prefill(0.400) == 5
+    assert FirstPacketPolicy(FirstPacketConfig(), ChunkConfig()).decodes_after_prefill(0.4) == 1
+
+
+def test_replies_running_get_the_decodes_a_long_prefill_owes_them(cache_dir) -> None:
+    """The tiny engine, its first prefill made to take 0.25 s (three of its 80 ms frames and more): a second
+    request that arrived meanwhile is prefilled only after the first reply got at least three decodes
+    (one decode between prefills was the rule before), and both replies complete."""
+    profile = load_profile(model="tiny", platform="cpu", overrides={"first_packet": {"text_lead": 0}})
+    engine = create_engine("tiny", profile, cache_dir)
+    thinker = engine.core.core.stages["thinker"]
+    assert thinker.policy.frame_s == pytest.approx(0.08)
+    steps: list[str] = []
+    prefill, decode = thinker._prefill, thinker._decode
+
+    def watched_prefill(seqs):
+        steps.append("prefill")
+        out = prefill(seqs)
+        if len(steps) == 1:
+            time.sleep(0.25)  # a long prefill: its GPU time, as the host waits for it
+        return out
+
+    def watched_decode():
+        steps.append("decode")
+        return decode()
+
+    thinker._prefill, thinker._decode = watched_prefill, watched_decode
+
+    async def both() -> list[tuple[str, np.ndarray]]:
+        await engine.start()
+        try:
+            first = asyncio.ensure_future(_reply(engine, "a", True, 24))
+            while not steps:  # reply a's prefill is under way: b arrives meanwhile
+                await asyncio.sleep(0.001)
+            return list(await asyncio.gather(first, _reply(engine, "b", True, 24)))
+        finally:
+            await engine.stop()
+
+    (text_a, _), (text_b, _) = asyncio.run(both())
+    second = steps.index("prefill", 1)
+    assert second >= 4 and set(steps[1:second]) == {"decode"}, steps[:20]
+    assert text_a and text_b
