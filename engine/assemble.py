@@ -132,7 +132,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
                                        decode_kernel=triton,
                                        capture=thinker_capture(tk.prefill_token_budget) if graphs else None,
-                                       audio_buckets=CHUNK_BUCKETS if on_gpu else (), cold=metrics.cold_work,
+                                       audio_buckets=CHUNK_BUCKETS if on_gpu else (),
+                                       audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
                                        audio_timed=metrics.audio_tower.observe)
         if on_gpu:
             started = time.perf_counter()

@@ -44,19 +44,21 @@ class ThinkerRunner:
     `decode_kernel`: decode steps read the KV buffers in place (engine/accel/slot_attention.py has
     been applied to the model). `capture`: called once with the finished runner; what it returns
     is replayed wherever a step fits (engine/accel/cuda_graphs.py). `audio_buckets`: chunk counts
-    the audio tower's batch is padded to (engine/runners/audio_encoder.py). `cold`: told of steps
+    the audio tower's batch is padded to (engine/runners/audio_encoder.py), and `audio_graphed`: the small
+    ones replayed from CUDA graphs. `cold`: told of steps
     that graphs exist for but that run eagerly. `audio_timed`: told how long each tower call took."""
 
     def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int, decode_kernel: bool = False,
                  capture: Callable[[ThinkerRunner], StepGraphs] | None = None, audio_buckets: tuple[int, ...] = (),
-                 cold: ColdWork | None = None, audio_timed: Callable[[float], None] | None = None) -> None:
+                 audio_graphed: bool = False, cold: ColdWork | None = None,
+                 audio_timed: Callable[[float], None] | None = None) -> None:
         self.thinker = thinker
         # transformers 5.2x nests the text decoder under `model.language_model`.
         self.text_model = getattr(thinker.model, "language_model", thinker.model)
         self.audio_token_id = config.thinker_config.audio_token_id
         audio_config = config.thinker_config.audio_config
         self.audio = AudioEncoder(thinker, audio_config.n_window, audio_config.num_mel_bins, buckets=audio_buckets,
-                                  cold=cold, timed=audio_timed)
+                                  graphed=audio_graphed, cold=cold, timed=audio_timed)
         self.cold = cold
         # hidden_states[k] is the output of decoder layer k-1 (index 0 is the embedding).
         self.capture_layer = config.talker_config.accept_hidden_layer - 1

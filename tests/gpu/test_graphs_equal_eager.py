@@ -155,3 +155,31 @@ def test_graphed_extends_equal_eager(tiny_checkpoint: Path) -> None:
             assert rel(g.logits, w.logits) < 2e-2 and rel(g.hidden, w.hidden[cut:]) < 2e-2
         n = len(ids)
         assert rel(runner.decode([4, 5], [n, n], [7, 9]), runner.decode([0, 1], [n, n], [7, 9])) < 2e-2
+
+
+def test_graphed_audio_tower_equals_transformers(tiny_checkpoint: Path) -> None:
+    """The audio tower replayed from its bucket's graph == its padded layout run eagerly == transformers' forward."""
+    import numpy as np
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+
+    from engine import AudioPart, Message
+    from engine.prompt import PromptBuilder
+    from engine.runners.audio_encoder import AudioEncoder
+
+    thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="float32")
+    builder = PromptBuilder(AutoTokenizer.from_pretrained(tiny_checkpoint),
+                            WhisperFeatureExtractor.from_pretrained(tiny_checkpoint), n_window=50)
+    tone = lambda s: (0.2 * np.sin(np.arange(int(16_000 * s)) * 0.05)).astype(np.float32)  # noqa: E731
+    clips = [builder.build((Message("user", (AudioPart(tone(s)),)),)).audio_features[0] for s in (0.7, 2.4, 9.3)]
+    config = thinker.config.thinker_config.audio_config
+    with torch.inference_mode():
+        encoder = AudioEncoder(thinker.model, config.n_window, config.num_mel_bins, buckets=(16, 32, 96),
+                               graphed=True)
+        encoder.warm_up()
+        assert sorted(encoder.graphs) == [16, 32]  # 96 chunks: transformers' forward
+        reference = encoder._encode(clips)
+        graphed = encoder(clips, reference.shape[0])
+        encoder.graphs.clear()
+        eager = encoder(clips, reference.shape[0])
+    assert torch.allclose(graphed, eager, atol=1e-4)
+    assert torch.allclose(eager, reference, atol=1e-3)

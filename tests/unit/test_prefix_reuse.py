@@ -1,5 +1,5 @@
 """Prefix reuse and pieces: what a prompt's rows after a cached prefix compute equals a whole prefill, and the
-audio tower batched and padded equals it clip by clip."""
+audio tower batched and padded equals transformers' clip by clip."""
 
 from __future__ import annotations
 
@@ -58,17 +58,23 @@ def test_rows_after_a_prefix_equal_a_whole_prefill(thinker: tuple[ThinkerRunner,
         assert torch.allclose(runner.decode([0], [n], [7]), runner.decode([1], [n], [7]), atol=1e-4)
 
 
-def test_audio_tower_batched_and_padded_equals_clip_by_clip(thinker: tuple[ThinkerRunner, PromptBuilder]) -> None:
+def test_audio_tower_batched_and_padded_equals_transformers_clip_by_clip(
+        thinker: tuple[ThinkerRunner, PromptBuilder]) -> None:
+    """The padded layout (engine/runners/audio_tower.py) against transformers' own forward: clips of under a
+    second, with a tail chunk, and of two attention windows (8 s each), alone, together and padded to a bucket."""
     runner, builder = thinker
     clips = [builder.build((Message("user", (AudioPart(tone(s, step)),)),)).audio_features[0]
-             for s, step in ((0.7, 0.03), (2.4, 0.06), (1.0, 0.11))]
+             for s, step in ((0.7, 0.03), (2.4, 0.06), (1.0, 0.11), (9.3, 0.02))]
     with torch.inference_mode():
-        alone = [runner.audio([clip], 10_000) for clip in clips]
-        together = runner.audio(clips, sum(a.shape[0] for a in alone))
-        runner.audio.buckets = (8, 16)  # 1 + 3 + 1 chunks, padded to 8 with a silent clip
+        reference = [runner.audio._encode([clip]) for clip in clips]
+        alone = [runner.audio([clip], r.shape[0]) for clip, r in zip(clips, reference)]
+        together = runner.audio(clips, sum(r.shape[0] for r in reference))
+        runner.audio.buckets = (16, 32)  # 1 + 3 + 1 + 10 chunks, padded to 16
         padded = runner.audio(clips, together.shape[0])
         runner.audio.buckets = ()
-    assert torch.allclose(together, torch.cat(alone), atol=1e-4)
+    for mine, theirs in zip(alone, reference):
+        assert torch.allclose(mine, theirs, atol=1e-4)
+    assert torch.allclose(together, torch.cat(reference), atol=1e-4)
     assert torch.allclose(padded, together, atol=1e-4)
 
 
