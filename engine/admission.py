@@ -42,8 +42,11 @@ def resolve_speaker(request: EngineRequest, default: str, speakers: tuple[str, .
     return speaker
 
 
-def resolve_max_tokens(requested: int | None, cfg: ThinkerConfig, prompt_len: int) -> int:
-    """The profile's default clipped to the context; an explicit limit that does not fit is an error."""
+def resolve_max_tokens(requested: int | None, cfg: ThinkerConfig, prompt_len: int, *, constrained: bool = False) -> int:
+    """The profile's default clipped to the context; an explicit limit that does not fit is an error.
+
+    A constrained reply with no limit of its own may run to the end of the context: the default reply
+    length would cut a tool call or a JSON object short, and a cut one matches no schema."""
     if requested is not None and requested < 1:
         raise EngineError("max_tokens must be at least 1")
     if prompt_len + 1 > cfg.max_model_len:
@@ -52,7 +55,7 @@ def resolve_max_tokens(requested: int | None, cfg: ThinkerConfig, prompt_len: in
             code="context_length_exceeded",
         )
     if requested is None:
-        return min(cfg.default_max_tokens, cfg.max_model_len - prompt_len)
+        return cfg.max_model_len - prompt_len if constrained else min(cfg.default_max_tokens, cfg.max_model_len - prompt_len)
     if prompt_len + requested > cfg.max_model_len:
         raise EngineError(
             f"the prompt ({prompt_len} tokens) plus max_tokens ({requested}) exceeds this model's "
@@ -108,7 +111,7 @@ class Admission:
         else:
             prompt = await asyncio.to_thread(self.prompts.build, request.messages, request.tools)
         sp, cfg = request.sampling, self.thinker
-        max_tokens = resolve_max_tokens(sp.max_tokens, cfg, len(prompt.token_ids))
+        max_tokens = resolve_max_tokens(sp.max_tokens, cfg, len(prompt.token_ids), constrained=grammar is not None)
         return AdmittedRequest(
             request_id=request.request_id,
             token_ids=prompt.token_ids,

@@ -16,7 +16,10 @@ from 3.9 (the CPU test machine and the GPU host alike), it covers JSON Schema br
 Tool calls follow Qwen3's chat template: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`,
 several of them separated by a newline. JSON is written in the spacing of `json.dumps` (what the
 template itself writes), with no other whitespace: a model that wanders in whitespace (a random one
-does) would otherwise never finish.
+does) would otherwise never finish. A tool's object that lists its `properties` and says nothing of
+`additionalProperties` gets those keys only (`closed`): every such call still matches its schema, and
+frameworks write their tools' schemas that way (LiveKit's, Pipecat's) meaning no others, which a
+model that wanders (a random one does) would otherwise add, in strings that need not end.
 """
 
 from __future__ import annotations
@@ -56,6 +59,33 @@ def grammar_for(constraint: OutputConstraint, tools: tuple[Tool, ...]) -> str:
     return grammar
 
 
+# the keywords whose value is one subschema, or a list or a name -> subschema map of them; allOf is left alone:
+# closing each of its parts would forbid the others' properties
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with each object that lists `properties`, and is silent on `additionalProperties` and
+    `patternProperties`, held to those properties."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if key in out:
+            out[key] = closed(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def _tool_calls_lark(constraint: ToolCallOutput, tools: tuple[Tool, ...]) -> str:
     chosen = [t for t in tools if constraint.name is None or t.name == constraint.name]
     if not chosen:
@@ -66,7 +96,7 @@ def _tool_calls_lark(constraint: ToolCallOutput, tools: tuple[Tool, ...]) -> str
              "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
     for i, tool in enumerate(chosen):
         head = json.dumps('\n{"name": ' + json.dumps(tool.name) + ', "arguments": ')
-        schema = {**(tool.parameters if tool.parameters is not None else ANY_OBJECT), "x-guidance": _JSON_STYLE}
+        schema = {**closed(tool.parameters if tool.parameters is not None else ANY_OBJECT), "x-guidance": _JSON_STYLE}
         rules.append(f'call_{i}: <tool_call> {head} args_{i} "}}\\n" </tool_call>')
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
     return "\n".join(rules) + "\n"

@@ -4,14 +4,19 @@
 //   ?server=URL   the gateway (default: this page's origin; another one is confirmed first)
 //   ?key=KEY      an API key: moved to sessionStorage and out of the address bar at once
 //   ?transport=   webrtc (default) | ws-opus | ws-pcm16          ?mode=ptt       start in push-to-talk
+//   ?tool_choice= auto (default) | none | required | set_lamp: whether the assistant must call the page's lamp
+//                 tool (a model with random weights calls only when it must)
+//   ?transcribe=1 the server transcribes your turns, and the transcript shows their words
 
 import { AudioEngine } from "./audio.js";
 import { Banner } from "./banner.js";
 import { LevelMeter } from "./level-meter.js";
+import { Lamp } from "./lamp.js";
 import { Latency } from "./latency.js";
 import { ModelInfo } from "./model-info.js";
 import { chooseServer, takeApiKey } from "./page-options.js";
 import { TalkControl } from "./push-to-talk.js";
+import { toolChoice } from "./conversation.js";
 import { Session } from "./session.js";
 import { StatsPanel } from "./stats-panel.js";
 import { exposeTestHooks } from "./test-hooks.js";
@@ -31,8 +36,11 @@ const picker = new TransportPicker({ select: $("transport"), pill: $("conn-state
 const transcript = new Transcript({ list: $("turns"), empty: $("empty") });
 const latency = new Latency({ last: $("lat-last"), median: $("lat-median"), bars: $("lat-bars") });
 const meter = new LevelMeter({ fill: $("meter-fill"), readout: $("meter-db"), ring: $("ring") });
+const tools = [new Lamp({ card: $("lamp") })];
 const session = new Session({ baseUrl, apiKey, mode: params.get("mode"), audio, audioElement: $("remote-audio"),
-                              picker, model, transcript, latency, meter, banner });
+                              picker, model, transcript, latency, meter, banner, tools,
+                              toolChoice: toolChoice(params.get("tool_choice"), tools),
+                              transcribe: params.get("transcribe") === "1" });
 session.addEventListener("change", () => picker.show(session.state, session.kind));
 const talk = new TalkControl({ session, modeSwitch: $("mode"), talk: $("talk"), label: $("talk-label"),
                                hint: $("hint"), end: $("end") });

@@ -1,5 +1,6 @@
-// One connection's conversation: the server's turn events on one transport, the user turns and assistant replies
-// they make, barge-in, push-to-talk turns, the connection's counters and what the assistant is doing (activity).
+// One connection's conversation: the server's turn events on one transport, the user turns (with their words when
+// transcribed) and assistant replies they make, the page's tools the assistant calls, barge-in, push-to-talk turns,
+// the connection's counters and what the assistant is doing (activity).
 
 import { WorkletPlayback } from "./playback-ws.js";
 import { RtcPlayback } from "./playback-webrtc.js";
@@ -12,24 +13,36 @@ export function turnDetection(mode) {
   return mode === "vad" ? { type: "server_vad", create_response: true, interrupt_response: true } : null;
 }
 
+/** The session's tool_choice for the page option `option` (?tool_choice=): auto, none, required or a tool's name. */
+export function toolChoice(option, tools) {
+  if (option === "none" || option === "required") return option;
+  if (tools.some((t) => t.name === option)) return { type: "function", name: option };
+  return "auto";
+}
+
 export class Conversation {
   #responseId = null; // the active response, between response.created and response.done
-  #responseItem = null; // its output item
+  #responseItem = null; // its message item (none in a reply of calls alone)
   #views = new Map(); // item id -> the transcript's view of the reply
   #userTurn = null; // {view, startMs}: the user turn being spoken (startMs: server VAD's audio_start_ms)
+  #unclaimed = null; // the view of the user turn just ended, until input_audio_buffer.committed names its item
+  #userViews = new Map(); // user item id -> its turn's view, for the transcription events
+  #callViews = new Map(); // function_call item id -> the transcript's view of the call
+  #callsAnswered = 0; // outputs sent for the active response's calls: its end asks for the answer
   #ptt = null; // {startedAt}: the talk button is held
   #pollTimer = null;
 
   /**
    * kind: "webrtc" | "ws-opus" | "ws-pcm16"; transport: its connected-or-connecting transport; mode(): the
-   * session's turn mode now; onChange(): `activity` changed.
+   * session's turn mode now; onChange(): `activity` changed; tools: the page's tools ({name, declaration, call});
+   * toolChoice: the session's tool_choice; transcribe: whether the server transcribes the user's audio.
    *
    * Public state, written only here: replies (item id -> {id, status, text, latencyMs, receivedMs, playedMs,
    * dropped}; receivedMs / playedMs / dropped by the playback tracker), counts, link (the transport's last
    * stats), activity (idle | listening | ptt-ready | user-speaking | thinking | speaking) and playback.
    */
-  constructor({ kind, transport, audio, transcript, latency, banner, mode, onChange }) {
-    Object.assign(this, { kind, transport, transcript, latency, banner, mode, onChange });
+  constructor({ kind, transport, audio, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe }) {
+    Object.assign(this, { kind, transport, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe });
     this.replies = new Map();
     this.counts = { responsesCompleted: 0, responsesCancelled: 0, responsesFailed: 0, userTurns: 0,
                     bargeIns: 0, truncationsSent: 0, truncationsAcked: 0 };
@@ -47,7 +60,9 @@ export class Conversation {
 
   /** The session.update that configures a new connection. */
   sessionUpdate() {
-    const session = { type: "realtime", audio: { input: { turn_detection: turnDetection(this.mode()) } } };
+    const session = { type: "realtime", audio: { input: { turn_detection: turnDetection(this.mode()) } },
+                      tools: this.tools.map((t) => t.declaration), tool_choice: this.toolChoice };
+    if (this.transcribe) session.audio.input.transcription = { model: "whisper-1" }; // echoed: the Thinker transcribes
     if (this.kind === "ws-opus") session.audio.output = { format: { type: "audio/opus" } };
     else if (this.kind === "ws-pcm16") session.audio.output = { format: { type: "audio/pcm", rate: 24000 } };
     return { type: "session.update", session };
@@ -79,8 +94,11 @@ export class Conversation {
       case "input_audio_buffer.speech_stopped": return this.#speechStopped(ev);
       case "response.created":
         this.#responseId = ev.response?.id ?? null;
+        this.#responseItem = null;
+        this.#callsAnswered = 0;
         return this.#setActivity("thinking");
       case "response.output_item.added":
+        if (ev.item?.type === "function_call") return this.#callAdded(ev.item);
         this.#responseItem = ev.item?.id ?? null;
         if (this.#responseItem) this.#addReply(this.#responseItem);
         return this.latency.replyAdded(this.#responseItem);
@@ -89,7 +107,17 @@ export class Conversation {
       case "response.audio_transcript.delta":
       case "response.text.delta":
         return this.#appendText(ev.item_id, ev.delta);
+      case "response.output_item.done":
+        if (ev.item?.type === "function_call") this.#callDone(ev.item);
+        return;
       case "response.done": return this.#responseDone(ev.response || {});
+      case "input_audio_buffer.committed": return this.#committed(ev.item_id);
+      case "conversation.item.input_audio_transcription.delta":
+        return this.#userView(ev.item_id).appendWords(ev.delta || "");
+      case "conversation.item.input_audio_transcription.completed":
+        return this.#userView(ev.item_id).words(ev.transcript || "");
+      case "conversation.item.input_audio_transcription.failed":
+        return this.#userView(ev.item_id).notTranscribed(ev.error?.message || ev.error?.code || "failed");
       case "output_audio_buffer.started":
         this.playback.started(ev, this.#responseItem);
         return this.#setActivity("speaking");
@@ -140,6 +168,7 @@ export class Conversation {
       return;
     }
     userTurn?.view.finish(heldMs / 1000);
+    this.#unclaimed = userTurn?.view ?? null;
     this.transport.send({ type: "input_audio_buffer.commit" });
     this.transport.send({ type: "response.create" });
     this.latency.speechEnded(releasedAt);
@@ -157,6 +186,7 @@ export class Conversation {
     const now = performance.now();
     const userTurn = this.#userTurn || { view: this.transcript.user(""), startMs: 0 };
     userTurn.view.finish(Math.max(0, ((ev.audio_end_ms ?? 0) - userTurn.startMs) / 1000));
+    this.#unclaimed = userTurn.view;
     this.#userTurn = null;
     this.latency.speechEnded(now);
     this.#setActivity("thinking");
@@ -166,6 +196,23 @@ export class Conversation {
     this.counts.userTurns += 1;
     this.#userTurn = { view: this.transcript.user("listening…"), startMs };
     this.#setActivity("user-speaking");
+  }
+
+  /** The server made the ended turn's audio item `itemId`: its words, if transcribed, go to that turn's view. */
+  #committed(itemId) {
+    if (!itemId || !this.#unclaimed) return;
+    this.#userViews.set(itemId, this.#unclaimed);
+    this.#unclaimed = null;
+  }
+
+  /** The view of user item `itemId`; one of its own for audio the page saw no turn for (an idle timeout's). */
+  #userView(itemId) {
+    let view = this.#userViews.get(itemId);
+    if (!view) {
+      view = this.transcript.user("");
+      this.#userViews.set(itemId, view);
+    }
+    return view;
   }
 
   #addReply(itemId) {
@@ -193,7 +240,7 @@ export class Conversation {
     if (status === "completed") this.counts.responsesCompleted += 1;
     else if (status === "cancelled") this.counts.responsesCancelled += 1;
     else this.counts.responsesFailed += 1;
-    const itemId = response.output?.[0]?.id || this.#responseItem;
+    const itemId = response.output?.find((o) => o.type === "message")?.id || this.#responseItem;
     const reply = itemId && this.replies.get(itemId);
     if (reply) this.#setStatus(reply, status);
     if (status === "failed") {
@@ -202,7 +249,37 @@ export class Conversation {
     }
     this.#responseId = null;
     if (status !== "completed") this.latency.replyFailed(itemId);
+    if (status === "completed" && this.#callsAnswered > 0) return this.#answerCalls(); // still thinking
     if (this.activity === "thinking") this.#settle();
+  }
+
+  // ------------------------------------------------------------ tool calls
+
+  #callAdded(item) {
+    this.#callViews.set(item.id, this.transcript.call(item.name || "?"));
+  }
+
+  /** A call is written: run it here, show it, and send its output (the answer is asked for at response.done). */
+  #callDone(item) {
+    const view = this.#callViews.get(item.id) || this.transcript.call(item.name || "?");
+    if (item.status !== "completed") return view.cutOff(); // cut off: the server leaves it out of the next prompt
+    const tool = this.tools.find((t) => t.name === item.name);
+    const output = tool ? tool.call(item.arguments, item.call_id) : { error: `no tool named ${item.name}` };
+    view.done(item.arguments, output);
+    this.transport.send({ type: "conversation.item.create",
+                          item: { type: "function_call_output", call_id: item.call_id, output: JSON.stringify(output) } });
+    this.#callsAnswered += 1;
+  }
+
+  /**
+   * The response that made the calls is over: ask for the reply that reads their outputs. A forced choice (required,
+   * or a named tool) would force another call there, and so on forever: that reply may use no tool.
+   */
+  #answerCalls() {
+    this.#callsAnswered = 0;
+    const forced = this.toolChoice !== "auto" && this.toolChoice !== "none";
+    this.transport.send(forced ? { type: "response.create", response: { tool_choice: "none" } }
+                               : { type: "response.create" });
   }
 
   #heard(itemId, at) {

@@ -17,11 +17,14 @@ export class Session extends EventTarget {
 
   /**
    * audio: the page's AudioEngine; audioElement: the muted <audio> WebRTC needs; picker: the TransportPicker;
-   * model: the ModelInfo; transcript, latency, meter, banner: the views a conversation reports to.
+   * model: the ModelInfo; transcript, latency, meter, banner: the views a conversation reports to; tools,
+   * toolChoice, transcribe: what each conversation offers the assistant and asks of the server (see Conversation).
    */
-  constructor({ baseUrl, apiKey, mode, audio, audioElement, picker, model, transcript, latency, meter, banner }) {
+  constructor({ baseUrl, apiKey, mode, audio, audioElement, picker, model, transcript, latency, meter, banner, tools,
+                toolChoice, transcribe }) {
     super();
-    Object.assign(this, { baseUrl, apiKey, audio, audioElement, picker, model, transcript, latency, meter, banner });
+    Object.assign(this, { baseUrl, apiKey, audio, audioElement, picker, model, transcript, latency, meter, banner,
+                          tools, toolChoice, transcribe });
     this.#mode = mode === "ptt" ? "ptt" : "vad";
   }
 
@@ -137,6 +140,7 @@ export class Session extends EventTarget {
     conversation = new Conversation({
       kind, transport, audio: this.audio, transcript: this.transcript, latency: this.latency, banner: this.banner,
       mode: () => this.#mode, onChange: () => this.dispatchEvent(new Event("change")),
+      tools: this.tools, toolChoice: this.toolChoice, transcribe: this.transcribe,
     });
     return conversation;
   }

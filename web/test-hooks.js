@@ -7,9 +7,28 @@ import { dbfs } from "./audio.js";
 const NO_COUNTS = { responsesCompleted: 0, responsesCancelled: 0, responsesFailed: 0, userTurns: 0, bargeIns: 0,
                     truncationsSent: 0, truncationsAcked: 0 };
 
-/** What the server said to one conversation: event counts, the last response's status, the session id. */
+/**
+ * What the server said to one conversation: event counts, the last response's status, the session id, the session's
+ * tool settings and transcription as last updated, each finished function call, each response's output item types,
+ * and the user items' completed transcripts (item id -> text).
+ */
 function freshEvents(conversation) {
-  return { conversation, eventCounts: {}, responsesDone: 0, lastResponseStatus: null, sessionId: null };
+  return { conversation, eventCounts: {}, responsesDone: 0, lastResponseStatus: null, sessionId: null, session: null,
+           calls: [], responseOutputs: [], transcripts: {} };
+}
+
+function record(seen, ev) {
+  if (ev.type === "session.updated") {
+    const { tools, tool_choice: toolChoice, audio } = ev.session ?? {};
+    seen.session = { tools: (tools ?? []).map((t) => t.name), toolChoice, transcription: audio?.input?.transcription ?? null };
+  } else if (ev.type === "response.output_item.done" && ev.item?.type === "function_call") {
+    const { call_id: callId, name, arguments: args, status } = ev.item;
+    seen.calls.push({ callId, name, arguments: args, status });
+  } else if (ev.type === "response.done") {
+    seen.responseOutputs.push((ev.response?.output ?? []).map((o) => o.type));
+  } else if (ev.type === "conversation.item.input_audio_transcription.completed") {
+    seen.transcripts[ev.item_id] = ev.transcript;
+  }
 }
 
 export function exposeTestHooks({ session, talk, picker, model, latency, meter, banner, audio }) {
@@ -22,6 +41,7 @@ export function exposeTestHooks({ session, talk, picker, model, latency, meter, 
       seen.responsesDone += 1;
       seen.lastResponseStatus = ev.response?.status || "completed";
     }
+    record(seen, ev);
   });
   const events = () => (seen.conversation === session.conversation ? seen : freshEvents(session.conversation));
 
@@ -51,6 +71,10 @@ export function exposeTestHooks({ session, talk, picker, model, latency, meter, 
       micLevelDb: meter.db,
       remoteLevelDb: webrtc ? dbfs(c.playback.remoteLevel.rms) : -100,
       eventCounts: { ...e.eventCounts },
+      session: e.session,
+      calls: [...e.calls],
+      responseOutputs: [...e.responseOutputs],
+      transcripts: { ...e.transcripts },
       errors: [...banner.errors],
     };
   }

@@ -1,5 +1,6 @@
-// The running transcript view: user turns ("speech, N s": there is no speech recognition), the assistant's
-// replies with their transcript text and a meta line (latency, audio length, status), and session dividers.
+// The running transcript view: user turns ("speech, N s", or their words when the server transcribes them), the
+// assistant's replies with their transcript text and a meta line (latency, audio length, status), the tool calls
+// the assistant made with what they returned, and session dividers.
 
 const MIC_PATH = "M12 15a3.5 3.5 0 0 0 3.5-3.5v-6a3.5 3.5 0 1 0-7 0v6A3.5 3.5 0 0 0 12 15Zm6-3.5a1 1 0 1 0-2 0 4 4 0 0 1-8 0 "
   + "1 1 0 1 0-2 0 6 6 0 0 0 5 5.91V20H8.5a1 1 0 1 0 0 2h7a1 1 0 1 0 0-2H13v-2.59a6 6 0 0 0 5-5.91Z";
@@ -15,17 +16,38 @@ export class Transcript {
     return this.list.children.length > 0;
   }
 
-  /** A user turn showing `text` until finish(seconds) gives its length; remove() takes it back. */
+  /**
+   * A user turn showing `text` until finish(seconds) gives its length; remove() takes it back. Its words, when the
+   * server transcribes them, replace that text (appendWords, words) and the length moves to the meta line;
+   * notTranscribed(reason) only says so there.
+   */
   user(text) {
     const li = document.createElement("li");
     li.className = "turn user";
     li.innerHTML = `<div class="bubble"><svg class="icon" viewBox="0 0 24 24" aria-hidden="true"><path d="${MIC_PATH}"/></svg>`
-      + `<span class="text"></span></div>`;
+      + `<span class="text"></span></div><div class="meta"></div>`;
     const textEl = li.querySelector(".text");
-    textEl.textContent = text;
+    const metaEl = li.querySelector(".meta");
+    let length = null; // "speech, N s" once finished
+    let words = null; // the transcript so far
+    const render = () => {
+      textEl.textContent = words || length || text;
+      metaEl.textContent = words && length ? length : "";
+      this.#scroll();
+    };
+    render();
     this.#add(li);
     return {
-      finish: (seconds) => { textEl.textContent = `speech, ${seconds.toFixed(1)} s`; },
+      finish: (seconds) => { length = `speech, ${seconds.toFixed(1)} s`; render(); },
+      appendWords: (delta) => { li.dataset.transcription = "partial"; words = (words || "") + delta; render(); },
+      words: (transcript) => { li.dataset.transcription = "completed"; words = transcript; render(); },
+      // Quietly: the turn still counts; only its words are missing.
+      notTranscribed: (reason) => {
+        li.dataset.transcription = "failed";
+        render();
+        metaEl.textContent = "not transcribed";
+        metaEl.title = reason;
+      },
       remove: () => li.remove(),
     };
   }
@@ -51,6 +73,27 @@ export class Transcript {
     this.#add(li);
     view.render(reply);
     return view;
+  }
+
+  /** A tool call the assistant is writing; done(args, output) shows it run, cutOff() that it never finished. */
+  call(name) {
+    const li = document.createElement("li");
+    li.className = "turn call";
+    li.dataset.name = name;
+    li.innerHTML = `<div class="bubble"><span class="text"></span></div>`;
+    const textEl = li.querySelector(".text");
+    textEl.textContent = `${name}(…)`;
+    this.#add(li);
+    return {
+      done: (args, output) => {
+        li.dataset.status = "completed";
+        textEl.textContent = `${name}(${args.trim()}) → ${JSON.stringify(output)}`;
+      },
+      cutOff: () => {
+        li.dataset.status = "incomplete";
+        textEl.textContent = `${name}(…): cut off, not run`;
+      },
+    };
   }
 
   divider(text) {

@@ -105,7 +105,10 @@ export class WebSocketTransport {
       return;
     }
     const event = JSON.parse(data);
-    if (event.type === "response.output_item.added") this.audioItem = event.item?.id ?? null;
+    // a function call has no audio: the packets after it still belong to the reply's message
+    if (event.type === "response.output_item.added" && event.item?.type !== "function_call") {
+      this.audioItem = event.item?.id ?? null;
+    }
     else if (event.type === "response.done") this.audioItem = null;
     else if (event.type === "response.output_audio.delta" || event.type === "response.audio.delta") {
       this.counters.bytesReceived += (event.delta.length * 3) >> 2;

@@ -71,9 +71,12 @@ def new_page(browser, console: list[str]):
     return page
 
 
-def open_page(browser, url: str, transport: str, console: list[str]):
+def open_page(browser, url: str, transport: str, console: list[str], options: str = "", watch=None):
+    """The demo with `options` more in its query ("&name=value..."); `watch(page)` runs before it loads."""
     page = new_page(browser, console)
-    page.goto(f"{url}/?transport={transport}")
+    if watch is not None:
+        watch(page)
+    page.goto(f"{url}/?transport={transport}{options}")
     page.wait_for_function("() => window.voiceDemo && voiceDemo.model !== null", timeout=30_000)
     return page
 
@@ -85,10 +88,10 @@ def connect(page, transport: str) -> str | None:
     }""", transport)
 
 
-def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad"):
+def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad", options: str = "", watch=None):
     """Open the demo, pick the turn mode, connect; the page, with console output and any error in `result`."""
     result["console"] = console = []
-    page = open_page(browser, url, transport, console)
+    page = open_page(browser, url, transport, console, options, watch)
     result["random_notice_visible"] = page.is_visible("#random-notice")
     page.evaluate("(m) => voiceDemo.setMode(m)", mode)
     result["connect_error"] = connect(page, transport)
@@ -151,6 +154,56 @@ def scenario_push_to_talk(browser, url: str, transport: str, out_dir: Path, resu
         wait_for(page, "() => voiceDemo.stats.responsesCompleted >= 1 && voiceDemo.stats.audioSamplesPlayed > 0",
                  result, 200)
     close_page(page, out_dir, f"{transport}-push-to-talk.png", result)
+    result["health_after_close"] = wait_health(url, 15)
+
+
+TRANSCRIPT_JS = """() => ({
+    lamp: {...document.getElementById("lamp").dataset, label: document.querySelector("#lamp .state").textContent},
+    calls: [...document.querySelectorAll("#turns > li.call")].map((li) => ({...li.dataset, text: li.innerText})),
+    users: [...document.querySelectorAll("#turns > li.user")].map((li) => ({
+        transcription: li.dataset.transcription ?? null, text: li.querySelector(".text").textContent,
+        meta: li.querySelector(".meta").textContent})),
+})"""
+
+
+def watch_sent(page, sent: list[dict]) -> None:
+    """Every JSON event but the mic's appends that the page sends on its WebSockets, in order."""
+    def on_frame(payload: str | bytes) -> None:
+        event = json.loads(payload) if isinstance(payload, str) else {}
+        if event and event.get("type") != "input_audio_buffer.append":
+            sent.append(event)
+
+    page.on("websocket", lambda ws: ws.on("framesent", on_frame))
+
+
+def scenario_tool_call(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    """`?tool_choice=set_lamp`: a spoken turn makes the model call the page's lamp; the page runs it, sends its
+    output and asks for the answer, which must be words. Every event the page sent is reported."""
+    sent: list[dict] = []
+    result["sent"] = sent
+    page = start_page(browser, url, transport, result, options="&tool_choice=set_lamp",
+                      watch=lambda p: watch_sent(p, sent))
+    if result["connect_error"] is None:
+        # a response after the one that called: the answer
+        wait_for(page, """() => { const o = voiceDemo.stats.responseOutputs;
+            const i = o.findIndex((types) => types.includes("function_call")); return i >= 0 && o.length > i + 1; }""",
+                 result, 200)
+        page.wait_for_timeout(300)
+    result["dom"] = page.evaluate(TRANSCRIPT_JS)
+    close_page(page, out_dir, f"{transport}-tool-call.png", result)
+    result["health_after_close"] = wait_health(url, 15)
+
+
+def scenario_transcription(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
+    """`?transcribe=1`: a spoken turn is transcribed and its words become the user's line in the transcript."""
+    page = start_page(browser, url, transport, result, options="&transcribe=1")
+    if result["connect_error"] is None:
+        wait_for(page, """() => { const s = voiceDemo.stats; return s.responsesCompleted >= 1
+            && (Object.keys(s.transcripts).length >= 1
+                || (s.eventCounts["conversation.item.input_audio_transcription.failed"] || 0) >= 1); }""", result, 200)
+        page.wait_for_timeout(300)
+    result["dom"] = page.evaluate(TRANSCRIPT_JS)
+    close_page(page, out_dir, f"{transport}-transcription.png", result)
     result["health_after_close"] = wait_health(url, 15)
 
 
@@ -222,6 +275,8 @@ SCENARIOS = {
     "ws-pcm16-barge-in": (scenario_barge_in, "ws-pcm16"),
     "ws-opus-barge-in": (scenario_barge_in, "ws-opus"),
     "webrtc-barge-in": (scenario_barge_in, "webrtc"),
+    "ws-opus-tool-call": (scenario_tool_call, "ws-opus"),
+    "webrtc-transcription": (scenario_transcription, "webrtc"),
     "key-in-url": (scenario_key_in_url, "ws-opus"),
     "server-elsewhere": (scenario_server_elsewhere, "ws-opus"),
 }

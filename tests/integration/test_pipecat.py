@@ -1,13 +1,17 @@
 """Pipecat's own OpenAI realtime service (`OpenAIRealtimeLLMService`, unmodified) in a Pipecat pipeline against
 the live tiny server: a source and a sink of our own stand in for a transport. A greeting from the context,
-spoken turns, barge-in, history in its context, conversation.item.retrieve, with no error and no timeout."""
+spoken turns, barge-in, history in its context (the user's transcripts too, when transcription is on),
+conversation.item.retrieve, a registered function called, run and answered, and an edited history taken up by a
+new session, with no error and no timeout."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import jsonschema
 import numpy as np
 import pytest
 from pipecat.adapters.llm.schemas.function_schema import FunctionSchema
@@ -18,7 +22,10 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     InterruptionFrame,
+    LLMMessagesAppendFrame,
+    LLMMessagesUpdateFrame,
     LLMRunFrame,
+    LLMUpdateSettingsFrame,
     TTSAudioRawFrame,
 )
 from pipecat.observers.base_observer import BaseObserver, FramePushed
@@ -52,6 +59,10 @@ _WEATHER = FunctionSchema(name="get_current_weather", description="Get the curre
                           properties={"location": {"type": "string"},
                                       "format": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
                           required=["location", "format"])
+# a tool the random model's call always ends in: its arguments hold no string (the weather's location is one,
+# which a random model need not ever close)
+_LAMP = FunctionSchema(name="set_lamp", description="Switch the lamp", properties={"on": {"type": "boolean"}},
+                       required=["on"])
 
 
 def _default_settings() -> OpenAIRealtimeLLMService.Settings:
@@ -69,7 +80,12 @@ def _example_settings() -> OpenAIRealtimeLLMService.Settings:
             noise_reduction=InputAudioNoiseReduction(type="near_field")))))
 
 
-SETTINGS = {"defaults": _default_settings, "example": _example_settings}
+def _tool_settings() -> OpenAIRealtimeLLMService.Settings:
+    """The defaults, with a tool call required: Pipecat's one way to make the model call (its tool_choice)."""
+    return OpenAIRealtimeLLMService.Settings(model="tiny", session_properties=SessionProperties(tool_choice="required"))
+
+
+SETTINGS = {"defaults": _default_settings, "example": _example_settings, "tool_required": _tool_settings}
 
 
 class Microphone(FrameProcessor):
@@ -126,6 +142,7 @@ class Bot:
     speaker: Speaker
     seen: Seen
     items: list[tuple[str, str]]  # (id, role) of every item the server announced
+    calls: list[FunctionCallParams]  # every call of the registered function, as Pipecat made it
 
     async def reply_audio(self, timeout_s: float = 60) -> int:
         """Waits for reply audio to reach the sink; the frames so far."""
@@ -138,15 +155,32 @@ class Bot:
 async def bot(server: Server, request: pytest.FixtureRequest) -> AsyncIterator[Bot]:
     ws_url = server.base_url.replace("http://", "ws://") + "/v1/realtime"
     llm = OpenAIRealtimeLLMService(api_key="unused", base_url=ws_url, settings=SETTINGS[request.param]())
-    llm.register_function("get_current_weather", _weather)
     items: list[tuple[str, str]] = []
+    calls: list[FunctionCallParams] = []
+
+    async def run_tool(params: FunctionCallParams) -> None:
+        calls.append(params)
+        if request.param == "tool_required":
+            # the call is made: the follow-up may answer in words (a required choice would call again), so the
+            # tool choice goes back to auto first, by Pipecat's settings update, queued ahead of the result
+            await params.llm.queue_frame(LLMUpdateSettingsFrame(delta=OpenAIRealtimeLLMService.Settings(
+                session_properties=SessionProperties(tool_choice="auto"))))
+        if params.function_name == "set_lamp":
+            await params.result_callback({"lamp": "on" if params.arguments["on"] else "off"})
+        else:
+            await params.result_callback({"conditions": "nice", "temperature": 24,
+                                          "format": params.arguments.get("format")})
+
+    llm.register_function("get_current_weather", run_tool)
+    llm.register_function("set_lamp", run_tool)
 
     @llm.event_handler("on_conversation_item_created")
     async def created(_: OpenAIRealtimeLLMService, item_id: str, item: object) -> None:
         items.append((item_id, getattr(item, "role", "") or ""))
 
     # the example's context: a developer message that asks for a greeting, and its tools
-    context = LLMContext([{"role": "developer", "content": "Say hello!"}], ToolsSchema(standard_tools=[_WEATHER]))
+    tools = [_LAMP] if request.param == "tool_required" else [_WEATHER]
+    context = LLMContext([{"role": "developer", "content": "Say hello!"}], ToolsSchema(standard_tools=tools))
     user, assistant = LLMContextAggregatorPair(context)
     microphone, speaker, seen = Microphone(), Speaker(), Seen()
     worker = PipelineWorker(Pipeline([microphone, user, llm, speaker, assistant]), params=PipelineParams(),
@@ -155,7 +189,7 @@ async def bot(server: Server, request: pytest.FixtureRequest) -> AsyncIterator[B
     await runner.add_workers(worker)
     running = asyncio.create_task(runner.run())
     try:
-        yield Bot(llm, context, microphone, speaker, seen, items)
+        yield Bot(llm, context, microphone, speaker, seen, items, calls)
     finally:
         await worker.queue_frame(EndFrame())
         try:
@@ -164,12 +198,15 @@ async def bot(server: Server, request: pytest.FixtureRequest) -> AsyncIterator[B
             await worker.cancel()
 
 
-async def _weather(params: FunctionCallParams) -> None:
-    await params.result_callback({"conditions": "nice", "temperature": 24, "format": params.arguments["format"]})
+def session_errors(server: Server, log_from: int, *expected: str) -> list[str]:
+    """The error events the server logged since `log_from`, but for the codes named."""
+    return [line for line in server.log()[log_from:].splitlines()
+            if " error " in line and not any(code in line for code in expected)]
 
 
-@pytest.mark.parametrize("bot", list(SETTINGS), indirect=True)
-async def test_a_pipecat_pipeline(bot: Bot, server: Server, speech: np.ndarray) -> None:  # noqa: F811
+@pytest.mark.parametrize("bot", ["defaults", "example"], indirect=True)
+async def test_a_pipecat_pipeline(bot: Bot, server: Server, speech: np.ndarray,  # noqa: F811
+                                  request: pytest.FixtureRequest) -> None:
     log_from = len(server.log())
     # the greeting: the context goes in as items, then a response whose audio reaches the sink
     await bot.microphone.queue_frame(LLMRunFrame())
@@ -185,11 +222,18 @@ async def test_a_pipecat_pipeline(bot: Bot, server: Server, speech: np.ndarray) 
             await asyncio.sleep(0.05)
     await bot.reply_audio()  # the reply to the turn that interrupted
 
-    # history: the context holds the replies' text (user turns reach it only as input transcripts, which this
-    # server does not make yet); the server announced each turn's item and has it
+    # history: the context holds the replies' text, and with transcription on (the example) the user's turns as
+    # their transcripts (random weights: gibberish, but text); the server announced each turn's item and has it
     await asyncio.sleep(1.0)
     assistant_texts = [m for m in bot.context.get_messages() if m.get("role") == "assistant"]
     assert len(assistant_texts) >= 2, bot.context.get_messages()
+    if request.node.callspec.params["bot"] == "example":  # transcription on
+        # a transcript comes after its turn's end: Pipecat's aggregators write it into the context when they
+        # flush, with the next reply's end, and two turns' transcripts may share one message
+        async with asyncio.timeout(30):
+            while not (user_texts := [m for m in bot.context.get_messages() if m.get("role") == "user"]):
+                await asyncio.sleep(0.1)
+        assert all(isinstance(m.get("content"), str) and m["content"].strip() for m in user_texts), user_texts
     assert len([item_id for item_id, role in bot.items if role == "user"]) >= 2, bot.items
     assistant_items = [item_id for item_id, role in bot.items if role == "assistant"]
     retrieved = await asyncio.wait_for(bot.llm.retrieve_conversation_item(assistant_items[0]), 10)
@@ -198,6 +242,67 @@ async def test_a_pipecat_pipeline(bot: Bot, server: Server, speech: np.ndarray) 
         await asyncio.wait_for(bot.llm.retrieve_conversation_item("item_missing"), 10)
 
     assert bot.seen.errors == []
-    session_errors = [line for line in server.log()[log_from:].splitlines()
-                      if " error " in line and "item_retrieve_invalid_item_id" not in line]
-    assert session_errors == []
+    assert session_errors(server, log_from, "item_retrieve_invalid_item_id") == []
+
+
+@pytest.mark.parametrize("bot", ["tool_required"], indirect=True)
+async def test_a_pipecat_tool_round_trip(bot: Bot, server: Server) -> None:
+    """The greeting is a call: the required tool choice decodes it under the function's schema (so even the random
+    model's arguments validate); Pipecat runs the registered function, sends its function_call_output and asks for
+    the reply, which speaks."""
+    log_from = len(server.log())
+    await bot.microphone.queue_frame(LLMRunFrame())
+    await bot.reply_audio(90)
+
+    [call] = bot.calls
+    assert call.function_name == "set_lamp"
+    jsonschema.validate(dict(call.arguments), {"type": "object", "properties": _LAMP.properties,
+                                               "required": _LAMP.required})
+    # the reply's words reach the context once it is done, after the call and its result
+    async with asyncio.timeout(30):
+        while (messages := bot.context.get_messages())[-1].get("role") != "assistant" or \
+                not messages[-1].get("content"):
+            await asyncio.sleep(0.1)
+    [result] = [m for m in messages if m.get("role") == "tool"]
+    assert result["tool_call_id"] == call.tool_call_id
+    assert json.loads(result["content"]) == {"lamp": "on" if call.arguments["on"] else "off"}
+    assert [m["role"] for m in messages] == ["developer", "assistant", "tool", "assistant"], messages
+    assert messages[1]["tool_calls"][0]["id"] == call.tool_call_id
+    assert len(bot.calls) == 1  # the reply after the result is words: the choice is auto again
+    assert bot.seen.errors == []
+    assert session_errors(server, log_from) == []
+
+
+@pytest.mark.parametrize("bot", ["defaults"], indirect=True)
+async def test_a_pipecat_history_edit(bot: Bot, server: Server) -> None:
+    """What Pipecat's realtime service sends of an edited context: a message appended (LLMMessagesAppendFrame) goes
+    in as an item and is answered; a context replaced (LLMMessagesUpdateFrame) stays local until
+    `reset_conversation()`, which ends the session and opens a new one."""
+    log_from = len(server.log())
+    await bot.microphone.queue_frame(LLMRunFrame())
+    await bot.reply_audio()
+    await asyncio.sleep(1.0)
+
+    # appended past the user aggregator, as Pipecat's own tools do: the service sends it as a system item
+    before = len(bot.items)
+    await bot.llm.queue_frame(LLMMessagesAppendFrame([{"role": "developer", "content": "Now say goodbye."}],
+                                                     run_llm=True))
+    async with asyncio.timeout(60):  # the reply to it: an assistant item, then its audio
+        while "assistant" not in [role for _, role in bot.items[before:]]:
+            await asyncio.sleep(0.05)
+    await bot.reply_audio()
+    assert [role for _, role in bot.items[before:]][:2] == ["system", "assistant"], bot.items[before:]
+
+    # replaced: nothing goes out until the reset, whose new session starts without the old items
+    edited = [{"role": "developer", "content": "Say hello again!"}]
+    await bot.microphone.queue_frame(LLMMessagesUpdateFrame(messages=edited, run_llm=False))
+    async with asyncio.timeout(10):
+        while bot.context.get_messages() != edited:
+            await asyncio.sleep(0.05)
+    await asyncio.wait_for(bot.llm.reset_conversation(), 20)
+    async with asyncio.timeout(10):
+        while server.log()[log_from:].count(" opened (") < 2 or " closed" not in server.log()[log_from:]:
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)
+    assert bot.seen.errors == []
+    assert session_errors(server, log_from) == []

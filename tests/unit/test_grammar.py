@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from engine.api import JsonOutput, Tool, ToolCallOutput
-from engine.constraints import grammar_for, schema_error
+from engine.constraints import closed, grammar_for, schema_error
 from engine.grammar import Grammars, GrammarState
 from engine.runners.sampler import RowSampling, TokenMask, allow_only, sample
 
@@ -107,6 +107,21 @@ def test_tool_calls_follow_qwen_format_and_validate(grammars: Grammars, tokenize
                 assert constraint.name in (None, call["name"])
                 tool = next(t for t in TOOLS if t.name == call["name"])
                 jsonschema.validate(call["arguments"], tool.parameters)
+
+
+def test_a_tool_schema_silent_on_extra_keys_gets_its_own_only(grammars: Grammars, tokenizer) -> None:
+    # the schema LiveKit writes for `set_lamp(on: bool)`: no additionalProperties, so a random model would add keys
+    lamp = {"type": "object", "properties": {"on": {"type": "boolean", "title": "On"}}, "required": ["on"]}
+    grammar = grammar_for(ToolCallOutput("set_lamp", parallel=False), (Tool("set_lamp", None, lamp),))
+    out, _ = _decode(grammars, [grammar] * 4, seeds=[8, 9, 10, 11], steps=60)
+    for ids in out:
+        call = json.loads(_text(tokenizer, ids).split("\n")[1])
+        assert list(call["arguments"]) == ["on"] and isinstance(call["arguments"]["on"], bool), call
+    # what says otherwise, and a free-form object, stay as they are; nested objects close too
+    assert closed({"type": "object", "properties": {}, "additionalProperties": True})["additionalProperties"] is True
+    assert closed({"type": "object"}) == {"type": "object"}
+    nested = closed({"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer"}}}})
+    assert nested["items"]["additionalProperties"] is False
 
 
 def test_the_batched_mask_equals_each_row_alone(grammars: Grammars) -> None:

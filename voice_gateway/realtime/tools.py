@@ -5,9 +5,12 @@ They mean what they mean in chat completions (voice_gateway/openai/tools.py), on
 * `tool_choice: "auto"` (the default): the tools are in the prompt and the model may call them; calls
   are parsed out of its text (voice_gateway/openai/tool_parser.py).
 * `"none"`: the tools are left out of the prompt, so the model answers in words.
-* `"required"` or a named function: the reply is decoded under a grammar of tool calls (any tool, or
-  that one), so each call's arguments validate against its schema. Realtime has no
-  `parallel_tool_calls`: such a reply may hold several calls, as OpenAI's may.
+* `"required"` or a named function: the reply is decoded under a grammar of one tool call (to any
+  tool, or to that one), so its arguments validate against its schema. One call, because realtime
+  has no `parallel_tool_calls` to ask for more, and a grammar that allows more lets a model that
+  does not stop by itself (the random tiny one) call on until its length limit cuts a call short,
+  which a client would then run. With no `max_output_tokens`, the engine gives the call the rest
+  of the context to finish in.
 
 A refusal names its field in the session's path style (`session.tools.1.parameters`).
 """
@@ -80,7 +83,7 @@ def output_constraint(config: SessionConfig) -> OutputConstraint | None:
     if not config.tools:
         return None
     if config.tool_choice == "required":
-        return ToolCallOutput(None)
+        return ToolCallOutput(None, parallel=False)
     if isinstance(config.tool_choice, NamedToolChoice):
-        return ToolCallOutput(config.tool_choice.name)
+        return ToolCallOutput(config.tool_choice.name, parallel=False)
     return None
