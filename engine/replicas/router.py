@@ -2,6 +2,12 @@
 serves, or to the one that ran its conversation's last turn (engine/replicas/affinity.py); health,
 stage load and metrics are the replicas' together.
 
+One server process launches the replicas (`on_ray`); with `serve --http-workers N` the parent process
+launches them (engine/replicas/host.py) and each server process attaches (`attached`), learns the
+model and profile from them, and polls them itself. Load is the replicas' own count of what they run
+for every process, so least loaded holds across processes. Affinity is each process's own: a
+realtime session's turns all reach the process that holds its socket.
+
 A replica that is lost takes its open requests with it (they end with `engine_unavailable`) and leaves
 the rotation until it serves again; while one serves the engine is `degraded`, not down, and new work
 goes there. The engine families of every replica are exposed once, each sample labelled with its
@@ -21,10 +27,10 @@ from prometheus_client.registry import Collector
 from engine.api import EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
-from engine.profile import ReplicasConfig, SupervisionConfig
+from engine.profile import ReplicasConfig
 from engine.remote.messages import EngineSpec
 from engine.replicas.affinity import ConversationAffinity
-from engine.replicas.cluster import RayCluster
+from engine.replicas.cluster import RayAddress, RayCluster, new_namespace
 from engine.replicas.replica import ReplicaCore
 
 
@@ -50,12 +56,13 @@ class _ReplicaFamilies(Collector):
 
 
 class ReplicaSet:
-    """Owns the replicas, which replica each open request runs on, and the conversations' affinity."""
+    """Owns the replicas, which replica each open request runs on, and the conversations' affinity.
+    `spec`: what to launch; None to attach to replicas launched already, and learn it from them."""
 
-    def __init__(self, cluster: RayCluster, spec: EngineSpec, supervision: SupervisionConfig) -> None:
+    def __init__(self, cluster: RayCluster, spec: EngineSpec | None) -> None:
         self._cluster = cluster
-        self._spec = spec
-        self._supervision = supervision
+        self._launch = spec
+        self.spec = spec
         self.replicas: list[ReplicaCore] = []
         self._routes: dict[str, ReplicaCore] = {}
         self.affinity = ConversationAffinity()
@@ -63,15 +70,25 @@ class ReplicaSet:
         self.registry.register(_ReplicaFamilies(self.replicas))
 
     @classmethod
-    def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig, supervision: SupervisionConfig) -> ReplicaSet:
-        return cls(RayCluster(replicas), spec, supervision)
+    def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig) -> ReplicaSet:
+        return cls(RayCluster(replicas, new_namespace()), spec)
+
+    @classmethod
+    def attached(cls, address: RayAddress) -> ReplicaSet:
+        return cls(RayCluster(ReplicasConfig(count=address.count, address=address.gcs), address.namespace), None)
 
     async def start(self) -> None:
-        self._cluster.connect()
-        actors = self._cluster.launch(self._spec)
-        self.replicas.extend(ReplicaCore(str(i), actor, self._supervision.stall_timeout_s)
-                             for i, actor in enumerate(actors))
         try:
+            # its actors' output goes to the log of the process that launched them, once
+            self._cluster.connect(log_to_driver=self._launch is not None)
+            if self._launch is not None:
+                actors = self._cluster.launch(self._launch)
+            else:
+                actors = self._cluster.lookup()
+                self.spec = await actors[0].describe.remote()
+            assert self.spec is not None
+            stall_timeout_s = self.spec.profile.supervision.stall_timeout_s
+            self.replicas.extend(ReplicaCore(str(i), actor, stall_timeout_s) for i, actor in enumerate(actors))
             await asyncio.gather(*(replica.start() for replica in self.replicas))
         except BaseException:
             await self.stop()
@@ -79,6 +96,7 @@ class ReplicaSet:
 
     async def stop(self) -> None:
         await asyncio.gather(*(replica.stop() for replica in self.replicas))
+        await self._cluster.stop_launched()
         self._cluster.shutdown()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
@@ -87,7 +105,7 @@ class ReplicaSet:
             raise self.health().refusal()
         index = self.affinity.replica_for(request)
         if index not in serving:
-            index = min(serving, key=lambda i: self.replicas[i].in_flight)  # a tie: the first
+            index = min(serving, key=lambda i: self.replicas[i].load)  # a tie: the first
         replica = self.replicas[index]
         rid = request.request_id
         if rid in self._routes:
