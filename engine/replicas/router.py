@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from engine.api import EngineError, EngineHealth, Failed, Finished, OutputEvent
+from engine.api import OVERLOADED, UNAVAILABLE, EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
 from engine.profile import ReplicasConfig
@@ -56,7 +56,8 @@ class _ReplicaFamilies(Collector):
 
 
 class ReplicaSet:
-    """Owns the replicas, which replica each open request runs on, and the conversations' affinity.
+    """Owns the replicas, which replica each open request runs on (and which of them were aborted), and the
+    conversations' affinity.
     `spec`: what to launch; None to attach to replicas launched already, and learn it from them."""
 
     def __init__(self, cluster: RayCluster, spec: EngineSpec | None) -> None:
@@ -65,6 +66,7 @@ class ReplicaSet:
         self.spec = spec
         self.replicas: list[ReplicaCore] = []
         self._routes: dict[str, ReplicaCore] = {}
+        self._aborted: set[str] = set()  # open requests whose abort was sent
         self.affinity = ConversationAffinity()
         self.registry = CollectorRegistry()
         self.registry.register(_ReplicaFamilies(self.replicas))
@@ -100,29 +102,52 @@ class ReplicaSet:
         self._cluster.shutdown()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
-        serving = [i for i, replica in enumerate(self.replicas) if replica.serving]
-        if not serving:
-            raise self.health().refusal()
-        index = self.affinity.replica_for(request)
-        if index not in serving:
-            index = min(serving, key=lambda i: self.replicas[i].load)  # a tie: the first
-        replica = self.replicas[index]
+        """On the replica that ran the conversation's last turn, else the least loaded. A request that a
+        replica refuses or loses before any of its events came (`Failed` with `OVERLOADED` or
+        `UNAVAILABLE`) goes once to another that serves: nothing of it reached the client yet."""
         rid = request.request_id
         if rid in self._routes:
             raise EngineError(f"request id {rid} is already in use")
+        index = self._choose(request, avoid=None)
+        if index is None:
+            raise self.health().refusal()
+        heard = retried = False
 
         def relay(event: OutputEvent) -> None:
+            nonlocal heard, retried
+            if (isinstance(event, Failed) and event.code in (OVERLOADED, UNAVAILABLE) and not heard and not retried
+                    and rid not in self._aborted):
+                other = self._choose(request, avoid=self._routes.get(rid))
+                if other is not None:
+                    retried = True
+                    self._send(request, other, relay)
+                    return
+            heard = True
             if isinstance(event, (Finished, Failed)):
                 self._routes.pop(rid, None)
+                self._aborted.discard(rid)
             sink(event)
 
-        replica.begin(request, relay)
-        self._routes[rid] = replica
-        self.affinity.keep(request, index)
+        self._send(request, index, relay)
 
     def abort(self, request_id: str) -> None:
         if (replica := self._routes.get(request_id)) is not None:
+            self._aborted.add(request_id)  # a refusal that crosses the abort is not tried again
             replica.abort(request_id)
+
+    def _choose(self, request: AdmittedRequest, avoid: ReplicaCore | None) -> int | None:
+        serving = [i for i, replica in enumerate(self.replicas) if replica.serving and replica is not avoid]
+        if not serving:
+            return None
+        index = self.affinity.replica_for(request)
+        if index not in serving:
+            index = min(serving, key=lambda i: self.replicas[i].load)  # a tie: the first
+        return index
+
+    def _send(self, request: AdmittedRequest, index: int, relay: Sink) -> None:
+        self.replicas[index].begin(request, relay)
+        self._routes[request.request_id] = self.replicas[index]
+        self.affinity.keep(request, index)
 
     def stage_load(self) -> dict[str, int]:
         total: dict[str, int] = {}
