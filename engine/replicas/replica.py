@@ -4,12 +4,14 @@ Ray actor, and tells whether it serves.
 Each request is one streaming call to the actor; its batches of events come back to the request's
 sink in order. Every `STATE_PERIOD_S` the replica is polled for its load (the requests it runs for
 every server process, and per stage), metrics and health, one poll at a time. Between polls its load
-is what the last one said plus what this process began on it since, less what of that ended. When the actor dies, Ray says so on the poll and on every call under way: the
-replica is lost, each open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the
-router sends new work elsewhere. Ray starts the actor again (it is created with `max_restarts=-1`);
-when a poll is answered again the replica serves again. One silent past `stall_timeout_s` is lost too,
-and killed so that Ray starts another. Stopping ends this process's requests only: the actor belongs to
-the process that launched it (engine/replicas/cluster.py).
+is what the last one said plus what this process began on it since, less what of that ended.
+
+When the actor dies, Ray says so on the poll and on every call under way: the replica is lost, each
+open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the router sends new
+work elsewhere. Ray starts the actor again (it is created with `max_restarts=-1`); when a poll is
+answered again the replica serves again. One silent past `stall_timeout_s` is lost too, and killed so
+that Ray starts another. Stopping ends this process's requests only: the actor belongs to the process
+that launched it (engine/replicas/cluster.py).
 """
 
 from __future__ import annotations
@@ -60,10 +62,6 @@ class ReplicaCore:
     @property
     def serving(self) -> bool:
         return self._serving and self.health_now.status != "down"
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._open)
 
     @property
     def load(self) -> int:
