@@ -2,7 +2,8 @@
 
 Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
 an `Engine` to submit them to (`create_engine`), and `EngineHost` / `attach_engine` for one
-engine process shared by several server processes.
+engine process shared by several server processes (`ReplicaHost` / `attach_replicas` for engine
+replicas on Ray).
 """
 
 from engine.api import (
@@ -34,9 +35,10 @@ from engine.api import (
     ToolCallOutput,
 )
 from engine.constraints import schema_error
-from engine.factory import attach_engine, create_engine
+from engine.factory import attach_engine, attach_replicas, create_engine
 from engine.profile import DeployProfile, ProfileError, load_profile
 from engine.remote.host import EngineHost
+from engine.replicas.host import ReplicaHost
 
 __all__ = [
     "INPUT_SAMPLE_RATE_HZ",
@@ -60,6 +62,7 @@ __all__ = [
     "OutputConstraint",
     "OutputEvent",
     "ProfileError",
+    "ReplicaHost",
     "RequestStream",
     "SamplingParams",
     "TextDelta",
@@ -69,6 +72,7 @@ __all__ = [
     "ToolCall",
     "ToolCallOutput",
     "attach_engine",
+    "attach_replicas",
     "create_engine",
     "load_profile",
     "schema_error",

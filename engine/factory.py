@@ -29,8 +29,7 @@ def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = N
             raise EngineError(f"replicas.count: engines on Ray need Ray ({e}); pip install 'voice-gateway[ray]'") from e
 
         spec = EngineSpec(model, dataclasses.replace(profile, replicas=ReplicasConfig()), cache_dir)
-        return Frontend(ReplicaSet.on_ray(spec, profile.replicas, profile.supervision),
-                        Admission.open(source, profile, text_on_loop=True))
+        return Frontend(ReplicaSet.on_ray(spec, profile.replicas), Admission.open(source, profile, text_on_loop=True))
     if profile.engine == "process":
         spec = EngineSpec(model, dataclasses.replace(profile, engine="in_process", http_workers=1), cache_dir)
         return Frontend(RemoteCore.spawn(spec), Admission.open(source, profile, text_on_loop=True))
@@ -48,6 +47,23 @@ def attach_engine(address: Address) -> Engine:
 
     def admission() -> Admission:
         spec = core.spec
+        return Admission.open(ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir), spec.profile,
+                              text_on_loop=True)
+
+    return Frontend(core, admission)
+
+
+def attach_replicas(gcs: str, namespace: str, count: int) -> Engine:
+    """The engine replicas on Ray that a `ReplicaHost` in another process launched (Ray's GCS address, the
+    server's namespace in it, how many); this process learns the model and profile from them at start()."""
+    from engine.replicas.cluster import RayAddress
+    from engine.replicas.router import ReplicaSet
+
+    core = ReplicaSet.attached(RayAddress(gcs, namespace, count))
+
+    def admission() -> Admission:
+        spec = core.spec
+        assert spec is not None, "replicas not started"
         return Admission.open(ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir), spec.profile,
                               text_on_loop=True)
 

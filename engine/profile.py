@@ -179,7 +179,7 @@ class DeployProfile:
     # waits on them for it (engine/remote/)
     engine: Literal["in_process", "process"] = "in_process"
     # server processes in front of the engine (`serve --http-workers` beats it); more than one puts the
-    # engine in a process of its own, which they all attach to
+    # engine in a process of its own, which they all attach to (with replicas, they share the replicas)
     http_workers: int = field(default=1, metadata=_at_least(1))
     # on CUDA stages: decode steps, prefills, the code predictor and Code2Wav replayed from CUDA graphs,
     # decoder layers and the code predictor through torch.compile (all at start-up, never while serving)
@@ -200,9 +200,9 @@ class DeployProfile:
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
         if self.backend == "transformers_generate" and self.engine != "in_process":
             raise ProfileError("engine: the transformers_generate baseline runs in_process")
-        if self.replicas.count and (self.engine != "in_process" or self.http_workers != 1):
+        if self.replicas.count and self.engine != "in_process":
             raise ProfileError("replicas.count: each replica is a process of its own already; it needs "
-                               f"engine: in_process and http_workers: 1, got {self.engine}, {self.http_workers}")
+                               f"engine: in_process, got {self.engine}")
 
     @property
     def runs_in_process(self) -> bool:

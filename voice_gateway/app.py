@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine import Engine, attach_engine
+from engine import Engine, attach_engine, attach_replicas
 from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.body_limit import LimitBody
 from voice_gateway.config import GatewayConfig
@@ -48,7 +48,8 @@ WORKER_ENV = "VOICE_GATEWAY_WORKER"  # `serve --http-workers N` -> each worker: 
 
 
 def worker_app() -> FastAPI:
-    """One of `serve --http-workers N`'s server processes: the app on the engine process its parent started."""
+    """One of `serve --http-workers N`'s server processes: the app on the engine process (or the engine
+    replicas) its parent started."""
     import json
 
     spec = json.loads(os.environ[WORKER_ENV])
@@ -56,7 +57,10 @@ def worker_app() -> FastAPI:
     # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
     logging.basicConfig(level=spec["log_level"],
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
-    engine = attach_engine((spec["address"], bytes.fromhex(spec["authkey"])))
+    if "replicas" in spec:
+        engine = attach_replicas(**spec["replicas"])
+    else:
+        engine = attach_engine((spec["address"], bytes.fromhex(spec["authkey"])))
     webrtc = {**spec["webrtc"], "host_addresses": tuple(spec["webrtc"]["host_addresses"])}
     gateway = {**spec["gateway"], "allowed_origins": tuple(spec["gateway"]["allowed_origins"]),
                "allowed_hosts": tuple(spec["gateway"]["allowed_hosts"])}

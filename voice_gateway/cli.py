@@ -65,7 +65,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
     parser.add_argument("--http-workers", type=int,
                         help="server processes in front of one engine process (default: the profile's "
-                        "http_workers, else 1; more than 1 runs the engine in its own process; /metrics then sums every "
+                        "http_workers, else 1; more than 1 runs the engine in its own process, or shares the profile's replicas "
+                        "among them; /metrics then sums every "
                         "process's gateway figures, and --max-sessions is per process)")
 
 
@@ -134,7 +135,8 @@ def serve(args: argparse.Namespace) -> int:
 
 def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfile, gateway: GatewayConfig,
                    webrtc: WebRTCConfig, uvicorn_args: dict[str, Any]) -> int:
-    """One engine process, then `workers` server processes attached to it (uvicorn's workers)."""
+    """One engine process (or the profile's replicas on Ray), then `workers` server processes attached to it
+    (uvicorn's workers)."""
     import dataclasses
     import json
     import shutil
@@ -142,22 +144,26 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
 
     import uvicorn
 
-    from engine import EngineHost
+    from engine import EngineHost, ReplicaHost
     from voice_gateway.app import WORKER_ENV
 
-    host = EngineHost(args.model, dataclasses.replace(profile, engine="in_process", http_workers=1), args.cache_dir)
+    one_process = dataclasses.replace(profile, engine="in_process", http_workers=1)
+    host = (ReplicaHost if profile.replicas.count else EngineHost)(args.model, one_process, args.cache_dir)
     try:
         host.start()
     except (EngineError, FileNotFoundError) as e:
         log.error("%s", e)
         host.stop()
         return 2
-    address, authkey = host.address
+    if isinstance(host, ReplicaHost):
+        assert host.address is not None
+        engine_at: dict[str, Any] = {"replicas": dataclasses.asdict(host.address)}
+    else:
+        engine_at = {"address": host.address[0], "authkey": host.address[1].hex()}
     # the workers' gateway figures, which each worker's /metrics sums (voice_gateway/metrics.py)
     metrics_dir = tempfile.mkdtemp(prefix="vg-metrics-")
     os.environ[WORKER_ENV] = json.dumps({
-        "model": args.model, "address": address, "authkey": authkey.hex(), "log_level": args.log_level.upper(),
-        "metrics_dir": metrics_dir,
+        "model": args.model, **engine_at, "log_level": args.log_level.upper(), "metrics_dir": metrics_dir,
         "gateway": dataclasses.asdict(gateway), "webrtc": dataclasses.asdict(webrtc),
     })
     try:

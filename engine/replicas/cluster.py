@@ -1,14 +1,23 @@
-"""Ray for the replicas: joined (or started, `address: local`) at the server's start, and one actor per
-replica placed by Ray with the CPUs and GPUs the profile asks for each.
+"""Ray for the replicas: joined (or started, `address: local`) at the server's start, and one named actor
+per replica, placed by Ray with the CPUs and GPUs the profile asks for each.
+
+The actors are named in a namespace of the server's own, so that the server processes of
+`serve --http-workers N` share them: the process that launches them owns them (they live as long as
+its connection to Ray, and it stops them), and every other one looks them up by name.
 
 Ray is imported here and only here at start-up: a server without replicas never needs it installed.
 Every node must have this package installed (the replicas' processes import it by name)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
+import secrets
+import signal
+import threading
+from dataclasses import dataclass
 from typing import Any
 
 from engine.profile import ReplicasConfig
@@ -17,33 +26,58 @@ from engine.replicas.actor import ReplicaActor
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "voice-gateway"
+STOP_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True, slots=True)
+class RayAddress:
+    """Where a server's replicas are: the Ray cluster's GCS address and the server's namespace in it."""
+
+    gcs: str
+    namespace: str
+    count: int
+
+
+def new_namespace() -> str:
+    return f"voice-gateway-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 class RayCluster:
-    """Owns this server's connection to Ray (and the Ray instance, when it started one) and the replica
-    actors it created."""
+    """Owns this process's connection to Ray (and the Ray instance, when it started one) and the lifetime
+    of the replica actors it launched."""
 
-    def __init__(self, config: ReplicasConfig) -> None:
+    def __init__(self, config: ReplicasConfig, namespace: str) -> None:
         self.config = config
-        self.actors: list[Any] = []
-        self._started_ray = False
+        self.namespace = namespace
+        self._launched: list[Any] = []
+        self._connected = False
 
-    def connect(self) -> None:
+    @property
+    def address(self) -> RayAddress:
+        import ray
+
+        return RayAddress(ray.get_runtime_context().gcs_address, self.namespace, self.config.count)
+
+    def connect(self, log_to_driver: bool = True) -> None:
         import ray
 
         cfg = self.config
         if ray.is_initialized():  # a process that already joined Ray (a test's): the replicas go there
             return
+        # ray.init sets a SIGTERM handler that exits at once; the server's own (uvicorn's) stops it in
+        # order, its requests ended and the replicas stopped, so it is put back
+        on_sigterm = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         if cfg.address == "local":
             # room for every replica even on a host with fewer cores: the profile chose how many
             num_cpus = max(os.cpu_count() or 1, math.ceil(cfg.count * cfg.cpus))
-            ray.init(address="local", num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False,
-                     log_to_driver=True)
+            ray.init(address="local", num_cpus=num_cpus, namespace=self.namespace, include_dashboard=False,
+                     log_to_driver=log_to_driver)
         else:
-            ray.init(address=cfg.address, namespace=NAMESPACE, log_to_driver=True)
-        self._started_ray = True
-        log.info("Ray: %s, resources %s", cfg.address, ray.cluster_resources())
+            ray.init(address=cfg.address, namespace=self.namespace, log_to_driver=log_to_driver)
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        self._connected = True
+        log.info("Ray: %s, namespace %s, resources %s", cfg.address, self.namespace, ray.cluster_resources())
 
     def launch(self, spec: EngineSpec) -> list[Any]:
         """One actor per replica, each loading its engine in its own process; Ray restarts one that dies."""
@@ -51,18 +85,42 @@ class RayCluster:
 
         cfg = self.config
         actor = ray.remote(ReplicaActor)
-        self.actors = [
-            actor.options(num_cpus=cfg.cpus, num_gpus=cfg.gpus, max_restarts=-1, max_task_retries=0,
+        self._launched = [
+            actor.options(name=_name(i), namespace=self.namespace, get_if_exists=True, num_cpus=cfg.cpus,
+                          num_gpus=cfg.gpus, max_restarts=-1, max_task_retries=0,
                           max_concurrency=10_000).remote(spec)
-            for _ in range(cfg.count)
+            for i in range(cfg.count)
         ]
-        return self.actors
+        return self._launched
 
-    def shutdown(self) -> None:
+    def lookup(self) -> list[Any]:
+        """The actors another process launched in this namespace."""
         import ray
 
-        for actor in self.actors:
+        return [ray.get_actor(_name(i), namespace=self.namespace) for i in range(self.config.count)]
+
+    async def stop_launched(self) -> None:
+        """Each actor this process launched ends every request it still holds with Failed."""
+        from ray.exceptions import RayError
+
+        if self._launched:
+            calls = [actor.stop.remote() for actor in self._launched]
+            try:
+                await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), STOP_TIMEOUT_S)
+            except (RayError, TimeoutError):
+                pass
+
+    def shutdown(self) -> None:
+        """Kill the actors this process launched, and leave Ray (stopping it, when this process started it)."""
+        import ray
+
+        for actor in self._launched:
             ray.kill(actor, no_restart=True)
-        self.actors = []
-        if self._started_ray:
+        self._launched = []
+        if self._connected:
             ray.shutdown()
+            self._connected = False
+
+
+def _name(index: int) -> str:
+    return f"replica-{index}"

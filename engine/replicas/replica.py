@@ -2,12 +2,16 @@
 Ray actor, and tells whether it serves.
 
 Each request is one streaming call to the actor; its batches of events come back to the request's
-sink in order. Every `STATE_PERIOD_S` the replica is polled for its stage load, metrics and health,
-one poll at a time. When the actor dies, Ray says so on the poll and on every call under way: the
-replica is lost, each open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the
-router sends new work elsewhere. Ray starts the actor again (it is created with `max_restarts=-1`);
-when a poll is answered again the replica serves again. One silent past `stall_timeout_s` is lost too,
-and killed so that Ray starts another.
+sink in order. Every `STATE_PERIOD_S` the replica is polled for its load (the requests it runs for
+every server process, and per stage), metrics and health, one poll at a time. Between polls its load
+is what the last one said plus what this process began on it since, less what of that ended.
+
+When the actor dies, Ray says so on the poll and on every call under way: the replica is lost, each
+open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the router sends new
+work elsewhere. Ray starts the actor again (it is created with `max_restarts=-1`); when a poll is
+answered again the replica serves again. One silent past `stall_timeout_s` is lost too, and killed so
+that Ray starts another. Stopping ends this process's requests only: the actor belongs to the process
+that launched it (engine/replicas/cluster.py).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ LATE_S = 4 * STATE_PERIOD_S  # unanswered past four polls: `degraded`, not yet a
 
 
 class ReplicaCore:
-    """Owns the handle to one replica actor, the requests this server runs on it (their sinks and relay
-    tasks), what its last poll said, and whether it serves."""
+    """Owns the handle to one replica actor, the requests this server process runs on it (their sinks and
+    relay tasks, and how many it began and saw end), what its last poll said, and whether it serves."""
 
     def __init__(self, name: str, actor: Any, stall_timeout_s: float) -> None:
         self.name = name
@@ -50,6 +54,9 @@ class ReplicaCore:
         self.health_now = EngineHealth("down", "not started")
         self.metrics_text = ""  # its engine families, as its last poll gave them
         self.pid: int | None = None
+        self._begun = self._ended = 0
+        self._reported_open = 0
+        self._counted_at_ask = (0, 0)  # (begun, ended) when the poll that answered last was asked
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -57,8 +64,10 @@ class ReplicaCore:
         return self._serving and self.health_now.status != "down"
 
     @property
-    def in_flight(self) -> int:
-        return len(self._open)
+    def load(self) -> int:
+        """Requests the replica runs, for every server process, as far as this one knows."""
+        begun_then, ended_then = self._counted_at_ask
+        return max(0, self._reported_open + (self._begun - begun_then) - (self._ended - ended_then))
 
     async def start(self) -> None:
         try:
@@ -72,14 +81,13 @@ class ReplicaCore:
         log.info("engine replica %s ready (process %s)", self.name, self.pid)
 
     async def stop(self) -> None:
+        """This process's requests end (aborted on the replica, Failed here); the replica runs on."""
         self._stopping = True
         if self._poller is not None:
             self._poller.cancel()
         if self._serving:
-            try:
-                await asyncio.wait_for(self._actor.stop.remote(), 30)  # ends what it holds with Failed
-            except (RayError, TimeoutError):
-                pass
+            for rid in self._open:
+                self._actor.abort.remote(rid)
         self._serving = False
         self._end_all("server shutting down")
 
@@ -90,6 +98,7 @@ class ReplicaCore:
         if rid in self._open:
             raise EngineError(f"request id {rid} is already in use")
         calls = self._actor.run.remote(request)
+        self._begun += 1
         self._open[rid] = (sink, asyncio.get_running_loop().create_task(self._relay(rid, calls)))
 
     def abort(self, request_id: str) -> None:
@@ -129,11 +138,12 @@ class ReplicaCore:
             return
         if isinstance(event, (Finished, Failed)):
             del self._open[rid]
+            self._ended += 1
         entry[0](event)
 
     async def _poll(self) -> None:
         """One poll at a time: a replica that is restarting answers only once it serves again."""
-        pending: asyncio.Future[ReplicaState] | None = None
+        pending: asyncio.Future[tuple[ReplicaState, tuple[int, int]]] | None = None
         while not self._stopping:
             if pending is None:
                 pending = asyncio.ensure_future(self._ask())
@@ -155,13 +165,16 @@ class ReplicaCore:
                 self._lose(f"engine replica {self.name} stalled: no word from it for {silent_s:.1f} s")
                 ray.kill(self._actor, no_restart=False)  # Ray starts another
 
-    async def _ask(self) -> ReplicaState:
+    async def _ask(self) -> tuple[ReplicaState, tuple[int, int]]:
+        counted = (self._begun, self._ended)
         state: ReplicaState = await self._actor.state.remote()
-        return state
+        return state, counted
 
-    def _heard(self, state: ReplicaState) -> None:
+    def _heard(self, answer: tuple[ReplicaState, tuple[int, int]]) -> None:
+        state, self._counted_at_ask = answer
         self._heard_at = time.monotonic()
-        self.stage_load_now, self.metrics_text, self.health_now = state
+        self._reported_open = state.open_requests
+        self.stage_load_now, self.metrics_text, self.health_now = state.stage_load, state.metrics_text, state.health
         if not self._serving and not self._stopping and self._poller is not None:  # back after a loss
             self._serving = True
             self.restarts += 1
@@ -172,12 +185,13 @@ class ReplicaCore:
             return
         self._serving = False
         self._down = f"{what}; Ray is starting it again"
-        self.stage_load_now, self.metrics_text = {}, ""
+        self.stage_load_now, self.metrics_text, self._reported_open = {}, "", 0
         log.error("%s: %d open requests fail", what, len(self._open))
         self._end_all(what, UNAVAILABLE, STATE_PERIOD_S * 4)
 
     def _end_all(self, reason: str, code: str | None = None, retry_after_s: float | None = None) -> None:
         opened, self._open = self._open, {}
+        self._ended += len(opened)
         for rid, (sink, relay) in opened.items():
             if relay is not asyncio.current_task():
                 relay.cancel()

@@ -2,6 +2,12 @@
 serves, or to the one that ran its conversation's last turn (engine/replicas/affinity.py); health,
 stage load and metrics are the replicas' together.
 
+One server process launches the replicas (`on_ray`); with `serve --http-workers N` the parent process
+launches them (engine/replicas/host.py) and each server process attaches (`attached`), learns the
+model and profile from them, and polls them itself. Load is the replicas' own count of what they run
+for every process, so least loaded holds across processes. Affinity is each process's own: a
+realtime session's turns all reach the process that holds its socket.
+
 A replica that is lost takes its open requests with it (they end with `engine_unavailable`) and leaves
 the rotation until it serves again; while one serves the engine is `degraded`, not down, and new work
 goes there. The engine families of every replica are exposed once, each sample labelled with its
@@ -18,13 +24,13 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from engine.api import EngineError, EngineHealth, Failed, Finished, OutputEvent
+from engine.api import OVERLOADED, UNAVAILABLE, EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
-from engine.profile import ReplicasConfig, SupervisionConfig
+from engine.profile import ReplicasConfig
 from engine.remote.messages import EngineSpec
 from engine.replicas.affinity import ConversationAffinity
-from engine.replicas.cluster import RayCluster
+from engine.replicas.cluster import RayAddress, RayCluster, new_namespace
 from engine.replicas.replica import ReplicaCore
 
 
@@ -50,28 +56,41 @@ class _ReplicaFamilies(Collector):
 
 
 class ReplicaSet:
-    """Owns the replicas, which replica each open request runs on, and the conversations' affinity."""
+    """Owns the replicas, which replica each open request runs on (and which of them were aborted), and the
+    conversations' affinity.
+    `spec`: what to launch; None to attach to replicas launched already, and learn it from them."""
 
-    def __init__(self, cluster: RayCluster, spec: EngineSpec, supervision: SupervisionConfig) -> None:
+    def __init__(self, cluster: RayCluster, spec: EngineSpec | None) -> None:
         self._cluster = cluster
-        self._spec = spec
-        self._supervision = supervision
+        self._launch = spec
+        self.spec = spec
         self.replicas: list[ReplicaCore] = []
         self._routes: dict[str, ReplicaCore] = {}
+        self._aborted: set[str] = set()  # open requests whose abort was sent
         self.affinity = ConversationAffinity()
         self.registry = CollectorRegistry()
         self.registry.register(_ReplicaFamilies(self.replicas))
 
     @classmethod
-    def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig, supervision: SupervisionConfig) -> ReplicaSet:
-        return cls(RayCluster(replicas), spec, supervision)
+    def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig) -> ReplicaSet:
+        return cls(RayCluster(replicas, new_namespace()), spec)
+
+    @classmethod
+    def attached(cls, address: RayAddress) -> ReplicaSet:
+        return cls(RayCluster(ReplicasConfig(count=address.count, address=address.gcs), address.namespace), None)
 
     async def start(self) -> None:
-        self._cluster.connect()
-        actors = self._cluster.launch(self._spec)
-        self.replicas.extend(ReplicaCore(str(i), actor, self._supervision.stall_timeout_s)
-                             for i, actor in enumerate(actors))
         try:
+            # its actors' output goes to the log of the process that launched them, once
+            self._cluster.connect(log_to_driver=self._launch is not None)
+            if self._launch is not None:
+                actors = self._cluster.launch(self._launch)
+            else:
+                actors = self._cluster.lookup()
+                self.spec = await actors[0].describe.remote()
+            assert self.spec is not None
+            stall_timeout_s = self.spec.profile.supervision.stall_timeout_s
+            self.replicas.extend(ReplicaCore(str(i), actor, stall_timeout_s) for i, actor in enumerate(actors))
             await asyncio.gather(*(replica.start() for replica in self.replicas))
         except BaseException:
             await self.stop()
@@ -79,32 +98,56 @@ class ReplicaSet:
 
     async def stop(self) -> None:
         await asyncio.gather(*(replica.stop() for replica in self.replicas))
+        await self._cluster.stop_launched()
         self._cluster.shutdown()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
-        serving = [i for i, replica in enumerate(self.replicas) if replica.serving]
-        if not serving:
-            raise self.health().refusal()
-        index = self.affinity.replica_for(request)
-        if index not in serving:
-            index = min(serving, key=lambda i: self.replicas[i].in_flight)  # a tie: the first
-        replica = self.replicas[index]
+        """On the replica that ran the conversation's last turn, else the least loaded. A request that a
+        replica refuses or loses before any of its events came (`Failed` with `OVERLOADED` or
+        `UNAVAILABLE`) goes once to another that serves: nothing of it reached the client yet."""
         rid = request.request_id
         if rid in self._routes:
             raise EngineError(f"request id {rid} is already in use")
+        index = self._choose(request, avoid=None)
+        if index is None:
+            raise self.health().refusal()
+        heard = retried = False
 
         def relay(event: OutputEvent) -> None:
+            nonlocal heard, retried
+            if (isinstance(event, Failed) and event.code in (OVERLOADED, UNAVAILABLE) and not heard and not retried
+                    and rid not in self._aborted):
+                other = self._choose(request, avoid=self._routes.get(rid))
+                if other is not None:
+                    retried = True
+                    self._send(request, other, relay)
+                    return
+            heard = True
             if isinstance(event, (Finished, Failed)):
                 self._routes.pop(rid, None)
+                self._aborted.discard(rid)
             sink(event)
 
-        replica.begin(request, relay)
-        self._routes[rid] = replica
-        self.affinity.keep(request, index)
+        self._send(request, index, relay)
 
     def abort(self, request_id: str) -> None:
         if (replica := self._routes.get(request_id)) is not None:
+            self._aborted.add(request_id)  # a refusal that crosses the abort is not tried again
             replica.abort(request_id)
+
+    def _choose(self, request: AdmittedRequest, avoid: ReplicaCore | None) -> int | None:
+        serving = [i for i, replica in enumerate(self.replicas) if replica.serving and replica is not avoid]
+        if not serving:
+            return None
+        index = self.affinity.replica_for(request)
+        if index not in serving:
+            index = min(serving, key=lambda i: self.replicas[i].load)  # a tie: the first
+        return index
+
+    def _send(self, request: AdmittedRequest, index: int, relay: Sink) -> None:
+        self.replicas[index].begin(request, relay)
+        self._routes[request.request_id] = self.replicas[index]
+        self.affinity.keep(request, index)
 
     def stage_load(self) -> dict[str, int]:
         total: dict[str, int] = {}

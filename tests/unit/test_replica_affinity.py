@@ -50,4 +50,6 @@ def test_the_replicas_section_is_checked() -> None:
     with pytest.raises(ProfileError, match=r"replicas\.gpu: unknown key"):
         load_profile(model="tiny", platform="cpu", overrides={"replicas": {"gpu": 1}})
     with pytest.raises(ProfileError, match="replicas.count: each replica is a process of its own"):
-        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2}, "http_workers": 2})
+        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2}, "engine": "process"})
+    # the server processes of --http-workers share the replicas
+    assert load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2}, "http_workers": 2}).http_workers == 2
