@@ -140,6 +140,48 @@ async def test_truncate_cuts_what_was_not_heard(server: Server, speech: np.ndarr
     assert full
 
 
+async def test_an_out_of_band_response_beside_the_conversation(server: Server) -> None:
+    """A classifier beside the conversation, as OpenAI's guide has it: conversation "none" with its own input."""
+    def user_text(text: str) -> dict:
+        return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+    async with client_for(server) as client, client.realtime.connect(model="tiny") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+        await events_until(conn, "session.updated")
+        await conn.conversation.item.create(item={"id": "turn_1", **user_text("Book a table for two.")})
+        await events_until(conn, "conversation.item.done")
+        await conn.response.create(response={
+            "conversation": "none", "metadata": {"purpose": "classify"}, "max_output_tokens": 4,
+            "input": [user_text("Is this a booking? Answer yes or no."), {"type": "item_reference", "id": "turn_1"}]})
+        oob = await events_until(conn, "response.done")
+        await conn.response.create(response={"conversation": "sideways"}, event_id="evt_bad_conversation")
+        bad_conversation = await events_until(conn, "error")
+        await conn.response.create(response={"conversation": "none", "input": [
+            {"type": "item_reference", "id": "turn_1"}, {"type": "item_reference", "id": "turn_0"}]})
+        bad_reference = await events_until(conn, "error")
+        oob_item = oob[-1].response.output[0]
+        await conn.conversation.item.retrieve(item_id=oob_item.id)
+        not_found = await events_until(conn, "error")
+        await conn.response.create(response={"max_output_tokens": 4})
+        in_band = await events_until(conn, "response.done")
+    types = [e.type for e in oob]
+    assert "response.output_item.added" in types and "response.output_audio.delta" in types
+    assert not [e for e in oob if e.type.startswith("conversation.item.")], types
+    done = oob[-1].response
+    assert done.status == "completed" and done.metadata == {"purpose": "classify"}
+    assert done.output[0].content[0].transcript
+    error = bad_conversation[-1].error
+    assert (error.param, error.event_id) == ("response.conversation", "evt_bad_conversation")
+    assert (bad_reference[-1].error.code, bad_reference[-1].error.param) == ("item_not_found", "response.input.1.id")
+    assert not_found[-1].error.code == "item_retrieve_invalid_item_id"  # the out-of-band reply is in no conversation
+    assert not [e for e in bad_conversation + bad_reference if e.type == "response.created"]
+    added = [e.item.id for e in in_band if e.type == "conversation.item.added"]
+    assert in_band[-1].response.status == "completed" and added == [in_band[-1].response.output[0].id]
+    # the next prompt is the conversation's: the booking turn alone, without the out-of-band input or output
+    assert in_band[-1].response.usage.input_tokens < done.usage.input_tokens
+
+
 def _ws_url(server: Server) -> str:
     return server.base_url.replace("http://", "ws://") + "/v1/realtime?model=tiny"
 

@@ -1,5 +1,6 @@
 """A realtime Session's answers to the conversation and session events agent frameworks send, error paths
-included: item create at the root, delete, retrieve, truncate, voices, rejected settings, idle timeout."""
+included: item create at the root, delete, retrieve, truncate, voices, rejected settings, idle timeout,
+out-of-band responses and their own input."""
 
 from __future__ import annotations
 
@@ -152,4 +153,81 @@ async def test_idle_timeout_asks_for_a_reply(engine: Engine) -> None:
     await asyncio.wait_for(session.response.task, 60)
     await send(session, type="session.update", session={"audio": {"input": {"turn_detection": None}}})
     assert not session.idle.armed
+    await session.close()
+
+
+async def respond(session: Session, **response: Any) -> list[dict[str, Any]]:
+    """A response.create and every event up to its response.done."""
+    events = await send(session, type="response.create", response={"max_output_tokens": 4, **response})
+    if session.response is not None and session.response.task is not None:
+        await asyncio.wait_for(session.response.task, 60)
+    return events + drain(session)
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+async def test_an_out_of_band_response_stays_out_of_the_conversation(engine: Engine, dialect: Dialect) -> None:
+    session = new_session(engine, dialect)
+    long_turn = " ".join(["The conversation so far is long and winding."] * 8)
+    await send(session, type="conversation.item.create", item=text_item("u", long_turn))
+    in_band = await respond(session)
+    events = await respond(session, conversation="none", metadata={"topic": "summary"},
+                           input=[text_item("oob_in", "Summarise: hello.")])
+    types = [e["type"] for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.done", types
+    assert "response.output_item.added" in types and "response.output_item.done" in types
+    assert not [t for t in types if t.startswith("conversation.item.")], types
+    audio_delta = "response.output_audio.delta" if dialect is Dialect.GA else "response.audio.delta"
+    assert audio_delta in types
+    done = events[-1]["response"]
+    assert done["status"] == "completed" and done["metadata"] == {"topic": "summary"}
+    [out] = done["output"]
+    # its own input for a prompt: shorter than the conversation's history
+    assert done["usage"]["input_tokens"] < in_band[-1]["response"]["usage"]["input_tokens"]
+    in_band_reply = in_band[-1]["response"]["output"][0]["id"]
+    assert [item.id for item in session.conversation.items] == ["u", in_band_reply]
+    [missing] = await send(session, type="conversation.item.retrieve", item_id=out["id"])
+    assert missing["error"]["code"] == "item_retrieve_invalid_item_id"
+    later = session.conversation.to_messages("")
+    assert [m.role for m in later] == ["user", "assistant"]  # the next turn's prompt: neither input nor output
+    await session.close()
+
+
+async def test_an_item_reference_takes_the_conversation_item(engine: Engine) -> None:
+    session = new_session(engine)
+    await send(session, type="conversation.item.create", item=text_item("u", "Tell me about the sea."))
+    in_band = await respond(session)
+    events = await respond(session, conversation="none", input=[{"type": "item_reference", "id": "u"}])
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    # the same prompt as the first response's, which had only "u" before it
+    assert done["usage"]["input_tokens"] == in_band[-1]["response"]["usage"]["input_tokens"]
+    # with conversation "auto", input still sets the prompt, and the output joins the conversation
+    events = await respond(session, input=[])
+    added = [e for e in events if e["type"] == "conversation.item.added"]
+    assert [e["item"]["id"] for e in added] == [session.conversation.items[-1].id]
+    assert events[-1]["response"]["usage"]["input_tokens"] < done["usage"]["input_tokens"]
+    await session.close()
+
+
+@pytest.mark.parametrize(
+    ("response", "code", "param"),
+    [
+        ({"conversation": "conv_123"}, "invalid_value", "response.conversation"),
+        ({"conversation": "none", "input": [text_item("a", "hi"), {"type": "item_reference", "id": "nope"}]},
+         "item_not_found", "response.input.1.id"),
+        ({"input": [{"type": "message", "role": "robot", "content": []}]}, "invalid_value", "response.input.0.role"),
+        ({"input": [{"type": "function_call_output", "output": "4"}]}, "invalid_value", "response.input.0.call_id"),
+    ],
+)
+async def test_a_bad_response_context_refuses_the_response(engine: Engine, response: dict[str, Any], code: str,
+                                                           param: str) -> None:
+    session = new_session(engine)
+    await send(session, type="conversation.item.create", item=text_item("u", "hello"))
+    events = await send(session, type="response.create", event_id="evt_r", response=response)
+    assert [e["type"] for e in events] == ["error"], events
+    error = events[0]["error"]
+    assert (error["code"], error["param"], error["event_id"]) == (code, param, "evt_r")
+    assert session.response is None and [item.id for item in session.conversation.items] == ["u"]
+    events = await respond(session)
+    assert events[-1]["response"]["status"] == "completed"
     await session.close()

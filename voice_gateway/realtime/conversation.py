@@ -153,23 +153,28 @@ class Conversation:
         return 0
 
     def to_messages(self, instructions: str) -> tuple[Message, ...]:
-        messages = [Message("system", (TextPart(instructions),))] if instructions else []
-        for item in self.items[self._context_start(instructions):]:
-            if item.kind == "function_call":
-                if item.status == "completed":  # a call cut off has no arguments a prompt can hold
-                    _add_call(messages, ToolCall(item.name, item.arguments))
-                continue
-            if item.kind == "function_call_output":
-                messages.append(Message("tool", (TextPart(item.text),)))
-                continue
-            parts: list[TextPart | AudioPart] = []
-            if item.audio is not None and item.audio.size:
-                parts.append(AudioPart(item.audio))
-            if item.text:
-                parts.append(TextPart(item.text))
-            if parts:
-                messages.append(Message(item.role, tuple(parts)))
-        return tuple(messages)
+        return prompt_messages(self.items[self._context_start(instructions):], instructions)
+
+
+def prompt_messages(items: list[Item], instructions: str) -> tuple[Message, ...]:
+    """The prompt for `items`, after the instructions: a conversation's history or a response's own `input`."""
+    messages = [Message("system", (TextPart(instructions),))] if instructions else []
+    for item in items:
+        if item.kind == "function_call":
+            if item.status == "completed":  # a call cut off has no arguments a prompt can hold
+                _add_call(messages, ToolCall(item.name, item.arguments))
+            continue
+        if item.kind == "function_call_output":
+            messages.append(Message("tool", (TextPart(item.text),)))
+            continue
+        parts: list[TextPart | AudioPart] = []
+        if item.audio is not None and item.audio.size:
+            parts.append(AudioPart(item.audio))
+        if item.text:
+            parts.append(TextPart(item.text))
+        if parts:
+            messages.append(Message(item.role, tuple(parts)))
+    return tuple(messages)
 
 
 def _add_call(messages: list[Message], call: ToolCall) -> None:

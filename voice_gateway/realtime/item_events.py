@@ -35,40 +35,45 @@ class ItemHost(Protocol):
     def bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None: ...
 
 
-def _function_item(host: ItemHost, src: ev.FunctionCallItem | ev.FunctionCallOutputItem, event_id: str | None) -> Item | None:
+def client_item(host: ItemHost, src: ev.ConversationItem, event_id: str | None, where: str = "item") -> Item | None:
+    """A client's item (`conversation.item.create`'s, or one of `response.create`'s `input`) as an `Item`;
+    None where it cannot be one, the client told why (`where`: the item's param)."""
+    if isinstance(src, ev.MessageItem):
+        return _message_item(host, src, event_id, where)
+    return _function_item(host, src, event_id, where)
+
+
+def _function_item(host: ItemHost, src: ev.FunctionCallItem | ev.FunctionCallOutputItem, event_id: str | None,
+                   where: str) -> Item | None:
     if isinstance(src, ev.FunctionCallItem):
-        if not host.text_fits(src.arguments, "item arguments", event_id, "item.arguments"):
+        if not host.text_fits(src.arguments, "item arguments", event_id, f"{where}.arguments"):
             return None
         arguments = src.arguments or "{}"
         # arguments that are not JSON cannot go into a prompt: the item stays, incomplete, and the prompt skips it
         return Item(src.id or new_item_id(), "assistant", kind="function_call", name=src.name,
                     call_id=src.call_id or f"call_{new_item_id()[5:]}", arguments=arguments,
                     status="completed" if is_json(arguments) else "incomplete")
-    if not host.text_fits(src.output, "item output", event_id, "item.output"):
+    if not host.text_fits(src.output, "item output", event_id, f"{where}.output"):
         return None
     return Item(src.id or new_item_id(), "tool", src.output, kind="function_call_output", call_id=src.call_id)
 
 
-def _message_item(host: ItemHost, src: ev.MessageItem, event_id: str | None) -> Item | None:
+def _message_item(host: ItemHost, src: ev.MessageItem, event_id: str | None, where: str) -> Item | None:
     text = "".join(p.text or p.transcript or "" for p in src.content)
-    if not host.text_fits(text, "item text", event_id, "item.content"):
+    if not host.text_fits(text, "item text", event_id, f"{where}.content"):
         return None
     audio = [p.audio for p in src.content if p.audio]
     try:
         samples = host.buffer.decode(b"".join(audio), host.config.input_audio_format) if audio else None
     except ValueError as e:
-        host.error("invalid_audio", str(e), event_id=event_id, param="item.content")
+        host.error("invalid_audio", str(e), event_id=event_id, param=f"{where}.content")
         return None
     return Item(src.id or new_item_id(), src.role, text=text, audio=samples,
                 audio_ms=audio_ms(samples) if samples is not None else 0)
 
 
 async def create(host: ItemHost, event: ev.ConversationItemCreate) -> None:
-    src = event.item
-    if isinstance(src, ev.MessageItem):
-        item = _message_item(host, src, event.event_id)
-    else:
-        item = _function_item(host, src, event.event_id)
+    item = client_item(host, event.item, event.event_id)
     if item is None:
         return
     if host.conversation.get(item.id) is not None:

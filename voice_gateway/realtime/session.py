@@ -27,6 +27,7 @@ from voice_gateway.realtime.conversation import Conversation, Item, audio_ms, ne
 from voice_gateway.realtime.idle import IdleTimer
 from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
 from voice_gateway.realtime.item_shapes import protocol_item
+from voice_gateway.realtime.out_of_band import ResponseContext, response_context
 from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
@@ -277,7 +278,9 @@ class Session:
         if (tool_error := response_tool_error(config, event.event_id)) is not None:
             self.protocol_error(tool_error)
             return
-        self._start_response(config, None, event.response.metadata if event.response is not None else None)
+        if (context := response_context(self, event.response, event.event_id)) is None:
+            return
+        self._start_response(config, None, event.response.metadata if event.response is not None else None, context)
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response.id):
@@ -308,10 +311,10 @@ class Session:
 
     # -- responses
     def _start_response(self, config: ev.SessionConfig, speech_stopped_at: float | None,
-                        metadata: dict[str, str] | None = None) -> None:
+                        metadata: dict[str, str] | None = None, context: ResponseContext = ResponseContext()) -> None:
         self.idle.disarm()
         item = Item(new_item_id(), "assistant", status="in_progress")
-        messages = self.conversation.to_messages(config.instructions)
+        messages = context.messages(self.conversation, config.instructions)
         self.conversation.bound_audio(config.instructions)  # the audio this prompt left out goes
         # voices were checked when set: an engine that lost the speaker since answers the request itself
         speaker = config.voice
@@ -321,7 +324,7 @@ class Session:
         response = Response.new(item, config, self._sink_for(config.output_audio_format), speech_stopped_at,
                                 speaker, metadata)
         self.response = response
-        runner = ResponseRunner(self.engine, response, self.sender, self.conversation.add)
+        runner = ResponseRunner(self.engine, response, *context.output_to(self.conversation, self.sender))
         response.task = asyncio.create_task(self._run(runner, messages))
 
     async def _run(self, runner: ResponseRunner, messages: tuple[Message, ...]) -> None:

@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from voice_gateway.realtime.events.items import ITEM_TYPES, ConversationItem
+from voice_gateway.realtime.events.items import INPUT_ITEM_TYPES, ConversationItem
 from voice_gateway.realtime.events.session import ResponseOverrides, SessionFields
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
 from voice_gateway.text import CleanText, printable
@@ -179,6 +179,16 @@ ClientEvent = Annotated[
 _CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 
 
+def _without_item_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """An item's type tag is no field of the event: `item.message.role` is `item.role`, and
+    `response.input.0.message.role` is `response.input.0.role`."""
+    def is_tag(i: int) -> bool:
+        after_item = loc[i - 1] == "item" or (isinstance(loc[i - 1], int) and loc[i - 2 : i - 1] == ("input",))
+        return loc[i] in INPUT_ITEM_TYPES and after_item
+
+    return tuple(part for i, part in enumerate(loc) if not (i and is_tag(i)))
+
+
 def parse_client_event(raw: str | bytes) -> ClientEvent:
     """One WebSocket / data channel message as its event; anything else raises ProtocolError."""
     try:
@@ -198,7 +208,5 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
             message = f"unknown event type {event_type!r}" if event_type is not None else "the event has no 'type'"
             raise ProtocolError("unknown_event", message, event_id, "type") from None
         loc = error["loc"][1:]  # loc[0] is the union tag
-        # an item's type tag, too, is no field of the event
-        loc = tuple(part for i, part in enumerate(loc) if not (i and loc[i - 1] == "item" and part in ITEM_TYPES))
-        path = ".".join(str(part) for part in loc)
+        path = ".".join(str(part) for part in _without_item_tags(loc))
         raise ProtocolError("invalid_value", printable(f"{path}: {error['msg']}"), event_id, printable(path)) from None

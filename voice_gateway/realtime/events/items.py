@@ -1,5 +1,6 @@
 """Conversation items as the protocol carries them: messages and their content parts, function calls and
-their outputs, and `ConversationItem`, the union of the three (an item without a `type` is a message)."""
+their outputs, and `ConversationItem`, the union of the three (an item without a `type` is a message).
+`ResponseInputItem` adds `item_reference`, which `response.create`'s `input` may hold too."""
 
 from __future__ import annotations
 
@@ -67,13 +68,26 @@ class FunctionCallOutputItem(EventModel):
     output: CleanText
 
 
+class ItemReference(EventModel):
+    """A conversation item by its id, in `response.create`'s `input`: the prompt takes that item."""
+
+    type: Literal["item_reference"] = "item_reference"
+    id: Annotated[CleanText, Field(min_length=1)]
+
+
 ITEM_TYPES = ("message", "function_call", "function_call_output")
+INPUT_ITEM_TYPES = (*ITEM_TYPES, "item_reference")
 
 
 def _item_type(value: Any) -> str:
     """The item's union member; any other type is read as a message's, whose error names `item.type`."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     return kind if kind in ITEM_TYPES else "message"
+
+
+def _input_item_type(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in INPUT_ITEM_TYPES else "message"
 
 
 ConversationItem = Annotated[
@@ -83,4 +97,14 @@ ConversationItem = Annotated[
         Annotated[FunctionCallOutputItem, Tag("function_call_output")],
     ],
     Discriminator(_item_type),
+]
+
+ResponseInputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[ItemReference, Tag("item_reference")],
+    ],
+    Discriminator(_input_item_type),
 ]

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PlainValidator, ValidationError
 
 from voice_gateway.realtime.events.dialect import Dialect
+from voice_gateway.realtime.events.items import ResponseInputItem
 from voice_gateway.realtime.events.wire import EventModel
 from voice_gateway.text import CleanText
 
@@ -253,8 +254,8 @@ class _SessionAudio(_ResponseAudio):
     input: _AudioInputUpdate | None = None
 
 
-class ResponseOverrides(EventModel):
-    """`response.create`'s settings for that response only; GA and beta field names side by side."""
+class OutputSettings(EventModel):
+    """The settings of a response that `session.update` and `response.create` share; GA and beta names side by side."""
 
     instructions: CleanText | None = None
     output_modalities: _Modalities | None = None  # GA
@@ -265,12 +266,20 @@ class ResponseOverrides(EventModel):
     voice: _Voice | None = None  # beta
     output_audio_format: AudioFormat | None = None  # beta
     audio: _ResponseAudio | None = None  # GA
-    metadata: _Metadata | None = None  # response.create only: the response carries it back
     tools: list[FunctionTool] | None = None
     tool_choice: Annotated[ToolChoice, PlainValidator(_tool_choice)] | None = None
 
 
-class SessionFields(ResponseOverrides):
+class ResponseOverrides(OutputSettings):
+    """`response.create`'s settings for that response only, and what only a response has: its metadata, whether
+    its output joins the conversation, and the prompt items it may bring instead of the conversation's."""
+
+    metadata: _Metadata | None = None  # the response carries it back
+    conversation: Literal["auto", "none"] | None = None  # "none": out of band (None: "auto")
+    input: list[ResponseInputItem] | None = None  # None: the conversation's history; []: the instructions alone
+
+
+class SessionFields(OutputSettings):
     """`session.update`'s session object: the response settings plus input audio and turn taking."""
 
     type: Literal["realtime"] | None = None  # GA; transcription-only sessions are not served

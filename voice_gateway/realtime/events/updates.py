@@ -7,7 +7,7 @@ from typing import Any
 from voice_gateway.realtime.events.client import ResponseCreate, SessionUpdate
 from voice_gateway.realtime.events.session import (
     AudioFormat,
-    ResponseOverrides,
+    OutputSettings,
     SessionConfig,
     format_from_ga,
     merge_turn_detection,
@@ -18,7 +18,7 @@ def _first(ga_value: Any, beta_value: Any) -> Any:
     return ga_value if ga_value is not None else beta_value
 
 
-def _output_changes(fields: ResponseOverrides) -> dict[str, Any]:
+def _output_changes(fields: OutputSettings) -> dict[str, Any]:
     """The SessionConfig fields that `fields` sets (a null counts as absent); GA wins a tie."""
     output = fields.audio.output if fields.audio and fields.audio.output else None
     modalities = _first(fields.output_modalities, fields.modalities)
