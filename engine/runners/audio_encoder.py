@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from engine.cold_work import UNWARMED_SHAPE, ColdWork
-from engine.runners.audio_tower import TOKENS, PaddedTower
+from engine.runners.audio_tower import PaddedTower
 from engine.runners.replay import capture
 
 # chunks of one second: x1.5 apart up to 768 s of audio in one prefill
@@ -31,10 +31,9 @@ DENSE_CHUNKS = 64
 
 
 class _Graph:
-    def __init__(self, tower: PaddedTower, chunks: int, num_mel_bins: int, device: torch.device, pool: Any,
+    def __init__(self, tower: PaddedTower, chunks: int, device: torch.device, pool: Any,
                  stream: torch.cuda.Stream) -> None:
-        self.features = torch.zeros(chunks, num_mel_bins, tower.chunk_frames, device=device)
-        self.windows = -1 - torch.arange(chunks * TOKENS, device=device)
+        self.features, self.windows = tower.silence(chunks, device)
         self.graph, self.out = capture(lambda: tower.forward(self.features, self.windows), pool, stream)
 
 
@@ -42,16 +41,15 @@ class AudioEncoder:
     """`buckets`: chunk counts the batch is padded to (empty: unpadded, as on a CPU). `graphed`: capture the
     buckets up to `DENSE_CHUNKS` at `warm_up`. `timed`: told the host time of each call."""
 
-    def __init__(self, thinker: Any, n_window: int, num_mel_bins: int, *, buckets: tuple[int, ...] = (),
-                 graphed: bool = False, cold: ColdWork | None = None,
-                 timed: Callable[[float], None] | None = None) -> None:
+    def __init__(self, thinker: Any, *, buckets: tuple[int, ...] = (), graphed: bool = False,
+                 cold: ColdWork | None = None, timed: Callable[[float], None] | None = None) -> None:
         self.thinker = thinker
         tower = getattr(thinker, "audio_tower", None) or thinker.model.audio_tower
         self.tower = PaddedTower(tower)
         param = next(tower.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.chunk_frames = 2 * n_window
-        self.num_mel_bins = num_mel_bins
+        self.chunk_frames = self.tower.chunk_frames
+        self.num_mel_bins = tower.config.num_mel_bins
         self.buckets = tuple(sorted(buckets))
         self.graphed = graphed
         self.graphs: dict[int, _Graph] = {}
@@ -104,13 +102,12 @@ class AudioEncoder:
         """Meet every bucket's shapes once, and capture the padded ones when graphed; returns how many buckets."""
         for chunks in self.buckets:
             if chunks <= DENSE_CHUNKS:
-                self.tower.forward(torch.zeros(chunks, self.num_mel_bins, self.chunk_frames, device=self.device),
-                                   -1 - torch.arange(chunks * TOKENS, device=self.device))
+                self.tower.forward(*self.tower.silence(chunks, self.device))
             else:
                 self._encode([torch.zeros(self.num_mel_bins, chunks * self.chunk_frames)])
         if self.graphed:
             pool, stream = None, torch.cuda.Stream(self.device)
             for chunks in sorted((b for b in self.buckets if b <= DENSE_CHUNKS), reverse=True):
-                self.graphs[chunks] = _Graph(self.tower, chunks, self.num_mel_bins, self.device, pool, stream)
+                self.graphs[chunks] = _Graph(self.tower, chunks, self.device, pool, stream)
                 pool = self.graphs[chunks].graph.pool()
         return len(self.buckets)

@@ -47,25 +47,29 @@ class PaddedTower:
         # windows of attention, in whole chunks: transformers' n_window_infer frames
         self.window_chunks = tower.n_window_infer // self.chunk_frames
 
+    def silence(self, chunks: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s inputs for `chunks` chunks of padding: what warm-ups and captures run."""
+        return (torch.zeros(chunks, self.tower.config.num_mel_bins, self.chunk_frames, device=device),
+                -1 - torch.arange(chunks * TOKENS, device=device))
+
     def layout(self, clips: list[torch.Tensor], chunks: int) -> Layout:
         """Log-mels [mel, frames] -> their layout in `chunks` chunks (at least as many as they fill)."""
         mel = clips[0].shape[0]
         features = torch.zeros(chunks, mel, self.chunk_frames, dtype=clips[0].dtype)
         windows = -1 - torch.arange(chunks * TOKENS)  # padding: a window of its own
+        # transformers' window is `window_chunks` of the batch's longest chunk: a clip of one short chunk
+        # fits in one either way, so whole chunks' tokens measure it
+        per_window = TOKENS * self.window_chunks
         real: list[torch.Tensor] = []
         at, window = 0, 0
         for clip in clips:
-            frames = clip.shape[-1]
-            pieces = -(-frames // self.chunk_frames)
-            tail = frames - (pieces - 1) * self.chunk_frames
-            longest = TOKENS if pieces > 1 or tail == self.chunk_frames else tokens_after_convs(tail)
-            per_window = longest * self.window_chunks  # transformers' window, in tokens of the longest chunk
+            pieces = -(-clip.shape[-1] // self.chunk_frames)
             for k in range(pieces):
                 piece = clip[:, k * self.chunk_frames : (k + 1) * self.chunk_frames]
                 features[at + k, :, : piece.shape[-1]] = piece
-            count = (pieces - 1) * TOKENS + tokens_after_convs(tail)
-            places = torch.cat([(at + k) * TOKENS + torch.arange(TOKENS if k < pieces - 1 else tokens_after_convs(tail))
-                                for k in range(pieces)])
+            # every chunk but the last is whole, so a clip's real tokens are one run from its first chunk on
+            count = (pieces - 1) * TOKENS + tokens_after_convs(clip.shape[-1] - (pieces - 1) * self.chunk_frames)
+            places = at * TOKENS + torch.arange(count)
             windows[places] = window + torch.arange(count) // per_window
             window += -(-count // per_window)
             real.append(places)

@@ -56,9 +56,7 @@ class ThinkerRunner:
         # transformers 5.2x nests the text decoder under `model.language_model`.
         self.text_model = getattr(thinker.model, "language_model", thinker.model)
         self.audio_token_id = config.thinker_config.audio_token_id
-        audio_config = config.thinker_config.audio_config
-        self.audio = AudioEncoder(thinker, audio_config.n_window, audio_config.num_mel_bins, buckets=audio_buckets,
-                                  graphed=audio_graphed, cold=cold, timed=audio_timed)
+        self.audio = AudioEncoder(thinker, buckets=audio_buckets, graphed=audio_graphed, cold=cold, timed=audio_timed)
         self.cold = cold
         # hidden_states[k] is the output of decoder layer k-1 (index 0 is the embedding).
         self.capture_layer = config.talker_config.accept_hidden_layer - 1

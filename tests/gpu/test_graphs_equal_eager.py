@@ -171,10 +171,8 @@ def test_graphed_audio_tower_equals_transformers(tiny_checkpoint: Path) -> None:
                             WhisperFeatureExtractor.from_pretrained(tiny_checkpoint), n_window=50)
     tone = lambda s: (0.2 * np.sin(np.arange(int(16_000 * s)) * 0.05)).astype(np.float32)  # noqa: E731
     clips = [builder.build((Message("user", (AudioPart(tone(s)),)),)).audio_features[0] for s in (0.7, 2.4, 9.3)]
-    config = thinker.config.thinker_config.audio_config
     with torch.inference_mode():
-        encoder = AudioEncoder(thinker.model, config.n_window, config.num_mel_bins, buckets=(16, 32, 96),
-                               graphed=True)
+        encoder = AudioEncoder(thinker.model, buckets=(16, 32, 96), graphed=True)
         encoder.warm_up()
         assert sorted(encoder.graphs) == [16, 32]  # 96 chunks: transformers' forward
         reference = encoder._encode(clips)
