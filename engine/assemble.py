@@ -109,9 +109,34 @@ def _name(kind: str, index: int, replicas: int) -> str:
     return kind if replicas == 1 else f"{kind}.{index}"
 
 
+def _share_cores(profile: DeployProfile, has_talker: bool) -> None:
+    """Stages on the CPU run at once, each in its own thread, so each spreads its ops over its share of
+    the process's cores: when every stage spreads over all of them, their ops contend for the same
+    cores (docs/performance.md, "Torch threads on the CPU")."""
+    stages = profile.stages
+    threads = [stages.thinker.device]
+    if has_talker:
+        threads += [stages.talker.device] * stages.talker.replicas + [stages.code2wav.device] * stages.code2wav.replicas
+    on_cpu = sum(device == "cpu" for device in threads)
+    if on_cpu:
+        cores = _cores()
+        torch.set_num_threads(max(1, cores // on_cpu))
+        log.info("torch: %d of %d threads per op for each of %d stages on the CPU", torch.get_num_threads(), cores, on_cpu)
+
+
+def _cores() -> int:
+    """What this process may use: OMP_NUM_THREADS where set (Ray sets it to a replica's `cpus`), else the
+    cores it may run on. Not torch's current count, which an engine built earlier in the process set."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        return len(os.sched_getaffinity(0))
+
+
 def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     stages_cfg, config = profile.stages, source.config
     _check_triton(profile)
+    _share_cores(profile, source.has_talker)
     triton = profile.kernels == "triton"
     graphs = profile.cuda_graphs
     metrics, reports = EngineMetrics(), ReportQueue()
