@@ -158,7 +158,6 @@ async def test_function_items_from_the_client(engine: Engine) -> None:
         ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "teleport"}}, "session.tool_choice.name",
          "invalid_value"),
         ({"tool_choice": "sometimes"}, "session.tool_choice", "invalid_value"),
-        ({"tool_choice": "required"}, "session.tool_choice", "invalid_value"),
     ],
 )
 async def test_bad_tools_reject_those_settings_only(engine: Engine, settings: dict[str, Any], param: str,
@@ -171,6 +170,19 @@ async def test_bad_tools_reject_those_settings_only(engine: Engine, settings: di
     assert session.config.instructions == "Hi." and session.config.tool_choice == "auto"
     if param != "session.tool_choice.name":
         assert session.config.tools == ()
+    await session.close()
+
+
+async def test_a_call_required_before_the_tools_waits_for_them(engine: Engine) -> None:
+    """Pipecat's order: the settings' tool choice in one session.update, its context's tools in the next."""
+    session = await new_session(engine)
+    events = await send(session, type="session.update", session={"tool_choice": "required"})
+    assert [e["type"] for e in events] == ["session.updated"], events
+    [error] = await send(session, type="response.create", event_id="r1")
+    assert (error["error"]["param"], error["error"]["code"]) == ("response.tool_choice", "invalid_value")
+    assert session.response is None
+    await send(session, type="session.update", session={"tools": TOOLS})
+    assert session.config.tool_choice == "required" and len(session.config.tools) == len(TOOLS)
     await session.close()
 
 

@@ -40,12 +40,13 @@ def tool_errors(tools: tuple[FunctionTool, ...], where: str, event_id: str | Non
 
 def choice_error(choice: ToolChoice, tools: tuple[FunctionTool, ...], where: str,
                  event_id: str | None) -> ProtocolError | None:
-    """A tool choice that the tools cannot meet: a named function that is not among them, or a call required
-    of no tools at all."""
+    """A tool choice that the tools cannot meet: a named function not among them, or, for a response,
+    a call required of no tools at all. A session may require a call before it has tools: Pipecat sends its
+    settings' `tool_choice` in one session.update and its context's tools in a later one."""
     if isinstance(choice, NamedToolChoice) and choice.name not in {t.name for t in tools}:
         return ProtocolError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools",
                              event_id, f"{where}.tool_choice.name")
-    if choice == "required" and not tools:
+    if choice == "required" and not tools and where == "response":
         return ProtocolError("invalid_value", "tool_choice \"required\" needs at least one tool", event_id,
                              f"{where}.tool_choice")
     return None
