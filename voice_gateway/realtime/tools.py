@@ -40,15 +40,12 @@ def tool_errors(tools: tuple[FunctionTool, ...], where: str, event_id: str | Non
 
 def choice_error(choice: ToolChoice, tools: tuple[FunctionTool, ...], where: str,
                  event_id: str | None) -> ProtocolError | None:
-    """A tool choice that the tools cannot meet: a named function not among them, or, for a response,
-    a call required of no tools at all. A session may require a call before it has tools: Pipecat sends its
-    settings' `tool_choice` in one session.update and its context's tools in a later one."""
+    """A named function that is not among the tools. A call `required` of no tools is refused only when
+    a response would run under it (`response_tool_error`): a session may require one before it has
+    tools, as Pipecat sends its settings' `tool_choice` in one session.update and its tools in a later one."""
     if isinstance(choice, NamedToolChoice) and choice.name not in {t.name for t in tools}:
         return ProtocolError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools",
                              event_id, f"{where}.tool_choice.name")
-    if choice == "required" and not tools and where == "response":
-        return ProtocolError("invalid_value", "tool_choice \"required\" needs at least one tool", event_id,
-                             f"{where}.tool_choice")
     return None
 
 
@@ -70,7 +67,12 @@ def settle_tools(current: SessionConfig, updated: SessionConfig, event_id: str |
 def response_tool_error(config: SessionConfig, event_id: str | None) -> ProtocolError | None:
     """Why one response cannot run with the tools `response.create` gave it, if it cannot."""
     errors = tool_errors(config.tools, "response", event_id)
-    return errors[0] if errors else choice_error(config.tool_choice, config.tools, "response", event_id)
+    if errors:
+        return errors[0]
+    if config.tool_choice == "required" and not config.tools:
+        return ProtocolError("invalid_value", "tool_choice \"required\" needs at least one tool", event_id,
+                             "response.tool_choice")
+    return choice_error(config.tool_choice, config.tools, "response", event_id)
 
 
 def engine_tools(config: SessionConfig) -> tuple[Tool, ...]:
