@@ -203,6 +203,16 @@ class _PrefillBucket:
     last: torch.Tensor  # [B] index of each prompt's last row
     outputs: tuple[torch.Tensor, ...]
 
+    def load(self, embeds: torch.Tensor, slots: list[int], lengths: list[int], starts: list[int], scratch: int) -> None:
+        """A run's rows into the graph's inputs; the bucket's spare prompts write the scratch slot."""
+        n, width = embeds.shape[0], max(lengths)
+        # a run of a wider group arrives padded to the group's longest row; its own bucket may be shorter
+        self.embeds[:n, :width].copy_(embeds[:, :width])
+        pad = self.embeds.shape[0] - n
+        self.slots.copy_(torch.tensor(slots + [scratch] * pad).to(self.slots.device, non_blocking=True))
+        self.starts.copy_(torch.tensor(starts + [0] * pad).to(self.starts.device, non_blocking=True))
+        self.last.copy_(torch.tensor([k - 1 for k in lengths] + [0] * pad).to(self.last.device, non_blocking=True))
+
 
 class GraphedPrefill:
     """Prefills captured per (prompts, padded length, keys attended) bucket.
@@ -246,16 +256,12 @@ class GraphedPrefill:
 
     def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int],
                  starts: list[int] | None = None) -> tuple[torch.Tensor, ...]:
-        """Right-padded embeds [n, L, H] into `slots` from `starts` -> the step's outputs for the n rows;
-        the run must fit a bucket (`plan` says which runs do)."""
-        n, width = embeds.shape[:2]
+        """Right-padded embeds [n, >= max(lengths), H] into `slots` from `starts` -> the step's outputs for
+        the n rows (per-row outputs as long as the bucket); the run must fit a bucket (`plan` says which do)."""
+        n = embeds.shape[0]
         starts = starts or [0] * n
         bucket = self.buckets[prefill_bucket(self.buckets, n, lengths, starts)]
-        bucket.embeds[:n, :width].copy_(embeds)
-        pad = bucket.embeds.shape[0] - n
-        bucket.slots.copy_(torch.tensor(slots + [self.kv.scratch_slot] * pad).to(bucket.slots.device, non_blocking=True))
-        bucket.starts.copy_(torch.tensor(starts + [0] * pad).to(bucket.starts.device, non_blocking=True))
-        bucket.last.copy_(torch.tensor([k - 1 for k in lengths] + [0] * pad).to(bucket.last.device, non_blocking=True))
+        bucket.load(embeds, slots, lengths, starts, self.kv.scratch_slot)
         bucket.graph.replay()
         return tuple(out[:n].clone() for out in bucket.outputs)
 

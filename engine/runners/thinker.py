@@ -124,8 +124,7 @@ class ThinkerRunner:
         embeds = embeds[:, :width]
         if graphs is not None:
             if (runs := graphs.plan(lengths, starts)) is not None:
-                outs = [graphs(embeds[run], slots[run], lengths[run], starts[run]) for run in runs]
-                return torch.cat([o[0] for o in outs]), torch.cat([o[1][:, :width] for o in outs])
+                return self._replay(graphs, runs, embeds, rows, want_hidden)
             if self.cold is not None:
                 self.cold.record(EAGER_FALLBACK, f"thinker prefill of {lengths} tokens from {starts}: no graph fits")
         view = self.kv.batch(slots, starts, width)
@@ -137,6 +136,20 @@ class ThinkerRunner:
         last = torch.tensor([n - 1 for n in lengths], device=self.device)
         logits = self.thinker.lm_head(out[torch.arange(len(rows), device=self.device), last])
         return logits, (self._captured[0] if want_hidden else None)
+
+    def _replay(self, graphs: PrefillReplay, runs: list[slice], embeds: torch.Tensor, rows: list[PrefillRow],
+                want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lengths, starts, slots = [len(r.token_ids) for r in rows], [r.start for r in rows], [r.slot for r in rows]
+        logits = []
+        hidden = torch.empty_like(embeds) if want_hidden else None
+        for run in runs:
+            run_logits, run_hidden = graphs(embeds[run], slots[run], lengths[run], starts[run])
+            logits.append(run_logits)
+            if hidden is not None:
+                # a run's bucket is as long as its own longest row needs, maybe shorter than the group's
+                width = min(run_hidden.shape[1], embeds.shape[1])
+                hidden[run, :width] = run_hidden[:, :width]
+        return torch.cat(logits), hidden
 
     def prefill_step(self, embeds: torch.Tensor, view: SlotBatch, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], the captured

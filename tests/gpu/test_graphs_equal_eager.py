@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.replay import StepGraphs
+from engine.runners.replay import EAGER, StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors
 from engine.runners.talker import TalkerRunner
 from engine.runners.thinker import PrefillRow
@@ -115,11 +115,30 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         assert rel(single.logits, eager[0].logits) < 2e-2
         assert runner.prefill([PrefillRow(2, ids * 5)], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
 
+        # one prompt a replay at 64 rows: the short prompts' runs replay the 16-row bucket, their rows padded to 42
+        mixed = [ids * 3, ids, ids[:9]]
+        runner.graphs = EAGER
+        expected_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((0, 2, 4), mixed)], want_hidden=True)
+        runner.graphs = StepGraphs(prefill=GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
+                                                          lengths=(16, 64), batches=(1, 2), max_tokens=64))
+        mixed_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((1, 3, 5), mixed)], want_hidden=True)
+        for graphed, expected in zip(mixed_outs, expected_outs):
+            assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
+
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
         prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
         logits, hidden = talk.prefill([0, 2], prompts)
         talk.graphs = StepGraphs(prefill=GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype,
                                                         (16, 32), batches=(1, 2)))
+        g_logits, g_hidden = talk.prefill([1, 3], prompts)
+        for b in range(2):
+            assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2
+        # one prompt a replay at 32 rows: the 10-row prompt's run replays the 16-row bucket, its rows padded to 30
+        prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (30, 10)]
+        talk.graphs = EAGER
+        logits, hidden = talk.prefill([0, 2], prompts)
+        talk.graphs = StepGraphs(prefill=GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype,
+                                                        (16, 32), batches=(1, 2), max_tokens=32))
         g_logits, g_hidden = talk.prefill([1, 3], prompts)
         for b in range(2):
             assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2

@@ -105,3 +105,55 @@ def test_prefill_buckets_pad_little() -> None:
     assert plan_prefill(shapes, lengths) == [slice(0, 64)]
     assert prefill_bucket(shapes, 40, [44] * 40) == (48, 48, 48)
     assert prefill_bucket(shapes, 1, [100]) == (1, 128, 128) and prefill_bucket(shapes, 5, [20] * 5) == (6, 32, 32)
+
+
+class EagerBuckets:
+    """GraphedPrefill with each replay run eagerly (CUDA graphs need a GPU): the same plan, the same
+    bucket inputs (`_PrefillBucket.load`), the captured step run on them."""
+
+    def __init__(self, runner: ThinkerRunner, shapes: list[tuple[int, int, int]]) -> None:
+        self.runner, self.shapes = runner, shapes
+
+    def plan(self, lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
+        from engine.accel.cuda_graphs import plan_prefill
+
+        return plan_prefill(self.shapes, lengths, starts)
+
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int],
+                 starts: list[int] | None = None) -> tuple[torch.Tensor, ...]:
+        from engine.accel.cuda_graphs import _PrefillBucket, prefill_bucket
+        from engine.runners.kv_cache import SlotBatch
+
+        n, starts = embeds.shape[0], starts or [0] * embeds.shape[0]
+        size, length, keys = prefill_bucket(self.shapes, n, lengths, starts)
+        index = torch.zeros(size, dtype=torch.long)
+        bucket = _PrefillBucket(None, torch.zeros(size, length, embeds.shape[-1]), index.clone(), index.clone(),
+                                index.clone(), ())  # type: ignore[arg-type]
+        bucket.load(embeds, slots, lengths, starts, self.runner.kv.scratch_slot)
+        view = SlotBatch(self.runner.kv, bucket.slots, bucket.starts, num_new=length, kv_len=keys)
+        return tuple(out[:n] for out in self.runner.prefill_step(bucket.embeds, view, bucket.last))
+
+
+def test_a_group_replayed_in_runs_of_shorter_buckets_equals_eager(tiny_checkpoint: Path) -> None:
+    """A group splits into runs of as many prompts as its longest row's bucket holds; a later run of
+    short prompts replays a shorter bucket than the group is padded to (its rows arrive 40 wide for
+    a 16-row bucket). On the H200 that copy failed and ended every request of the step."""
+    from engine.runners.replay import StepGraphs
+
+    loaded = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
+    generator = torch.Generator().manual_seed(0)
+    group = [torch.randint(100, 1000, (n,), generator=generator).tolist() for n in (40, 14, 9)]
+    shapes = [(1, 16, 16), (1, 64, 64), (2, 16, 16), (2, 64, 64)]  # 2 x 64 rows at most: runs [0:2], [2:3]
+    with torch.inference_mode():
+        runner = ThinkerRunner(loaded.model, loaded.config, max_batch=6, max_len=128)
+        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 1, 2), group)], True)
+        runner.graphs = StepGraphs(prefill=EagerBuckets(runner, shapes))
+        assert runner.graphs.prefill is not None and runner.graphs.prefill.plan([40, 14, 9]) == [slice(0, 2), slice(2, 4)]
+        replayed = runner.prefill([PrefillRow(s, ids) for s, ids in zip((3, 4, 5), group)], True)
+        for r, e in zip(replayed, eager):
+            assert r.hidden is not None and e.hidden is not None and r.hidden.shape == e.hidden.shape
+            assert torch.allclose(r.logits, e.logits, atol=1e-4)
+            assert torch.allclose(r.hidden, e.hidden, atol=1e-4)
+        positions = list(map(len, group))
+        assert torch.allclose(runner.decode([0, 1, 2], positions, [7, 8, 9]), runner.decode([3, 4, 5], positions, [7, 8, 9]),
+                              atol=1e-4)
