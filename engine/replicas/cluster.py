@@ -71,7 +71,7 @@ class RayCluster:
             # room for every replica even on a host with fewer cores: the profile chose how many
             num_cpus = max(os.cpu_count() or 1, math.ceil(cfg.count * cfg.cpus))
             ray.init(address="local", num_cpus=num_cpus, namespace=self.namespace, include_dashboard=False,
-                     log_to_driver=log_to_driver)
+                     log_to_driver=log_to_driver, _system_config={"worker_niceness": 0})
         else:
             ray.init(address=cfg.address, namespace=self.namespace, log_to_driver=log_to_driver)
         if on_sigterm is not None:

@@ -1,8 +1,8 @@
 """The server's side of one engine replica (engine/replicas/actor.py): an `EngineCore` that proxies to a
 Ray actor, and tells whether it serves.
 
-Each request is one streaming call to the actor; its batches of events come back to the request's
-sink in order. Every `STATE_PERIOD_S` the replica is polled for its load (the requests it runs for
+This process holds one stream from the actor (`attach`) and submits its requests on it; their
+events come back on it in batches, each to its request's sink, in order. Every `STATE_PERIOD_S` the replica is polled for its load (the requests it runs for
 every server process, and per stage), metrics and health, one poll at a time. Between polls its load
 is what the last one said plus what this process began on it since, less what of that ended.
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import time
 from typing import Any
 
@@ -37,14 +39,17 @@ LATE_S = 4 * STATE_PERIOD_S  # unanswered past four polls: `degraded`, not yet a
 
 
 class ReplicaCore:
-    """Owns the handle to one replica actor, the requests this server process runs on it (their sinks and
-    relay tasks, and how many it began and saw end), what its last poll said, and whether it serves."""
+    """Owns the handle to one replica actor, this process's stream from it, the requests this process runs
+    on it (their sinks, and how many it began and saw end), what its last poll said, and whether it serves."""
 
     def __init__(self, name: str, actor: Any, stall_timeout_s: float) -> None:
         self.name = name
         self._actor = actor
         self._stall_timeout_s = stall_timeout_s
-        self._open: dict[str, tuple[Sink, asyncio.Task[None]]] = {}
+        self._client = f"{os.getpid()}-{secrets.token_hex(4)}"  # this process, to the actor
+        self._open: dict[str, Sink] = {}
+        self._stream: Any = None  # the attach call's generator; a new one after each loss
+        self._relay_task: asyncio.Task[None] | None = None
         self._serving = False
         self._stopping = False
         self._down = "not started"
@@ -72,6 +77,7 @@ class ReplicaCore:
     async def start(self) -> None:
         try:
             self.pid = await asyncio.wait_for(self._actor.ready.remote(), START_TIMEOUT_S)
+            await asyncio.wait_for(self._attach(), START_TIMEOUT_S)
             state = await asyncio.wait_for(self._ask(), START_TIMEOUT_S)
         except (RayError, TimeoutError) as e:
             raise EngineError(f"engine replica {self.name} did not start: {type(e).__name__}: {e}") from e
@@ -90,6 +96,7 @@ class ReplicaCore:
                 self._actor.abort.remote(rid)
         self._serving = False
         self._end_all("server shutting down")
+        self._detach()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id
@@ -97,9 +104,9 @@ class ReplicaCore:
             raise self.health().refusal()
         if rid in self._open:
             raise EngineError(f"request id {rid} is already in use")
-        calls = self._actor.run.remote(request)
+        self._actor.submit.remote(self._client, request)
         self._begun += 1
-        self._open[rid] = (sink, asyncio.get_running_loop().create_task(self._relay(rid, calls)))
+        self._open[rid] = sink
 
     def abort(self, request_id: str) -> None:
         if request_id in self._open:
@@ -118,28 +125,44 @@ class ReplicaCore:
         return EngineHealth(self.health_now.status, self.health_now.detail, self.restarts,
                             self.health_now.retry_after_s)
 
-    async def _relay(self, rid: str, calls: Any) -> None:
-        """The actor's batches of events -> the request's sink; a lost actor ends the request."""
+    async def _attach(self) -> None:
+        """Open this process's stream; once the actor's first (empty) batch says it may, submit on it."""
+        stream = self._actor.attach.remote(self._client)
+        await (await stream.__anext__())
+        self._stream = stream
+        self._relay_task = asyncio.get_running_loop().create_task(self._relay(stream), name=f"replica-{self.name}-events")
+
+    def _detach(self) -> None:
+        stream, self._stream = self._stream, None
+        if self._relay_task is not None and self._relay_task is not asyncio.current_task():
+            self._relay_task.cancel()
+        if stream is not None:
+            try:
+                ray.cancel(stream)  # the actor aborts what this process still had open there
+            except (RayError, ValueError, TypeError):
+                pass
+
+    async def _relay(self, stream: Any) -> None:
+        """The actor's batches of events -> each request's sink; a stream that fails or ends loses the replica."""
         try:
-            async for ref in calls:
+            async for ref in stream:
                 batch: tuple[OutputEvent, ...] = await ref
                 for event in batch:
-                    self._deliver(rid, event)
+                    self._deliver(event)
+            what = f"engine replica {self.name} closed its stream"
         except RayError as e:
-            self._lose(f"engine replica {self.name} was lost ({type(e).__name__})")
-        finally:
-            if rid in self._open:  # its stream ended without an end (lost, or a cancelled relay)
-                self._deliver(rid, Failed(rid, f"engine replica {self.name} was lost", UNAVAILABLE,
-                                          STATE_PERIOD_S * 4))
+            what = f"engine replica {self.name} was lost ({type(e).__name__})"
+        if stream is self._stream:  # not one a loss already replaced
+            self._lose(what)
 
-    def _deliver(self, rid: str, event: OutputEvent) -> None:
-        entry = self._open.get(rid)
-        if entry is None:
+    def _deliver(self, event: OutputEvent) -> None:
+        sink = self._open.get(event.request_id)
+        if sink is None:
             return
         if isinstance(event, (Finished, Failed)):
-            del self._open[rid]
+            del self._open[event.request_id]
             self._ended += 1
-        entry[0](event)
+        sink(event)
 
     async def _poll(self) -> None:
         """One poll at a time: a replica that is restarting answers only once it serves again."""
@@ -158,6 +181,13 @@ class ReplicaCore:
                     log.exception("engine replica %s: poll failed", self.name)
                     await asyncio.sleep(STATE_PERIOD_S)
                 else:
+                    if not self._serving and not self._stopping:  # back after a loss: a stream of its own first
+                        try:
+                            await self._attach()
+                        except RayError:
+                            pending = None
+                            await asyncio.sleep(STATE_PERIOD_S)
+                            continue
                     self._heard(state)
                     await asyncio.sleep(STATE_PERIOD_S)
                 pending = None
@@ -188,11 +218,10 @@ class ReplicaCore:
         self.stage_load_now, self.metrics_text, self._reported_open = {}, "", 0
         log.error("%s: %d open requests fail", what, len(self._open))
         self._end_all(what, UNAVAILABLE, STATE_PERIOD_S * 4)
+        self._detach()
 
     def _end_all(self, reason: str, code: str | None = None, retry_after_s: float | None = None) -> None:
         opened, self._open = self._open, {}
         self._ended += len(opened)
-        for rid, (sink, relay) in opened.items():
-            if relay is not asyncio.current_task():
-                relay.cancel()
+        for rid, sink in opened.items():
             sink(Failed(rid, reason, code, retry_after_s))

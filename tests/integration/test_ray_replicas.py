@@ -6,6 +6,7 @@ it again and it serves again). Ray is started here (`address: local`) and stoppe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import time
@@ -100,6 +101,35 @@ async def test_a_conversation_sticks_to_the_replica_that_keeps_its_prefix(engine
     assert isinstance(first[-1], Finished)
     # its KV was there: turn 2 prefilled only what is new
     assert second[-1].timings.cached_tokens >= first[-1].timings.prompt_tokens
+
+
+async def test_a_server_process_that_leaves_has_its_requests_aborted(engine: Engine) -> None:
+    """A server process holds one stream from each replica and submits on it. When it goes away the
+    replica aborts what it still had open; an abort that overtakes its submit still ends the request."""
+    import ray
+
+    from engine.handoff import AdmittedRequest
+
+    actor = _replicas(engine).replicas[1]._actor
+    stream = actor.attach.remote("a-process-that-leaves")
+    assert await (await stream.__anext__()) == ()  # it may submit now
+    long = AdmittedRequest("left-behind", list(range(100, 140)), [], 0, [], False, "ethan", 200, 0.7, 0.8, 20, 1)
+    actor.abort.remote("overtaken")
+    actor.submit.remote("a-process-that-leaves", dataclasses.replace(long, request_id="overtaken"))
+    actor.submit.remote("a-process-that-leaves", long)
+    seen: dict[str, list[OutputEvent]] = {}
+    async for ref in stream:
+        for event in await ref:
+            seen.setdefault(event.request_id, []).append(event)
+        if "left-behind" in seen and "overtaken" in seen:
+            break
+    assert isinstance(seen["overtaken"][-1], Failed) and seen["overtaken"][-1].reason == "aborted", seen["overtaken"]
+    assert not isinstance(seen["left-behind"][-1], (Finished, Failed))  # still running
+    ray.cancel(stream)
+    deadline = time.monotonic() + 30
+    while (await actor.state.remote()).open_requests:
+        assert time.monotonic() < deadline, "the replica still runs the requests of a process that left"
+        await asyncio.sleep(0.2)
 
 
 async def test_a_killed_replica_is_survived_and_comes_back(engine: Engine) -> None:
