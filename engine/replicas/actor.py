@@ -99,7 +99,8 @@ class ReplicaActor:
         events = self._clients.get(client)
         if events is None:  # its stream ended: nobody would hear the request's events
             return
-        if self._aborted_early.pop(rid, False) is None:
+        if rid in self._aborted_early:
+            del self._aborted_early[rid]
             events.put_nowait(Failed(rid, "aborted"))
             return
         self._routes[rid] = client

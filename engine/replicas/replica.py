@@ -2,9 +2,10 @@
 Ray actor, and tells whether it serves.
 
 This process holds one stream from the actor (`attach`) and submits its requests on it; their
-events come back on it in batches, each to its request's sink, in order. Every `STATE_PERIOD_S` the replica is polled for its load (the requests it runs for
-every server process, and per stage), metrics and health, one poll at a time. Between polls its load
-is what the last one said plus what this process began on it since, less what of that ended.
+events come back on it in batches, each to its request's sink, in order. Every `STATE_PERIOD_S` the
+replica is polled for its load (the requests it runs for every server process, and per stage),
+metrics and health, one poll at a time. Between polls its load is what the last one said plus what
+this process began on it since, less what of that ended.
 
 When the actor dies, Ray says so on the poll and on every call under way: the replica is lost, each
 open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the router sends new
@@ -132,6 +133,14 @@ class ReplicaCore:
         self._stream = stream
         self._relay_task = asyncio.get_running_loop().create_task(self._relay(stream), name=f"replica-{self.name}-events")
 
+    async def _attached_again(self) -> bool:
+        """Back after a loss: a stream of its own before the replica serves again (False: not yet)."""
+        try:
+            await self._attach()
+        except RayError:
+            return False
+        return True
+
     def _detach(self) -> None:
         stream, self._stream = self._stream, None
         if self._relay_task is not None and self._relay_task is not asyncio.current_task():
@@ -181,14 +190,8 @@ class ReplicaCore:
                     log.exception("engine replica %s: poll failed", self.name)
                     await asyncio.sleep(STATE_PERIOD_S)
                 else:
-                    if not self._serving and not self._stopping:  # back after a loss: a stream of its own first
-                        try:
-                            await self._attach()
-                        except RayError:
-                            pending = None
-                            await asyncio.sleep(STATE_PERIOD_S)
-                            continue
-                    self._heard(state)
+                    if self._serving or self._stopping or await self._attached_again():
+                        self._heard(state)
                     await asyncio.sleep(STATE_PERIOD_S)
                 pending = None
             elif self._serving and (silent_s := time.monotonic() - self._heard_at) > self._stall_timeout_s:

@@ -124,7 +124,7 @@ class ThinkerRunner:
         embeds = embeds[:, :width]
         if graphs is not None:
             if (runs := graphs.plan(lengths, starts)) is not None:
-                return self._replay(graphs, runs, embeds, rows, want_hidden)
+                return self._replay(graphs, runs, embeds, lengths, starts, slots, want_hidden)
             if self.cold is not None:
                 self.cold.record(EAGER_FALLBACK, f"thinker prefill of {lengths} tokens from {starts}: no graph fits")
         view = self.kv.batch(slots, starts, width)
@@ -137,9 +137,8 @@ class ThinkerRunner:
         logits = self.thinker.lm_head(out[torch.arange(len(rows), device=self.device), last])
         return logits, (self._captured[0] if want_hidden else None)
 
-    def _replay(self, graphs: PrefillReplay, runs: list[slice], embeds: torch.Tensor, rows: list[PrefillRow],
-                want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        lengths, starts, slots = [len(r.token_ids) for r in rows], [r.start for r in rows], [r.slot for r in rows]
+    def _replay(self, graphs: PrefillReplay, runs: list[slice], embeds: torch.Tensor, lengths: list[int],
+                starts: list[int], slots: list[int], want_hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = []
         hidden = torch.empty_like(embeds) if want_hidden else None
         for run in runs:
