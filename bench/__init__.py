@@ -16,6 +16,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     voice_stats.py  per turn index and overall: first-audio latency, VAD wait, underruns
     voice.py     the realtime levels (mode x output format x concurrency), {label}.json and .png
     ladder.py    one server per row, DIR/<row>.json, DIR/ladder.json and the ladder's figures
+    rounds.py    a ladder's rows again, round after round: each row's TTFP paired with the first row's
     soak.py      `bench soak`: mixed traffic for a long while, the server's memory and open files sampled
     procstat.py  a process tree's RSS and open fds from /proc
     server.py    a `voice-gateway serve` subprocess on a free loopback port

@@ -19,6 +19,7 @@ from rich.table import Table
 from bench.config import OUTPUT_FORMATS, SWEEP_KEYS, VOICE_MODES, BenchConfig, BenchError, VoiceConfig
 from bench.ladder import load_ladder, replot_ladder, run_ladder
 from bench.plots import plot_compare
+from bench.rounds import summarize_rounds
 from bench.soak import DEFAULT_MIX, SoakConfig, run_soak
 from bench.sweep import BenchResult, run_bench
 from bench.voice import VoiceResult, run_voice_bench
@@ -74,6 +75,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--ladder", type=Path, metavar="YAML", default=None,
         help="start one server per row of this file, sweep each, write {out-dir}/<row>.json, ladder.json and figures")
     add("--rows", type=_csv(str), default=None, metavar="NAMES", help="with --ladder: run only these rows")
+    add("--repeats", type=_at_least(1), default=None, metavar="N",
+        help="with --ladder: N rounds of every row, in turn (default the file's `repeats:`, else 1)")
     add("--replot", action="store_true",
         help="with --ladder: no servers; rebuild ladder.json and the figures from the <row>.json files in --out-dir")
     add("--startup-timeout", type=float, default=900.0,
@@ -287,6 +290,21 @@ def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
+def print_rounds_summary(rounds: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"ladder: {rounds['count']} rounds, each row against {rounds['reference']} in the same round")
+    for col in ("row", "P", "C", "rounds", "TTFP mean", "stdev", f"minus {rounds['reference']}", "stderr", "min .. max"):
+        table.add_column(col, justify="left" if col == "row" else "right")
+    ms = lambda v: "-" if v is None else f"{v * 1000:+.0f} ms"  # noqa: E731
+    for row in rounds["rows"]:
+        for lv in row["levels"]:
+            own, diff = lv["ttfp_mean_s"], lv["minus_reference_s"]
+            table.add_row(row["name"], str(lv["prompt_words"]), str(lv["concurrency"]), str(own["n"]),
+                          _fmt(own["mean"]), _fmt(own["stdev"]), ms(diff and diff["mean"]),
+                          "-" if not diff or diff["stderr"] is None else f"{diff['stderr'] * 1000:.0f} ms",
+                          "-" if not diff else f"{ms(diff['min'])} .. {ms(diff['max'])}")
+    console.print(table)
+
+
 def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
     """Exit code: 0 all requests (and rows) ok, 1 some failed, 2 could not run (no model / bad input)."""
     console = Console()
@@ -311,14 +329,17 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
         try:
             ladder = load_ladder(args.ladder)
             if args.replot:
-                rows = replot_ladder(ladder, config.out_dir, shlex.join(argv))
+                rounds = replot_ladder(ladder, config.out_dir, shlex.join(argv))
             else:
-                rows = run_ladder(ladder, config, cli_sweep(args), config.out_dir,
-                                  startup_timeout_s=args.startup_timeout, only=args.rows)
+                rounds = run_ladder(ladder, config, cli_sweep(args), config.out_dir,
+                                    startup_timeout_s=args.startup_timeout, only=args.rows, repeats=args.repeats)
         except BenchError as exc:
             log.error("%s", exc)
             return 2
-        print_ladder_summary(rows, console)
+        rows = [row for rnd in rounds for row in rnd]
+        print_ladder_summary(rounds[0], console)
+        if len(rounds) > 1:
+            print_rounds_summary(summarize_rounds(rounds), console)
         console.print(f"wrote {config.out_dir / 'ladder.json'} and its figures")
         ok = all(r["status"] == "ok" and not any(lv["failures"] for lv in r["levels"]) for r in rows)
         return 0 if ok else 1

@@ -7,6 +7,7 @@ A ladder file (YAML) names a base profile and lists rows in order, each a delta 
     base: configs/qwen3_omni_moe.yaml             # the profile every row starts from
     profile: {load_format: dummy}                 # optional, merged onto the base for every row
     bench: {concurrency: [1, 16, 32, 64], max_tokens: 40}   # optional sweep defaults
+    repeats: 5                                    # optional: rounds of every row (default 1; bench/rounds.py)
     rows:
       - name: eager                                # file names: DIR/<name>.json, DIR/logs/<name>.log
         what: the staged engine without graphs     # one line: what this row adds
@@ -23,7 +24,9 @@ other value replaces); `--overrides` is left out when that delta is empty. A fil
 Sweep settings, later wins: BenchConfig's defaults, the file's `bench:`, flags given on the
 command line, the row's `bench:`. For each row the server starts on a free loopback port, the
 sweep runs, the server stops, and DIR/<row>.json is written (also when the row failed: then
-with its reason). After the last row: DIR/ladder.json and the figures.
+with its reason). After the last row: DIR/ladder.json and the figures. With `repeats` (or
+`--repeats`) above 1 every row runs again in each further round, in the same order, and ladder.json
+gains `rounds`: each row's mean TTFP per round and its difference from the first row's.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from rich.markup import escape
 from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
 from bench.machine import git_commit, machine_info
 from bench.plots import plot_ladder
+from bench.rounds import round_dir, rounds_on_disk, summarize_rounds
 from bench.server import ServerProcess, ServerStartError
 from bench.sweep import BenchResult, measure, write_json
 
@@ -75,6 +79,7 @@ class Ladder:
     base: Path | None = None  # with it, every row is a delta over this profile
     model: str = "tiny"
     profile: dict[str, Any] = field(default_factory=dict)  # merged onto the base for every row
+    repeats: int = 1  # rounds of every row
 
     def row_profile(self, row: LadderRow) -> dict[str, Any]:
         """The row's whole delta over the base: the ladder's profile, then the row's."""
@@ -178,7 +183,7 @@ def load_ladder(path: Path) -> Ladder:
         raise BenchError(f"{path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise BenchError(f"{path}: top level must be a mapping with `rows`")
-    allowed = ("title", "model", "base", "profile", "bench", "rows")
+    allowed = ("title", "model", "base", "profile", "bench", "repeats", "rows")
     if unknown := sorted(set(raw) - set(allowed)):
         raise BenchError(f"{path}: {unknown[0]}: unknown key (expected {', '.join(allowed)})")
     base = raw.get("base")
@@ -197,9 +202,12 @@ def load_ladder(path: Path) -> Ladder:
     names = [r.name for r in rows]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise BenchError(f"{path}: rows: name {dupes[0]!r} appears more than once")
+    repeats = raw.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise BenchError(f"{path}: repeats: must be a whole number of rounds, at least 1, got {repeats!r}")
     title = raw.get("title") or Path(path).stem
     return Ladder(Path(path), str(title), sweep_overrides(raw.get("bench"), "bench"), rows,
-                  None if base is None else Path(base), model, _profile(raw.get("profile"), "profile"))
+                  None if base is None else Path(base), model, _profile(raw.get("profile"), "profile"), repeats)
 
 
 def run_row(row: LadderRow, serve_args: list[str], config: BenchConfig, out_dir: Path, startup_timeout_s: float,
@@ -241,40 +249,59 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
 
 
 def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out_dir: Path, *,
-               startup_timeout_s: float, only: list[str] | None = None,
-               console: Console | None = None) -> list[dict[str, Any]]:
-    """Run the rows (all, or those named in `only`) in order; returns their ladder.json summaries."""
+               startup_timeout_s: float, only: list[str] | None = None, repeats: int | None = None,
+               console: Console | None = None) -> list[list[dict[str, Any]]]:
+    """Run the rows (all, or those named in `only`) in order, `repeats` rounds of them (default the
+    file's); returns each round's ladder.json summaries."""
     console = console or Console(stderr=True)
     if only and (missing := sorted(set(only) - {r.name for r in ladder.rows})):
         raise BenchError(f"--rows: no row named {missing[0]!r} in {ladder.path}")
     rows = [r for r in ladder.rows if only is None or r.name in only]
+    count = repeats or ladder.repeats
     sweep = with_overrides(base, ladder.bench, cli_sweep)
     machine = machine_info(with_gpu=True)  # once, before any server holds the GPU
     commit = git_commit()
-    summaries: list[dict[str, Any]] = []
-    for i, row in enumerate(rows, 1):
-        console.rule(f"[bold]row {i}/{len(rows)}: {row.name}[/] - {escape(row.what)}")
-        config = with_overrides(sweep, row.bench)
-        outcome = run_row(row, ladder.serve_args(row), config, out_dir, startup_timeout_s, console)
-        profile = ladder.row_profile(row) if ladder.base is not None else None
-        payload = row_payload(outcome, config, machine, profile, commit)
-        write_json(payload, out_dir / f"{row.name}.json")
-        if outcome.status != "ok":
-            lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
-            tail = f"\n    {escape(lines[-1])}" if len(lines) > 1 else ""
-            console.print(f"  [red]row {row.name} failed[/]: {escape(lines[0])}{tail}")
-        summaries.append(row_summary(payload))
-    write_ladder(ladder, summaries, out_dir, command=shlex.join(base.argv), machine=machine)
-    return summaries
+    rounds: list[list[dict[str, Any]]] = []
+    for k in range(1, count + 1):
+        where = round_dir(out_dir, k)
+        summaries: list[dict[str, Any]] = []
+        for i, row in enumerate(rows, 1):
+            of_round = f", round {k}/{count}" if count > 1 else ""
+            console.rule(f"[bold]row {i}/{len(rows)}{of_round}: {row.name}[/] - {escape(row.what)}")
+            config = with_overrides(sweep, row.bench)
+            outcome = run_row(row, ladder.serve_args(row), config, where, startup_timeout_s, console)
+            profile = ladder.row_profile(row) if ladder.base is not None else None
+            payload = row_payload(outcome, config, machine, profile, commit)
+            write_json(payload, where / f"{row.name}.json")
+            if outcome.status != "ok":
+                lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
+                tail = f"\n    {escape(lines[-1])}" if len(lines) > 1 else ""
+                console.print(f"  [red]row {row.name} failed[/]: {escape(lines[0])}{tail}")
+            summaries.append(row_summary(payload))
+        rounds.append(summaries)
+    write_ladder(ladder, rounds, out_dir, command=shlex.join(base.argv), machine=machine)
+    return rounds
 
 
-def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[dict[str, Any]]:
+def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[list[dict[str, Any]]]:
     """ladder.json and the figures again from the DIR/<row>.json files there (rows measured in
-    separate runs, e.g. a few rows at a time); a row without its file is listed as missing."""
+    separate runs, e.g. a few rows at a time), and DIR/round-K/ where there are rounds; a row without
+    its file is listed as missing. Returns each round's summaries."""
+    rounds: list[list[dict[str, Any]]] = []
+    machine: dict[str, Any] | None = None
+    for k in range(1, rounds_on_disk(out_dir) + 1):
+        summaries, found = _read_rows(ladder, round_dir(out_dir, k))
+        rounds.append(summaries)
+        machine = machine or found
+    write_ladder(ladder, rounds, out_dir, command=command, machine=machine or {})
+    return rounds
+
+
+def _read_rows(ladder: Ladder, where: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     summaries: list[dict[str, Any]] = []
     machine = None
     for row in ladder.rows:
-        path = out_dir / f"{row.name}.json"
+        path = where / f"{row.name}.json"
         if not path.is_file():
             summaries.append({"name": row.name, "what": row.what, "serve_command": None, "profile": None,
                               "status": "missing",
@@ -287,12 +314,13 @@ def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[dict[str,
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BenchError(f"{path}: not a ladder row result ({type(exc).__name__}: {exc})") from exc
         machine = machine or payload.get("machine")
-    write_ladder(ladder, summaries, out_dir, command=command, machine=machine or {})
-    return summaries
+    return summaries, machine
 
 
-def write_ladder(ladder: Ladder, rows: list[dict[str, Any]], out_dir: Path, *, command: str,
+def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Path, *, command: str,
                  machine: dict[str, Any]) -> Path:
+    """ladder.json and the figures: round 1's rows, and `rounds` when there was more than one."""
+    rows = rounds[0]
     plots = plot_ladder([(r["name"], r["levels"]) for r in rows], out_dir, ladder.title)
     return write_json({
         "title": ladder.title,
@@ -303,5 +331,6 @@ def write_ladder(ladder: Ladder, rows: list[dict[str, Any]], out_dir: Path, *, c
         "git_commit": git_commit(),
         "machine": machine,
         "rows": rows,
+        "rounds": summarize_rounds(rounds) if len(rounds) > 1 else None,
         "plots": [p.name for p in plots],
     }, out_dir / "ladder.json")

@@ -104,6 +104,8 @@ def test_rows_without_a_base_give_their_whole_serve_command(tmp_path: Path) -> N
     ("base: [c.yaml]\nrows:\n  - {name: a, what: x}\n", "base: must be a profile path"),
     ("base: c.yaml\nmodel: --x\nrows:\n  - {name: a, what: x}\n", "model: must be"),
     ("rows:\n  - {name: a, what: x, serve: []}\n", r"rows\[0\].serve: must name the model"),
+    ("repeats: 0\nrows:\n  - {name: a, what: x, serve: tiny}\n", "repeats: must be a whole number"),
+    ("repeats: 2.5\nrows:\n  - {name: a, what: x, serve: tiny}\n", "repeats: must be a whole number"),
 ])
 def test_bad_ladder_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(BenchError, match=message):
@@ -150,12 +152,54 @@ rows:
                    "row": {"name": name, "what": "w", "serve_command": "s", "status": "ok", "error": None,
                            "startup_s": 1.0}}
         (tmp_path / f"{name}.json").write_text(json.dumps(payload))
-    rows = replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
+    [rows] = replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
     assert [(r["name"], r["status"]) for r in rows] == [("slow", "ok"), ("fast", "ok"), ("never", "missing")]
     data = json.loads((tmp_path / "ladder.json").read_text())
     assert data["machine"]["gpu"]["name"] == "NVIDIA H200" and data["command"].endswith("--replot")
+    assert data["rounds"] is None  # one round: nothing to pair
     assert "records" not in data["rows"][0]["levels"][0]  # the per-request records stay in <row>.json
     assert data["plots"] == ["req_per_s.png", "ttfp_mean.png", "rtf_mean.png", "ttfp_p99.png",
                              "at_max_concurrency.png"]
     for name in data["plots"]:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+
+
+def _row_file(where: Path, name: str, levels: list[dict], status: str = "ok") -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    payload = {"label": name, "created": "t", "command": "voice-gateway bench", "config": {}, "machine": {},
+               "levels": levels, "row": {"name": name, "what": "w", "serve_command": "s", "status": status,
+                                         "error": None, "startup_s": 1.0}}
+    (where / f"{name}.json").write_text(json.dumps(payload))
+
+
+def test_rounds_pair_each_row_with_the_first_row_of_the_same_round(tmp_path: Path) -> None:
+    ladder = load_ladder(_ladder(tmp_path, """
+repeats: 3
+rows:
+  - {name: ref, what: baseline, serve: tiny}
+  - {name: other, what: + a hop, serve: tiny}
+"""))
+    assert ladder.repeats == 3
+    # the machine drifts by round (0.5, 0.9, 0.6 s); the other row costs 20, 40 and 30 ms on top,
+    # and in round 3 it failed: that round pairs nothing
+    for k, (ref, other, status) in enumerate([(0.5, 0.52, "ok"), (0.9, 0.94, "ok"), (0.6, 0.63, "failed")], 1):
+        where = tmp_path if k == 1 else tmp_path / f"round-{k}"
+        _row_file(where, "ref", [_level(8, 16, 1.0, ref)])
+        _row_file(where, "other", [_level(8, 16, 1.0, other)], status)
+    rounds = replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
+    assert len(rounds) == 3
+    data = json.loads((tmp_path / "ladder.json").read_text())
+    assert [r["name"] for r in data["rows"]] == ["ref", "other"]  # round 1, as the figures show it
+    summary = data["rounds"]
+    assert (summary["count"], summary["reference"]) == (3, "ref")
+    ref, other = summary["rows"]
+    assert ref["levels"][0]["ttfp_mean_s_by_round"] == [0.5, 0.9, 0.6]
+    assert ref["levels"][0]["minus_reference_s"] is None
+    level = other["levels"][0]
+    assert (level["prompt_words"], level["concurrency"]) == (16, 8)
+    assert level["ttfp_mean_s_by_round"] == [0.52, 0.94, None]
+    diff = level["minus_reference_s"]
+    assert diff["n"] == 2
+    assert diff["mean"] == pytest.approx(0.03) and (diff["min"], diff["max"]) == pytest.approx((0.02, 0.04))
+    assert diff["stderr"] == pytest.approx(0.01)  # stdev 0.0141 over sqrt(2)
+    assert level["ttfp_mean_s"]["mean"] == pytest.approx(0.73)  # the drift the pairing takes out

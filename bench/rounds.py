@@ -1,0 +1,82 @@
+"""Rounds of a ladder: every row measured again, round after round, and what the rounds say together.
+
+On a shared machine one run of a row can differ from the next by more than the rows differ from each
+other. Rows run in turn within each round, so drift falls on every row alike, and each row's mean TTFP
+is paired with the first row's of the same round: the spread of those differences, not of the rows'
+own figures, is what a claim about a row's cost rests on.
+
+Round 1 writes DIR/<row>.json (what the figures show); round K > 1 writes DIR/round-K/<row>.json.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+def round_dir(out_dir: Path, k: int) -> Path:
+    """Where round `k` (from 1) writes its rows' JSONs and logs."""
+    return out_dir if k == 1 else out_dir / f"round-{k}"
+
+
+def rounds_on_disk(out_dir: Path) -> int:
+    """How many rounds DIR holds: round 1 and each round-K after it, up to the first one missing."""
+    k = 1
+    while round_dir(out_dir, k + 1).is_dir():
+        k += 1
+    return k
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Values of one figure over the rounds; stdev and stderr need two of them."""
+
+    n: int
+    mean: float
+    stdev: float | None
+    stderr: float | None  # of the mean: a 20 ms claim needs this well under 20 ms
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread | None:
+        if not values:
+            return None
+        stdev = statistics.stdev(values) if len(values) > 1 else None
+        return cls(len(values), statistics.fmean(values), stdev,
+                   None if stdev is None else stdev / math.sqrt(len(values)), min(values), max(values))
+
+
+def _ttfp_by_level(row: dict[str, Any]) -> dict[tuple[int, int], float]:
+    if row.get("status") != "ok":
+        return {}
+    return {(lv["prompt_words"], lv["concurrency"]): lv["ttfp_s"]["mean"]
+            for lv in row["levels"] if lv["ttfp_s"]["mean"] is not None}
+
+
+def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """ladder.json's `rounds`: `rounds[k]` is round k+1's row summaries, in the ladder's order.
+
+    For each row and level: its mean TTFP in each round (None where that round's row failed), their
+    spread, and the spread of its difference from the first row's in the same round."""
+    names = [row["name"] for row in rounds[0]]
+    reference = names[0]
+    by_round = [{row["name"]: _ttfp_by_level(row) for row in rnd} for rnd in rounds]
+    rows = []
+    for name in names:
+        levels = sorted({key for rnd in by_round for key in rnd.get(name, {})})
+        out = []
+        for key in levels:
+            ttfp = [rnd.get(name, {}).get(key) for rnd in by_round]
+            ref = [rnd.get(reference, {}).get(key) for rnd in by_round]
+            diffs = [t - r for t, r in zip(ttfp, ref) if t is not None and r is not None]
+            own = Spread.of([t for t in ttfp if t is not None])
+            diff = Spread.of(diffs) if name != reference else None
+            out.append({"prompt_words": key[0], "concurrency": key[1], "ttfp_mean_s_by_round": ttfp,
+                        "ttfp_mean_s": None if own is None else asdict(own),
+                        "minus_reference_s": None if diff is None else asdict(diff)})
+        rows.append({"name": name, "levels": out})
+    return {"count": len(rounds), "reference": reference, "rows": rows}
