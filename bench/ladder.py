@@ -47,7 +47,7 @@ from rich.markup import escape
 
 from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
 from bench.machine import git_commit, machine_info
-from bench.plots import plot_ladder
+from bench.plots import plot_ladder, plot_rounds
 from bench.rounds import round_dir, rounds_on_disk, summarize_rounds
 from bench.server import ServerProcess, ServerStartError
 from bench.sweep import BenchResult, measure, write_json
@@ -55,7 +55,7 @@ from bench.sweep import BenchResult, measure, write_json
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_RESERVED = {"ladder", "logs", *("req_per_s", "ttfp_mean", "rtf_mean", "ttfp_p99", "at_max_concurrency")}
+_RESERVED = {"ladder", "logs", *("req_per_s", "ttfp_mean", "rtf_mean", "ttfp_p99", "at_max_concurrency", "rounds")}
 _SET_BY_LADDER = ("--host", "--port")
 _SET_BY_BASE = ("--deploy-config", "--overrides")
 
@@ -322,6 +322,9 @@ def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Pa
     """ladder.json and the figures: round 1's rows, and `rounds` when there was more than one."""
     rows = rounds[0]
     plots = plot_ladder([(r["name"], r["levels"]) for r in rows], out_dir, ladder.title)
+    summary = summarize_rounds(rounds) if len(rounds) > 1 else None
+    if summary is not None:
+        plots.append(plot_rounds(summary, out_dir / "rounds.png", ladder.title))
     return write_json({
         "title": ladder.title,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -331,6 +334,6 @@ def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Pa
         "git_commit": git_commit(),
         "machine": machine,
         "rows": rows,
-        "rounds": summarize_rounds(rounds) if len(rounds) > 1 else None,
+        "rounds": summary,
         "plots": [p.name for p in plots],
     }, out_dir / "ladder.json")

@@ -203,3 +203,4 @@ rows:
     assert diff["mean"] == pytest.approx(0.03) and (diff["min"], diff["max"]) == pytest.approx((0.02, 0.04))
     assert diff["stderr"] == pytest.approx(0.01)  # stdev 0.0141 over sqrt(2)
     assert level["ttfp_mean_s"]["mean"] == pytest.approx(0.73)  # the drift the pairing takes out
+    assert data["plots"][-1] == "rounds.png" and (tmp_path / "rounds.png").read_bytes().startswith(PNG_MAGIC)
