@@ -294,7 +294,9 @@ def print_rounds_summary(rounds: dict[str, Any], console: Console) -> None:
     table = Table(title=f"ladder: {rounds['count']} rounds, each row against {rounds['reference']} in the same round")
     for col in ("row", "P", "C", "rounds", "TTFP mean", "stdev", f"minus {rounds['reference']}", "stderr", "min .. max"):
         table.add_column(col, justify="left" if col == "row" else "right")
-    ms = lambda v: "-" if v is None else f"{v * 1000:+.0f} ms"  # noqa: E731
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:+.0f} ms"
+
     for row in rounds["rows"]:
         for lv in row["levels"]:
             own, diff = lv["ttfp_mean_s"], lv["minus_reference_s"]

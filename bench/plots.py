@@ -27,6 +27,11 @@ def _marker(run: int) -> str:
 
 
 def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
+    fig, grid = _grid(width, height, 1, ncols)
+    return fig, grid[0]
+
+
+def _grid(width: float, height: float, nrows: int, ncols: int) -> tuple[Any, Any]:
     # Figure + FigureCanvasAgg, imported lazily: no pyplot, so no global backend state, and the
     # CLI does not pay matplotlib's import cost unless it plots.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -34,7 +39,7 @@ def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
 
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
 def _save(fig: Any, out_png: Path) -> Path:
@@ -181,12 +186,7 @@ def plot_rounds(rounds: dict[str, Any], out_png: Path, title: str) -> Path:
     """ladder.json's `rounds`: left, each row's mean TTFP by round (the machine's drift shows as every row
     moving together); right, each row minus the reference row in the same round, with its mean."""
     levels = sorted({(lv["prompt_words"], lv["concurrency"]) for row in rounds["rows"] for lv in row["levels"]})
-    fig, axes = _figure(11, 3.6 * len(levels), 2)
-    if len(levels) > 1:
-        fig.clear()
-        axes = fig.subplots(len(levels), 2, squeeze=False)
-    else:
-        axes = [axes]
+    fig, axes = _grid(11, 3.6 * max(len(levels), 1), max(len(levels), 1), 2)  # every row may have failed
     x = np.arange(1, rounds["count"] + 1)
     for (prompt, conc), (left, right) in zip(levels, axes):
         for i, row in enumerate(rounds["rows"]):
