@@ -208,6 +208,9 @@ class TalkerStage(Stage):
     def _take_code0(self, seqs: list[TalkerSeq], logits: torch.Tensor, hidden: torch.Tensor) -> None:
         slots = torch.tensor([s.slot for s in seqs]).to(logits.device, non_blocking=True)
         logits = self.runner.mask_logits(logits, allow_eos=not self.cfg.ignore_eos)
+        if silent := [i for i, s in enumerate(seqs) if s.frames == 0]:
+            # codec EOS before the first frame would end a reply with text and no speech at all
+            logits[silent, self.runner.codec_eos_id] = float("-inf")
         logits = self.runner.penalise_repeats(logits, slots, self.cfg.sampling.repetition_penalty)
         tokens = sample(logits, [s.sampling for s in seqs])
         self.runner.remember_codes(slots, tokens)

@@ -73,3 +73,33 @@ def test_repetition_history_on_the_device_follows_each_slots_reply(tiny_checkpoi
             for history, code in zip(histories.values(), codes.tolist()):
                 history.append(code)
         assert runner.seen_codes[1].sum() == 0  # a slot no reply held
+
+
+def test_a_reply_does_not_end_before_its_first_frame(tiny_checkpoint: Path) -> None:
+    """Codec EOS is the likeliest code: a reply with no frame yet takes the next best, one with frames ends."""
+    from engine.handoff import Inbox
+    from engine.metrics import EngineMetrics
+    from engine.profile import TalkerConfig
+    from engine.runners.sampler import RowSampling
+    from engine.stages.talker import TalkerSeq, TalkerStage
+
+    loaded = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
+    gen = torch.Generator().manual_seed(6)
+    sent: list = []
+    with torch.inference_mode():
+        runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, 64, generator=gen), max_batch=4, max_len=64)
+        stage = TalkerStage(runner, TalkerConfig(), Inbox(), sent.append, None, lambda _: None, EngineMetrics())
+        greedy = RowSampling(0.0, 1.0, 0, seed=0)
+        seqs = [TalkerSeq(prompt=None, sampling=greedy, code_sampling=greedy,  # type: ignore[arg-type]
+                          slot=runner.kv.allocate(), frames=frames) for frames in (0, 3)]
+        for seq, rid in zip(seqs, ("new", "speaking")):
+            seq.prompt = type("P", (), {"request_id": rid})()  # type: ignore[assignment]
+            stage.running[rid] = seq
+        vocab = runner.seen_codes.shape[1]
+        logits = torch.zeros(2, vocab)
+        logits[:, runner.codec_eos_id] = 10.0
+        logits[:, 7] = 5.0
+        stage._take_code0(seqs, logits, torch.zeros(2, 64))
+    assert int(seqs[0].code0) == 7  # the new reply speaks
+    assert stage._finished == ["speaking"] and "speaking" not in stage.running
+    assert [frames.is_final for frames in sent] == [True]  # only the reply with frames ended
