@@ -197,10 +197,7 @@ def plot_rounds(rounds: dict[str, Any], out_png: Path, title: str) -> Path:
             color = f"C{i % 10}"  # a row has one colour in both panels
             left.plot(x, ttfp, marker=_marker(i), linestyle=_STYLES[i % len(_STYLES)], color=color, label=row["name"])
             if (diff := lv["minus_reference_s"]) is not None:
-                ref = next(r for r in rounds["rows"] if r["name"] == rounds["reference"])
-                ref_lv = next(v for v in ref["levels"] if (v["prompt_words"], v["concurrency"]) == (prompt, conc))
-                ms = [np.nan if a is None or b is None else (a - b) * 1000
-                      for a, b in zip(lv["ttfp_mean_s_by_round"], ref_lv["ttfp_mean_s_by_round"])]
+                ms = [np.nan if d is None else d * 1000 for d in lv["minus_reference_s_by_round"]]
                 right.plot(x, ms, marker=_marker(i), linestyle="none", color=color, label=row["name"])
                 err = 0.0 if diff["stderr"] is None else diff["stderr"] * 1000
                 right.axhline(diff["mean"] * 1000, linestyle=_STYLES[i % len(_STYLES)], color=color,

@@ -72,10 +72,11 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
         for key in levels:
             ttfp = [rnd.get(name, {}).get(key) for rnd in by_round]
             ref = [rnd.get(reference, {}).get(key) for rnd in by_round]
-            diffs = [t - r for t, r in zip(ttfp, ref) if t is not None and r is not None]
+            paired = [None if t is None or r is None else t - r for t, r in zip(ttfp, ref)]
             own = Spread.of([t for t in ttfp if t is not None])
-            diff = Spread.of(diffs) if name != reference else None
+            diff = Spread.of([d for d in paired if d is not None]) if name != reference else None
             out.append({"prompt_words": key[0], "concurrency": key[1], "ttfp_mean_s_by_round": ttfp,
+                        "minus_reference_s_by_round": paired if name != reference else None,
                         "ttfp_mean_s": None if own is None else asdict(own),
                         "minus_reference_s": None if diff is None else asdict(diff)})
         rows.append({"name": name, "levels": out})
