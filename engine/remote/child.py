@@ -18,35 +18,28 @@ state or a heartbeat, and so does a host's pipe: that is how a supervisor tells 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import multiprocessing
 import signal
-import threading
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from prometheus_client import generate_latest
-
-from engine.api import EngineError, Failed, Finished, OutputEvent
-from engine.core import EngineCore
 from engine.remote.messages import (
     STATE_PERIOD_S,
     Address,
     Cancel,
     Closed,
     EngineSpec,
-    Events,
     Heartbeat,
     Ready,
     StartFailed,
-    State,
     Stop,
     Stopped,
     Submit,
 )
 from engine.remote.pipe import read_into, send
+from engine.remote.service import CoreService
 from engine.weights.source import ModelSource
 
 log = logging.getLogger(__name__)
@@ -76,20 +69,15 @@ def _child_main(conn: Connection, spec: EngineSpec, log_level: int, listen: Addr
 
 
 class _ChildServer:
-    """Runs the core and answers its clients: the owner alone, or (with `listen`) every server process
-    that connects to the socket, the owner then only starting and stopping it."""
+    """Runs the core and its service (engine/remote/service.py): to the owner alone, or (with `listen`) to
+    every server process that connects to the socket, the owner then only starting and stopping it."""
 
     def __init__(self, owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
         self.owner = owner
         self.spec = spec
         self.listen = listen
-        self.core: EngineCore | None = None
-        self.clients: list[Connection] = [] if listen else [owner]  # those that submit and hear events
-        self.routes: dict[str, Connection] = {}  # request id -> the client that submitted it
-        self.outbox: dict[Connection, list[OutputEvent]] = {}
-        self.flush_scheduled = False
+        self.service: CoreService | None = None
         self.done: asyncio.Future[None] | None = None
-        self.last_state: State | None = None
 
     async def run(self) -> None:
         from engine.local import load_core  # the child alone loads the stages
@@ -97,111 +85,37 @@ class _ChildServer:
         loop = asyncio.get_running_loop()
         try:
             source = ModelSource.open(self.spec.model, self.spec.profile.load_format, self.spec.cache_dir)
-            self.core = load_core(source, self.spec.profile)
-            await self.core.start()
+            core = load_core(source, self.spec.profile)
+            await core.start()
         except Exception as e:
             log.exception("engine failed to start")
             send(self.owner, StartFailed(f"{type(e).__name__}: {e}"))
             return
-        core = self.core
+        self.service = service = CoreService(core, self.spec, loop)
         self.done = loop.create_future()
         listener = None
         if self.listen is not None:  # listening before Ready: the owner lets server processes attach on it
-            listener = Listener(self.listen[0], authkey=self.listen[1])
-            threading.Thread(target=self._accept, args=(listener, loop), name="engine-accept", daemon=True).start()
+            listener = service.listen(*self.listen)
         send(self.owner, Ready(self.spec))
-        read_into(self.owner, loop, functools.partial(self._on_messages, self.owner))
+        if self.listen is None:
+            service.clients[self.owner] = 0  # it submits and hears events; its messages come through here
+        read_into(self.owner, loop, self._on_owner)
         while not self.done.done():
-            # every turn each client hears something, and a host's pipe too: their supervisors take silence
-            # for a stall (engine/remote/messages.py)
-            state = State(core.stage_load(), generate_latest(core.registry).decode())
-            news = state if state != self.last_state else Heartbeat()
-            for client in list(self.clients):
-                send(client, news)
-            if self.listen is not None:
+            service.beat()
+            if self.listen is not None:  # a host's pipe hears from it too: its supervisor takes silence for a stall
                 send(self.owner, Heartbeat())
-            self.last_state = state
             await asyncio.wait([self.done], timeout=STATE_PERIOD_S)
+        service.close()
         if listener is not None:
             listener.close()
         await core.stop()  # ends every open request with Failed
-        self._flush()
+        service.flush()
         send(self.owner, Stopped())
 
-    def _accept(self, listener: Listener, loop: asyncio.AbstractEventLoop) -> None:
-        """Socket -> a new client: it gets the engine's description, then joins at the loop's next turn."""
-        while True:
-            try:
-                conn = listener.accept()
-                conn.send(Ready(self.spec))
-            except (OSError, EOFError, multiprocessing.AuthenticationError):
-                if self.done is not None and self.done.done():
-                    return  # the listener was closed
-                continue
-            try:
-                loop.call_soon_threadsafe(self._join, conn, loop)
-            except RuntimeError:
-                return
-
-    def _join(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
-        self.clients.append(conn)
-        if self.last_state is not None:
-            send(conn, self.last_state)
-        read_into(conn, loop, functools.partial(self._on_messages, conn))
-
-    def _on_messages(self, conn: Connection, batch: list[Any]) -> None:
-        assert self.core is not None
-        for message in batch:
-            match message:
-                case Submit(request):
-                    self._begin(conn, request)
-                case Cancel(request_id):
-                    self.core.abort(request_id)
-                case Stop():
-                    self._stop()
-                case Closed():
-                    self._leave(conn)
-
-    def _begin(self, conn: Connection, request: Any) -> None:
-        assert self.core is not None
-        rid = request.request_id
-        self.routes[rid] = conn
-        try:
-            self.core.begin(request, functools.partial(self._queue, rid))
-        except Exception as e:  # noqa: BLE001 - the server admitted it already: its stream must still end
-            log.exception("request %s: the engine refused what the server admitted", rid)
-            self._queue(rid, Failed(rid, str(e) if isinstance(e, EngineError) else f"internal error: {type(e).__name__}: {e}"))
-
-    def _leave(self, conn: Connection) -> None:
-        """A vanished owner stops the engine; a vanished server process only loses its requests."""
-        if conn is self.owner:
-            self._stop()
-            return
-        if conn in self.clients:
-            self.clients.remove(conn)
-            assert self.core is not None
-            for rid in [rid for rid, owner in self.routes.items() if owner is conn]:
-                self.core.abort(rid)
-            conn.close()
-
-    def _stop(self) -> None:
-        if self.done is not None and not self.done.done():
+    def _on_owner(self, batch: list[Any]) -> None:
+        """A Stop, or the owner gone (the parent died), stops the engine."""
+        assert self.service is not None and self.done is not None
+        if self.listen is None:
+            self.service.on_messages(self.owner, [m for m in batch if isinstance(m, (Submit, Cancel))])
+        if any(isinstance(m, (Stop, Closed)) for m in batch) and not self.done.done():
             self.done.set_result(None)
-
-    def _queue(self, request_id: str, event: OutputEvent) -> None:
-        conn = self.routes.get(request_id)
-        if isinstance(event, (Finished, Failed)):
-            self.routes.pop(request_id, None)
-        if conn is None or conn not in self.clients:
-            return  # its server process left
-        self.outbox.setdefault(conn, []).append(event)
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        outbox, self.outbox = self.outbox, {}
-        for conn, events in outbox.items():
-            if not send(conn, Events(tuple(events))) and conn is self.owner:
-                self._stop()

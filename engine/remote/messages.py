@@ -1,10 +1,11 @@
-"""What crosses between a server process and the engine's process: frozen messages, pickled on a pipe.
+"""What crosses between a server process and the engine's process (a child of its own, or a replica
+actor on Ray): frozen messages, pickled on a pipe or a socket.
 
 Server -> engine: `Submit` (an admitted request), `Cancel`, `Stop`. Engine -> server: `Ready` or
 `StartFailed` once, then `Events` batched per loop turn, every `STATE_PERIOD_S` its `State` when that
 changed or else a `Heartbeat`, and `Stopped`. So a serving engine is never silent for long: its
-supervisor (engine/remote/client.py, host.py) takes silence as a stall. `Closed` is never sent: a
-reader hands it over when the other side is gone.
+supervisor (engine/remote/client.py, host.py, engine/replicas/replica.py) takes silence as a stall.
+`Closed` is never sent: a reader hands it over when the other side is gone.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Events:
 class State:
     stage_load: dict[str, int]
     metrics_text: str  # the engine's Prometheus families, as text
+    open_requests: int = 0  # every connection's: a router weighs the engine's whole load
+    received: int = 0  # the submits it has had from the connection told: what it has not seen yet is in flight
 
 
 @dataclass(frozen=True, slots=True)

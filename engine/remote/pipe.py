@@ -2,6 +2,11 @@
 
 The reader blocks on the pipe without the GIL and hands whatever it finds to its loop in one
 call, so a burst of messages costs the loop one wake-up.
+
+Between a server process and an engine child it started (both children of one parent, sharing its
+key), multiprocessing pickles a tensor as a file descriptor of shared memory. A process that Ray
+started, on this host or another, cannot take those: a `portable` connection carries every byte
+in-band.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import socket
 import threading
 from collections.abc import Callable
@@ -35,6 +41,9 @@ def _read(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[l
                 batch.append(conn.recv())
         except (EOFError, OSError, TypeError):  # TypeError: this side closed it under us (a detach)
             batch.append(Closed())
+        except Exception:  # a message that cannot be read: nothing after it can be trusted
+            log.exception("engine pipe: a message could not be read; dropping the connection")
+            batch.append(Closed())
         try:
             loop.call_soon_threadsafe(handle, batch)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -60,3 +69,19 @@ def cut(conn: Connection) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:  # already closed, or already shut down
         pass
+
+
+class _PortableConnection(Connection):
+    def send(self, obj: Any) -> None:
+        self.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def recv(self) -> Any:
+        return pickle.loads(self.recv_bytes())
+
+
+def portable(conn: Connection) -> Connection:
+    """The same connection, its messages pickled in-band (the one given is closed)."""
+    try:
+        return _PortableConnection(os.dup(conn.fileno()))
+    finally:
+        conn.close()

@@ -1,27 +1,29 @@
-"""The server's side of one engine replica (engine/replicas/actor.py): an `EngineCore` that proxies to a
-Ray actor, and tells whether it serves.
+"""The server's side of one engine replica (engine/replicas/actor.py): an `EngineCore` that proxies to it
+over its channel, and tells whether it serves.
 
-This process holds one stream from the actor (`attach`) and submits its requests on it; their
-events come back on it in batches, each to its request's sink, in order. Every `STATE_PERIOD_S` the
-replica is polled for its load (the requests it runs for every server process, and per stage),
-metrics and health, one poll at a time. Between polls its load is what the last one said plus what
-this process began on it since, less what of that ended.
+Ray says where the replica's channel is (`ready`); this process connects to it, submits and cancels
+its requests on it, and hears their events, batched, and every `STATE_PERIOD_S` the replica's state:
+its load (the requests it runs for every server process, and per stage) and its metrics. Between two
+states its load is what the last one said, plus what this process sent that the replica had not yet
+seen, less what of either ended since.
 
-When the actor dies, Ray says so on the poll and on every call under way: the replica is lost, each
-open request ends with `Failed(code=UNAVAILABLE)` and `health()` says down, so the router sends new
-work elsewhere. Ray starts the actor again (it is created with `max_restarts=-1`); when a poll is
-answered again the replica serves again. One silent past `stall_timeout_s` is lost too, and killed so
-that Ray starts another. Stopping ends this process's requests only: the actor belongs to the process
-that launched it (engine/replicas/cluster.py).
+When the actor dies its channel closes: the replica is lost, each open request ends with
+`Failed(code=UNAVAILABLE)` and `health()` says down, so the router sends new work elsewhere. Ray starts
+the actor again (it is created with `max_restarts=-1`); once it answers `ready` this process connects
+again and the replica serves again. One silent past `stall_timeout_s` (a wedged process, a host gone
+without a word) is lost too, and killed so that Ray starts another. Stopping ends this process's
+requests only (the replica aborts what a connection that leaves had open): the actor belongs to the
+process that launched it (engine/replicas/cluster.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
-import secrets
 import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
 from typing import Any
 
 import ray
@@ -31,90 +33,82 @@ from engine.api import UNAVAILABLE, EngineError, EngineHealth, Failed, Finished,
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
 from engine.remote.child import START_TIMEOUT_S
-from engine.remote.messages import STATE_PERIOD_S
-from engine.replicas.actor import ReplicaState
+from engine.remote.messages import STATE_PERIOD_S, Cancel, Closed, Events, Ready, State, Submit
+from engine.remote.pipe import cut, portable, read_into, send
+from engine.replicas.actor import ReplicaChannel
 
 log = logging.getLogger(__name__)
 
-LATE_S = 4 * STATE_PERIOD_S  # unanswered past four polls: `degraded`, not yet a stall
+LATE_S = 4 * STATE_PERIOD_S  # silent past four beats: `degraded`, not yet a stall
 
 
 class ReplicaCore:
-    """Owns the handle to one replica actor, this process's stream from it, the requests this process runs
-    on it (their sinks, and how many it began and saw end), what its last poll said, and whether it serves."""
+    """Owns the handle to one replica actor, this process's connection to it, the requests this process
+    runs on it (their sinks, and how many it sent and saw end), what its last state said, and whether
+    it serves."""
 
     def __init__(self, name: str, actor: Any, stall_timeout_s: float) -> None:
         self.name = name
         self._actor = actor
         self._stall_timeout_s = stall_timeout_s
-        self._client = f"{os.getpid()}-{secrets.token_hex(4)}"  # this process, to the actor
         self._open: dict[str, Sink] = {}
-        self._stream: Any = None  # the attach call's generator; a new one after each loss
-        self._relay_task: asyncio.Task[None] | None = None
+        self._conn: Connection | None = None  # a new one after each loss
         self._serving = False
         self._stopping = False
         self._down = "not started"
         self._heard_at = 0.0
         self.restarts = 0  # times it served again after it was lost
-        self.stage_load_now: dict[str, int] = {}
-        self.health_now = EngineHealth("down", "not started")
-        self.metrics_text = ""  # its engine families, as its last poll gave them
+        self.metrics_text = ""  # its engine families, as its last state gave them
         self.pid: int | None = None
-        self._begun = self._ended = 0
-        self._reported_open = 0
-        self._counted_at_ask = (0, 0)  # (begun, ended) when the poll that answered last was asked
-        self._poller: asyncio.Task[None] | None = None
+        self._stage_load: dict[str, int] = {}
+        self._sent = self._ended = 0  # on this connection
+        self._reported_open = self._received = self._ended_at_state = 0
+        self._supervisor: asyncio.Task[None] | None = None
 
     @property
     def serving(self) -> bool:
-        return self._serving and self.health_now.status != "down"
+        return self._serving
 
     @property
     def load(self) -> int:
         """Requests the replica runs, for every server process, as far as this one knows."""
-        begun_then, ended_then = self._counted_at_ask
-        return max(0, self._reported_open + (self._begun - begun_then) - (self._ended - ended_then))
+        unseen = self._sent - self._received
+        return max(0, self._reported_open + unseen - (self._ended - self._ended_at_state))
 
     async def start(self) -> None:
         try:
-            self.pid = await asyncio.wait_for(self._actor.ready.remote(), START_TIMEOUT_S)
-            await asyncio.wait_for(self._attach(), START_TIMEOUT_S)
-            state = await asyncio.wait_for(self._ask(), START_TIMEOUT_S)
+            await self._connect()
         except (RayError, TimeoutError) as e:
             raise EngineError(f"engine replica {self.name} did not start: {type(e).__name__}: {e}") from e
-        self._heard(state)
-        self._serving = True
-        self._poller = asyncio.get_running_loop().create_task(self._poll(), name=f"replica-{self.name}")
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name=f"replica-{self.name}")
         log.info("engine replica %s ready (process %s)", self.name, self.pid)
 
     async def stop(self) -> None:
         """This process's requests end (aborted on the replica, Failed here); the replica runs on."""
         self._stopping = True
-        if self._poller is not None:
-            self._poller.cancel()
-        if self._serving:
-            for rid in self._open:
-                self._actor.abort.remote(rid)
+        if self._supervisor is not None:
+            self._supervisor.cancel()
         self._serving = False
         self._end_all("server shutting down")
-        self._detach()
+        self._drop()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id
-        if not self.serving:
+        if not self._serving or self._conn is None:
             raise self.health().refusal()
         if rid in self._open:
             raise EngineError(f"request id {rid} is already in use")
-        self._actor.submit.remote(self._client, request)
-        self._begun += 1
         self._open[rid] = sink
+        self._sent += 1
+        if not send(self._conn, Submit(request)):  # the reader's Closed ends it with the others
+            log.error("engine replica %s: its channel is closed", self.name)
 
     def abort(self, request_id: str) -> None:
-        if request_id in self._open:
-            self._actor.abort.remote(request_id)  # the actor answers with the request's Failed("aborted")
+        if request_id in self._open and self._conn is not None:
+            send(self._conn, Cancel(request_id))  # the replica answers with the request's Failed("aborted")
 
     def stage_load(self) -> dict[str, int]:
-        return dict(self.stage_load_now) if self.serving else {}
+        return dict(self._stage_load) if self._serving else {}
 
     def health(self) -> EngineHealth:
         if not self._serving:
@@ -123,46 +117,44 @@ class ReplicaCore:
         if silent_s > LATE_S:
             return EngineHealth("degraded", f"no word from engine replica {self.name} for {silent_s:.1f} s",
                                 self.restarts)
-        return EngineHealth(self.health_now.status, self.health_now.detail, self.restarts,
-                            self.health_now.retry_after_s)
+        return EngineHealth("ok", restarts=self.restarts)
 
-    async def _attach(self) -> None:
-        """Open this process's stream; once the actor's first (empty) batch says it may, submit on it."""
-        stream = self._actor.attach.remote(self._client)
-        await (await stream.__anext__())
-        self._stream = stream
-        self._relay_task = asyncio.get_running_loop().create_task(self._relay(stream), name=f"replica-{self.name}-events")
-
-    async def _attached_again(self) -> bool:
-        """Back after a loss: a stream of its own before the replica serves again (False: not yet)."""
+    async def _connect(self) -> None:
+        """Ask Ray where the replica's channel is (once it serves) and connect; EngineError if it cannot be
+        reached."""
+        channel: ReplicaChannel = await asyncio.wait_for(self._actor.ready.remote(), START_TIMEOUT_S)
         try:
-            await self._attach()
-        except RayError:
-            return False
-        return True
+            conn = await asyncio.wait_for(asyncio.to_thread(_dial, channel), START_TIMEOUT_S)
+        except (OSError, EOFError, AuthenticationError, TimeoutError) as e:
+            host, port = channel.address
+            raise EngineError(f"cannot reach engine replica {self.name} at {host}:{port}: {type(e).__name__}: {e}") from e
+        self.pid, self._conn = channel.pid, conn
+        self._sent = self._ended = self._reported_open = self._received = self._ended_at_state = 0
+        self._heard_at = time.monotonic()
+        self._serving = True
+        read_into(conn, asyncio.get_running_loop(), functools.partial(self._on_messages, conn))
 
-    def _detach(self) -> None:
-        stream, self._stream = self._stream, None
-        if self._relay_task is not None and self._relay_task is not asyncio.current_task():
-            self._relay_task.cancel()
-        if stream is not None:
-            try:
-                ray.cancel(stream)  # the actor aborts what this process still had open there
-            except (RayError, ValueError, TypeError):
-                pass
+    def _drop(self) -> None:
+        """Let go of the connection: the replica aborts what this process had open on it, and the reader ends."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            cut(conn)
 
-    async def _relay(self, stream: Any) -> None:
-        """The actor's batches of events -> each request's sink; a stream that fails or ends loses the replica."""
-        try:
-            async for ref in stream:
-                batch: tuple[OutputEvent, ...] = await ref
-                for event in batch:
-                    self._deliver(event)
-            what = f"engine replica {self.name} closed its stream"
-        except RayError as e:
-            what = f"engine replica {self.name} was lost ({type(e).__name__})"
-        if stream is self._stream:  # not one a loss already replaced
-            self._lose(what)
+    def _on_messages(self, conn: Connection, batch: list[Any]) -> None:
+        if conn is not self._conn:
+            return  # a lost connection's last words
+        self._heard_at = time.monotonic()
+        for message in batch:
+            match message:
+                case Events(events):
+                    for event in events:
+                        self._deliver(event)
+                case State():
+                    self._stage_load, self.metrics_text = message.stage_load, message.metrics_text
+                    self._reported_open, self._received = message.open_requests, message.received
+                    self._ended_at_state = self._ended
+                case Closed():
+                    self._lose(f"engine replica {self.name} was lost (its channel closed)")
 
     def _deliver(self, event: OutputEvent) -> None:
         sink = self._open.get(event.request_id)
@@ -173,58 +165,49 @@ class ReplicaCore:
             self._ended += 1
         sink(event)
 
-    async def _poll(self) -> None:
-        """One poll at a time: a replica that is restarting answers only once it serves again."""
-        pending: asyncio.Future[tuple[ReplicaState, tuple[int, int]]] | None = None
+    async def _supervise(self) -> None:
+        """While it serves, watch it for a stall (a loss comes from the reader); once it is lost, connect
+        again as soon as Ray says it serves."""
         while not self._stopping:
-            if pending is None:
-                pending = asyncio.ensure_future(self._ask())
-            done, _ = await asyncio.wait([pending], timeout=STATE_PERIOD_S)
-            if done:
-                try:
-                    state = pending.result()
-                except RayError as e:
-                    self._lose(f"engine replica {self.name} was lost ({type(e).__name__})")
-                    await asyncio.sleep(STATE_PERIOD_S)
-                except Exception:
-                    log.exception("engine replica %s: poll failed", self.name)
-                    await asyncio.sleep(STATE_PERIOD_S)
-                else:
-                    if self._serving or self._stopping or await self._attached_again():
-                        self._heard(state)
-                    await asyncio.sleep(STATE_PERIOD_S)
-                pending = None
-            elif self._serving and (silent_s := time.monotonic() - self._heard_at) > self._stall_timeout_s:
-                self._lose(f"engine replica {self.name} stalled: no word from it for {silent_s:.1f} s")
-                ray.kill(self._actor, no_restart=False)  # Ray starts another
-
-    async def _ask(self) -> tuple[ReplicaState, tuple[int, int]]:
-        counted = (self._begun, self._ended)
-        state: ReplicaState = await self._actor.state.remote()
-        return state, counted
-
-    def _heard(self, answer: tuple[ReplicaState, tuple[int, int]]) -> None:
-        state, self._counted_at_ask = answer
-        self._heard_at = time.monotonic()
-        self._reported_open = state.open_requests
-        self.stage_load_now, self.metrics_text, self.health_now = state.stage_load, state.metrics_text, state.health
-        if not self._serving and not self._stopping and self._poller is not None:  # back after a loss
-            self._serving = True
+            await asyncio.sleep(STATE_PERIOD_S)
+            if self._serving:
+                if (silent_s := time.monotonic() - self._heard_at) > self._stall_timeout_s:
+                    self._lose(f"engine replica {self.name} stalled: no word from it for {silent_s:.1f} s")
+                    ray.kill(self._actor, no_restart=False)  # Ray starts another
+                continue
+            try:
+                await self._connect()
+            except (RayError, EngineError, TimeoutError) as e:  # not back yet
+                log.debug("engine replica %s: not serving yet: %s", self.name, e)
+                continue
+            if self._stopping:
+                self._drop()
+                return
             self.restarts += 1
-            log.warning("engine replica %s serves again (%d restarts)", self.name, self.restarts)
+            log.warning("engine replica %s serves again (process %s, %d restarts)", self.name, self.pid, self.restarts)
 
     def _lose(self, what: str) -> None:
         if not self._serving or self._stopping:
             return
         self._serving = False
         self._down = f"{what}; Ray is starting it again"
-        self.stage_load_now, self.metrics_text, self._reported_open = {}, "", 0
+        self._stage_load, self.metrics_text = {}, ""
         log.error("%s: %d open requests fail", what, len(self._open))
         self._end_all(what, UNAVAILABLE, STATE_PERIOD_S * 4)
-        self._detach()
+        self._drop()
 
     def _end_all(self, reason: str, code: str | None = None, retry_after_s: float | None = None) -> None:
         opened, self._open = self._open, {}
         self._ended += len(opened)
         for rid, sink in opened.items():
             sink(Failed(rid, reason, code, retry_after_s))
+
+
+def _dial(channel: ReplicaChannel) -> Connection:
+    """Connect, and read the replica's `Ready`."""
+    conn = portable(Client(channel.address, authkey=channel.authkey))
+    first = conn.recv()
+    if not isinstance(first, Ready):
+        conn.close()
+        raise EOFError(f"the replica said {type(first).__name__} first, not Ready")
+    return conn

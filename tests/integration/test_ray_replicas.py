@@ -6,7 +6,6 @@ it again and it serves again). Ray is started here (`address: local`) and stoppe
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import time
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine import (
     UNAVAILABLE,
@@ -104,32 +104,46 @@ async def test_a_conversation_sticks_to_the_replica_that_keeps_its_prefix(engine
 
 
 async def test_a_server_process_that_leaves_has_its_requests_aborted(engine: Engine) -> None:
-    """A server process holds one stream from each replica and submits on it. When it goes away the
-    replica aborts what it still had open; an abort that overtakes its submit still ends the request."""
-    import ray
+    """A server process holds one connection to each replica's channel and submits on it. When it goes
+    away the replica aborts what it still had open; every connection's state says so."""
+    from multiprocessing.connection import Client
 
     from engine.handoff import AdmittedRequest
+    from engine.remote.messages import Events, Ready, State, Submit
+    from engine.remote.pipe import portable
 
-    actor = _replicas(engine).replicas[1]._actor
-    stream = actor.attach.remote("a-process-that-leaves")
-    assert await (await stream.__anext__()) == ()  # it may submit now
+    channel = await _replicas(engine).replicas[1]._actor.ready.remote()
+    leaving = portable(await asyncio.to_thread(Client, channel.address, authkey=channel.authkey))
+    watching = portable(await asyncio.to_thread(Client, channel.address, authkey=channel.authkey))
+    assert isinstance(leaving.recv(), Ready) and isinstance(watching.recv(), Ready)
     long = AdmittedRequest("left-behind", list(range(100, 140)), [], 0, [], False, "ethan", 200, 0.7, 0.8, 20, 1)
-    actor.abort.remote("overtaken")
-    actor.submit.remote("a-process-that-leaves", dataclasses.replace(long, request_id="overtaken"))
-    actor.submit.remote("a-process-that-leaves", long)
-    seen: dict[str, list[OutputEvent]] = {}
-    async for ref in stream:
-        for event in await ref:
-            seen.setdefault(event.request_id, []).append(event)
-        if "left-behind" in seen and "overtaken" in seen:
-            break
-    assert isinstance(seen["overtaken"][-1], Failed) and seen["overtaken"][-1].reason == "aborted", seen["overtaken"]
-    assert not isinstance(seen["left-behind"][-1], (Finished, Failed))  # still running
-    ray.cancel(stream)
-    deadline = time.monotonic() + 30
-    while (await actor.state.remote()).open_requests:
-        assert time.monotonic() < deadline, "the replica still runs the requests of a process that left"
-        await asyncio.sleep(0.2)
+    leaving.send(Submit(long))
+    seen: list[OutputEvent] = []
+    while not seen:
+        message = await asyncio.to_thread(leaving.recv)
+        if isinstance(message, Events):
+            seen += [event for event in message.events if event.request_id == "left-behind"]
+        elif isinstance(message, State):
+            assert message.received in (0, 1), message  # made before or after the submit came
+    assert not isinstance(seen[-1], (Finished, Failed)), seen  # still running
+
+    async def open_requests_reach(n: int) -> float:
+        """Once the replica says it runs `n` requests: how many it has aborted."""
+        deadline = time.monotonic() + 30
+        while True:
+            message = await asyncio.to_thread(watching.recv)
+            if isinstance(message, State) and message.open_requests == n:
+                assert message.received == 0, message  # the watcher's own submits: none
+                aborted = [s.value for f in text_string_to_metric_families(message.metrics_text) for s in f.samples
+                           if s.name == "engine_requests_total" and s.labels == {"outcome": "aborted"}]
+                return sum(aborted)
+            assert time.monotonic() < deadline, f"the replica's open requests never reached {n}"
+
+    aborted_before = await open_requests_reach(1)
+    leaving.close()
+    # not finished: aborted, as the process left
+    assert await open_requests_reach(0) == aborted_before + 1
+    watching.close()
 
 
 async def test_a_killed_replica_is_survived_and_comes_back(engine: Engine) -> None:

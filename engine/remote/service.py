@@ -1,0 +1,144 @@
+"""The engine's side of its connections: one started core serving every server process connected to it.
+
+Each connection submits and cancels its own requests; their events go back on it, those of one turn
+of the loop in one `Events`. Every `STATE_PERIOD_S` (`beat`) each connection hears the core's `State`
+when that changed for it, else a `Heartbeat`: a supervisor takes silence for a stall. One that goes
+away has its open requests aborted. Connections arrive on a listening socket (`listen`) or are given
+(`join`): the engine's child process serves its owner's pipe this way (engine/remote/child.py), and
+a replica actor on Ray serves the server processes that connect to it over TCP
+(engine/replicas/actor.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import multiprocessing
+import threading
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from engine.api import EngineError, Failed, Finished, OutputEvent
+from engine.core import EngineCore
+from engine.handoff import AdmittedRequest
+from engine.remote.messages import Cancel, Closed, EngineSpec, Events, Heartbeat, Ready, State, Submit
+from engine.remote.pipe import portable, read_into, send
+
+log = logging.getLogger(__name__)
+
+
+class CoreService:
+    """Owns the connections to a started core: which of them each open request belongs to, how many
+    submits each has made, the events not yet sent, and what each was last told of the core's state.
+    Every method runs on `loop`, the core's."""
+
+    def __init__(self, core: EngineCore, spec: EngineSpec, loop: asyncio.AbstractEventLoop) -> None:
+        self.core = core
+        self.spec = spec
+        self.loop = loop
+        self.clients: dict[Connection, int] = {}  # -> the submits it made
+        self.routes: dict[str, Connection] = {}  # request id -> the connection that submitted it
+        self._told: dict[Connection, State] = {}
+        self._outbox: dict[Connection, list[OutputEvent]] = {}
+        self._flush_scheduled = False
+        self._closed = False
+
+    def listen(self, address: Any, authkey: bytes, in_band: bool = False) -> Listener:
+        """Accept connections at `address` (a Unix socket's path, or a (host, port) for TCP) from whoever
+        holds `authkey`: each hears `Ready` and then joins. `in_band`: for processes that are not our
+        parent's children (engine/remote/pipe.py)."""
+        listener = Listener(address, authkey=authkey)
+        threading.Thread(target=self._accept, args=(listener, in_band), name="engine-accept", daemon=True).start()
+        return listener
+
+    def join(self, conn: Connection) -> None:
+        self.clients[conn] = 0
+        if self._told:  # what the others were told last: it need not wait a beat
+            self._tell(conn, next(iter(self._told.values())))
+        read_into(conn, self.loop, functools.partial(self.on_messages, conn))
+
+    def on_messages(self, conn: Connection, batch: list[Any]) -> None:
+        for message in batch:
+            match message:
+                case Submit(request):
+                    self._begin(conn, request)
+                case Cancel(request_id):
+                    self.core.abort(request_id)
+                case Closed():
+                    self.leave(conn)
+
+    def beat(self) -> None:
+        """The core's state, or a heartbeat, to every connection."""
+        state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes))
+        for conn in list(self.clients):
+            self._tell(conn, state)
+
+    def leave(self, conn: Connection) -> None:
+        """A connection that went away: what it had open is aborted."""
+        if self.clients.pop(conn, None) is None:
+            return
+        self._told.pop(conn, None)
+        for rid in [rid for rid, owner in self.routes.items() if owner is conn]:
+            self.core.abort(rid)
+        conn.close()
+
+    def close(self) -> None:
+        """Accept no one more (what the core still sends goes out with `flush`)."""
+        self._closed = True
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        for conn, events in outbox.items():
+            send(conn, Events(tuple(events)))  # one that is gone: its reader's Closed makes it leave
+
+    def _accept(self, listener: Listener, in_band: bool) -> None:
+        while True:
+            try:
+                conn = listener.accept()
+                if in_band:
+                    conn = portable(conn)
+                conn.send(Ready(self.spec))
+            except (OSError, EOFError, multiprocessing.AuthenticationError):
+                if self._closed:
+                    return  # the listener was closed
+                continue
+            try:
+                self.loop.call_soon_threadsafe(self.join, conn)
+            except RuntimeError:  # the loop is closed
+                return
+
+    def _tell(self, conn: Connection, state: State) -> None:
+        state = dataclasses.replace(state, received=self.clients[conn])
+        send(conn, state if state != self._told.get(conn) else Heartbeat())
+        self._told[conn] = state
+
+    def _begin(self, conn: Connection, request: AdmittedRequest) -> None:
+        rid = request.request_id
+        if conn not in self.clients:
+            return  # it left: nobody would hear the request's events
+        self.clients[conn] += 1
+        self.routes[rid] = conn
+        try:
+            self.core.begin(request, functools.partial(self._queue, rid))
+        except Exception as e:  # noqa: BLE001 - the server admitted it already: its stream must still end
+            if not isinstance(e, EngineError):
+                log.exception("request %s: the engine refused what the server admitted", rid)
+            reason = str(e) if isinstance(e, EngineError) else f"internal error: {type(e).__name__}: {e}"
+            code, retry_after_s = (e.code, e.retry_after_s) if isinstance(e, EngineError) else (None, None)
+            self._queue(rid, Failed(rid, reason, code, retry_after_s))
+
+    def _queue(self, request_id: str, event: OutputEvent) -> None:
+        conn = self.routes.get(request_id)
+        if isinstance(event, (Finished, Failed)):
+            self.routes.pop(request_id, None)
+        if conn is None or conn not in self.clients:
+            return  # its server process left
+        self._outbox.setdefault(conn, []).append(event)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
