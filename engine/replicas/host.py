@@ -2,7 +2,7 @@
 `serve --http-workers N` with `replicas.count`, each attached through `attach_replicas(address)`.
 
 The parent process launches the replicas and owns them: they live while it is connected to Ray, it
-stops them when the server stops, and Ray restarts one that dies. Each server process polls them
+stops them when the server stops, and Ray restarts one that dies. Each server process connects to them
 itself (engine/replicas/replica.py)."""
 
 from __future__ import annotations

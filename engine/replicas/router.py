@@ -4,7 +4,7 @@ stage load and metrics are the replicas' together.
 
 One server process launches the replicas (`on_ray`); with `serve --http-workers N` the parent process
 launches them (engine/replicas/host.py) and each server process attaches (`attached`), learns the
-model and profile from them, and polls them itself. Load is the replicas' own count of what they run
+model and profile from them, and connects to them itself. Load is the replicas' own count of what they run
 for every process, so least loaded holds across processes. Affinity is each process's own: a
 realtime session's turns all reach the process that holds its socket.
 
@@ -35,7 +35,7 @@ from engine.replicas.replica import ReplicaCore
 
 
 class _ReplicaFamilies(Collector):
-    """Each replica's engine families as its last poll gave them, labelled by replica, one family per name."""
+    """Each replica's engine families as its last state gave them, labelled by replica, one family per name."""
 
     def __init__(self, replicas: list[ReplicaCore]) -> None:
         self._replicas = replicas
