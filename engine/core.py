@@ -8,13 +8,26 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from engine.api import EngineHealth, OutputEvent
+from engine.api import EngineHealth, Failed, Finished, OutputEvent
 from engine.handoff import AdmittedRequest
 
 # Where one request's events go, on the core's event loop, in order, ending with Finished or Failed.
 Sink = Callable[[OutputEvent], None]
 
 SERVING = EngineHealth("ok")  # a core in this process, once started, serves until it is stopped
+
+
+def deliver(sinks: dict[str, Sink], event: OutputEvent) -> bool:
+    """Hand `event` to its request's sink, if it has one, forgetting the sink at the request's end; True
+    when the event ended an open request. How a proxy to a core elsewhere routes what comes back."""
+    sink = sinks.get(event.request_id)
+    if sink is None:
+        return False
+    ended = isinstance(event, (Finished, Failed))
+    if ended:
+        del sinks[event.request_id]
+    sink(event)
+    return ended
 
 
 class EngineCore(Protocol):

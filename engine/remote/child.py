@@ -93,12 +93,11 @@ class _ChildServer:
             return
         self.service = service = CoreService(core, self.spec, loop)
         self.done = loop.create_future()
-        listener = None
         if self.listen is not None:  # listening before Ready: the owner lets server processes attach on it
-            listener = service.listen(*self.listen)
+            service.listen(*self.listen)
         send(self.owner, Ready(self.spec))
         if self.listen is None:
-            service.clients[self.owner] = 0  # it submits and hears events; its messages come through here
+            service.join(self.owner, read=False)  # it submits and hears events; its messages come through here
         read_into(self.owner, loop, self._on_owner)
         while not self.done.done():
             service.beat()
@@ -106,8 +105,6 @@ class _ChildServer:
                 send(self.owner, Heartbeat())
             await asyncio.wait([self.done], timeout=STATE_PERIOD_S)
         service.close()
-        if listener is not None:
-            listener.close()
         await core.stop()  # ends every open request with Failed
         service.flush()
         send(self.owner, Stopped())

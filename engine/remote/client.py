@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from engine.api import UNAVAILABLE, EngineError, EngineHealth, Failed, Finished
-from engine.core import Sink
+from engine.api import UNAVAILABLE, EngineError, EngineHealth, Failed
+from engine.core import Sink, deliver
 from engine.handoff import AdmittedRequest
 from engine.metrics import ProcessMetrics
 from engine.profile import SupervisionConfig
@@ -258,12 +258,7 @@ class RemoteCore:
             match message:
                 case Events(events):
                     for event in events:
-                        sink = self._sinks.get(event.request_id)
-                        if sink is None:
-                            continue
-                        if isinstance(event, (Finished, Failed)):
-                            del self._sinks[event.request_id]
-                        sink(event)
+                        deliver(self._sinks, event)
                 case State(stage_load, metrics_text):
                     self._stage_load, self._pushed.text = stage_load, metrics_text
                 case Heartbeat():

@@ -45,21 +45,25 @@ class CoreService:
         self._told: dict[Connection, State] = {}
         self._outbox: dict[Connection, list[OutputEvent]] = {}
         self._flush_scheduled = False
+        self._listener: Listener | None = None
         self._closed = False
 
-    def listen(self, address: Any, authkey: bytes, in_band: bool = False) -> Listener:
+    def listen(self, address: Any, authkey: bytes, in_band: bool = False) -> Any:
         """Accept connections at `address` (a Unix socket's path, or a (host, port) for TCP) from whoever
         holds `authkey`: each hears `Ready` and then joins. `in_band`: for processes that are not our
-        parent's children (engine/remote/pipe.py)."""
-        listener = Listener(address, authkey=authkey)
-        threading.Thread(target=self._accept, args=(listener, in_band), name="engine-accept", daemon=True).start()
-        return listener
+        parent's children (engine/remote/pipe.py). Returns the address it listens at."""
+        self._listener = Listener(address, authkey=authkey)
+        threading.Thread(target=self._accept, args=(self._listener, in_band), name="engine-accept",
+                         daemon=True).start()
+        return self._listener.address
 
-    def join(self, conn: Connection) -> None:
+    def join(self, conn: Connection, read: bool = True) -> None:
+        """Serve `conn`; `read=False`: its caller reads it, and hands its messages to `on_messages`."""
         self.clients[conn] = 0
         if self._told:  # what the others were told last: it need not wait a beat
             self._tell(conn, next(iter(self._told.values())))
-        read_into(conn, self.loop, functools.partial(self.on_messages, conn))
+        if read:
+            read_into(conn, self.loop, functools.partial(self.on_messages, conn))
 
     def on_messages(self, conn: Connection, batch: list[Any]) -> None:
         for message in batch:
@@ -89,6 +93,8 @@ class CoreService:
     def close(self) -> None:
         """Accept no one more (what the core still sends goes out with `flush`)."""
         self._closed = True
+        if self._listener is not None:
+            self._listener.close()
 
     def flush(self) -> None:
         self._flush_scheduled = False
@@ -125,12 +131,11 @@ class CoreService:
         self.routes[rid] = conn
         try:
             self.core.begin(request, functools.partial(self._queue, rid))
+        except EngineError as e:
+            self._queue(rid, Failed(rid, str(e), e.code, e.retry_after_s))
         except Exception as e:  # noqa: BLE001 - the server admitted it already: its stream must still end
-            if not isinstance(e, EngineError):
-                log.exception("request %s: the engine refused what the server admitted", rid)
-            reason = str(e) if isinstance(e, EngineError) else f"internal error: {type(e).__name__}: {e}"
-            code, retry_after_s = (e.code, e.retry_after_s) if isinstance(e, EngineError) else (None, None)
-            self._queue(rid, Failed(rid, reason, code, retry_after_s))
+            log.exception("request %s: the engine refused what the server admitted", rid)
+            self._queue(rid, Failed(rid, f"internal error: {type(e).__name__}: {e}"))
 
     def _queue(self, request_id: str, event: OutputEvent) -> None:
         conn = self.routes.get(request_id)

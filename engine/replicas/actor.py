@@ -61,7 +61,7 @@ class ReplicaActor:
 
     async def stop(self) -> None:
         """Every request still open ends with Failed, and its end goes out."""
-        if self._started is not None and self._service is not None:
+        if self._service is not None:
             self._service.close()
             await self.core.stop()
             self._service.flush()
@@ -73,9 +73,9 @@ class ReplicaActor:
         loop = asyncio.get_running_loop()
         self._service = service = CoreService(self.core, self.spec, loop)
         authkey = os.urandom(32)
-        listener = service.listen((ray.util.get_node_ip_address(), 0), authkey, in_band=True)
+        address = service.listen((ray.util.get_node_ip_address(), 0), authkey, in_band=True)
         self._beats = loop.create_task(self._beat(service), name="replica-beat")
-        return ReplicaChannel(os.getpid(), listener.address, authkey)
+        return ReplicaChannel(os.getpid(), address, authkey)
 
     @staticmethod
     async def _beat(service: CoreService) -> None:

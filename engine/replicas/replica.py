@@ -29,8 +29,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from engine.api import UNAVAILABLE, EngineError, EngineHealth, Failed, Finished, OutputEvent
-from engine.core import Sink
+from engine.api import UNAVAILABLE, EngineError, EngineHealth, Failed
+from engine.core import Sink, deliver
 from engine.handoff import AdmittedRequest
 from engine.remote.child import START_TIMEOUT_S
 from engine.remote.messages import STATE_PERIOD_S, Cancel, Closed, Events, Ready, State, Submit
@@ -53,7 +53,7 @@ class ReplicaCore:
         self._stall_timeout_s = stall_timeout_s
         self._open: dict[str, Sink] = {}
         self._conn: Connection | None = None  # a new one after each loss
-        self._serving = False
+        self.serving = False
         self._stopping = False
         self._down = "not started"
         self._heard_at = 0.0
@@ -64,10 +64,6 @@ class ReplicaCore:
         self._sent = self._ended = 0  # on this connection
         self._reported_open = self._received = self._ended_at_state = 0
         self._supervisor: asyncio.Task[None] | None = None
-
-    @property
-    def serving(self) -> bool:
-        return self._serving
 
     @property
     def load(self) -> int:
@@ -88,13 +84,13 @@ class ReplicaCore:
         self._stopping = True
         if self._supervisor is not None:
             self._supervisor.cancel()
-        self._serving = False
+        self.serving = False
         self._end_all("server shutting down")
         self._drop()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id
-        if not self._serving or self._conn is None:
+        if not self.serving or self._conn is None:
             raise self.health().refusal()
         if rid in self._open:
             raise EngineError(f"request id {rid} is already in use")
@@ -108,10 +104,10 @@ class ReplicaCore:
             send(self._conn, Cancel(request_id))  # the replica answers with the request's Failed("aborted")
 
     def stage_load(self) -> dict[str, int]:
-        return dict(self._stage_load) if self._serving else {}
+        return dict(self._stage_load) if self.serving else {}
 
     def health(self) -> EngineHealth:
-        if not self._serving:
+        if not self.serving:
             return EngineHealth("down", self._down, self.restarts, STATE_PERIOD_S * 4)
         silent_s = time.monotonic() - self._heard_at
         if silent_s > LATE_S:
@@ -131,7 +127,7 @@ class ReplicaCore:
         self.pid, self._conn = channel.pid, conn
         self._sent = self._ended = self._reported_open = self._received = self._ended_at_state = 0
         self._heard_at = time.monotonic()
-        self._serving = True
+        self.serving = True
         read_into(conn, asyncio.get_running_loop(), functools.partial(self._on_messages, conn))
 
     def _drop(self) -> None:
@@ -148,7 +144,7 @@ class ReplicaCore:
             match message:
                 case Events(events):
                     for event in events:
-                        self._deliver(event)
+                        self._ended += deliver(self._open, event)
                 case State():
                     self._stage_load, self.metrics_text = message.stage_load, message.metrics_text
                     self._reported_open, self._received = message.open_requests, message.received
@@ -156,21 +152,12 @@ class ReplicaCore:
                 case Closed():
                     self._lose(f"engine replica {self.name} was lost (its channel closed)")
 
-    def _deliver(self, event: OutputEvent) -> None:
-        sink = self._open.get(event.request_id)
-        if sink is None:
-            return
-        if isinstance(event, (Finished, Failed)):
-            del self._open[event.request_id]
-            self._ended += 1
-        sink(event)
-
     async def _supervise(self) -> None:
         """While it serves, watch it for a stall (a loss comes from the reader); once it is lost, connect
         again as soon as Ray says it serves."""
         while not self._stopping:
             await asyncio.sleep(STATE_PERIOD_S)
-            if self._serving:
+            if self.serving:
                 if (silent_s := time.monotonic() - self._heard_at) > self._stall_timeout_s:
                     self._lose(f"engine replica {self.name} stalled: no word from it for {silent_s:.1f} s")
                     ray.kill(self._actor, no_restart=False)  # Ray starts another
@@ -187,9 +174,9 @@ class ReplicaCore:
             log.warning("engine replica %s serves again (process %s, %d restarts)", self.name, self.pid, self.restarts)
 
     def _lose(self, what: str) -> None:
-        if not self._serving or self._stopping:
+        if not self.serving or self._stopping:
             return
-        self._serving = False
+        self.serving = False
         self._down = f"{what}; Ray is starting it again"
         self._stage_load, self.metrics_text = {}, ""
         log.error("%s: %d open requests fail", what, len(self._open))
