@@ -6,7 +6,9 @@ call, so a burst of messages costs the loop one wake-up.
 Between a server process and an engine child it started (both children of one parent, sharing its
 key), multiprocessing pickles a tensor as a file descriptor of shared memory. A process that Ray
 started, on this host or another, cannot take those: a `portable` connection carries every byte
-in-band.
+in-band. Its TCP socket also sends at once: multiprocessing writes a message over 16 KB (an `Events`
+with a chunk of audio) as its length and then its bytes, and Nagle's algorithm holds the bytes' last
+segment until the length is acknowledged, which the peer delays (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -80,8 +82,13 @@ class _PortableConnection(Connection):
 
 
 def portable(conn: Connection) -> Connection:
-    """The same connection, its messages pickled in-band (the one given is closed)."""
+    """The same connection, its messages pickled in-band and, on TCP, sent without delay (the one given
+    is closed)."""
     try:
-        return _PortableConnection(os.dup(conn.fileno()))
+        fd = os.dup(conn.fileno())
     finally:
         conn.close()
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return _PortableConnection(fd)

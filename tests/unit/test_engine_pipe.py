@@ -1,12 +1,16 @@
 """The engine pipe's ends: a message that cannot be read drops the connection (its reader hands over
 `Closed`) rather than ending the reader unseen, and a portable connection carries a tensor in-band, as
-a process that is not our parent's child (a Ray replica, another host) must read it."""
+a process that is not our parent's child (a Ray replica, another host) must read it, and on TCP with
+Nagle's algorithm off."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
+import socket
 from multiprocessing import Pipe
+from multiprocessing.connection import Client, Listener
 from typing import Any
 
 import torch
@@ -47,3 +51,17 @@ def test_a_portable_connection_carries_a_tensor_in_band() -> None:
     assert torch.equal(pickle.loads(raw)["features"][0], features)
     ours.close()
     theirs.close()
+
+
+async def test_a_portable_tcp_connection_sends_without_delay() -> None:
+    with Listener(("127.0.0.1", 0), authkey=b"key") as listener:
+        dialling = asyncio.create_task(asyncio.to_thread(Client, listener.address, authkey=b"key"))
+        accepted = portable(await asyncio.to_thread(listener.accept))
+        dialled = portable(await dialling)
+    for conn in (dialled, accepted):
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    dialled.send("hello")
+    assert accepted.recv() == "hello"
+    dialled.close()
+    accepted.close()
