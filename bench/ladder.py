@@ -26,7 +26,9 @@ command line, the row's `bench:`. For each row the server starts on a free loopb
 sweep runs, the server stops, and DIR/<row>.json is written (also when the row failed: then
 with its reason). After the last row: DIR/ladder.json and the figures. With `repeats` (or
 `--repeats`) above 1 every row runs again in each further round, in the same order, and ladder.json
-gains `rounds`: each row's mean TTFP per round and its difference from the first row's.
+gains `rounds`: each row's mean TTFP per round and its difference from the first row's. Each row also
+records the CPU seconds its server's processes spent over the sweep, by process (bench/procstat.py):
+an engine child's, a Ray replica's, Ray's own daemons' (a local Ray instance is the server's child).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from rich.markup import escape
 from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
 from bench.machine import git_commit, machine_info
 from bench.plots import plot_ladder, plot_rounds
+from bench.procstat import cpu_by_process, sample_tree
 from bench.rounds import round_dir, rounds_on_disk, summarize_rounds
 from bench.server import ServerProcess, ServerStartError
 from bench.sweep import BenchResult, measure, write_json
@@ -114,6 +117,7 @@ class RowOutcome:
     error: str | None = None
     startup_s: float | None = None
     result: BenchResult | None = None
+    cpu_s: dict[str, float] | None = None  # the server's process tree over the sweep, by process
 
 
 def row_summary(payload: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +223,9 @@ def run_row(row: LadderRow, serve_args: list[str], config: BenchConfig, out_dir:
         with console.status(f"[bold]{row.name}[/]: starting {escape(server.command)}"):
             outcome.startup_s = server.start(row.startup_timeout_s or startup_timeout_s)
         console.print(f"  server up in {outcome.startup_s:.1f} s on {server.url}")
+        before = sample_tree(server.pid)
         outcome.result = asyncio.run(measure(replace(config, url=server.url, label=row.name), console))
+        outcome.cpu_s = cpu_by_process(before, sample_tree(server.pid))
         if (rc := server.exited()) is not None:
             outcome.error = f"server exited with code {rc} during the sweep; log tail:\n{server.log_tail()}"
         else:
@@ -239,7 +245,8 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
     """What DIR/<row>.json holds: the sweep's result (as `--compare` reads it) plus the row, its
     profile delta (None for a row given as a whole serve command) and the commit it ran."""
     row = {"name": outcome.name, "what": outcome.what, "serve_command": outcome.serve_command,
-           "profile": profile, "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s}
+           "profile": profile, "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s,
+           "cpu_s": outcome.cpu_s}
     if outcome.result is not None:
         return {**asdict(outcome.result), "machine": machine, "git_commit": commit, "row": row}
     cfg = {k: v for k, v in asdict(config).items() if k not in ("argv", "show_progress")}

@@ -61,7 +61,9 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """ladder.json's `rounds`: `rounds[k]` is round k+1's row summaries, in the ladder's order.
 
     For each row and level: its mean TTFP in each round (None where that round's row failed), their
-    spread, and the spread of its difference from the first row's in the same round."""
+    spread, and the spread of its difference from the first row's in the same round. For each row: the
+    CPU seconds its server's processes spent over a sweep, their spread over the rounds and their mean
+    by process."""
     names = [row["name"] for row in rounds[0]]
     reference = names[0]
     by_round = [{row["name"]: _ttfp_by_level(row) for row in rnd} for rnd in rounds]
@@ -79,5 +81,15 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
                         "minus_reference_s_by_round": paired if name != reference else None,
                         "ttfp_mean_s": None if own is None else asdict(own),
                         "minus_reference_s": None if diff is None else asdict(diff)})
-        rows.append({"name": name, "levels": out})
+        sweeps = [row["cpu_s"] for rnd in rounds for row in rnd if row["name"] == name and row.get("cpu_s")]
+        rows.append({"name": name, "levels": out, "cpu_s": _cpu(sweeps)})
     return {"count": len(rounds), "reference": reference, "rows": rows}
+
+
+def _cpu(sweeps: list[dict[str, float]]) -> dict[str, Any] | None:
+    if not sweeps:
+        return None
+    total = Spread.of([sum(sweep.values()) for sweep in sweeps])
+    names = sorted({name for sweep in sweeps for name in sweep}, key=lambda n: -sum(s.get(n, 0.0) for s in sweeps))
+    return {"total": asdict(total) if total else None,
+            "by_process_mean": {n: round(statistics.fmean(s.get(n, 0.0) for s in sweeps), 2) for n in names}}

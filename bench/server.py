@@ -46,6 +46,11 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    @property
     def command(self) -> str:
         return shlex.join(self.argv)
 

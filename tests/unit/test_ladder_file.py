@@ -164,11 +164,12 @@ rows:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
 
 
-def _row_file(where: Path, name: str, levels: list[dict], status: str = "ok") -> None:
+def _row_file(where: Path, name: str, levels: list[dict], status: str = "ok",
+              cpu_s: dict[str, float] | None = None) -> None:
     where.mkdir(parents=True, exist_ok=True)
     payload = {"label": name, "created": "t", "command": "voice-gateway bench", "config": {}, "machine": {},
                "levels": levels, "row": {"name": name, "what": "w", "serve_command": "s", "status": status,
-                                         "error": None, "startup_s": 1.0}}
+                                         "error": None, "startup_s": 1.0, "cpu_s": cpu_s}}
     (where / f"{name}.json").write_text(json.dumps(payload))
 
 
@@ -185,7 +186,8 @@ rows:
     for k, (ref, other, status) in enumerate([(0.5, 0.52, "ok"), (0.9, 0.94, "ok"), (0.6, 0.63, "failed")], 1):
         where = tmp_path if k == 1 else tmp_path / f"round-{k}"
         _row_file(where, "ref", [_level(8, 16, 1.0, ref)])
-        _row_file(where, "other", [_level(8, 16, 1.0, other)], status)
+        _row_file(where, "other", [_level(8, 16, 1.0, other)], status,
+                  {"engine": 30.0 + k, "raylet": 1.0 if k < 3 else 0.5, **({"gcs_server": 0.3} if k == 2 else {})})
     rounds = replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
     assert len(rounds) == 3
     data = json.loads((tmp_path / "ladder.json").read_text())
@@ -203,4 +205,10 @@ rows:
     assert diff["mean"] == pytest.approx(0.03) and (diff["min"], diff["max"]) == pytest.approx((0.02, 0.04))
     assert diff["stderr"] == pytest.approx(0.01)  # stdev 0.0141 over sqrt(2)
     assert level["ttfp_mean_s"]["mean"] == pytest.approx(0.73)  # the drift the pairing takes out
+    # CPU over each sweep, by process: a process missing from a round counts zero there
+    assert ref["cpu_s"] is None
+    assert other["cpu_s"]["total"]["n"] == 3
+    assert other["cpu_s"]["total"]["mean"] == pytest.approx((32.0 + 33.3 + 33.5) / 3)
+    assert list(other["cpu_s"]["by_process_mean"]) == ["engine", "raylet", "gcs_server"]
+    assert other["cpu_s"]["by_process_mean"]["gcs_server"] == pytest.approx(0.1)
     assert data["plots"][-1] == "rounds.png" and (tmp_path / "rounds.png").read_bytes().startswith(PNG_MAGIC)

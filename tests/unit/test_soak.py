@@ -1,15 +1,17 @@
-"""The soak's pieces that need no server: its request plan, /proc sampling of a process tree, its summary."""
+"""The soak's pieces that need no server: its request plan, /proc sampling of a process tree (the ladder's
+CPU accounting too), its summary."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from bench.config import BenchError
-from bench.procstat import process_tree, sample_tree
+from bench.procstat import cpu_by_process, process_tree, role, sample_tree
 from bench.soak import DEFAULT_MIX, Outcome, SoakConfig, request_plan, summarize
 
 
@@ -45,6 +47,33 @@ def test_a_process_tree_is_sampled_with_its_children() -> None:
         child.kill()
         child.wait()
     assert process_tree(child.pid) == []
+
+
+def test_cpu_time_is_told_per_process_of_the_tree(tmp_path: Path) -> None:
+    # a child that idles, and a grandchild (a script) that waits a second (after the first sample), spins
+    # for half a second of CPU and idles
+    spinner = tmp_path / "spinner.py"
+    spinner.write_text("import time\ntime.sleep(1)\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\ntime.sleep(30)\n")
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, {str(spinner)!r}]); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        before = sample_tree(child.pid)
+        for _ in range(200):
+            spent = cpu_by_process(before, sample_tree(child.pid))
+            if spent.get("spinner.py", 0) >= 0.5:
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert spent["spinner.py"] >= 0.5, spent
+        assert spent["python -c"] < 0.5 and list(spent)[0] == "spinner.py"
+    finally:
+        for pid in process_tree(child.pid)[1:]:
+            subprocess.run(["kill", str(pid)])
+        child.kill()
+        child.wait()
+    assert role("ray::ReplicaActor") == "ray::ReplicaActor"
+    assert role("/opt/ray/core/src/ray/raylet/raylet --node_id=x") == "raylet"
+    assert role("/usr/bin/python3.11 -u /opt/ray/_private/log_monitor.py --session-dir=/tmp") == "log_monitor.py"
+    assert role("/usr/bin/python3 -m voice_gateway.cli serve tiny --port 1") == "voice_gateway.cli serve"
 
 
 def test_the_summary_reads_start_end_peak_and_the_late_slope() -> None:
