@@ -25,9 +25,9 @@ Sweep settings, later wins: BenchConfig's defaults, the file's `bench:`, flags g
 command line, the row's `bench:`. For each row the server starts on a free loopback port, the
 sweep runs, the server stops, and DIR/<row>.json is written (also when the row failed: then
 with its reason). After the last row: DIR/ladder.json and the figures. With `repeats` (or
-`--repeats`) above 1 every row runs again in each further round, in the same order, and ladder.json
-gains `rounds`: each row's mean TTFP per round and its difference from the first row's. Each row also
-records the CPU seconds its server's processes spent over the sweep, by process (bench/procstat.py):
+`--repeats`) above 1 every row runs again in each further round, each round starting one row later,
+and ladder.json gains `rounds`: each row's mean TTFP per round and its difference from the first
+row's. Each row also records the CPU seconds its server's processes spent over the sweep, by process (bench/procstat.py):
 an engine child's, a Ray replica's, Ray's own daemons' (a local Ray instance is the server's child).
 """
 
@@ -51,7 +51,7 @@ from bench.config import BenchConfig, BenchError, sweep_overrides, with_override
 from bench.machine import git_commit, machine_info
 from bench.plots import plot_ladder, plot_rounds
 from bench.procstat import cpu_by_process, sample_tree
-from bench.rounds import round_dir, rounds_on_disk, summarize_rounds
+from bench.rounds import round_dir, round_order, rounds_on_disk, summarize_rounds
 from bench.server import ServerProcess, ServerStartError
 from bench.sweep import BenchResult, measure, write_json
 
@@ -118,6 +118,7 @@ class RowOutcome:
     startup_s: float | None = None
     result: BenchResult | None = None
     cpu_s: dict[str, float] | None = None  # the server's process tree over the sweep, by process
+    place: int = 1  # where in its round it ran, from 1
 
 
 def row_summary(payload: dict[str, Any]) -> dict[str, Any]:
@@ -246,7 +247,7 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
     profile delta (None for a row given as a whole serve command) and the commit it ran."""
     row = {"name": outcome.name, "what": outcome.what, "serve_command": outcome.serve_command,
            "profile": profile, "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s,
-           "cpu_s": outcome.cpu_s}
+           "cpu_s": outcome.cpu_s, "place": outcome.place}
     if outcome.result is not None:
         return {**asdict(outcome.result), "machine": machine, "git_commit": commit, "row": row}
     cfg = {k: v for k, v in asdict(config).items() if k not in ("argv", "show_progress")}
@@ -258,8 +259,8 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
 def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out_dir: Path, *,
                startup_timeout_s: float, only: list[str] | None = None, repeats: int | None = None,
                console: Console | None = None) -> list[list[dict[str, Any]]]:
-    """Run the rows (all, or those named in `only`) in order, `repeats` rounds of them (default the
-    file's); returns each round's ladder.json summaries."""
+    """Run the rows (all, or those named in `only`), `repeats` rounds of them (default the file's), each
+    round in `round_order`; returns each round's ladder.json summaries, in the ladder's order."""
     console = console or Console(stderr=True)
     if only and (missing := sorted(set(only) - {r.name for r in ladder.rows})):
         raise BenchError(f"--rows: no row named {missing[0]!r} in {ladder.path}")
@@ -271,12 +272,14 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
     rounds: list[list[dict[str, Any]]] = []
     for k in range(1, count + 1):
         where = round_dir(out_dir, k)
-        summaries: list[dict[str, Any]] = []
-        for i, row in enumerate(rows, 1):
+        summaries: dict[str, dict[str, Any]] = {}
+        for place, i in enumerate(round_order(len(rows), k), 1):
+            row = rows[i]
             of_round = f", round {k}/{count}" if count > 1 else ""
-            console.rule(f"[bold]row {i}/{len(rows)}{of_round}: {row.name}[/] - {escape(row.what)}")
+            console.rule(f"[bold]row {place}/{len(rows)}{of_round}: {row.name}[/] - {escape(row.what)}")
             config = with_overrides(sweep, row.bench)
             outcome = run_row(row, ladder.serve_args(row), config, where, startup_timeout_s, console)
+            outcome.place = place
             profile = ladder.row_profile(row) if ladder.base is not None else None
             payload = row_payload(outcome, config, machine, profile, commit)
             write_json(payload, where / f"{row.name}.json")
@@ -284,8 +287,8 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
                 lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
                 tail = f"\n    {escape(lines[-1])}" if len(lines) > 1 else ""
                 console.print(f"  [red]row {row.name} failed[/]: {escape(lines[0])}{tail}")
-            summaries.append(row_summary(payload))
-        rounds.append(summaries)
+            summaries[row.name] = row_summary(payload)
+        rounds.append([summaries[row.name] for row in rows])
     write_ladder(ladder, rounds, out_dir, command=shlex.join(base.argv), machine=machine)
     return rounds
 

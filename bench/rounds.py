@@ -1,9 +1,11 @@
 """Rounds of a ladder: every row measured again, round after round, and what the rounds say together.
 
 On a shared machine one run of a row can differ from the next by more than the rows differ from each
-other. Rows run in turn within each round, so drift falls on every row alike, and each row's mean TTFP
-is paired with the first row's of the same round: the spread of those differences, not of the rows'
-own figures, is what a claim about a row's cost rests on.
+other. Rows run in turn within each round, so slow drift falls on every row alike, and each row's mean
+TTFP is paired with the first row's of the same round: the spread of those differences, not of the
+rows' own figures, is what a claim about a row's cost rests on. Each round starts one row later
+(`round_order`), so a host that is slower late in a round than early (turbo spent, a neighbour's load)
+favours no row over a multiple of the rows' count of rounds; `drift_by_place_s` says whether it was.
 
 Round 1 writes DIR/<row>.json (what the figures show); round K > 1 writes DIR/round-K/<row>.json.
 """
@@ -50,6 +52,12 @@ class Spread:
                    None if stdev is None else stdev / math.sqrt(len(values)), min(values), max(values))
 
 
+def round_order(count: int, k: int) -> list[int]:
+    """The order `count` rows run in round `k` (from 1), as indexes into the ladder's."""
+    start = (k - 1) % count
+    return [*range(start, count), *range(start)]
+
+
 def _ttfp_by_level(row: dict[str, Any]) -> dict[tuple[int, int], float]:
     if row.get("status") != "ok":
         return {}
@@ -62,8 +70,9 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
 
     For each row and level: its mean TTFP in each round (None where that round's row failed), their
     spread, and the spread of its difference from the first row's in the same round. For each row: the
-    CPU seconds its server's processes spent over a sweep, their spread over the rounds and their mean
-    by process."""
+    place it ran at in each round, and the CPU seconds its server's processes spent over a sweep, their
+    spread over the rounds and their mean by process. For each level: how far a row's TTFP was from its
+    round's mean, by the place it ran at."""
     names = [row["name"] for row in rounds[0]]
     reference = names[0]
     by_round = [{row["name"]: _ttfp_by_level(row) for row in rnd} for rnd in rounds]
@@ -82,8 +91,30 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
                         "ttfp_mean_s": None if own is None else asdict(own),
                         "minus_reference_s": None if diff is None else asdict(diff)})
         sweeps = [row["cpu_s"] for rnd in rounds for row in rnd if row["name"] == name and row.get("cpu_s")]
-        rows.append({"name": name, "levels": out, "cpu_s": _cpu(sweeps)})
-    return {"count": len(rounds), "reference": reference, "rows": rows}
+        places = [next((row.get("place") for row in rnd if row["name"] == name), None) for rnd in rounds]
+        rows.append({"name": name, "place_by_round": places, "levels": out, "cpu_s": _cpu(sweeps)})
+    return {"count": len(rounds), "reference": reference, "rows": rows, "drift_by_place_s": _drift(rounds, by_round)}
+
+
+Levels = dict[tuple[int, int], float]  # (prompt words, concurrency) -> mean TTFP
+
+
+def _drift(rounds: list[list[dict[str, Any]]], by_round: list[dict[str, Levels]]) -> list[dict[str, Any]]:
+    """Per level, the mean of (a row's TTFP - its round's mean TTFP) at each place in a round: with every
+    row at every place as often, a row's own cost cancels and what is left is the place's."""
+    offsets: dict[tuple[int, int], dict[int, list[float]]] = {}
+    for rnd, ttfp in zip(rounds, by_round):
+        places = {row["name"]: row["place"] for row in rnd if row.get("place") is not None}
+        for key in {key for levels in ttfp.values() for key in levels}:
+            values = {name: ttfp[name][key] for name in places if key in ttfp.get(name, {})}
+            if len(values) < 2:
+                continue
+            mean = statistics.fmean(values.values())
+            for name, value in values.items():
+                offsets.setdefault(key, {}).setdefault(places[name], []).append(value - mean)
+    return [{"prompt_words": key[0], "concurrency": key[1],
+             "mean_s_by_place": [statistics.fmean(at[p]) if p in at else None for p in range(1, max(at) + 1)]}
+            for key, at in sorted(offsets.items())]
 
 
 def _cpu(sweeps: list[dict[str, float]]) -> dict[str, Any] | None:

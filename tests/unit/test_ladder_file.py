@@ -13,6 +13,7 @@ import bench
 from bench import BenchConfig, BenchError, load_ladder
 from bench.config import with_overrides
 from bench.ladder import replot_ladder
+from bench.rounds import round_order
 from bench.server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,11 +166,11 @@ rows:
 
 
 def _row_file(where: Path, name: str, levels: list[dict], status: str = "ok",
-              cpu_s: dict[str, float] | None = None) -> None:
+              cpu_s: dict[str, float] | None = None, place: int | None = None) -> None:
     where.mkdir(parents=True, exist_ok=True)
     payload = {"label": name, "created": "t", "command": "voice-gateway bench", "config": {}, "machine": {},
                "levels": levels, "row": {"name": name, "what": "w", "serve_command": "s", "status": status,
-                                         "error": None, "startup_s": 1.0, "cpu_s": cpu_s}}
+                                         "error": None, "startup_s": 1.0, "cpu_s": cpu_s, "place": place}}
     (where / f"{name}.json").write_text(json.dumps(payload))
 
 
@@ -212,3 +213,38 @@ rows:
     assert list(other["cpu_s"]["by_process_mean"]) == ["engine", "raylet", "gcs_server"]
     assert other["cpu_s"]["by_process_mean"]["gcs_server"] == pytest.approx(0.1)
     assert data["plots"][-1] == "rounds.png" and (tmp_path / "rounds.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_each_round_starts_one_row_later_so_every_row_runs_at_every_place() -> None:
+    orders = [round_order(3, k) for k in range(1, 5)]
+    assert orders == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    for row in range(3):  # over three rounds, each row once at each place
+        assert sorted(order.index(row) for order in orders[:3]) == [0, 1, 2]
+    assert round_order(1, 7) == [0]
+
+
+def test_rounds_tell_the_cost_of_a_place_in_the_round_apart_from_a_rows_own(tmp_path: Path) -> None:
+    ladder = load_ladder(_ladder(tmp_path, """
+rows:
+  - {name: a, what: baseline, serve: tiny}
+  - {name: b, what: + 30 ms, serve: tiny}
+  - {name: c, what: + 60 ms, serve: tiny}
+"""))
+    # the host is 90 ms slower for the row that runs last in a round than for the first
+    own = {"a": 0.50, "b": 0.53, "c": 0.56}
+    late = [0.0, 0.045, 0.09]
+    for k in range(1, 4):
+        order = [ladder.rows[i].name for i in round_order(3, k)]
+        where = tmp_path / f"round-{k}" if k > 1 else tmp_path
+        for place, name in enumerate(order, 1):
+            _row_file(where, name, [_level(8, 16, 1.0, own[name] + late[place - 1])], place=place)
+    replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
+    summary = json.loads((tmp_path / "ladder.json").read_text())["rounds"]
+    a, b, c = summary["rows"]
+    assert (a["place_by_round"], b["place_by_round"], c["place_by_round"]) == ([1, 3, 2], [2, 1, 3], [3, 2, 1])
+    # each row's cost against the first comes out whole: the places cancel over the rounds
+    assert b["levels"][0]["minus_reference_s"]["mean"] == pytest.approx(0.03)
+    assert c["levels"][0]["minus_reference_s"]["mean"] == pytest.approx(0.06)
+    [drift] = summary["drift_by_place_s"]
+    assert (drift["prompt_words"], drift["concurrency"]) == (16, 8)
+    assert drift["mean_s_by_place"] == pytest.approx([-0.045, 0.0, 0.045])
