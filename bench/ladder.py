@@ -27,8 +27,9 @@ sweep runs, the server stops, and DIR/<row>.json is written (also when the row f
 with its reason). After the last row: DIR/ladder.json and the figures. With `repeats` (or
 `--repeats`) above 1 every row runs again in each further round, each round starting one row later,
 and ladder.json gains `rounds`: each row's mean TTFP per round and its difference from the first
-row's. Each row also records the CPU seconds its server's processes spent over the sweep, by process (bench/procstat.py):
-an engine child's, a Ray replica's, Ray's own daemons' (a local Ray instance is the server's child).
+row's. Each row also records the CPU seconds its server's processes spent over the sweep, by
+process (bench/procstat.py): an engine child's, a Ray replica's, Ray's own daemons' (a local Ray
+instance is the server's child).
 """
 
 from __future__ import annotations
@@ -118,7 +119,6 @@ class RowOutcome:
     startup_s: float | None = None
     result: BenchResult | None = None
     cpu_s: dict[str, float] | None = None  # the server's process tree over the sweep, by process
-    place: int = 1  # where in its round it ran, from 1
 
 
 def row_summary(payload: dict[str, Any]) -> dict[str, Any]:
@@ -242,12 +242,13 @@ def run_row(row: LadderRow, serve_args: list[str], config: BenchConfig, out_dir:
 
 
 def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any],
-                profile: dict[str, Any] | None, commit: str | None) -> dict[str, Any]:
+                profile: dict[str, Any] | None, commit: str | None, place: int = 1) -> dict[str, Any]:
     """What DIR/<row>.json holds: the sweep's result (as `--compare` reads it) plus the row, its
-    profile delta (None for a row given as a whole serve command) and the commit it ran."""
+    profile delta (None for a row given as a whole serve command), the commit it ran and its place in
+    its round (from 1)."""
     row = {"name": outcome.name, "what": outcome.what, "serve_command": outcome.serve_command,
            "profile": profile, "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s,
-           "cpu_s": outcome.cpu_s, "place": outcome.place}
+           "cpu_s": outcome.cpu_s, "place": place}
     if outcome.result is not None:
         return {**asdict(outcome.result), "machine": machine, "git_commit": commit, "row": row}
     cfg = {k: v for k, v in asdict(config).items() if k not in ("argv", "show_progress")}
@@ -279,9 +280,8 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
             console.rule(f"[bold]row {place}/{len(rows)}{of_round}: {row.name}[/] - {escape(row.what)}")
             config = with_overrides(sweep, row.bench)
             outcome = run_row(row, ladder.serve_args(row), config, where, startup_timeout_s, console)
-            outcome.place = place
             profile = ladder.row_profile(row) if ladder.base is not None else None
-            payload = row_payload(outcome, config, machine, profile, commit)
+            payload = row_payload(outcome, config, machine, profile, commit, place)
             write_json(payload, where / f"{row.name}.json")
             if outcome.status != "ok":
                 lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]

@@ -58,7 +58,10 @@ def round_order(count: int, k: int) -> list[int]:
     return [*range(start, count), *range(start)]
 
 
-def _ttfp_by_level(row: dict[str, Any]) -> dict[tuple[int, int], float]:
+Levels = dict[tuple[int, int], float]  # (prompt words, concurrency) -> mean TTFP
+
+
+def _ttfp_by_level(row: dict[str, Any]) -> Levels:
     if row.get("status") != "ok":
         return {}
     return {(lv["prompt_words"], lv["concurrency"]): lv["ttfp_s"]["mean"]
@@ -94,9 +97,6 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
         places = [next((row.get("place") for row in rnd if row["name"] == name), None) for rnd in rounds]
         rows.append({"name": name, "place_by_round": places, "levels": out, "cpu_s": _cpu(sweeps)})
     return {"count": len(rounds), "reference": reference, "rows": rows, "drift_by_place_s": _drift(rounds, by_round)}
-
-
-Levels = dict[tuple[int, int], float]  # (prompt words, concurrency) -> mean TTFP
 
 
 def _drift(rounds: list[list[dict[str, Any]]], by_round: list[dict[str, Levels]]) -> list[dict[str, Any]]:
