@@ -1,7 +1,7 @@
 """The staged speech engine's face: what `voice_gateway` may import, and nothing else.
 
 Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
-an `Engine` to submit them to (`create_engine`), and `EngineHost` / `attach_engine` for one
+an `Engine` to submit them to (`create_engine`), `freeze_startup_heap` for a process that serves, and `EngineHost` / `attach_engine` for one
 engine process shared by several server processes (`ReplicaHost` / `attach_replicas` for engine
 replicas on Ray).
 """
@@ -36,6 +36,7 @@ from engine.api import (
 )
 from engine.constraints import schema_error
 from engine.factory import attach_engine, attach_replicas, create_engine
+from engine.heap import freeze_startup_heap, thaw_heap
 from engine.profile import DeployProfile, ProfileError, load_profile
 from engine.remote.host import EngineHost
 from engine.replicas.host import ReplicaHost
@@ -74,6 +75,8 @@ __all__ = [
     "attach_engine",
     "attach_replicas",
     "create_engine",
+    "freeze_startup_heap",
     "load_profile",
     "schema_error",
+    "thaw_heap",
 ]

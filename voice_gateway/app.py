@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine import Engine, attach_engine, attach_replicas
+from engine import Engine, attach_engine, attach_replicas, freeze_startup_heap, thaw_heap
 from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.body_limit import LimitBody
 from voice_gateway.config import GatewayConfig
@@ -97,12 +97,14 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
         # the first request, which it held up ~0.1 s (each of `--http-workers` processes has its own first)
         async with anyio.create_task_group():
             pass
+        freeze_startup_heap()
         try:
             yield
         finally:
             for call in list(app.state.calls):
                 await call.close()
             await engine.stop()
+            thaw_heap()
 
     # the docs are ours to serve: FastAPI's own routes for them take no dependencies, so no key
     app = FastAPI(title="voice-gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

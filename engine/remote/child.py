@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from engine.heap import freeze_startup_heap
 from engine.remote.messages import (
     STATE_PERIOD_S,
     Address,
@@ -91,6 +92,7 @@ class _ChildServer:
             log.exception("engine failed to start")
             send(self.owner, StartFailed(f"{type(e).__name__}: {e}"))
             return
+        freeze_startup_heap()  # the process ends with it: nothing to thaw
         self.service = service = CoreService(core, self.spec, loop)
         self.done = loop.create_future()
         if self.listen is not None:  # listening before Ready: the owner lets server processes attach on it

@@ -20,6 +20,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 
+from engine.heap import freeze_startup_heap
 from engine.remote.messages import STATE_PERIOD_S, EngineSpec
 from engine.remote.service import CoreService
 from engine.weights.source import ModelSource
@@ -70,6 +71,7 @@ class ReplicaActor:
         import ray
 
         await self.core.start()
+        freeze_startup_heap()  # the actor's process ends with it: nothing to thaw
         loop = asyncio.get_running_loop()
         self._service = service = CoreService(self.core, self.spec, loop)
         authkey = os.urandom(32)
