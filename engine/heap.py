@@ -2,10 +2,13 @@
 code) taken out of Python's cyclic collector once it serves.
 
 A full collection walks every object the collector tracks, holding the GIL throughout. A served
-process holds some 300-470 thousand of them from start-up, and a walk of them took 0.2-0.35 s on
-two CPU cores: every stage thread and the event loop of that process stood still, once or twice a
-minute under load, in each process of the path (docs/performance.md, "Start-up objects and the
-collector"). Frozen, they are never walked again; what serving makes is collected as before.
+process holds some 280-470 thousand of them from start-up, and a walk of them took 0.2-0.35 s on two
+CPU cores: every stage thread and the event loop of that process stand still. One comes each time
+the objects that outlived younger collections since the last reach a quarter of what the process
+holds: none came within a minute of load on the tiny model, but a server that keeps sessions and
+their history alive for hours makes such survivors, in every process of the path
+(docs/performance.md, "Start-up objects and the collector"). Frozen, they are never walked again;
+what serving makes is collected as before.
 """
 
 from __future__ import annotations
