@@ -1,9 +1,10 @@
 """The staged speech engine's face: what `voice_gateway` may import, and nothing else.
 
 Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
-an `Engine` to submit them to (`create_engine`), `freeze_startup_heap` for a process that serves, and `EngineHost` / `attach_engine` for one
+an `Engine` to submit them to (`create_engine`), and `EngineHost` / `attach_engine` for one
 engine process shared by several server processes (`ReplicaHost` / `attach_replicas` for engine
-replicas on Ray).
+replicas on Ray). `freeze_startup_heap` / `thaw_heap`: a serving process's start-up objects out of
+the cyclic collector, and back.
 """
 
 from engine.api import (
