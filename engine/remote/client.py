@@ -6,7 +6,8 @@ and keeps that engine serving.
 detaches: the child aborts what this process still had in flight.
 
 Supervision (the profile's `supervision:`): the child speaks every `STATE_PERIOD_S`. When its pipe
-closes (it exited) or it stays silent for `stall_timeout_s` (stalled: stopped, wedged), it is lost:
+closes (it exited) or it stays silent for `stall_timeout_s` (stalled: stopped, wedged; time this
+process was stopped too does not count, engine/remote/silence.py), it is lost:
 every open request ends with `Failed(code=UNAVAILABLE)`, `health()` says `down`, and a new request
 is refused with `UNAVAILABLE` (the edge's 503, never a 400) until an engine serves again. A child of
 our own is killed (a stopped one too), reaped and started again after `backoff_s` waits, doubling
@@ -54,6 +55,7 @@ from engine.remote.messages import (
     Submit,
 )
 from engine.remote.pipe import cut, read_into, send
+from engine.remote.silence import Silence
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,7 @@ class RemoteCore:
         self._lost: _Link | None = None  # one lost and not yet reaped
         self._serving = False
         self._stopping = False
-        self._heard_at = 0.0  # time.monotonic() of the serving link's last message
+        self._silence = Silence()  # the serving link's
         self._serving_since = 0.0
         self._down = "not started"  # why it does not serve: health's detail
         self._cause = "exited"  # how it was last lost (exited, stalled): the restarts' label
@@ -182,8 +184,7 @@ class RemoteCore:
     def health(self) -> EngineHealth:
         now = time.monotonic()
         if self._serving:
-            silent_s = now - self._heard_at
-            if silent_s > LATE_S:
+            if (silent_s := self._silence.seconds) > LATE_S:
                 return EngineHealth("degraded", f"no word from the engine process for {silent_s:.1f} s",
                                     self._restarts)
             return EngineHealth("ok", restarts=self._restarts)
@@ -225,7 +226,7 @@ class RemoteCore:
             raise EngineError("the engine process exited while starting")
         self._spec = first.spec
         self._start_s = time.monotonic() - began
-        self._heard_at = self._serving_since = time.monotonic()
+        self._silence, self._serving_since = Silence(), time.monotonic()
         self._serving = True
         self._metrics.up.set(1)
         who = "attached" if self.address else f"{process.pid if process else '?'} ready"
@@ -253,7 +254,7 @@ class RemoteCore:
     def _on_messages(self, link: _Link, batch: list[Any]) -> None:
         if link is not self._link:
             return  # a lost link's last words
-        self._heard_at = time.monotonic()
+        self._silence.heard()
         for message in batch:
             match message:
                 case Events(events):
@@ -280,7 +281,7 @@ class RemoteCore:
         while True:
             while self._serving:
                 await asyncio.sleep(STATE_PERIOD_S)
-                silent_s = time.monotonic() - self._heard_at
+                silent_s = self._silence.look()
                 if self._serving and silent_s > self.supervision.stall_timeout_s:
                     self._lose("stalled", f"the engine process stalled: no word from it for {silent_s:.1f} s")
             if self._lost is not None:

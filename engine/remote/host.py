@@ -18,6 +18,7 @@ from engine.api import EngineError
 from engine.remote.child import START_TIMEOUT_S, spawn_child
 from engine.remote.messages import STATE_PERIOD_S, Address, EngineSpec, Ready, StartFailed, Stop, Stopped
 from engine.remote.pipe import send
+from engine.remote.silence import Silence
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +114,15 @@ class EngineHost:
     def _watch(self, stall_timeout_s: float) -> str | None:
         """Read the owner's pipe until the child is lost (says how) or the host stops (None)."""
         assert self._conn is not None
-        heard_at = time.monotonic()
+        silence = Silence()
         while not self._stopping.is_set():
             try:
                 if self._conn.poll(STATE_PERIOD_S):
                     self._conn.recv()  # a Heartbeat: it is there
-                    heard_at = time.monotonic()
-                    continue
+                    silence.heard()
             except (EOFError, OSError):
                 return "exited"
-            if (silent_s := time.monotonic() - heard_at) > stall_timeout_s:
+            if (silent_s := silence.look()) > stall_timeout_s:
                 return f"stalled: no word from it for {silent_s:.1f} s"
         return None
 

@@ -11,9 +11,10 @@ When the actor dies its channel closes: the replica is lost, each open request e
 `Failed(code=UNAVAILABLE)` and `health()` says down, so the router sends new work elsewhere. Ray starts
 the actor again (it is created with `max_restarts=-1`); once it answers `ready` this process connects
 again and the replica serves again. One silent past `stall_timeout_s` (a wedged process, a host gone
-without a word) is lost too, and killed so that Ray starts another. Stopping ends this process's
-requests only (the replica aborts what a connection that leaves had open): the actor belongs to the
-process that launched it (engine/replicas/cluster.py).
+without a word; time this process was stopped too does not count, engine/remote/silence.py) is lost
+too, and killed so that Ray starts another. Stopping ends this process's requests only (the replica
+aborts what a connection that leaves had open): the actor belongs to the process that launched it
+(engine/replicas/cluster.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -35,6 +35,7 @@ from engine.handoff import AdmittedRequest
 from engine.remote.child import START_TIMEOUT_S
 from engine.remote.messages import STATE_PERIOD_S, Cancel, Closed, Events, Ready, State, Submit
 from engine.remote.pipe import cut, portable, read_into, send
+from engine.remote.silence import Silence
 from engine.replicas.actor import ReplicaChannel
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class ReplicaCore:
         self.serving = False
         self._stopping = False
         self._down = "not started"
-        self._heard_at = 0.0
+        self._silence = Silence()  # on this connection
         self.restarts = 0  # times it served again after it was lost
         self.metrics_text = ""  # its engine families, as its last state gave them
         self.pid: int | None = None
@@ -109,8 +110,7 @@ class ReplicaCore:
     def health(self) -> EngineHealth:
         if not self.serving:
             return EngineHealth("down", self._down, self.restarts, STATE_PERIOD_S * 4)
-        silent_s = time.monotonic() - self._heard_at
-        if silent_s > LATE_S:
+        if (silent_s := self._silence.seconds) > LATE_S:
             return EngineHealth("degraded", f"no word from engine replica {self.name} for {silent_s:.1f} s",
                                 self.restarts)
         return EngineHealth("ok", restarts=self.restarts)
@@ -126,7 +126,7 @@ class ReplicaCore:
             raise EngineError(f"cannot reach engine replica {self.name} at {host}:{port}: {type(e).__name__}: {e}") from e
         self.pid, self._conn = channel.pid, conn
         self._sent = self._ended = self._reported_open = self._received = self._ended_at_state = 0
-        self._heard_at = time.monotonic()
+        self._silence = Silence()
         self.serving = True
         read_into(conn, asyncio.get_running_loop(), functools.partial(self._on_messages, conn))
 
@@ -139,7 +139,7 @@ class ReplicaCore:
     def _on_messages(self, conn: Connection, batch: list[Any]) -> None:
         if conn is not self._conn:
             return  # a lost connection's last words
-        self._heard_at = time.monotonic()
+        self._silence.heard()
         for message in batch:
             match message:
                 case Events(events):
@@ -158,7 +158,7 @@ class ReplicaCore:
         while not self._stopping:
             await asyncio.sleep(STATE_PERIOD_S)
             if self.serving:
-                if (silent_s := time.monotonic() - self._heard_at) > self._stall_timeout_s:
+                if (silent_s := self._silence.look()) > self._stall_timeout_s:
                     self._lose(f"engine replica {self.name} stalled: no word from it for {silent_s:.1f} s")
                     ray.kill(self._actor, no_restart=False)  # Ray starts another
                 continue

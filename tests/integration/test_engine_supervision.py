@@ -153,3 +153,24 @@ def test_a_stopped_engine_process_behind_workers_fails_by_the_deadline_and_is_re
         assert "restart attempt 1" in workers_server.log()
     finally:
         _release(pid)
+
+
+def test_a_server_stopped_with_its_engine_process_serves_on_when_both_resume(process_server: Server) -> None:
+    """A paused container or VM stops the server and its engine alike: past `stall_timeout_s` of it the
+    engine's beats wait unread, and the server must not take that for a stall and kill a healthy engine."""
+    (pid,) = _engine_pids(process_server)
+    try:
+        for who in (process_server.pid, pid):
+            os.kill(who, signal.SIGSTOP)
+        time.sleep(SUPERVISION["stall_timeout_s"] + 2)
+        for who in (pid, process_server.pid):
+            os.kill(who, signal.SIGCONT)
+        time.sleep(1)  # beats enough for a supervisor that had counted the pause to act on it
+
+        health = _until_health(process_server, "ok", times=3)
+        assert health["engine"] == {"detail": "", "restarts": 0}
+        assert _served(process_server)
+        assert _engine_pids(process_server) == [pid] and "stalled" not in process_server.log()
+    finally:
+        for who in (pid, process_server.pid):
+            os.kill(who, signal.SIGCONT)  # a failed test's stopped processes go on, to stop in order
