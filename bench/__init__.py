@@ -16,6 +16,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     voice_stats.py  per turn index and overall: first-audio latency, VAD wait, underruns
     voice.py     the realtime levels (mode x output format x concurrency), {label}.json and .png
     ladder.py    one server per row, DIR/<row>.json, DIR/ladder.json and the ladder's figures
+    rows.py      a row's server for its sweeps: fresh for each, or held for the run and paused between
     rounds.py    a ladder's rows again, round after round: each row's TTFP paired with the first row's
     soak.py      `bench soak`: mixed traffic for a long while, the server's memory and open files sampled
     procstat.py  a process tree's RSS and open fds from /proc
@@ -27,7 +28,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
 
 from bench.cli import add_bench_arguments, bench_main, config_from_args
 from bench.config import BenchConfig, BenchError, VoiceConfig
-from bench.ladder import Ladder, LadderRow, RowOutcome, load_ladder, run_ladder
+from bench.ladder import Ladder, LadderRow, load_ladder, run_ladder
 from bench.measure import (
     SAMPLE_RATE,
     RequestRecord,
@@ -38,6 +39,7 @@ from bench.measure import (
     scheduled_underruns,
 )
 from bench.plots import plot_compare
+from bench.rows import RowOutcome
 from bench.stats import LevelResult, Stat, summarize_level
 from bench.sweep import BenchResult, build_payload, make_prompt, measure, run_bench
 from bench.turn import TurnRecord, TurnTimer

@@ -77,6 +77,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add("--rows", type=_csv(str), default=None, metavar="NAMES", help="with --ladder: run only these rows")
     add("--repeats", type=_at_least(1), default=None, metavar="N",
         help="with --ladder: N rounds of every row, in turn (default the file's `repeats:`, else 1)")
+    add("--held", action="store_true",
+        help="with --ladder: start every row's server once, warm it with one unrecorded sweep and keep it for "
+             "every round, paused (SIGSTOP, its whole process tree) while another row sweeps")
     add("--replot", action="store_true",
         help="with --ladder: no servers; rebuild ladder.json and the figures from the <row>.json files in --out-dir")
     add("--startup-timeout", type=float, default=900.0,
@@ -334,7 +337,8 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
                 rounds = replot_ladder(ladder, config.out_dir, shlex.join(argv))
             else:
                 rounds = run_ladder(ladder, config, cli_sweep(args), config.out_dir,
-                                    startup_timeout_s=args.startup_timeout, only=args.rows, repeats=args.repeats)
+                                    startup_timeout_s=args.startup_timeout, only=args.rows, repeats=args.repeats,
+                                    held=args.held)
         except BenchError as exc:
             log.error("%s", exc)
             return 2

@@ -29,18 +29,19 @@ with its reason). After the last row: DIR/ladder.json and the figures. With `rep
 and ladder.json gains `rounds`: each row's mean TTFP per round and its difference from the first
 row's. Each row also records the CPU seconds its server's processes spent over the sweep, by
 process (bench/procstat.py): an engine child's, a Ray replica's, Ray's own daemons' (a local Ray
-instance is the server's child).
+instance is the server's child). With `--held` each row's server starts once instead, warms with one
+sweep that is not recorded, and serves every round, paused while another row sweeps (bench/rows.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 import shlex
 import time
-from dataclasses import asdict, dataclass, field, replace
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,9 @@ from rich.markup import escape
 from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
 from bench.machine import git_commit, machine_info
 from bench.plots import plot_ladder, plot_rounds
-from bench.procstat import cpu_by_process, sample_tree
 from bench.rounds import round_dir, round_order, rounds_on_disk, summarize_rounds
-from bench.server import ServerProcess, ServerStartError
-from bench.sweep import BenchResult, measure, write_json
+from bench.rows import HeldServers, RowOutcome, RowServer, run_row
+from bench.sweep import write_json
 
 log = logging.getLogger(__name__)
 
@@ -107,18 +107,6 @@ def merge_profile(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]
         else:
             out[key] = value
     return out
-
-
-@dataclass
-class RowOutcome:
-    name: str
-    what: str
-    serve_command: str
-    status: str = "failed"  # "ok" once the sweep ran and the server lived through it
-    error: str | None = None
-    startup_s: float | None = None
-    result: BenchResult | None = None
-    cpu_s: dict[str, float] | None = None  # the server's process tree over the sweep, by process
 
 
 def row_summary(payload: dict[str, Any]) -> dict[str, Any]:
@@ -215,32 +203,6 @@ def load_ladder(path: Path) -> Ladder:
                   None if base is None else Path(base), model, _profile(raw.get("profile"), "profile"), repeats)
 
 
-def run_row(row: LadderRow, serve_args: list[str], config: BenchConfig, out_dir: Path, startup_timeout_s: float,
-            console: Console) -> RowOutcome:
-    """Start the row's server, sweep it, stop it. Never raises for the row's own failures."""
-    server = ServerProcess(serve_args, out_dir / "logs" / f"{row.name}.log")
-    outcome = RowOutcome(row.name, row.what, server.command)
-    try:
-        with console.status(f"[bold]{row.name}[/]: starting {escape(server.command)}"):
-            outcome.startup_s = server.start(row.startup_timeout_s or startup_timeout_s)
-        console.print(f"  server up in {outcome.startup_s:.1f} s on {server.url}")
-        before = sample_tree(server.pid)
-        outcome.result = asyncio.run(measure(replace(config, url=server.url, label=row.name), console))
-        outcome.cpu_s = cpu_by_process(before, sample_tree(server.pid))
-        if (rc := server.exited()) is not None:
-            outcome.error = f"server exited with code {rc} during the sweep; log tail:\n{server.log_tail()}"
-        else:
-            outcome.status = "ok"
-    except (ServerStartError, BenchError) as exc:
-        outcome.error = str(exc)
-    except Exception as exc:  # a row's bug must not end the ladder: record it and go on
-        log.exception("row %s failed", row.name)
-        outcome.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        server.stop()
-    return outcome
-
-
 def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any],
                 profile: dict[str, Any] | None, commit: str | None, place: int = 1) -> dict[str, Any]:
     """What DIR/<row>.json holds: the sweep's result (as `--compare` reads it) plus the row, its
@@ -248,7 +210,7 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
     its round (from 1)."""
     row = {"name": outcome.name, "what": outcome.what, "serve_command": outcome.serve_command,
            "profile": profile, "status": outcome.status, "error": outcome.error, "startup_s": outcome.startup_s,
-           "cpu_s": outcome.cpu_s, "place": place}
+           "cpu_s": outcome.cpu_s, "place": place, "held": outcome.held}
     if outcome.result is not None:
         return {**asdict(outcome.result), "machine": machine, "git_commit": commit, "row": row}
     cfg = {k: v for k, v in asdict(config).items() if k not in ("argv", "show_progress")}
@@ -259,38 +221,51 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
 
 def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out_dir: Path, *,
                startup_timeout_s: float, only: list[str] | None = None, repeats: int | None = None,
-               console: Console | None = None) -> list[list[dict[str, Any]]]:
+               held: bool = False, console: Console | None = None) -> list[list[dict[str, Any]]]:
     """Run the rows (all, or those named in `only`), `repeats` rounds of them (default the file's), each
-    round in `round_order`; returns each round's ladder.json summaries, in the ladder's order."""
+    round in `round_order`, on fresh servers or, `held`, on servers kept for the whole run
+    (bench/rows.py); returns each round's ladder.json summaries, in the ladder's order."""
     console = console or Console(stderr=True)
     if only and (missing := sorted(set(only) - {r.name for r in ladder.rows})):
         raise BenchError(f"--rows: no row named {missing[0]!r} in {ladder.path}")
     rows = [r for r in ladder.rows if only is None or r.name in only]
     count = repeats or ladder.repeats
     sweep = with_overrides(base, ladder.bench, cli_sweep)
+    configs = {row.name: with_overrides(sweep, row.bench) for row in rows}
+    servers = {row.name: RowServer(row.name, row.what, ladder.serve_args(row), row.startup_timeout_s or startup_timeout_s)
+               for row in rows}
     machine = machine_info(with_gpu=True)  # once, before any server holds the GPU
     commit = git_commit()
     rounds: list[list[dict[str, Any]]] = []
-    for k in range(1, count + 1):
-        where = round_dir(out_dir, k)
-        summaries: dict[str, dict[str, Any]] = {}
-        for place, i in enumerate(round_order(len(rows), k), 1):
-            row = rows[i]
-            of_round = f", round {k}/{count}" if count > 1 else ""
-            console.rule(f"[bold]row {place}/{len(rows)}{of_round}: {row.name}[/] - {escape(row.what)}")
-            config = with_overrides(sweep, row.bench)
-            outcome = run_row(row, ladder.serve_args(row), config, where, startup_timeout_s, console)
-            profile = ladder.row_profile(row) if ladder.base is not None else None
-            payload = row_payload(outcome, config, machine, profile, commit, place)
-            write_json(payload, where / f"{row.name}.json")
-            if outcome.status != "ok":
-                lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
-                tail = f"\n    {escape(lines[-1])}" if len(lines) > 1 else ""
-                console.print(f"  [red]row {row.name} failed[/]: {escape(lines[0])}{tail}")
-            summaries[row.name] = row_summary(payload)
-        rounds.append([summaries[row.name] for row in rows])
+    holding = HeldServers(list(servers.values()), out_dir, console).held(configs) if held else nullcontext(None)
+    with holding as kept:
+        for k in range(1, count + 1):
+            rounds.append(_round(ladder, rows, k, count, configs, servers, kept, out_dir, machine, commit, console))
     write_ladder(ladder, rounds, out_dir, command=shlex.join(base.argv), machine=machine)
     return rounds
+
+
+def _round(ladder: Ladder, rows: list[LadderRow], k: int, count: int, configs: dict[str, BenchConfig],
+           servers: dict[str, RowServer], kept: HeldServers | None, out_dir: Path, machine: dict[str, Any],
+           commit: str | None, console: Console) -> list[dict[str, Any]]:
+    """Round `k`: every row once, in `round_order`; its rows' summaries, in the ladder's order."""
+    where = round_dir(out_dir, k)
+    summaries: dict[str, dict[str, Any]] = {}
+    for place, i in enumerate(round_order(len(rows), k), 1):
+        row = rows[i]
+        of_round = f", round {k}/{count}" if count > 1 else ""
+        console.rule(f"[bold]row {place}/{len(rows)}{of_round}: {row.name}[/] - {escape(row.what)}")
+        config, server = configs[row.name], servers[row.name]
+        outcome = kept.run(server, config) if kept is not None else run_row(server, config, where, console)
+        profile = ladder.row_profile(row) if ladder.base is not None else None
+        payload = row_payload(outcome, config, machine, profile, commit, place)
+        write_json(payload, where / f"{row.name}.json")
+        if outcome.status != "ok":
+            lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
+            tail = f"\n    {escape(lines[-1])}" if len(lines) > 1 else ""
+            console.print(f"  [red]row {row.name} failed[/]: {escape(lines[0])}{tail}")
+        summaries[row.name] = row_summary(payload)
+    return [summaries[row.name] for row in rows]
 
 
 def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[list[dict[str, Any]]]:

@@ -10,9 +10,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -162,3 +164,66 @@ rows:
     assert data["rows"][0]["profile"]["backend"] == "transformers_generate" and "backend" not in data["rows"][1]["profile"]
     baseline = json.loads((out / "baseline.json").read_text())
     assert baseline["git_commit"] and baseline["levels"][0]["records"][0]["chunk_gaps_ms"] == []  # one chunk
+
+
+def _stopped_servers() -> set[int]:
+    """Server processes (`voice_gateway.cli serve`) stopped by a signal now."""
+    stopped = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if stat.rpartition(")")[2].split()[0] == "T" and b"voice_gateway.cli\0serve" in command:
+            stopped.add(int(entry.name))
+    return stopped
+
+
+@pytest.mark.skipif(not _serve_has_overrides(), reason="needs `voice-gateway serve --overrides`")
+def test_held_servers_serve_every_round_and_wait_stopped_between(tiny_checkpoint: Path, cache_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    """--held: one server per row for the whole run, warmed once, each paused while the other sweeps. An
+    engine child paused with its server past its stall timeout is not taken for a stalled one."""
+    ladder = tmp_path / "ladder.yaml"
+    ladder.write_text(f"""
+base: configs/tiny.yaml
+profile: {{supervision: {{stall_timeout_s: 1}}, stages: {{talker: {{max_frames: {FRAMES}, ignore_eos: true}}}}}}
+bench: {{concurrency: [1], num_requests: 3, warmup: 0, max_tokens: {TEXT_TOKENS}}}
+rows:
+  - name: in-process
+    what: the engine in the server's process
+    serve: [--cache-dir, "{cache_dir}"]
+  - name: engine-process
+    what: the engine in a child process
+    profile: {{engine: process}}
+    serve: [--cache-dir, "{cache_dir}"]
+""")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    stopped: set[int] = set()
+    with (tmp_path / "bench.log").open("w+") as log, \
+            subprocess.Popen([sys.executable, "-m", "voice_gateway.cli", "bench", "--ladder", str(ladder),
+                              "--out-dir", str(out), "--repeats", "2", "--held"],
+                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT) as bench:
+        while bench.poll() is None:
+            stopped |= _stopped_servers()
+            time.sleep(0.2)
+        log.seek(0)
+        assert bench.returncode == 0, log.read()
+
+    urls = {}
+    for where in (out, out / "round-2"):
+        for name in ("in-process", "engine-process"):
+            row = json.loads((where / f"{name}.json").read_text())
+            assert row["row"]["held"] is True and row["levels"][0]["completed"] == 3
+            urls.setdefault(name, set()).add(row["config"]["url"])
+    assert all(len(seen) == 1 for seen in urls.values()), urls  # one server a row, kept for both rounds
+    assert len(stopped) >= 2, stopped  # each row's server waited stopped while the other swept
+    assert json.loads((out / "ladder.json").read_text())["rounds"]["count"] == 2
+
+    child_log = (out / "logs" / "engine-process.log").read_text()
+    assert len(re.findall(r"engine process \d+ ready", child_log)) == 1 and "stalled" not in child_log
+    for url in {u for seen in urls.values() for u in seen}:
+        with pytest.raises(httpx.HTTPError):  # every server stopped at the end
+            httpx.get(url + "/health", timeout=2)
