@@ -18,6 +18,7 @@ class ProcessSample:
     rss_kib: int  # VmRSS
     fds: int  # entries of /proc/<pid>/fd
     cpu_s: float = 0.0  # user and system time so far
+    role: str = "?"  # what it runs (`role`), read from its whole command
 
 
 def _parent_pid(pid: int) -> int | None:
@@ -57,7 +58,7 @@ def sample(pid: int) -> ProcessSample | None:
     rss_kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     utime, stime = stat.rpartition(")")[2].split()[11:13]
     cpu_s = (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
-    return ProcessSample(pid=pid, name=name[:120], rss_kib=rss_kib, fds=fds, cpu_s=cpu_s)
+    return ProcessSample(pid=pid, name=name[:120], rss_kib=rss_kib, fds=fds, cpu_s=cpu_s, role=role(name))
 
 
 def sample_tree(root: int) -> list[ProcessSample]:
@@ -70,8 +71,7 @@ def cpu_by_process(before: list[ProcessSample], after: list[ProcessSample]) -> d
     start = {s.pid: s.cpu_s for s in before}
     spent: dict[str, float] = {}
     for s in after:
-        role_name = role(s.name)
-        spent[role_name] = spent.get(role_name, 0.0) + s.cpu_s - start.get(s.pid, 0.0)
+        spent[s.role] = spent.get(s.role, 0.0) + s.cpu_s - start.get(s.pid, 0.0)
     return dict(sorted(((k, round(v, 2)) for k, v in spent.items()), key=lambda kv: -kv[1]))
 
 

@@ -51,8 +51,10 @@ def test_a_process_tree_is_sampled_with_its_children() -> None:
 
 def test_cpu_time_is_told_per_process_of_the_tree(tmp_path: Path) -> None:
     # a child that idles, and a grandchild (a script) that waits a second (after the first sample), spins
-    # for half a second of CPU and idles
-    spinner = tmp_path / "spinner.py"
+    # for half a second of CPU and idles; its path is long, as a Ray daemon's is, so its role comes from
+    # the whole command, not the sample's cut name
+    (folder := tmp_path / ("site-packages-" * 10)).mkdir()
+    spinner = folder / "spinner.py"
     spinner.write_text("import time\ntime.sleep(1)\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\ntime.sleep(30)\n")
     code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, {str(spinner)!r}]); time.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", code])
