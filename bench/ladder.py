@@ -241,7 +241,7 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
     with holding as kept:
         for k in range(1, count + 1):
             rounds.append(_round(ladder, rows, k, count, configs, servers, kept, out_dir, machine, commit, console))
-    write_ladder(ladder, rounds, out_dir, command=shlex.join(base.argv), machine=machine)
+    write_ladder(ladder, rounds, out_dir, command=shlex.join(base.argv), machine=machine, commit=commit)
     return rounds
 
 
@@ -278,7 +278,7 @@ def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[list[dict
         summaries, found = _read_rows(ladder, round_dir(out_dir, k))
         rounds.append(summaries)
         machine = machine or found
-    write_ladder(ladder, rounds, out_dir, command=command, machine=machine or {})
+    write_ladder(ladder, rounds, out_dir, command=command, machine=machine or {}, commit=git_commit())
     return rounds
 
 
@@ -303,7 +303,7 @@ def _read_rows(ladder: Ladder, where: Path) -> tuple[list[dict[str, Any]], dict[
 
 
 def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Path, *, command: str,
-                 machine: dict[str, Any]) -> Path:
+                 machine: dict[str, Any], commit: str | None) -> Path:
     """ladder.json and the figures: round 1's rows, and `rounds` when there was more than one."""
     rows = rounds[0]
     plots = plot_ladder([(r["name"], r["levels"]) for r in rows], out_dir, ladder.title)
@@ -316,7 +316,7 @@ def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Pa
         "command": command,
         "ladder_file": str(ladder.path),
         "base": None if ladder.base is None else str(ladder.base),
-        "git_commit": git_commit(),
+        "git_commit": commit,  # the run's, taken when it began: the tree may change while it runs
         "machine": machine,
         "rows": rows,
         "rounds": summary,

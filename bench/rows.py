@@ -101,7 +101,7 @@ def run_row(row: RowServer, config: BenchConfig, out_dir: Path, console: Console
 
 
 class HeldServers:
-    """Owns every row's server for the whole run, each paused but while its own sweeps run."""
+    """Owns every row's server for the whole run, each paused except while its own sweeps run."""
 
     def __init__(self, rows: list[RowServer], out_dir: Path, console: Console) -> None:
         self.console = console
@@ -152,10 +152,14 @@ class HeldServers:
             self._pause(row.name)
 
     def _pause(self, name: str) -> None:
-        pids = process_tree(self._servers[name].pid)
-        for pid in pids:  # the server first: its supervisors stop before its engines do
-            _signal(pid, signal.SIGSTOP)
-        self._paused[name] = pids
+        """Stop the server, then its tree until no process is left running in it (one may have just
+        started another)."""
+        stopped: list[int] = []
+        while fresh := [pid for pid in process_tree(self._servers[name].pid) if pid not in stopped]:
+            for pid in fresh:  # the server first: its supervisors stop before its engines do
+                _signal(pid, signal.SIGSTOP)
+            stopped += fresh
+        self._paused[name] = stopped
 
     def _resume(self, name: str) -> None:
         for pid in reversed(self._paused.pop(name, [])):  # the engines first, the server last
