@@ -107,8 +107,8 @@ class HeldServers:
         self.console = console
         self._log_dir = out_dir / "logs"
         self._servers: dict[str, ServerProcess] = {}
-        self._startup_s: dict[str, float] = {}
-        self._failed: dict[str, str] = {}  # row -> why its server never served
+        self._started: dict[str, RowOutcome] = {}  # each serving row's outcome before a sweep
+        self._failed: dict[str, RowOutcome] = {}  # rows whose server never served, and why
         self._paused: dict[str, list[int]] = {}  # row -> the pids stopped, to let go in turn
         self._rows = rows
 
@@ -119,16 +119,19 @@ class HeldServers:
         try:
             for row in self._rows:
                 server, outcome = _server(row, self._log_dir)
+                outcome.held = True
                 try:
                     _start(server, outcome, row, self.console)
                 except ServerStartError as exc:
-                    self._failed[row.name] = str(exc)
+                    outcome.error = str(exc)
+                    self._failed[row.name] = outcome
                     continue
-                self._servers[row.name], self._startup_s[row.name] = server, outcome.startup_s or 0.0
+                self._servers[row.name], self._started[row.name] = server, outcome
                 self.console.print(f"  [dim]{row.name}: a warm-up sweep, not recorded[/]")
-                warm = sweep_on(server, outcome, warmup[row.name], self.console)
+                warm = sweep_on(server, replace(outcome), warmup[row.name], self.console)
                 if warm.status != "ok":
-                    self._failed[row.name] = f"its warm-up sweep failed: {warm.error}"
+                    outcome.error = f"its warm-up sweep failed: {warm.error}"
+                    self._failed[row.name] = outcome
                 self._pause(row.name)
             yield self
         finally:
@@ -139,11 +142,9 @@ class HeldServers:
     def run(self, row: RowServer, config: BenchConfig) -> RowOutcome:
         """Let the row's server go on, sweep it, pause it again. Never raises for the row's own failures."""
         if row.name in self._failed:
-            outcome = _server(row, self._log_dir)[1]
-            outcome.error = self._failed[row.name]
-            return outcome
+            return self._failed[row.name]
         server = self._servers[row.name]
-        outcome = RowOutcome(row.name, row.what, server.command, startup_s=self._startup_s[row.name], held=True)
+        outcome = replace(self._started[row.name])
         self._resume(row.name)
         time.sleep(SETTLE_S)
         try:
