@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import torch
 
+from engine.weights.omni_config import read_omni_config
+
 log = logging.getLogger(__name__)
 
 StageName = Literal["thinker", "talker", "code2wav"]
@@ -65,9 +67,7 @@ def resolve_checkpoint(model: str, cache_dir: Path) -> Path:
 
 
 def load_config(path: Path) -> Any:
-    from transformers import Qwen3OmniMoeConfig
-
-    config = Qwen3OmniMoeConfig.from_pretrained(path)
+    config = read_omni_config(path)
     if not config.enable_audio_output:
         log.warning("%s has no talker (enable_audio_output=false): audio replies are unavailable", path)
     return config

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from engine.weights.checkpoint import StageName, stage_class
+from engine.weights.omni_config import omni_config
 from engine.weights.tiny import tiny_config_dict
 
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [24, 20, 20], "interleaved": True}
@@ -58,9 +59,7 @@ def full_size_config_dict() -> dict[str, Any]:
 
 def build_dummy_stage(stage: StageName, *, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
     """One stage at full size with random weights, created on `device` (no host copy)."""
-    from transformers import Qwen3OmniMoeConfig
-
-    config = Qwen3OmniMoeConfig(**full_size_config_dict())
+    config = omni_config(full_size_config_dict())
     cls, sub = stage_class(stage, config)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     with torch.device(device):

@@ -21,6 +21,7 @@ from engine.api import EngineError
 from engine.weights.cache import build_once, default_cache_dir
 from engine.weights.checkpoint import StageName, load_config, load_stage, resolve_checkpoint
 from engine.weights.full_size import build_dummy_stage, full_size_config_dict
+from engine.weights.omni_config import omni_config
 from engine.weights.tiny import TINY_DESCRIPTION, TINY_MODEL_ID
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,8 @@ class ModelSource:
              cache_dir: Path | None = None) -> ModelSource:
         cache_dir = cache_dir or default_cache_dir()
         if load_format == "dummy":
-            from transformers import Qwen3OmniMoeConfig
-
             log.warning("load_format=dummy: full-size architecture with RANDOM weights, for benchmarks only")
-            return cls(model, _dummy_front(cache_dir), Qwen3OmniMoeConfig(**full_size_config_dict()), "dummy")
+            return cls(model, _dummy_front(cache_dir), omni_config(full_size_config_dict()), "dummy")
         path = resolve_checkpoint(model, cache_dir)
         if model == TINY_MODEL_ID:
             log.warning("serving the tiny random-weight model: %s", TINY_DESCRIPTION)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.weights.cache import build_once
+from engine.weights.omni_config import omni_config
 
 TINY_VERSION = "v3"
 TINY_SEED = 1234
@@ -150,12 +151,12 @@ def tiny_config_dict() -> dict[str, Any]:
 def build_tiny_checkpoint(out_dir: Path) -> None:
     """Write config, seeded weights, tokenizer and feature-extractor config to `out_dir`."""
     import torch
-    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+    from transformers import Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
     from engine.weights.tokenizer import build_tokenizer
 
     torch.manual_seed(TINY_SEED)
-    config = Qwen3OmniMoeConfig(**tiny_config_dict())
+    config = omni_config(tiny_config_dict())
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     # Default init gives near-constant logits; a wider spread makes sampling (and the noise) audible.
     with torch.no_grad():
