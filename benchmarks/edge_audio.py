@@ -92,9 +92,9 @@ def step_costs(repeat: int = 15) -> list[tuple[str, str, float]]:
     resampler = stream._resampler
 
     def resample() -> None:
-        resampler.clear()
+        resampler.reset()
         for p in parts:
-            resampler.resample_chunk(p)
+            resampler.process(p)
 
     def encode_all() -> None:
         stream.start_response()

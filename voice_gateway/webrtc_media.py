@@ -9,11 +9,11 @@ import time
 
 import av
 import numpy as np
-import soxr
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
 from engine import INPUT_SAMPLE_RATE_HZ
+from voice_gateway.audio.resample import Resampler
 from voice_gateway.realtime.audio_sinks import TRACK_FRAME_SAMPLES, TRACK_RATE_HZ, TrackSink
 from voice_gateway.realtime.session import Session
 
@@ -59,18 +59,16 @@ class Microphone:
         self.last_audio_at = time.monotonic()
 
     async def consume(self, track: MediaStreamTrack) -> None:
-        resampler: soxr.ResampleStream | None = None
-        rate = 0
+        resampler: Resampler | None = None
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
                 if not isinstance(frame, av.AudioFrame):
                     continue
-                if frame.sample_rate != rate or resampler is None:
-                    rate = frame.sample_rate
-                    resampler = soxr.ResampleStream(rate, INPUT_SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
+                if resampler is None or frame.sample_rate != resampler.from_hz:
+                    resampler = Resampler(frame.sample_rate, INPUT_SAMPLE_RATE_HZ)
                 self.last_audio_at = time.monotonic()
-                await self.session.append_audio(resampler.resample_chunk(_to_mono_float(frame)))
+                await self.session.append_audio(resampler.process(_to_mono_float(frame)))
 
 
 def _to_mono_float(frame: av.AudioFrame) -> np.ndarray:

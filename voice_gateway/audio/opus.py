@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import av
 import numpy as np
-import soxr
+
+from voice_gateway.audio.resample import Resampler
 
 PACKET_HEADER = struct.Struct(">III")  # sequence, timestamp, sample_offset
 INPUT_RATE_HZ = 24_000
@@ -80,14 +81,14 @@ class OpusStream:
         # keeps the rate. The cutoff stops Opus spending bits on, or folding noise into, the empty band above the
         # 24 kHz input's 12 kHz Nyquist limit.
         self._encoder.options = {"application": "audio", "vbr": "constrained", "cutoff": str(INPUT_RATE_HZ // 2)}
-        self._resampler = soxr.ResampleStream(INPUT_RATE_HZ, OPUS_RATE_HZ, 1, dtype="float32", quality="HQ")
+        self._resampler = Resampler(INPUT_RATE_HZ, OPUS_RATE_HZ)
         self._sequence = first_sequence % _U32
         self._timestamp = first_timestamp % _U32
         self._encoded_samples = 0  # the encoder's pts; never wraps
         self.start_response()
 
     def start_response(self) -> None:
-        self._resampler.clear()
+        self._resampler.reset()
         self._pending = np.zeros(0, np.float32)  # 48 kHz samples short of a frame
         self._response_packets = 0
         self._unflushed = False
@@ -99,15 +100,14 @@ class OpusStream:
         if samples_24k.size == 0:
             return []
         self._unflushed = True
-        return self._encode_48k(self._resampler.resample_chunk(samples_24k.astype(np.float32, copy=False)))
+        return self._encode_48k(self._resampler.process(samples_24k))
 
     def flush(self) -> list[OpusPacket]:
         """End the response: the last packets, padded with silence until they carry all of its audio."""
         if not self._unflushed:
             return []
         self._unflushed = False
-        tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-        self._resampler.clear()
+        tail = self._resampler.flush()
         padding = _LOOKAHEAD_SAMPLES + -(self._pending.size + tail.size + _LOOKAHEAD_SAMPLES) % FRAME_SAMPLES
         return self._encode_48k(np.concatenate([tail, np.zeros(padding, np.float32)]))
 

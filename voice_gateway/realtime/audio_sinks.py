@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
-import soxr
 
 from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_encode, ulaw_encode
 from voice_gateway.audio.opus import OpusStream
+from voice_gateway.audio.resample import Resampler
 from voice_gateway.audio.wav import float_to_pcm16
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.sender import EventSender
@@ -73,18 +73,14 @@ class G711Sink(_EventSink):
     def __init__(self, sender: EventSender, encode: Callable[[np.ndarray], bytes]) -> None:
         super().__init__(sender)
         self._encode = encode
-        self._resampler = self._new_resampler()
-
-    @staticmethod
-    def _new_resampler() -> soxr.ResampleStream:
-        return soxr.ResampleStream(REPLY_RATE_HZ, G711_SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
+        self._resampler = Resampler(REPLY_RATE_HZ, G711_SAMPLE_RATE_HZ)
 
     def begin(self, response_id: str, item_id: str) -> None:
         super().begin(response_id, item_id)
-        self._resampler = self._new_resampler()
+        self._resampler.reset()
 
     def write(self, samples: np.ndarray) -> None:
-        self._delta(self._encode(self._resampler.resample_chunk(samples.astype(np.float32))))
+        self._delta(self._encode(self._resampler.process(samples)))
 
 
 class OpusSink(_EventSink):
@@ -134,24 +130,20 @@ class TrackSink:
         self._pending_id: str | None = None
         self._writing: str | None = None
         self._finished: set[str] = set()  # responses whose audio is all queued
-        self._resampler = self._new_resampler()
-
-    @staticmethod
-    def _new_resampler() -> soxr.ResampleStream:
-        return soxr.ResampleStream(REPLY_RATE_HZ, TRACK_RATE_HZ, 1, dtype="float32", quality="HQ")
+        self._resampler = Resampler(REPLY_RATE_HZ, TRACK_RATE_HZ)
 
     def begin(self, response_id: str, item_id: str) -> None:
         self._writing = response_id
-        self._resampler = self._new_resampler()
+        self._resampler.reset()
 
     def write(self, samples: np.ndarray) -> None:
         assert self._writing is not None, "write before begin"
-        self._queue.append((self._writing, self._resampler.resample_chunk(samples.astype(np.float32))))
+        self._queue.append((self._writing, self._resampler.process(samples)))
 
     def finish(self) -> None:
         if self._writing is not None:
             # the resampler holds back its filter's delay until told the stream ends
-            tail = self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+            tail = self._resampler.flush()
             self._queue.append((self._writing, tail))
             self._finished.add(self._writing)
 

@@ -8,10 +8,10 @@ segment [start_ms, end_ms] maps straight onto it.
 from __future__ import annotations
 
 import numpy as np
-import soxr
 
 from engine import INPUT_SAMPLE_RATE_HZ
 from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_decode, ulaw_decode
+from voice_gateway.audio.resample import Resampler
 from voice_gateway.audio.wav import pcm16_to_float
 from voice_gateway.realtime.events import AudioFormat
 
@@ -30,8 +30,7 @@ class InputAudioBuffer:
         self._chunks: list[np.ndarray] = []
         self._size = 0
         self.start_sample = 0  # clock position of the buffer's first sample
-        self._resampler: soxr.ResampleStream | None = None
-        self._resampler_rate = 0
+        self._resampler: Resampler | None = None
 
     @property
     def end_ms(self) -> int:
@@ -43,12 +42,9 @@ class InputAudioBuffer:
 
     def to_16k(self, samples: np.ndarray, rate_hz: int) -> np.ndarray:
         """Resample one append; a stream resampler keeps append boundaries seamless."""
-        if rate_hz == INPUT_SAMPLE_RATE_HZ:
-            return samples.astype(np.float32, copy=False)
-        if self._resampler is None or self._resampler_rate != rate_hz:
-            self._resampler = soxr.ResampleStream(rate_hz, INPUT_SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
-            self._resampler_rate = rate_hz
-        return self._resampler.resample_chunk(samples.astype(np.float32, copy=False))
+        if self._resampler is None or self._resampler.from_hz != rate_hz:
+            self._resampler = Resampler(rate_hz, INPUT_SAMPLE_RATE_HZ)
+        return self._resampler.process(samples)
 
     def decode(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
         """Client audio in `fmt` (PCM16 at 24 kHz, or G.711 at 8 kHz) as 16 kHz float32; ValueError if malformed."""
