@@ -3,7 +3,8 @@
 PCM16 and G.711 leave as `response.output_audio.delta` events, Opus as binary packets (our extension), and a
 WebRTC call's audio as 20 ms frames that its media track pulls in real time. A response's audio is
 `begin` -> `write`* -> `finish` (all of it was written: send what is buffered), or `cancel` (drop what has
-not left yet). Event sinks' `write` and `finish` raise OutboxFull when the client does not read fast enough.
+not left yet). `write` and `finish` return the outbox's `Delivery`: SLOW_CONSUMER when the client does not
+read fast enough (what follows a refused message is not sent).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Protocol
 import numpy as np
 
 from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_encode, ulaw_encode
-from voice_gateway.audio.opus import OpusStream
+from voice_gateway.audio.opus import OpusPacket, OpusStream
 from voice_gateway.audio.resample import Resampler
 from voice_gateway.audio.wav import float_to_pcm16
 from voice_gateway.realtime import events as ev
+from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.sender import EventSender
 
 REPLY_RATE_HZ = 24_000
@@ -29,9 +31,9 @@ TRACK_FRAME_SAMPLES = 960  # 20 ms at 48 kHz
 class AudioSink(Protocol):
     def begin(self, response_id: str, item_id: str) -> None: ...
 
-    def write(self, samples: np.ndarray) -> None: ...
+    def write(self, samples: np.ndarray) -> Delivery: ...
 
-    def finish(self) -> None: ...
+    def finish(self) -> Delivery: ...
 
     def cancel(self) -> int:
         """Drop the current response's audio that has not left; returns how many queued messages went."""
@@ -49,12 +51,12 @@ class _EventSink:
     def begin(self, response_id: str, item_id: str) -> None:
         self.response_id, self.item_id = response_id, item_id
 
-    def _delta(self, data: bytes) -> None:
+    def _delta(self, data: bytes) -> Delivery:
         delta = ev.OutputAudioDelta(response_id=self.response_id, item_id=self.item_id, delta=data)
-        self.sender.event(delta, self.response_id)
+        return self.sender.event(delta, self.response_id)
 
-    def finish(self) -> None:
-        pass
+    def finish(self) -> Delivery:
+        return Delivery.QUEUED
 
     def cancel(self) -> int:
         return self.sender.drop(self.response_id)
@@ -63,8 +65,8 @@ class _EventSink:
 class Pcm16Sink(_EventSink):
     """`response.output_audio.delta` events of 16-bit little-endian PCM at 24 kHz (OpenAI's default)."""
 
-    def write(self, samples: np.ndarray) -> None:
-        self._delta(float_to_pcm16(samples))
+    def write(self, samples: np.ndarray) -> Delivery:
+        return self._delta(float_to_pcm16(samples))
 
 
 class G711Sink(_EventSink):
@@ -79,8 +81,8 @@ class G711Sink(_EventSink):
         super().begin(response_id, item_id)
         self._resampler.reset()
 
-    def write(self, samples: np.ndarray) -> None:
-        self._delta(self._encode(self._resampler.process(samples)))
+    def write(self, samples: np.ndarray) -> Delivery:
+        return self._delta(self._encode(self._resampler.process(samples)))
 
 
 class OpusSink(_EventSink):
@@ -94,13 +96,17 @@ class OpusSink(_EventSink):
         super().begin(response_id, item_id)
         self._opus.start_response()  # drops a cancelled response's partial frame
 
-    def write(self, samples: np.ndarray) -> None:
-        for packet in self._opus.encode(samples):
-            self.sender.binary(packet.pack(), self.response_id)
+    def write(self, samples: np.ndarray) -> Delivery:
+        return self._send(self._opus.encode(samples))
 
-    def finish(self) -> None:
-        for packet in self._opus.flush():
-            self.sender.binary(packet.pack(), self.response_id)
+    def finish(self) -> Delivery:
+        return self._send(self._opus.flush())
+
+    def _send(self, packets: list[OpusPacket]) -> Delivery:
+        for packet in packets:
+            if (delivery := self.sender.binary(packet.pack(), self.response_id)) is not Delivery.QUEUED:
+                return delivery
+        return Delivery.QUEUED
 
 
 def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) -> AudioSink:
@@ -136,16 +142,18 @@ class TrackSink:
         self._writing = response_id
         self._resampler.reset()
 
-    def write(self, samples: np.ndarray) -> None:
+    def write(self, samples: np.ndarray) -> Delivery:
         assert self._writing is not None, "write before begin"
         self._queue.append((self._writing, self._resampler.process(samples)))
+        return Delivery.QUEUED  # the track pulls in real time: its queue is the reply, not the client's backlog
 
-    def finish(self) -> None:
+    def finish(self) -> Delivery:
         if self._writing is not None:
             # the resampler holds back its filter's delay until told the stream ends
             tail = self._resampler.flush()
             self._queue.append((self._writing, tail))
             self._finished.add(self._writing)
+        return Delivery.QUEUED
 
     def cancel(self) -> int:
         dropped = len(self._queue) + (self._pending.size > 0)

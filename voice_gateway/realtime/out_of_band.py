@@ -16,6 +16,7 @@ from engine import Message
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.conversation import Conversation, Item, prompt_messages
 from voice_gateway.realtime.item_events import ItemHost, client_item
+from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.sender import EventSender
 
 AddItem = Callable[[Item], str | None]  # the runner's `add_item`: puts an output item in the conversation
@@ -47,9 +48,10 @@ def _keep_out(item: Item) -> str | None:
 class OutOfBandSender(EventSender):
     """An out-of-band response's way out: every event but those that put its items in the conversation."""
 
-    def event(self, event: ev.ServerEvent, response_id: str | None = None) -> None:
-        if not isinstance(event, ev.ConversationItemAdded | ev.ConversationItemDone):
-            super().event(event, response_id)
+    def event(self, event: ev.ServerEvent, response_id: str | None = None) -> Delivery:
+        if isinstance(event, ev.ConversationItemAdded | ev.ConversationItemDone):
+            return Delivery.QUEUED  # left out on purpose: not a refusal
+        return super().event(event, response_id)
 
 
 def response_context(host: ItemHost, overrides: ev.ResponseOverrides | None, event_id: str | None,

@@ -1,8 +1,9 @@
 """A session's bounded send queue: what the transport writes out, in order.
 
 Audio of a response is tagged with its response id, so a barge-in can drop
-whatever of it is still queued at once. A reader too slow to keep the queue
-under its bound is told so; the caller then cancels its response.
+whatever of it is still queued at once. Each send gets a `Delivery` verdict: response audio that
+would take the queue past its bound is refused (`SLOW_CONSUMER`: the reader is too slow), and its
+response is then failed by whoever sent it; control events are always queued.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
+from enum import Enum
 
 Payload = str | bytes  # a JSON event, or a binary (Opus) frame
 
 
-class OutboxFull(Exception):
-    pass
+class Delivery(Enum):
+    """The outbox's verdict on one send."""
+
+    QUEUED = "queued"
+    SLOW_CONSUMER = "slow_consumer"  # refused: the reader let the queue fill to its bound
 
 
 @dataclass(slots=True)
@@ -34,12 +39,13 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, payload: Payload, response_id: str | None = None, *, force: bool = False) -> None:
+    def put(self, payload: Payload, response_id: str | None = None, *, force: bool = False) -> Delivery:
         """Queue a message; `force` (control events) may exceed the bound, response audio may not."""
         if not force and len(self._entries) >= self.max_messages:
-            raise OutboxFull(f"{len(self._entries)} messages waiting")
+            return Delivery.SLOW_CONSUMER
         self._entries.append(_Entry(payload, response_id))
         self._ready.set()
+        return Delivery.QUEUED
 
     def drop(self, response_id: str) -> int:
         """Forget the queued messages of one response; returns how many."""

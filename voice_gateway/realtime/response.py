@@ -1,8 +1,10 @@
 """One realtime response: runs the engine request and streams its transcript and audio as events.
 
 Audio goes to the response's `AudioSink` (`audio_sinks.py`), which the session
-chose for its output format. A cancelled response (barge-in, `response.cancel`, a slow reader) stops at once:
-the engine request is aborted and its queued audio dropped by the session.
+chose for its output format. A cancelled response (barge-in, `response.cancel`) stops at once: the engine
+request is aborted and its queued audio dropped by the session. A response whose audio the outbox refuses
+(`Delivery.SLOW_CONSUMER`: the client does not read fast enough) stops there too, failed, and its outcome
+carries that verdict for the session to act on.
 
 With tools in the prompt, the reply's text goes through `ResponseCalls` (calls.py), which makes each
 call an output item of its own; the reply's message is then announced only once it has words (or
@@ -12,11 +14,10 @@ audio), so that a reply of calls alone, as `tool_choice: "required"` makes, is c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -67,7 +68,7 @@ from voice_gateway.realtime.events import (
     Usage,
 )
 from voice_gateway.realtime.item_shapes import protocol_item
-from voice_gateway.realtime.outbox import OutboxFull
+from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.realtime.tools import engine_tools, output_constraint
 
@@ -77,15 +78,19 @@ Status = Literal["completed", "cancelled", "failed"]
 CancelReason = Literal["turn_detected", "client_cancelled"]
 
 
-class SlowConsumer(Exception):
-    pass
-
-
 @dataclass(slots=True)
 class ResponseOutcome:
     status: Status = "completed"
     reason: CancelReason | None = None
     error: ErrorDetail | None = None
+    delivery: Delivery = Delivery.QUEUED  # SLOW_CONSUMER: the outbox refused its audio, which failed it
+
+
+def slow_consumer_outcome() -> ResponseOutcome:
+    """A response failed because its client did not read fast enough; `error` is what response.done says."""
+    error = ErrorDetail(type="server_error", code=Delivery.SLOW_CONSUMER.value,
+                        message="the client did not read fast enough")
+    return ResponseOutcome("failed", None, error, Delivery.SLOW_CONSUMER)
 
 
 @dataclass(slots=True)
@@ -170,9 +175,6 @@ class ResponseRunner:
             usage = await self._stream(messages)
         except asyncio.CancelledError:
             r.outcome.status = "cancelled"
-        except SlowConsumer:
-            r.outcome = ResponseOutcome("failed", None, ErrorDetail(type="server_error", code="slow_consumer",
-                                                                    message="the client did not read fast enough"))
         except EngineError as e:
             kind = "server_error" if e.code in (OVERLOADED, UNAVAILABLE) else "invalid_request_error"
             r.outcome = ResponseOutcome("failed", None, ErrorDetail(type=kind, code=e.code or "invalid_request",
@@ -203,7 +205,9 @@ class ResponseRunner:
                     else:
                         self._say(event.text)
                 elif isinstance(event, AudioChunk):
-                    self._audio(event.samples)
+                    if self._audio(event.samples) is Delivery.SLOW_CONSUMER:
+                        self.r.outcome = slow_consumer_outcome()
+                        return Usage()
                 elif isinstance(event, Finished):
                     usage = _usage(event.timings)
                     if self.calls is not None:
@@ -212,20 +216,20 @@ class ResponseRunner:
                 elif isinstance(event, Failed):
                     self.r.outcome = ResponseOutcome("failed", None, ErrorDetail(
                         type="server_error", code=event.code or "engine_failed", message=event.reason))
-            if self.audio_mode:
-                with _slow_consumer_if_full():
-                    sink.finish()  # a failed reply's audio plays out too
+            # a failed reply's audio plays out too
+            if self.audio_mode and sink.finish() is Delivery.SLOW_CONSUMER:
+                self.r.outcome = slow_consumer_outcome()
+                return Usage()
             return usage
         finally:
             await stream.aclose()
 
-    def _audio(self, samples: np.ndarray) -> None:
+    def _audio(self, samples: np.ndarray) -> Delivery:
         self._open_message()
         if self.r.first_audio_at is None:
             self.r.first_audio_at = time.perf_counter()
         self.audio_samples += samples.size
-        with _slow_consumer_if_full():
-            self.r.sink.write(samples)
+        return self.r.sink.write(samples)
 
     def _finish(self, usage: Usage) -> None:
         r, outcome = self.r, self.r.outcome
@@ -268,14 +272,6 @@ class ResponseRunner:
             self.sender.event(self._content(ContentPartDone, part=part))
         self.sender.event(OutputItemDone(response_id=r.id, output_index=self.message_index or 0, item=final_item))
         self.sender.event(ConversationItemDone(item=final_item))
-
-
-@contextlib.contextmanager
-def _slow_consumer_if_full() -> Iterator[None]:
-    try:
-        yield
-    except OutboxFull as e:
-        raise SlowConsumer from e
 
 
 def _usage(t: Timings) -> Usage:

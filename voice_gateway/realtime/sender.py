@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from voice_gateway.realtime import events as ev
-from voice_gateway.realtime.outbox import Outbox
+from voice_gateway.realtime.outbox import Delivery, Outbox
 
 
 class EventSender:
@@ -13,14 +13,15 @@ class EventSender:
         self.outbox = outbox
         self.dialect = dialect
 
-    def event(self, event: ev.ServerEvent, response_id: str | None = None) -> None:
-        """Queue an event; response audio (tagged with `response_id`) may be refused by a full outbox (OutboxFull)."""
+    def event(self, event: ev.ServerEvent, response_id: str | None = None) -> Delivery:
+        """Queue an event; response audio (tagged with `response_id`) may be refused by a full outbox."""
         text = ev.serialize(event, self.dialect)
-        if text is not None:
-            self.outbox.put(text, response_id, force=response_id is None)
+        if text is None:
+            return Delivery.QUEUED  # an event this dialect does not know: nothing to send, nothing refused
+        return self.outbox.put(text, response_id, force=response_id is None)
 
-    def binary(self, data: bytes, response_id: str) -> None:
-        self.outbox.put(data, response_id)
+    def binary(self, data: bytes, response_id: str) -> Delivery:
+        return self.outbox.put(data, response_id)
 
     def drop(self, response_id: str) -> int:
         """Forget the response's audio still queued; returns how many messages."""

@@ -28,7 +28,7 @@ from voice_gateway.realtime.idle import IdleTimer
 from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
 from voice_gateway.realtime.item_shapes import protocol_item
 from voice_gateway.realtime.out_of_band import ResponseContext, response_context
-from voice_gateway.realtime.outbox import Outbox
+from voice_gateway.realtime.outbox import Delivery, Outbox
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.realtime.tools import response_tool_error, settle_tools
@@ -334,10 +334,10 @@ class Session:
         finally:
             if self.response is response:
                 self.response = None
-            error = response.outcome.error
-            if error is not None and error.code == "slow_consumer":
+            if response.outcome.delivery is Delivery.SLOW_CONSUMER:
                 response.sink.cancel()
-                self.error("slow_consumer", f"response {response.id} cancelled: the client did not read fast enough")
+                self.error(Delivery.SLOW_CONSUMER.value,
+                           f"response {response.id} cancelled: the client did not read fast enough")
             if response.outcome.status != "completed":
                 self.metrics.cancelled_responses.labels(response.outcome.reason or response.outcome.status).inc()
             else:
