@@ -1,0 +1,174 @@
+"""The benchmark results the docs cite are the files kept under benchmarks/, and the headline numbers of
+docs/performance.md are the values in those files: every `benchmarks/...` path README.md or a docs page names
+exists, every file under benchmarks/ is named, and each figure in `FIGURES` equals its JSON value rounded as
+written."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PERFORMANCE = REPO / "docs" / "performance.md"
+
+# A path under benchmarks/ as the pages write it. Not one inside another path or after a commit
+# (`853b89e:benchmarks/...` names a file of history), and not a pattern (`dummy-<row>.yaml`, `*.json`).
+_CITED = re.compile(r"(?<![\w:/.-])benchmarks/[\w./-]*[\w/](?![\w./<*{-])")
+
+# Folders kept whole, whose files the pages may name by the folder alone.
+KEPT_WHOLE = ("benchmarks/h200/overload/probes/",)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number of docs/performance.md: `quote` is the text around it as the page has it, `number` the
+    number as written there, `key` the path to its value in `file` (`/`-separated; `name=x` picks the
+    list item whose `name` is x), and `scale` what the value is multiplied by for the unit written."""
+
+    quote: str
+    number: str
+    file: str
+    key: str
+    scale: float = 1.0
+
+
+_GPU = "benchmarks/h200/gpu-profile/"
+_OVERLOAD = "benchmarks/h200/overload/"
+_LADDER = "benchmarks/h200/ladder/ladder.json"
+_HISTORY = "benchmarks/h200/switch-history/ladder.json"
+_VOICE = "benchmarks/h200/voice-traffic/"
+_C64 = "levels/concurrency=64"
+
+FIGURES = (
+    # Where the GPU profile stands
+    Figure("| c=1 TTFP <= 0.15 s | 0.077 s", "0.077", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/mean"),
+    Figure("0.077 s (p99 0.097 s)", "0.097", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/p99"),
+    Figure("| c=64 >= 15 req/s | 25.41 req/s", "25.41", _OVERLOAD + "overload-c64.json", "levels/0/req_per_s"),
+    Figure("| 0.277 s (p99 0.373 s)", "0.277", _OVERLOAD + "overload-c64.json", "levels/0/ttfp_s/mean"),
+    Figure("0.277 s (p99 0.373 s)", "0.373", _OVERLOAD + "overload-c64.json", "levels/0/ttfp_s/p99"),
+    Figure("| c=64 RTF <= 0.35 | 0.251", "0.251", _OVERLOAD + "overload-c64.json", "levels/0/rtf/mean"),
+    Figure("| 0.267 s (p99 0.385 s), 0 of 206", "0.267", _OVERLOAD + "overload-c128.json", "levels/0/ttfp_s/mean"),
+    Figure("0.267 s (p99 0.385 s)", "0.385", _OVERLOAD + "overload-c128.json", "levels/0/ttfp_s/p99"),
+    Figure("0 of 206 underran", "206", _OVERLOAD + "overload-c128.json", "levels/0/completed"),
+    Figure("306 of 512 refused", "306", _OVERLOAD + "overload-c128.json", "levels/0/refused"),
+    Figure("22.05 req/s served", "22.05", _OVERLOAD + "overload-c128.json", "levels/0/req_per_s"),
+    Figure("c=1 TTFP 0.079 s (p99 0.108 s)", "0.079", _GPU + "gpu-profile-c1.json", "levels/0/ttfp_s/mean"),
+    Figure("c=1 TTFP 0.079 s (p99 0.108 s)", "0.108", _GPU + "gpu-profile-c1.json", "levels/0/ttfp_s/p99"),
+    Figure("c=64 24.66 req/s", "24.66", _GPU + "gpu-profile-c64.json", "levels/0/req_per_s"),
+    Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.292", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/mean"),
+    Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.405", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/p99"),
+    Figure("RTF 0.258, no underrun", "0.258", _GPU + "gpu-profile-c64.json", "levels/0/rtf/mean"),
+    Figure("30.1 s to its only audio", "30.1", _HISTORY, "rows/name=baseline/levels/concurrency=1/ttfp_s/mean"),
+    # What each switch bought: the ladder
+    Figure("| 0.095 s | 22.23 |", "22.23", _LADDER, f"rows/name=cuda-graphs/{_C64}/req_per_s"),
+    Figure("| 22.23 | 0.466 s (0.532)", "0.466", _LADDER, f"rows/name=cuda-graphs/{_C64}/ttfp_s/mean"),
+    Figure("| 0.083 s | 20.34 |", "20.34", _LADDER, f"rows/name=first-packet/{_C64}/req_per_s"),
+    Figure("| 20.34 | 0.671 s (1.051)", "0.671", _LADDER, f"rows/name=first-packet/{_C64}/ttfp_s/mean"),
+    Figure("| 0.086 s | 23.83 |", "23.83", _LADDER, f"rows/name=engine-process/{_C64}/req_per_s"),
+    Figure("| 23.83 | 0.309 s (0.371)", "0.309", _LADDER, f"rows/name=engine-process/{_C64}/ttfp_s/mean"),
+    Figure("| 0.081 s | 24.98 |", "0.081", _LADDER, "rows/name=gpu-profile/levels/concurrency=1/ttfp_s/mean"),
+    Figure("| 0.081 s | 24.98 |", "24.98", _LADDER, f"rows/name=gpu-profile/{_C64}/req_per_s"),
+    Figure("| 24.98 | 0.288 s (0.332)", "0.288", _LADDER, f"rows/name=gpu-profile/{_C64}/ttfp_s/mean"),
+    Figure("| 0.288 s (0.332) | 0.254 |", "0.254", _LADDER, f"rows/name=gpu-profile/{_C64}/rtf/mean"),
+    # The history
+    Figure("slot KV cache | 10.92 |", "10.92", _HISTORY, f"rows/name=decode-attention/{_C64}/req_per_s"),
+    Figure("in the decode graphs | 18.86 |", "18.86", _HISTORY, f"rows/name=compiled-decode/{_C64}/req_per_s"),
+    Figure("of its own | 24.86 | 0.344 s", "0.344", _HISTORY, f"rows/name=engine-process/{_C64}/ttfp_s/mean"),
+    Figure("Code2Wav deferral | 23.82 | 0.287 s", "0.287", _HISTORY, f"rows/name=code2wav-defers/{_C64}/ttfp_s/mean"),
+    # Ray's cost
+    Figure("| `held/` | 0.528 s | +5 ms", "+5", "benchmarks/cpu-tiny/ray/held/ladder.json",
+           "rounds/rows/name=engine-process/levels/0/minus_reference_s/mean", 1000),
+    Figure("| +21 ms (stderr 12) |", "+21", "benchmarks/cpu-tiny/ray/held/ladder.json",
+           "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
+    Figure("| -13 ms (stderr 18) |", "-13", "benchmarks/cpu-tiny/ray/held-2/ladder.json",
+           "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
+    # Voice traffic
+    Figure("| 700 | 13.09 | 1.5 s (2.243)", "13.09", _VOICE + "chat-sweep.json",
+           "levels/prompt_words=640,concurrency=64/req_per_s"),
+    Figure("| c=64, commit, Opus (`realtime-c64-opus.json`) | 384 | 0.478 s", "0.478",
+           _VOICE + "realtime-c64-opus.json", "levels/0/overall/first_audio_s/p50"),
+    Figure("| 384 | 0.478 s (0.701) | 285 |", "285", _VOICE + "realtime-c64-opus.json", "levels/0/overall/underrun_turns"),
+    Figure("| c=1, commit, PCM16 (`realtime-c1.json`) | 6 | 0.102 s", "0.102", _VOICE + "realtime-c1.json",
+           "levels/0/overall/first_audio_s/p50"),
+    Figure("takes 0.214 s against 0.178 s", "0.214", _VOICE + "chat-input-audio.json", "levels/0/ttfp_s/mean"),
+    Figure("takes 0.214 s against 0.178 s", "0.178", _VOICE + "chat-text-44-c16.json", "levels/0/ttfp_s/mean"),
+    # CPU
+    Figure("0.263 s against\n2.856 s at c=1", "0.263", "benchmarks/cpu-tiny/async-chunk-on.json", "levels/0/ttfp_s/mean"),
+    Figure("0.263 s against\n2.856 s at c=1", "2.856", "benchmarks/cpu-tiny/async-chunk-off.json", "levels/0/ttfp_s/mean"),
+    Figure("+24.06 MiB per 1,000 requests", "24.06", "benchmarks/cpu-tiny/soak/soak.json",
+           "summary/rss_mib/slope_per_1k_requests"),
+    Figure("1200 mixed requests", "1200", "benchmarks/cpu-tiny/soak/soak.json", "summary/requests"),
+)
+
+
+def _pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _cited() -> set[str]:
+    return {path for page in _pages() for path in _CITED.findall(page.read_text())}
+
+
+def _kept() -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts)
+
+
+def lookup(data: Any, key: str) -> Any:
+    """The value at `key` in a loaded JSON: `/`-separated keys and list indices; `a=x,b=y` picks the one list
+    item whose fields a and b read x and y."""
+    for part in key.split("/"):
+        if isinstance(data, list) and "=" in part:
+            want = dict(pair.split("=", 1) for pair in part.split(","))
+            found = [item for item in data if all(str(item.get(k)) == v for k, v in want.items())]
+            assert len(found) == 1, f"{part!r} picks {len(found)} items"
+            data = found[0]
+        elif isinstance(data, list):
+            data = data[int(part)]
+        else:
+            data = data[part]
+    return data
+
+
+def as_written(value: float, number: str, scale: float = 1.0) -> bool:
+    """Whether `value` x `scale`, rounded to the decimals `number` is written with, reads `number`."""
+    decimals = len(number.partition(".")[2])
+    return round(value * scale, decimals) == float(number)
+
+
+def test_cited_paths_exist() -> None:
+    missing = sorted(path for path in _cited() if not (REPO / path).exists())
+    assert not missing, f"README.md or docs/ name benchmark paths that are not in the tree: {missing}"
+
+
+def test_every_kept_file_is_cited() -> None:
+    cited = _cited()
+    uncited = [path for path in _kept()
+               if path not in cited and not any(path.startswith(folder) and folder in cited for folder in KEPT_WHOLE)]
+    assert not uncited, f"files under benchmarks/ that README.md and docs/ do not name: {uncited}"
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f.number}@{f.file.rsplit('/', 1)[-1]}")
+def test_headline_figure_is_its_file_value(figure: Figure) -> None:
+    page = PERFORMANCE.read_text()
+    assert figure.quote in page, f"docs/performance.md no longer says {figure.quote!r}"
+    assert figure.number in figure.quote
+    assert f"`{figure.file}`" in page or f"`{figure.file.rsplit('/', 1)[-1]}`" in page, \
+        f"docs/performance.md does not cite {figure.file}"
+    value = lookup(json.loads((REPO / figure.file).read_text()), figure.key)
+    assert as_written(value, figure.number, figure.scale), \
+        f"{figure.file} {figure.key} = {value!r}, docs/performance.md writes {figure.number}"
+
+
+def test_a_figure_off_by_its_last_digit_fails() -> None:
+    levels = {"levels": [{"concurrency": 64, "ttfp_s": {"mean": 0.27704}}]}
+    value = lookup(levels, "levels/concurrency=64/ttfp_s/mean")
+    assert as_written(value, "0.277")
+    assert not as_written(value, "0.278")
+    assert as_written(value, "0.28") and not as_written(value, "0.29")
+    assert as_written(value, "277", 1000)
