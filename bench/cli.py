@@ -76,7 +76,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="start one server per row of this file, sweep each, write {out-dir}/<row>.json, ladder.json and figures")
     add("--rows", type=_csv(str), default=None, metavar="NAMES", help="with --ladder: run only these rows")
     add("--repeats", type=_at_least(1), default=None, metavar="N",
-        help="with --ladder: N rounds of every row, in turn (default the file's `repeats:`, else 1)")
+        help="with --ladder: N rounds of every row, in turn (default 1)")
     add("--held", action="store_true",
         help="with --ladder: start every row's server once, warm it with one unrecorded sweep and keep it for "
              "every round, paused (SIGSTOP, its whole process tree) while another row sweeps")

@@ -7,7 +7,6 @@ A ladder file (YAML) names a base profile and lists rows in order, each a delta 
     base: configs/qwen3_omni_moe.yaml             # the profile every row starts from
     profile: {load_format: dummy}                 # optional, merged onto the base for every row
     bench: {concurrency: [1, 16, 32, 64], max_tokens: 40}   # optional sweep defaults
-    repeats: 5                                    # optional: rounds of every row (default 1; bench/rounds.py)
     rows:
       - name: eager                                # file names: DIR/<name>.json, DIR/logs/<name>.log
         what: the staged engine without graphs     # one line: what this row adds
@@ -24,8 +23,8 @@ other value replaces); `--overrides` is left out when that delta is empty. A fil
 Sweep settings, later wins: BenchConfig's defaults, the file's `bench:`, flags given on the
 command line, the row's `bench:`. For each row the server starts on a free loopback port, the
 sweep runs, the server stops, and DIR/<row>.json is written (also when the row failed: then
-with its reason). After the last row: DIR/ladder.json and the figures. With `repeats` (or
-`--repeats`) above 1 every row runs again in each further round, each round starting one row later,
+with its reason). After the last row: DIR/ladder.json and the figures. With `--repeats` above 1
+every row runs again in each further round, each round starting one row later (bench/rounds.py),
 and ladder.json gains `rounds`: each row's mean TTFP per round and its difference from the first
 row's. Each row also records the CPU seconds its server's processes spent over the sweep, by
 process (bench/procstat.py): an engine child's, a Ray replica's, Ray's own daemons' (a local Ray
@@ -51,15 +50,15 @@ from rich.markup import escape
 
 from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
 from bench.machine import git_commit, machine_info
-from bench.plots import plot_ladder, plot_rounds
-from bench.rounds import round_dir, round_order, rounds_on_disk, summarize_rounds
+from bench.plots import plot_ladder
+from bench.rounds import round_dir, round_order, summarize_rounds
 from bench.rows import HeldServers, RowOutcome, RowServer, run_row
 from bench.sweep import write_json
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_RESERVED = {"ladder", "logs", *("req_per_s", "ttfp_mean", "rtf_mean", "ttfp_p99", "at_max_concurrency", "rounds")}
+_RESERVED = {"ladder", "logs", *("req_per_s", "ttfp_mean", "rtf_mean", "ttfp_p99", "at_max_concurrency")}
 _SET_BY_LADDER = ("--host", "--port")
 _SET_BY_BASE = ("--deploy-config", "--overrides")
 
@@ -83,7 +82,6 @@ class Ladder:
     base: Path | None = None  # with it, every row is a delta over this profile
     model: str = "tiny"
     profile: dict[str, Any] = field(default_factory=dict)  # merged onto the base for every row
-    repeats: int = 1  # rounds of every row
 
     def row_profile(self, row: LadderRow) -> dict[str, Any]:
         """The row's whole delta over the base: the ladder's profile, then the row's."""
@@ -176,7 +174,7 @@ def load_ladder(path: Path) -> Ladder:
         raise BenchError(f"{path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise BenchError(f"{path}: top level must be a mapping with `rows`")
-    allowed = ("title", "model", "base", "profile", "bench", "repeats", "rows")
+    allowed = ("title", "model", "base", "profile", "bench", "rows")
     if unknown := sorted(set(raw) - set(allowed)):
         raise BenchError(f"{path}: {unknown[0]}: unknown key (expected {', '.join(allowed)})")
     base = raw.get("base")
@@ -195,12 +193,9 @@ def load_ladder(path: Path) -> Ladder:
     names = [r.name for r in rows]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise BenchError(f"{path}: rows: name {dupes[0]!r} appears more than once")
-    repeats = raw.get("repeats", 1)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise BenchError(f"{path}: repeats: must be a whole number of rounds, at least 1, got {repeats!r}")
     title = raw.get("title") or Path(path).stem
     return Ladder(Path(path), str(title), sweep_overrides(raw.get("bench"), "bench"), rows,
-                  None if base is None else Path(base), model, _profile(raw.get("profile"), "profile"), repeats)
+                  None if base is None else Path(base), model, _profile(raw.get("profile"), "profile"))
 
 
 def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any],
@@ -222,14 +217,14 @@ def row_payload(outcome: RowOutcome, config: BenchConfig, machine: dict[str, Any
 def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out_dir: Path, *,
                startup_timeout_s: float, only: list[str] | None = None, repeats: int | None = None,
                held: bool = False, console: Console | None = None) -> list[list[dict[str, Any]]]:
-    """Run the rows (all, or those named in `only`), `repeats` rounds of them (default the file's), each
+    """Run the rows (all, or those named in `only`), `repeats` rounds of them (default 1), each
     round in `round_order`, on fresh servers or, `held`, on servers kept for the whole run
     (bench/rows.py); returns each round's ladder.json summaries, in the ladder's order."""
     console = console or Console(stderr=True)
     if only and (missing := sorted(set(only) - {r.name for r in ladder.rows})):
         raise BenchError(f"--rows: no row named {missing[0]!r} in {ladder.path}")
     rows = [r for r in ladder.rows if only is None or r.name in only]
-    count = repeats or ladder.repeats
+    count = repeats or 1
     sweep = with_overrides(base, ladder.bench, cli_sweep)
     configs = {row.name: with_overrides(sweep, row.bench) for row in rows}
     servers = {row.name: RowServer(row.name, row.what, ladder.serve_args(row), row.startup_timeout_s or startup_timeout_s)
@@ -270,16 +265,11 @@ def _round(ladder: Ladder, rows: list[LadderRow], k: int, count: int, configs: d
 
 def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[list[dict[str, Any]]]:
     """ladder.json and the figures again from the DIR/<row>.json files there (rows measured in
-    separate runs, e.g. a few rows at a time), and DIR/round-K/ where there are rounds; a row without
-    its file is listed as missing. Returns each round's summaries."""
-    rounds: list[list[dict[str, Any]]] = []
-    machine: dict[str, Any] | None = None
-    for k in range(1, rounds_on_disk(out_dir) + 1):
-        summaries, found = _read_rows(ladder, round_dir(out_dir, k))
-        rounds.append(summaries)
-        machine = machine or found
-    write_ladder(ladder, rounds, out_dir, command=command, machine=machine or {}, commit=git_commit())
-    return rounds
+    separate runs, e.g. a few rows at a time); a row without its file is listed as missing. Returns
+    the one round's summaries, as `run_ladder` returns its rounds'."""
+    summaries, machine = _read_rows(ladder, out_dir)
+    write_ladder(ladder, [summaries], out_dir, command=command, machine=machine or {}, commit=git_commit())
+    return [summaries]
 
 
 def _read_rows(ladder: Ladder, where: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -308,8 +298,6 @@ def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Pa
     rows = rounds[0]
     plots = plot_ladder([(r["name"], r["levels"]) for r in rows], out_dir, ladder.title)
     summary = summarize_rounds(rounds) if len(rounds) > 1 else None
-    if summary is not None:
-        plots.append(plot_rounds(summary, out_dir / "rounds.png", ladder.title))
     return write_json({
         "title": ladder.title,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

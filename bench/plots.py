@@ -182,35 +182,6 @@ def plot_ladder(runs: list[Run], out_dir: Path, title: str) -> list[Path]:
     return [*paths, plot_ladder_bars(runs, out_dir / "at_max_concurrency.png", title)]
 
 
-def plot_rounds(rounds: dict[str, Any], out_png: Path, title: str) -> Path:
-    """ladder.json's `rounds`: left, each row's mean TTFP by round (the machine's drift shows as every row
-    moving together); right, each row minus the reference row in the same round, with its mean."""
-    levels = sorted({(lv["prompt_words"], lv["concurrency"]) for row in rounds["rows"] for lv in row["levels"]})
-    fig, axes = _grid(11, 3.6 * max(len(levels), 1), max(len(levels), 1), 2)  # every row may have failed
-    x = np.arange(1, rounds["count"] + 1)
-    for (prompt, conc), (left, right) in zip(levels, axes):
-        for i, row in enumerate(rounds["rows"]):
-            lv = next((lv for lv in row["levels"] if (lv["prompt_words"], lv["concurrency"]) == (prompt, conc)), None)
-            if lv is None:
-                continue
-            ttfp = [np.nan if v is None else v for v in lv["ttfp_mean_s_by_round"]]
-            color = f"C{i % 10}"  # a row has one colour in both panels
-            left.plot(x, ttfp, marker=_marker(i), linestyle=_STYLES[i % len(_STYLES)], color=color, label=row["name"])
-            if (diff := lv["minus_reference_s"]) is not None:
-                ms = [np.nan if d is None else d * 1000 for d in lv["minus_reference_s_by_round"]]
-                right.plot(x, ms, marker=_marker(i), linestyle="none", color=color, label=row["name"])
-                err = 0.0 if diff["stderr"] is None else diff["stderr"] * 1000
-                right.axhline(diff["mean"] * 1000, linestyle=_STYLES[i % len(_STYLES)], color=color,
-                              label=f"{row['name']} mean {diff['mean'] * 1000:+.0f} ms (stderr {err:.0f})")
-        left.set(title=f"mean TTFP by round, P={prompt} C={conc}", xlabel="round", ylabel="s", xticks=x)
-        right.axhline(0, color="grey", linewidth=0.8)
-        right.set(title=f"minus {rounds['reference']} in the same round", xlabel="round", ylabel="ms", xticks=x)
-        left.legend(fontsize=8)
-        right.legend(fontsize=8)
-    fig.suptitle(f"{title}: {rounds['count']} rounds")
-    return _save(fig, out_png)
-
-
 def plot_soak(result: dict[str, Any], out_png: Path) -> Path:
     """A soak's samples against time: the server's RSS (each process, and their sum), open files, requests done."""
     samples = result["samples"]

@@ -5,7 +5,7 @@ other. Rows run in turn within each round, so slow drift falls on every row alik
 TTFP is paired with the first row's of the same round: the spread of those differences, not of the
 rows' own figures, is what a claim about a row's cost rests on. Each round starts one row later
 (`round_order`), so a host that is slower late in a round than early (turbo spent, a neighbour's load)
-favours no row over a multiple of the rows' count of rounds; `drift_by_place_s` says whether it was.
+favours no row over a multiple of the rows' count of rounds.
 
 Round 1 writes DIR/<row>.json (what the figures show); round K > 1 writes DIR/round-K/<row>.json.
 """
@@ -22,14 +22,6 @@ from typing import Any
 def round_dir(out_dir: Path, k: int) -> Path:
     """Where round `k` (from 1) writes its rows' JSONs and logs."""
     return out_dir if k == 1 else out_dir / f"round-{k}"
-
-
-def rounds_on_disk(out_dir: Path) -> int:
-    """How many rounds DIR holds: round 1 and each round-K after it, up to the first one missing."""
-    k = 1
-    while round_dir(out_dir, k + 1).is_dir():
-        k += 1
-    return k
 
 
 @dataclass(frozen=True)
@@ -74,8 +66,7 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
     For each row and level: its mean TTFP in each round (None where that round's row failed), their
     spread, and the spread of its difference from the first row's in the same round. For each row: the
     place it ran at in each round, and the CPU seconds its server's processes spent over a sweep, their
-    spread over the rounds and their mean by process. For each level: how far a row's TTFP was from its
-    round's mean, by the place it ran at."""
+    spread over the rounds and their mean by process."""
     names = [row["name"] for row in rounds[0]]
     reference = names[0]
     by_round = [{row["name"]: _ttfp_by_level(row) for row in rnd} for rnd in rounds]
@@ -96,25 +87,7 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
         sweeps = [row["cpu_s"] for rnd in rounds for row in rnd if row["name"] == name and row.get("cpu_s")]
         places = [next((row.get("place") for row in rnd if row["name"] == name), None) for rnd in rounds]
         rows.append({"name": name, "place_by_round": places, "levels": out, "cpu_s": _cpu(sweeps)})
-    return {"count": len(rounds), "reference": reference, "rows": rows, "drift_by_place_s": _drift(rounds, by_round)}
-
-
-def _drift(rounds: list[list[dict[str, Any]]], by_round: list[dict[str, Levels]]) -> list[dict[str, Any]]:
-    """Per level, the mean of (a row's TTFP - its round's mean TTFP) at each place in a round: with every
-    row at every place as often, a row's own cost cancels and what is left is the place's."""
-    offsets: dict[tuple[int, int], dict[int, list[float]]] = {}
-    for rnd, ttfp in zip(rounds, by_round):
-        places = {row["name"]: row["place"] for row in rnd if row.get("place") is not None}
-        for key in {key for levels in ttfp.values() for key in levels}:
-            values = {name: ttfp[name][key] for name in places if key in ttfp.get(name, {})}
-            if len(values) < 2:
-                continue
-            mean = statistics.fmean(values.values())
-            for name, value in values.items():
-                offsets.setdefault(key, {}).setdefault(places[name], []).append(value - mean)
-    return [{"prompt_words": key[0], "concurrency": key[1],
-             "mean_s_by_place": [statistics.fmean(at[p]) if p in at else None for p in range(1, max(at) + 1)]}
-            for key, at in sorted(offsets.items())]
+    return {"count": len(rounds), "reference": reference, "rows": rows}
 
 
 def _cpu(sweeps: list[dict[str, float]]) -> dict[str, Any] | None:

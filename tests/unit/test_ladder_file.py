@@ -12,8 +12,8 @@ import pytest
 import bench
 from bench import BenchConfig, BenchError, load_ladder
 from bench.config import with_overrides
-from bench.ladder import replot_ladder
-from bench.rounds import round_order
+from bench.ladder import replot_ladder, row_summary, write_ladder
+from bench.rounds import round_order, summarize_rounds
 from bench.server import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,10 +46,11 @@ def test_shipped_ladders_parse() -> None:
         assert args[:3] == ["dummy", "--deploy-config", "configs/qwen3_omni_moe.yaml"] and args[3] == "--overrides"
         assert json.loads(args[4]) == h200.row_profile(row)
 
-    cpu = load_ladder(REPO / "benchmarks/cpu-tiny/ladder.yaml")
-    assert [r.name for r in cpu.rows] == ["baseline", "staged-one-shot-audio", "staged-async-chunk"]
-    assert (REPO / cpu.base).is_file() and cpu.rows[0].profile == {"backend": "transformers_generate"}
-    assert cpu.serve_args(cpu.rows[2]) == ["tiny", "--deploy-config", "configs/tiny.yaml"]  # nothing to override
+    ray = load_ladder(REPO / "benchmarks/cpu-tiny/ray/ladder.yaml")
+    assert [r.name for r in ray.rows] == ["in-process", "engine-process", "ray-one-replica"]
+    assert (REPO / ray.base).is_file()
+    assert ray.serve_args(ray.rows[0]) == ["tiny", "--deploy-config", "configs/tiny.yaml"]  # nothing to override
+    assert json.loads(ray.serve_args(ray.rows[2])[4]) == {"replicas": {"count": 1, "cpus": 2}}
 
 
 def test_rows_are_deltas_over_the_base(tmp_path: Path) -> None:
@@ -105,8 +106,7 @@ def test_rows_without_a_base_give_their_whole_serve_command(tmp_path: Path) -> N
     ("base: [c.yaml]\nrows:\n  - {name: a, what: x}\n", "base: must be a profile path"),
     ("base: c.yaml\nmodel: --x\nrows:\n  - {name: a, what: x}\n", "model: must be"),
     ("rows:\n  - {name: a, what: x, serve: []}\n", r"rows\[0\].serve: must name the model"),
-    ("repeats: 0\nrows:\n  - {name: a, what: x, serve: tiny}\n", "repeats: must be a whole number"),
-    ("repeats: 2.5\nrows:\n  - {name: a, what: x, serve: tiny}\n", "repeats: must be a whole number"),
+    ("repeats: 3\nrows:\n  - {name: a, what: x, serve: tiny}\n", "repeats: unknown key"),
 ])
 def test_bad_ladder_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(BenchError, match=message):
@@ -165,32 +165,28 @@ rows:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
 
 
-def _row_file(where: Path, name: str, levels: list[dict], status: str = "ok",
-              cpu_s: dict[str, float] | None = None, place: int | None = None) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    payload = {"label": name, "created": "t", "command": "voice-gateway bench", "config": {}, "machine": {},
-               "levels": levels, "row": {"name": name, "what": "w", "serve_command": "s", "status": status,
-                                         "error": None, "startup_s": 1.0, "cpu_s": cpu_s, "place": place}}
-    (where / f"{name}.json").write_text(json.dumps(payload))
+def _row(name: str, levels: list[dict], status: str = "ok", cpu_s: dict[str, float] | None = None,
+         place: int | None = None) -> dict:
+    """A row of ladder.json as `row_summary` makes it from the row's <row>.json."""
+    return row_summary({"label": name, "created": "t", "command": "voice-gateway bench", "config": {},
+                        "machine": {}, "levels": levels,
+                        "row": {"name": name, "what": "w", "serve_command": "s", "status": status, "error": None,
+                                "startup_s": 1.0, "cpu_s": cpu_s, "place": place}})
 
 
 def test_rounds_pair_each_row_with_the_first_row_of_the_same_round(tmp_path: Path) -> None:
     ladder = load_ladder(_ladder(tmp_path, """
-repeats: 3
 rows:
   - {name: ref, what: baseline, serve: tiny}
   - {name: other, what: + a hop, serve: tiny}
 """))
-    assert ladder.repeats == 3
     # the machine drifts by round (0.5, 0.9, 0.6 s); the other row costs 20, 40 and 30 ms on top,
     # and in round 3 it failed: that round pairs nothing
-    for k, (ref, other, status) in enumerate([(0.5, 0.52, "ok"), (0.9, 0.94, "ok"), (0.6, 0.63, "failed")], 1):
-        where = tmp_path if k == 1 else tmp_path / f"round-{k}"
-        _row_file(where, "ref", [_level(8, 16, 1.0, ref)])
-        _row_file(where, "other", [_level(8, 16, 1.0, other)], status,
-                  {"engine": 30.0 + k, "raylet": 1.0 if k < 3 else 0.5, **({"gcs_server": 0.3} if k == 2 else {})})
-    rounds = replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
-    assert len(rounds) == 3
+    rounds = [[_row("ref", [_level(8, 16, 1.0, ref)]),
+               _row("other", [_level(8, 16, 1.0, other)], status,
+                    {"engine": 30.0 + k, "raylet": 1.0 if k < 3 else 0.5, **({"gcs_server": 0.3} if k == 2 else {})})]
+              for k, (ref, other, status) in enumerate([(0.5, 0.52, "ok"), (0.9, 0.94, "ok"), (0.6, 0.63, "failed")], 1)]
+    write_ladder(ladder, rounds, tmp_path, command="voice-gateway bench --ladder x --repeats 3", machine={}, commit=None)
     data = json.loads((tmp_path / "ladder.json").read_text())
     assert [r["name"] for r in data["rows"]] == ["ref", "other"]  # round 1, as the figures show it
     summary = data["rounds"]
@@ -212,7 +208,8 @@ rows:
     assert other["cpu_s"]["total"]["mean"] == pytest.approx((32.0 + 33.3 + 33.5) / 3)
     assert list(other["cpu_s"]["by_process_mean"]) == ["engine", "raylet", "gcs_server"]
     assert other["cpu_s"]["by_process_mean"]["gcs_server"] == pytest.approx(0.1)
-    assert data["plots"][-1] == "rounds.png" and (tmp_path / "rounds.png").read_bytes().startswith(PNG_MAGIC)
+    assert data["plots"] == ["req_per_s.png", "ttfp_mean.png", "rtf_mean.png", "ttfp_p99.png",
+                             "at_max_concurrency.png"]
 
 
 def test_each_round_starts_one_row_later_so_every_row_runs_at_every_place() -> None:
@@ -223,28 +220,20 @@ def test_each_round_starts_one_row_later_so_every_row_runs_at_every_place() -> N
     assert round_order(1, 7) == [0]
 
 
-def test_rounds_tell_the_cost_of_a_place_in_the_round_apart_from_a_rows_own(tmp_path: Path) -> None:
-    ladder = load_ladder(_ladder(tmp_path, """
-rows:
-  - {name: a, what: baseline, serve: tiny}
-  - {name: b, what: + 30 ms, serve: tiny}
-  - {name: c, what: + 60 ms, serve: tiny}
-"""))
+def test_rounds_tell_a_rows_cost_apart_from_the_place_it_ran_at() -> None:
+    rows = ("a", "b", "c")
     # the host is 90 ms slower for the row that runs last in a round than for the first
     own = {"a": 0.50, "b": 0.53, "c": 0.56}
     late = [0.0, 0.045, 0.09]
+    rounds = []
     for k in range(1, 4):
-        order = [ladder.rows[i].name for i in round_order(3, k)]
-        where = tmp_path / f"round-{k}" if k > 1 else tmp_path
-        for place, name in enumerate(order, 1):
-            _row_file(where, name, [_level(8, 16, 1.0, own[name] + late[place - 1])], place=place)
-    replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --replot")
-    summary = json.loads((tmp_path / "ladder.json").read_text())["rounds"]
+        order = [rows[i] for i in round_order(3, k)]
+        placed = {name: _row(name, [_level(8, 16, 1.0, own[name] + late[place - 1])], place=place)
+                  for place, name in enumerate(order, 1)}
+        rounds.append([placed[name] for name in rows])
+    summary = summarize_rounds(rounds)
     a, b, c = summary["rows"]
     assert (a["place_by_round"], b["place_by_round"], c["place_by_round"]) == ([1, 3, 2], [2, 1, 3], [3, 2, 1])
     # each row's cost against the first comes out whole: the places cancel over the rounds
     assert b["levels"][0]["minus_reference_s"]["mean"] == pytest.approx(0.03)
     assert c["levels"][0]["minus_reference_s"]["mean"] == pytest.approx(0.06)
-    [drift] = summary["drift_by_place_s"]
-    assert (drift["prompt_words"], drift["concurrency"]) == (16, 8)
-    assert drift["mean_s_by_place"] == pytest.approx([-0.045, 0.0, 0.045])
