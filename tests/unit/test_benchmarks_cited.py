@@ -87,6 +87,10 @@ FIGURES = (
            "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
     Figure("| -13 ms (stderr 18) |", "-13", "benchmarks/cpu-tiny/ray/held-2/ladder.json",
            "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
+    Figure("| 384 / 0 | 2.367 s (2.89) | 0/384 |", "2.367", _OVERLOAD + "probes/queue10s-nodefer-c128.json",
+           "levels/0/ttfp_s/mean"),
+    Figure("| 384 / 0 | 2.367 s (2.89) | 0/384 |", "0", _OVERLOAD + "probes/queue10s-nodefer-c128.json",
+           "levels/0/underrun_requests"),
     # Voice traffic
     Figure("| 700 | 13.09 | 1.5 s (2.243)", "13.09", _VOICE + "chat-sweep.json",
            "levels/prompt_words=640,concurrency=64/req_per_s"),
