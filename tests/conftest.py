@@ -24,6 +24,33 @@ from engine.weights.tiny import ensure_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The lanes (docs/testing.md): each test's markers follow from where it lives, so a new test file in a
+# lane's folder or with a lane's name prefix is in that lane without a line of its own. `integration`: the
+# test starts a server or another process of ours; the others name what it needs besides.
+_MARKS_BY_FOLDER = {
+    "integration": ("integration",),
+    "reliability": ("integration",),
+    "browser": ("integration", "browser"),
+    "gpu": ("gpu",),
+}
+_MARKS_BY_FILE_PREFIX = {
+    "test_docker_image": ("docker",),
+    "test_livekit_": ("frameworks",),
+    "test_pipecat": ("frameworks",),
+    "test_ray_": ("ray",),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = REPO / "tests"
+    for item in items:
+        parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        names = [*_MARKS_BY_FOLDER.get(parts[0], ())] if len(parts) > 1 else []
+        names += [m for prefix, marks in _MARKS_BY_FILE_PREFIX.items() if item.path.name.startswith(prefix)
+                  for m in marks]
+        for name in dict.fromkeys(names):
+            item.add_marker(name)
+
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
