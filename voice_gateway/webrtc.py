@@ -1,107 +1,36 @@
-"""POST /v1/realtime/calls: a realtime session over WebRTC (aiortc).
+"""POST /v1/realtime/calls: a realtime session over WebRTC, where the `[webrtc]` extra (aiortc) is installed.
 
-SDP offer in, SDP answer out. The browser's microphone arrives as an Opus RTP
-track and feeds the session's VAD and input buffer; replies leave on an Opus
-track paced in real time; the `oai-events` data channel carries the same JSON
-events as the WebSocket. The session logic is the WebSocket's: one
-implementation, two transports.
+The call itself is `webrtc_call.py`. Without aiortc the route stays and answers 501 in OpenAI's error shape,
+naming the extra to install: the server (chat, the WebSocket, Opus over it) runs without it, and the demo
+page, told so, talks over the WebSocket.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Coroutine
-from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from voice_gateway.admission import Caller, Refused, SessionSlot
+from voice_gateway.admission import Caller, Refused
 from voice_gateway.errors import APIError
-from voice_gateway.realtime import events as ev
-from voice_gateway.realtime.frames import deliver
-from voice_gateway.realtime.session import Session
-from voice_gateway.webrtc_ice import gather_on
-from voice_gateway.webrtc_media import Microphone, ReplyTrack
+from voice_gateway.webrtc_config import WebRTCConfig
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
+__all__ = ["WebRTCConfig", "router"]
 
-@dataclass(frozen=True, slots=True)
-class WebRTCConfig:
-    # aioice offers host candidates on every interface but loopback; a deployment (or a test in
-    # its own network namespace) that must stay on given addresses names them here.
-    host_addresses: tuple[str, ...] = ()
-    connect_timeout_s: float = 20.0  # ICE + DTLS must be up by then
-    idle_timeout_s: float = 120.0  # no microphone audio for this long closes the call
+webrtc_call: ModuleType | None
+try:
+    from voice_gateway import webrtc_call
+except ImportError as e:  # aiortc (or what it needs) is absent: the `[webrtc]` extra is not installed
+    webrtc_call = None
+    log.info("WebRTC calls are off: %s is not installed (pip install 'voice-gateway[webrtc]')", e.name)
 
-
-class Call:
-    """One peer connection and its session: owns the tasks that move audio and events, and the session's slot."""
-
-    def __init__(self, calls: set[Call], pc: RTCPeerConnection, session: Session, slot: SessionSlot,
-                 cfg: WebRTCConfig) -> None:
-        assert session.track is not None, "a call's session plays audio on a track"
-        self.calls = calls
-        self.pc = pc
-        self.session = session
-        self.slot = slot
-        self.cfg = cfg
-        self.reply = ReplyTrack(session.track)
-        self.microphone = Microphone(session)
-        self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue()  # one reader keeps the events in order
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.closed = asyncio.Event()
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def read_events(self) -> None:
-        while True:
-            await deliver(self.session, await self.inbox.get())
-
-    async def pump_events(self, channel: RTCDataChannel) -> None:
-        while (payload := await self.session.outbox.get()) is not None:
-            if channel.readyState != "open":
-                break
-            if isinstance(payload, str):
-                channel.send(payload)
-
-    async def watchdog(self) -> None:
-        started = time.monotonic()
-        while not self.closed.is_set():
-            await asyncio.sleep(1.0)
-            now = time.monotonic()
-            if self.pc.connectionState != "connected" and now - started > self.cfg.connect_timeout_s:
-                log.info("call %s: not connected after %.0f s, closing", self.session.id, self.cfg.connect_timeout_s)
-                break
-            if now - self.microphone.last_audio_at > self.cfg.idle_timeout_s:
-                log.info("call %s: no microphone audio for %.0f s, closing", self.session.id, self.cfg.idle_timeout_s)
-                break
-            if now - started > self.session.gateway.max_session_s:
-                self.session.error("session_expired", "the session reached its maximum length")
-                break
-        await self.close()
-
-    async def close(self) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        self.slot.release()
-        self.calls.discard(self)
-        await self.session.close()
-        for task in list(self.tasks):
-            if task is not asyncio.current_task():
-                task.cancel()
-        self.reply.stop()
-        await self.pc.close()
+WEBRTC_MISSING = ("WebRTC is not installed on this server: install the webrtc extra (pip install "
+                  "'voice-gateway[webrtc]'), or connect over the WebSocket at /v1/realtime")
 
 
 @router.post("/v1/realtime/calls")
@@ -111,62 +40,9 @@ async def create_call(request: Request, model: str | None = None) -> Response:
     except Refused as refused:
         raise refused.as_api_error() from None
     try:
-        return await _answer(request, slot)
+        if webrtc_call is None:  # after admission: a caller without the key learns nothing of the server
+            raise APIError(501, WEBRTC_MISSING, type="server_error", code="webrtc_not_installed")
+        return await webrtc_call.answer(request, slot)
     except BaseException:
         slot.release()  # a refused offer was never a session; an answered one releases in Call.close
         raise
-
-
-async def _answer(request: Request, slot: SessionSlot) -> Response:
-    state = request.app.state
-    cfg: WebRTCConfig = state.webrtc
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/sdp":
-        raise APIError(415, "send the SDP offer with Content-Type: application/sdp", code="unsupported_media_type")
-    offer = (await request.body()).decode(errors="replace")
-    if "m=audio" not in offer:
-        raise APIError(400, "the offer has no audio section", code="invalid_sdp")
-
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    dialect = ev.dialect_for(request.headers.get("openai-beta"))
-    session = Session(state.engine, state.gateway, dialect, state.gateway_metrics, "webrtc", audio_on_track=True)
-    call = Call(state.calls, pc, session, slot, cfg)
-    pc.addTrack(call.reply)
-    session.open()  # session.created waits in the outbox until the data channel opens
-
-    @pc.on("track")
-    def on_track(track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            call.spawn(call.microphone.consume(track))
-
-    @pc.on("datachannel")
-    def on_datachannel(channel: RTCDataChannel) -> None:
-        if channel.label != "oai-events":
-            return
-        channel.on("message", call.inbox.put_nowait)
-        call.spawn(call.read_events())
-        call.spawn(call.pump_events(channel))
-
-    try:
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
-        answer = await pc.createAnswer()
-        if cfg.host_addresses:
-            await gather_on(pc, cfg.host_addresses)
-        await pc.setLocalDescription(answer)
-    # aiortc's SDP parser raises ValueError on missing fields, and asserts on lines it cannot split
-    except (ValueError, AttributeError, AssertionError) as e:
-        await session.close()
-        await pc.close()
-        raise APIError(400, f"could not use the SDP offer: {e}", code="invalid_sdp") from e
-
-    # only now: a refused offer's pc.close() must not close a call that never began
-    @pc.on("connectionstatechange")
-    async def on_state() -> None:
-        log.info("call %s: peer connection %s", session.id, pc.connectionState)
-        if pc.connectionState in ("failed", "closed"):
-            await call.close()
-
-    state.calls.add(call)
-    call.spawn(call.watchdog())
-    log.info("call %s: answered", session.id)
-    return Response(pc.localDescription.sdp, status_code=201, media_type="application/sdp",
-                    headers={"Location": f"/v1/realtime/calls/{session.id}"})

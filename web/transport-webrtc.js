@@ -63,8 +63,9 @@ export class WebRtcTransport {
     if (!res.ok) {
       let message = body;
       try { message = JSON.parse(body).error?.message || body; } catch { /* not JSON */ }
-      // 404 (or 405 from the static files mounted at /) without an API error code: no WebRTC on this server.
-      const missing = (res.status === 404 || res.status === 405) && !/model/i.test(message);
+      // 501: the server runs without its webrtc extra; 404 (or 405 from the static files mounted at /) without
+      // an API error code: a server with no such endpoint. Either way, no WebRTC here.
+      const missing = res.status === 501 || ((res.status === 404 || res.status === 405) && !/model/i.test(message));
       const Err = missing ? CallsEndpointMissing : Error;
       throw new Err(`POST /v1/realtime/calls: ${res.status} ${message}`.trim());
     }

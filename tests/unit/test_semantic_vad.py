@@ -119,7 +119,8 @@ def test_a_missing_model_or_runtime_is_logged_once_and_gives_none(
     assert load_smart_turn(missing) is None
     assert load_smart_turn(missing) is None
     assert [r.getMessage() for r in caplog.records if "no Smart Turn model" in r.getMessage()] == \
-        [f"semantic_vad: no Smart Turn model ({missing}); turns end on the server VAD's silence instead"]
+        [f"semantic_vad: no Smart Turn model ({missing}); turns end on the server VAD's silence instead "
+         "(pip install 'voice-gateway[semantic-vad]' installs the model)"]
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
     assert load_smart_turn(tmp_path / "other.onnx") is None
     assert "onnxruntime is not installed" in caplog.text
