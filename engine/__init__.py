@@ -1,10 +1,9 @@
-"""The staged speech engine's face: what `voice_gateway` may import, and nothing else.
+"""The staged speech engine's face: what `voice_gateway` may import for requests, and nothing else.
 
-Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out (`TextDelta`, `AudioChunk`, `Finished`, `Failed`),
-an `Engine` to submit them to (`create_engine`), and `EngineHost` / `attach_engine` for one
-engine process shared by several server processes (`ReplicaHost` / `attach_replicas` for engine
-replicas on Ray). `freeze_startup_heap` / `thaw_heap`: a serving process's start-up objects out of
-the cyclic collector, and back.
+Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out
+(`TextDelta`, `AudioChunk`, `Finished`, `Failed`), an `Engine` to submit them to (`create_engine`, where the
+deploy profile says: `load_profile`, `DeployProfile`). What runs one engine for several server processes
+and reaches it from each is the deploy face, engine/deploy.py.
 """
 
 from engine.api import (
@@ -36,11 +35,8 @@ from engine.api import (
     ToolCallOutput,
 )
 from engine.constraints import schema_error
-from engine.factory import attach_engine, attach_replicas, create_engine
-from engine.heap import freeze_startup_heap, thaw_heap
+from engine.factory import create_engine
 from engine.profile import DeployProfile, ProfileError, load_profile
-from engine.remote.host import EngineHost
-from engine.replicas.host import ReplicaHost
 
 __all__ = [
     "INPUT_SAMPLE_RATE_HZ",
@@ -54,7 +50,6 @@ __all__ = [
     "Engine",
     "EngineError",
     "EngineHealth",
-    "EngineHost",
     "EngineRequest",
     "Failed",
     "Finished",
@@ -64,7 +59,6 @@ __all__ = [
     "OutputConstraint",
     "OutputEvent",
     "ProfileError",
-    "ReplicaHost",
     "RequestStream",
     "SamplingParams",
     "TextDelta",
@@ -73,11 +67,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolCallOutput",
-    "attach_engine",
-    "attach_replicas",
     "create_engine",
-    "freeze_startup_heap",
     "load_profile",
     "schema_error",
-    "thaw_heap",
 ]

@@ -125,8 +125,8 @@ class AdmissionConfig:
 
 @dataclass(frozen=True, slots=True)
 class SupervisionConfig:
-    """How an engine in a process of its own (`engine: process`, `http_workers` > 1) is kept serving
-    (engine/remote/). Its child speaks four times a second: silence is a stall."""
+    """How an engine in another process (`engine.where: process` or `ray`, `engine.http_workers` > 1) is
+    kept serving (engine/remote/client.py). It speaks four times a second: silence is a stall."""
 
     # silence after which the engine process counts as stalled: its requests fail with
     # engine_unavailable, and it is killed and started again
@@ -149,16 +149,38 @@ class SupervisionConfig:
 @dataclass(frozen=True, slots=True)
 class ReplicasConfig:
     """Several engines behind one server, each a Ray actor in a process of its own (engine/replicas/):
-    one per GPU, or per CPU process for the tiny model."""
+    one per GPU, or per CPU process for the tiny model (`engine.where: ray` only)."""
 
-    # engines on Ray; 0: no Ray, the engine runs in this server (or its own process, `engine: process`)
-    count: int = field(default=0, metadata=_at_least(0))
+    count: int = field(default=1, metadata=_at_least(1))
     # Ray's address: "local" starts a Ray instance for this server alone; "auto" joins the one that
     # `ray start --head` runs on this host; "HOST:PORT" (or "ray://HOST:PORT") a cluster's head
     address: str = "local"
     # what each replica asks of Ray: its CPUs (its torch threads) and GPUs (1 on a GPU host)
     cpus: float = field(default=1.0, metadata=_at_least(0.0))
     gpus: float = field(default=0.0, metadata=_at_least(0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyConfig:
+    """Where the engine runs, how many server processes are in front of it, and how it is kept serving."""
+
+    # in_process: the stages in the server's process; process: in a child of its own, with its own GIL, so
+    # the server's event loop never waits on them for it (engine/remote/); ray: `replicas` engines, each a
+    # Ray actor (engine/replicas/)
+    where: Literal["in_process", "process", "ray"] = "in_process"
+    # server processes in front of the engine (`serve --http-workers` beats it); more than one puts an
+    # in_process engine in a process of its own, which they all attach to (with ray, they share the replicas)
+    http_workers: int = field(default=1, metadata=_at_least(1))
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
+    supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
+
+    def __post_init__(self) -> None:
+        if self.where != "ray" and self.replicas != ReplicasConfig():
+            raise ProfileError(f"engine.replicas: only with engine.where: ray, got where: {self.where}")
+
+    def in_one_process(self) -> TopologyConfig:
+        """This topology for the engine process itself: its stages run where it runs, for one server."""
+        return TopologyConfig(supervision=self.supervision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +197,7 @@ class DeployProfile:
     load_format: Literal["auto", "dummy"] = "auto"
     # staged: our engine; transformers_generate: the library's generate(return_audio=True), the benchmark baseline
     backend: Literal["staged", "transformers_generate"] = "staged"
-    # process: the engine's stages in a child process with their own GIL, so the server's event loop never
-    # waits on them for it (engine/remote/)
-    engine: Literal["in_process", "process"] = "in_process"
-    # server processes in front of the engine (`serve --http-workers` beats it); more than one puts the
-    # engine in a process of its own, which they all attach to (with replicas, they share the replicas)
-    http_workers: int = field(default=1, metadata=_at_least(1))
+    engine: TopologyConfig = field(default_factory=TopologyConfig)
     # on CUDA stages: decode steps, prefills, the code predictor and Code2Wav replayed from CUDA graphs,
     # decoder layers and the code predictor through torch.compile (all at start-up, never while serving)
     cuda_graphs: bool = False
@@ -189,8 +206,6 @@ class DeployProfile:
     kernels: Literal["reference", "triton"] = "reference"
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
-    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
 
@@ -198,15 +213,18 @@ class DeployProfile:
         devices = (self.stages.thinker.device, self.stages.talker.device, self.stages.code2wav.device)
         if self.cuda_graphs and not all(d.startswith("cuda") for d in devices):
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
-        if self.backend == "transformers_generate" and self.engine != "in_process":
-            raise ProfileError("engine: the transformers_generate baseline runs in_process")
-        if self.replicas.count and self.engine != "in_process":
-            raise ProfileError("replicas.count: each replica is a process of its own already; it needs "
-                               f"engine: in_process, got {self.engine}")
+        if self.backend == "transformers_generate" and self.engine.where != "in_process":
+            raise ProfileError(f"engine.where: the transformers_generate baseline runs in_process, got {self.engine.where}")
 
     @property
     def runs_in_process(self) -> bool:
-        return self.engine == "in_process" and self.http_workers == 1 and self.replicas.count == 0
+        """The engine runs in the server's own process, and that process is the only one."""
+        return self.engine.where == "in_process" and self.engine.http_workers == 1
+
+    def in_one_process(self) -> DeployProfile:
+        """The profile an engine process runs: its stages where it runs, for one server (what keeps it serving
+        stays, for the server processes that attach to learn)."""
+        return dataclasses.replace(self, engine=self.engine.in_one_process())
 
 
 def detect_platform() -> str:

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -15,9 +16,11 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ConfigDict, TypeAdapter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine import Engine, attach_engine, attach_replicas, freeze_startup_heap, thaw_heap
+from engine import Engine
+from engine.deploy import EngineAt, RayAddress, attach_engine, attach_replicas, freeze_startup_heap, thaw_heap
 from voice_gateway.admission import Admission, require_api_key
 from voice_gateway.body_limit import LimitBody
 from voice_gateway.config import GatewayConfig
@@ -44,27 +47,46 @@ class StampArrival:
         await self.app(scope, receive, send)
 
 
-WORKER_ENV = "VOICE_GATEWAY_WORKER"  # `serve --http-workers N` -> each worker: where the engine is, and the settings
+WORKER_ENV = "VOICE_GATEWAY_WORKER"  # `serve --http-workers N` -> each worker: its `WorkerSpec`, as JSON
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """What each of `serve --http-workers N`'s server processes is told by the CLI that starts them: where its
+    engine is, and its settings. It travels in one environment variable (uvicorn's workers are spawned, and
+    built by `worker_app`), as JSON that is validated again on the way in."""
+
+    __pydantic_config__ = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")  # the engine's auth key
+
+    engine_at: EngineAt
+    log_level: str
+    metrics_dir: Path  # the workers' gateway figures, which each worker's /metrics sums (voice_gateway/metrics.py)
+    gateway: GatewayConfig
+    webrtc: WebRTCConfig
+
+    def publish(self) -> None:
+        """For the workers this process starts next."""
+        os.environ[WORKER_ENV] = _WORKER_SPEC.dump_json(self).decode()
+
+    @classmethod
+    def read(cls) -> WorkerSpec:
+        return _WORKER_SPEC.validate_json(os.environ[WORKER_ENV])
+
+
+_WORKER_SPEC = TypeAdapter(WorkerSpec)
 
 
 def worker_app() -> FastAPI:
     """One of `serve --http-workers N`'s server processes: the app on the engine process (or the engine
     replicas) its parent started."""
-    import json
-
-    spec = json.loads(os.environ[WORKER_ENV])
-    metrics = shared_across_processes(Path(spec["metrics_dir"]))  # before this process makes any other metric
+    spec = WorkerSpec.read()
+    metrics = shared_across_processes(spec.metrics_dir)  # before this process makes any other metric
     # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
-    logging.basicConfig(level=spec["log_level"],
+    logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
-    if "replicas" in spec:
-        engine = attach_replicas(**spec["replicas"])
-    else:
-        engine = attach_engine((spec["address"], bytes.fromhex(spec["authkey"])))
-    webrtc = {**spec["webrtc"], "host_addresses": tuple(spec["webrtc"]["host_addresses"])}
-    gateway = {**spec["gateway"], "allowed_origins": tuple(spec["gateway"]["allowed_origins"]),
-               "allowed_hosts": tuple(spec["gateway"]["allowed_hosts"])}
-    return create_app(engine, GatewayConfig(**gateway), WebRTCConfig(**webrtc), metrics)
+    at = spec.engine_at
+    engine = attach_replicas(at) if isinstance(at, RayAddress) else attach_engine(at)
+    return create_app(engine, spec.gateway, spec.webrtc, metrics)
 
 
 def _add_docs(app: FastAPI, keyed: list) -> None:

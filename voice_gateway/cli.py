@@ -65,7 +65,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
     parser.add_argument("--http-workers", type=int,
                         help="server processes in front of one engine process (default: the profile's "
-                        "http_workers, else 1; more than 1 runs the engine in its own process, or shares the profile's replicas "
+                        "engine.http_workers, else 1; more than 1 runs the engine in its own process, or shares the profile's replicas "
                         "among them; /metrics then sums every "
                         "process's gateway figures, and --max-sessions is per process)")
 
@@ -118,7 +118,7 @@ def serve(args: argparse.Namespace) -> int:
                         ws_max_size=32 * 1024 * 1024,
                         # then still-open connections are cut, and the lifespan's engine stop fails their requests
                         timeout_graceful_shutdown=args.shutdown_timeout)
-    workers = profile.http_workers if args.http_workers is None else args.http_workers
+    workers = profile.engine.http_workers if args.http_workers is None else args.http_workers
     if workers < 1:
         log.error("--http-workers must be at least 1, got %d", workers)
         return 2
@@ -137,35 +137,24 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
                    webrtc: WebRTCConfig, uvicorn_args: dict[str, Any]) -> int:
     """One engine process (or the profile's replicas on Ray), then `workers` server processes attached to it
     (uvicorn's workers)."""
-    import dataclasses
-    import json
     import shutil
     import tempfile
 
     import uvicorn
 
-    from engine import EngineHost, ReplicaHost
-    from voice_gateway.app import WORKER_ENV
+    from engine.deploy import EngineHost, ReplicaHost
+    from voice_gateway.app import WorkerSpec
 
-    one_process = dataclasses.replace(profile, engine="in_process", http_workers=1)
-    host = (ReplicaHost if profile.replicas.count else EngineHost)(args.model, one_process, args.cache_dir)
+    host = (ReplicaHost if profile.engine.where == "ray" else EngineHost)(args.model, profile, args.cache_dir)
     try:
         host.start()
     except (EngineError, FileNotFoundError) as e:
         log.error("%s", e)
         host.stop()
         return 2
-    if isinstance(host, ReplicaHost):
-        assert host.address is not None
-        engine_at: dict[str, Any] = {"replicas": dataclasses.asdict(host.address)}
-    else:
-        engine_at = {"address": host.address[0], "authkey": host.address[1].hex()}
-    # the workers' gateway figures, which each worker's /metrics sums (voice_gateway/metrics.py)
-    metrics_dir = tempfile.mkdtemp(prefix="vg-metrics-")
-    os.environ[WORKER_ENV] = json.dumps({
-        "model": args.model, **engine_at, "log_level": args.log_level.upper(), "metrics_dir": metrics_dir,
-        "gateway": dataclasses.asdict(gateway), "webrtc": dataclasses.asdict(webrtc),
-    })
+    assert host.address is not None
+    metrics_dir = Path(tempfile.mkdtemp(prefix="vg-metrics-"))
+    WorkerSpec(host.address, args.log_level.upper(), metrics_dir, gateway, webrtc).publish()
     try:
         # A spawned worker imports torch and transformers before it answers uvicorn's health pings: on a
         # loaded host that takes longer than uvicorn's 5 s, and each worker was killed and respawned in turn.

@@ -4,7 +4,7 @@ actor on Ray): frozen messages, pickled on a pipe or a socket.
 Server -> engine: `Submit` (an admitted request), `Cancel`, `Stop`. Engine -> server: `Ready` or
 `StartFailed` once, then `Events` batched per loop turn, every `STATE_PERIOD_S` its `State` when that
 changed or else a `Heartbeat`, and `Stopped`. So a serving engine is never silent for long: its
-supervisor (engine/remote/client.py, host.py, engine/replicas/replica.py) takes silence as a stall.
+supervisor (engine/remote/client.py) takes silence as a stall.
 `Closed` is never sent: a reader hands it over when the other side is gone.
 """
 
@@ -82,6 +82,3 @@ class Stopped:
 class Closed:
     """The other side of the pipe is gone; what came before it still counts."""
 
-
-ToEngine = Submit | Cancel | Stop | Closed
-FromEngine = Ready | StartFailed | Events | State | Heartbeat | Stopped | Closed

@@ -1,6 +1,6 @@
 """One engine replica as a Ray actor: a core (engine/local.py) in the actor's own process, served to
 every server process over a TCP connection of its own (engine/remote/service.py), the channel that
-`engine: process` has over a pipe.
+`engine.where: process` has over a pipe.
 
 Ray places the actor, restarts it when it dies, and tells each server process where its channel is
 (`ready`); requests, their events and the replica's state never pass through Ray. Each Ray call is
@@ -55,10 +55,6 @@ class ReplicaActor:
         if self._started is None:
             self._started = asyncio.ensure_future(self._start())
         return await asyncio.shield(self._started)
-
-    async def describe(self) -> EngineSpec:
-        """What it runs: a server process that attaches opens its own front door from it."""
-        return self.spec
 
     async def stop(self) -> None:
         """Every request still open ends with Failed, and its end goes out."""

@@ -1,5 +1,5 @@
 """`ReplicaHost`: the engine replicas on Ray that several server processes share, for
-`serve --http-workers N` with `replicas.count`, each attached through `attach_replicas(address)`.
+`serve --http-workers N` with `engine.where: ray`, each attached through `attach_replicas(address)`.
 
 The parent process launches the replicas and owns them: they live while it is connected to Ray, it
 stops them when the server stops, and Ray restarts one that dies. Each server process connects to them
@@ -8,12 +8,11 @@ itself (engine/replicas/replica.py)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from pathlib import Path
 
 from engine.api import EngineError
-from engine.profile import DeployProfile, ReplicasConfig
+from engine.profile import DeployProfile
 from engine.remote.child import START_TIMEOUT_S
 from engine.remote.messages import EngineSpec
 from engine.replicas.cluster import RayAddress, RayCluster, new_namespace
@@ -25,8 +24,8 @@ class ReplicaHost:
     """Owns the Ray cluster connection (and the Ray instance, `address: local`) and the replica actors."""
 
     def __init__(self, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> None:
-        self.spec = EngineSpec(model, dataclasses.replace(profile, replicas=ReplicasConfig()), cache_dir)
-        self._cluster = RayCluster(profile.replicas, new_namespace())
+        self.spec = EngineSpec(model, profile.in_one_process(), cache_dir)
+        self._cluster = RayCluster(profile.engine.replicas, new_namespace())
         self.address: RayAddress | None = None
 
     def start(self) -> None:

@@ -21,55 +21,51 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from engine.api import OVERLOADED, UNAVAILABLE, EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
 from engine.profile import ReplicasConfig
+from engine.remote.client import PushedFamilies, RemoteCore
 from engine.remote.messages import EngineSpec
 from engine.replicas.affinity import ConversationAffinity
 from engine.replicas.cluster import RayAddress, RayCluster, new_namespace
-from engine.replicas.replica import ReplicaCore
+from engine.replicas.replica import ReachReplica
 
 
-class _ReplicaFamilies(Collector):
-    """Each replica's engine families as its last state gave them, labelled by replica, one family per name."""
+class _ReplicaStates(Collector):
+    """Whether each replica serves, and its restarts."""
 
-    def __init__(self, replicas: list[ReplicaCore]) -> None:
+    def __init__(self, replicas: list[RemoteCore]) -> None:
         self._replicas = replicas
 
     def collect(self) -> Iterable[Metric]:
-        merged: dict[str, Metric] = {}
-        for replica in self._replicas:
-            for family in text_string_to_metric_families(replica.metrics_text) if replica.metrics_text else ():
-                out = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
-                out.samples += [s._replace(labels={**s.labels, "replica": replica.name}) for s in family.samples]
         up = GaugeMetricFamily("engine_replica_up", "1 while the engine replica serves", labels=["replica"])
         restarts = GaugeMetricFamily("engine_replica_restarts", "Times the engine replica served again after it "
                                      "was lost", labels=["replica"])
-        for replica in self._replicas:
-            up.add_metric([replica.name], 1.0 if replica.serving else 0.0)
-            restarts.add_metric([replica.name], replica.restarts)
-        return [*merged.values(), up, restarts]
+        for name, replica in enumerate(self._replicas):
+            up.add_metric([str(name)], 1.0 if replica.serving else 0.0)
+            restarts.add_metric([str(name)], replica.restarts)
+        return [up, restarts]
 
 
 class ReplicaSet:
-    """Owns the replicas, which replica each open request runs on (and which of them were aborted), and the
-    conversations' affinity.
+    """Owns the replicas (a `RemoteCore` each, named by their index), which replica each open request runs on
+    (and which of them were aborted), and the conversations' affinity.
     `spec`: what to launch; None to attach to replicas launched already, and learn it from them."""
 
     def __init__(self, cluster: RayCluster, spec: EngineSpec | None) -> None:
         self._cluster = cluster
         self._launch = spec
-        self.spec = spec
-        self.replicas: list[ReplicaCore] = []
-        self._routes: dict[str, ReplicaCore] = {}
+        self.replicas: list[RemoteCore] = []
+        self._routes: dict[str, int] = {}  # request id -> its replica's index
         self._aborted: set[str] = set()  # open requests whose abort was sent
         self.affinity = ConversationAffinity()
         self.registry = CollectorRegistry()
-        self.registry.register(_ReplicaFamilies(self.replicas))
+        self.registry.register(PushedFamilies(lambda: [({"replica": str(i)}, r.metrics_text)
+                                                       for i, r in enumerate(self.replicas)]))
+        self.registry.register(_ReplicaStates(self.replicas))
 
     @classmethod
     def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig) -> ReplicaSet:
@@ -79,18 +75,17 @@ class ReplicaSet:
     def attached(cls, address: RayAddress) -> ReplicaSet:
         return cls(RayCluster(ReplicasConfig(count=address.count, address=address.gcs), address.namespace), None)
 
+    @property
+    def spec(self) -> EngineSpec:
+        """What the replicas run (known once they have started)."""
+        return self._launch or self.replicas[0].spec
+
     async def start(self) -> None:
         try:
             # its actors' output goes to the log of the process that launched them, once
             self._cluster.connect(log_to_driver=self._launch is not None)
-            if self._launch is not None:
-                actors = self._cluster.launch(self._launch)
-            else:
-                actors = self._cluster.lookup()
-                self.spec = await actors[0].describe.remote()
-            assert self.spec is not None
-            stall_timeout_s = self.spec.profile.supervision.stall_timeout_s
-            self.replicas.extend(ReplicaCore(str(i), actor, stall_timeout_s) for i, actor in enumerate(actors))
+            actors = self._cluster.launch(self._launch) if self._launch is not None else self._cluster.lookup()
+            self.replicas.extend(RemoteCore(ReachReplica(str(i), actor)) for i, actor in enumerate(actors))
             await asyncio.gather(*(replica.start() for replica in self.replicas))
         except BaseException:
             await self.stop()
@@ -131,12 +126,12 @@ class ReplicaSet:
         self._send(request, index, relay)
 
     def abort(self, request_id: str) -> None:
-        if (replica := self._routes.get(request_id)) is not None:
+        if (index := self._routes.get(request_id)) is not None:
             self._aborted.add(request_id)  # a refusal that crosses the abort is not tried again
-            replica.abort(request_id)
+            self.replicas[index].abort(request_id)
 
-    def _choose(self, request: AdmittedRequest, avoid: ReplicaCore | None) -> int | None:
-        serving = [i for i, replica in enumerate(self.replicas) if replica.serving and replica is not avoid]
+    def _choose(self, request: AdmittedRequest, avoid: int | None) -> int | None:
+        serving = [i for i, replica in enumerate(self.replicas) if replica.serving and i != avoid]
         if not serving:
             return None
         index = self.affinity.replica_for(request)
@@ -146,7 +141,7 @@ class ReplicaSet:
 
     def _send(self, request: AdmittedRequest, index: int, relay: Sink) -> None:
         self.replicas[index].begin(request, relay)
-        self._routes[request.request_id] = self.replicas[index]
+        self._routes[request.request_id] = index
         self.affinity.keep(request, index)
 
     def stage_load(self) -> dict[str, int]:
@@ -158,12 +153,12 @@ class ReplicaSet:
 
     def routed(self) -> dict[str, str]:
         """Open request id -> the name of the replica it runs on."""
-        return {rid: replica.name for rid, replica in self._routes.items()}
+        return {rid: str(index) for rid, index in self._routes.items()}
 
     def health(self) -> EngineHealth:
         states = [replica.health() for replica in self.replicas]
         restarts = sum(state.restarts for state in states)
-        unwell = [f"replica {r.name} {s.status}: {s.detail}" for r, s in zip(self.replicas, states) if s.status != "ok"]
+        unwell = [f"replica {i} {s.status}: {s.detail}" for i, s in enumerate(states) if s.status != "ok"]
         if not self.replicas:
             return EngineHealth("down", "no engine replica started")
         if all(state.status == "down" for state in states):

@@ -188,7 +188,7 @@ def test_held_servers_serve_every_round_and_wait_stopped_between(tiny_checkpoint
     ladder = tmp_path / "ladder.yaml"
     ladder.write_text(f"""
 base: configs/tiny.yaml
-profile: {{supervision: {{stall_timeout_s: 1}}, stages: {{talker: {{max_frames: {FRAMES}, ignore_eos: true}}}}}}
+profile: {{engine: {{supervision: {{stall_timeout_s: 1}}}}, stages: {{talker: {{max_frames: {FRAMES}, ignore_eos: true}}}}}}
 bench: {{concurrency: [1], num_requests: 3, warmup: 0, max_tokens: {TEXT_TOKENS}}}
 rows:
   - name: in-process
@@ -196,7 +196,7 @@ rows:
     serve: [--cache-dir, "{cache_dir}"]
   - name: engine-process
     what: the engine in a child process
-    profile: {{engine: process}}
+    profile: {{engine: {{where: process}}}}
     serve: [--cache-dir, "{cache_dir}"]
 """)
     out = tmp_path / "out"

@@ -27,7 +27,7 @@ AUDIO = {"voice": "ethan", "format": "pcm16"}
 @pytest.fixture(scope="module")
 def process_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("engine-process")
-    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "engine": "process"}
+    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "engine": {"where": "process"}}
     (folder / "tiny-process.yaml").write_text(yaml.safe_dump(profile))
     proc, srv = start_server(cache_dir, folder / "server.log", "--deploy-config", str(folder / "tiny-process.yaml"))
     yield srv
@@ -110,7 +110,7 @@ def test_audio_input_is_prepared_in_the_server_process(client: openai.OpenAI) ->
 def workers_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Two workers from the profile's `http_workers`, as the GPU profile serves (`--http-workers` beats it)."""
     folder = tmp_path_factory.mktemp("http-workers")
-    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "http_workers": 2}
+    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), "engine": {"http_workers": 2}}
     (folder / "tiny-workers.yaml").write_text(yaml.safe_dump(profile))
     proc, srv = start_server(cache_dir, folder / "server.log", "--deploy-config", str(folder / "tiny-workers.yaml"))
     yield srv

@@ -26,14 +26,15 @@ SUPERVISION = {"stall_timeout_s": 3, "restart_backoff_s": 0.5}  # short, so a te
 
 
 def _server(cache_dir: Path, folder: Path, **profile_keys) -> tuple:
-    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()), **profile_keys, "supervision": SUPERVISION}
+    profile = {**yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text()),
+               "engine": {**profile_keys, "supervision": SUPERVISION}}
     (folder / "tiny.yaml").write_text(yaml.safe_dump(profile))
     return start_server(cache_dir, folder / "server.log", "--deploy-config", str(folder / "tiny.yaml"))
 
 
 @pytest.fixture
 def process_server(tiny_checkpoint: Path, cache_dir: Path, tmp_path: Path) -> Iterator[Server]:
-    proc, srv = _server(cache_dir, tmp_path, engine="process")
+    proc, srv = _server(cache_dir, tmp_path, where="process")
     yield srv
     stop_server(proc)
     assert "Traceback" not in srv.log()

@@ -21,7 +21,7 @@ ONE_AT_A_TIME = json.dumps({"thinker": {"max_batch": 1, "ignore_eos": True}, "ta
 @pytest.fixture(scope="module", params=["in_process", "process"])
 def server(request: pytest.FixtureRequest, tiny_checkpoint: Path, cache_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    overrides = json.dumps({"admission": {"max_queued": 0}, "engine": request.param})
+    overrides = json.dumps({"admission": {"max_queued": 0}, "engine": {"where": request.param}})
     proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("overload") / "server.log",
                              "--overrides", overrides, "--stage-overrides", ONE_AT_A_TIME)
     yield srv

@@ -29,7 +29,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed (pip install '
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 OVERRIDES = {
-    "replicas": {"count": 2, "address": "local", "cpus": 1},
+    "engine": {"where": "ray", "replicas": {"count": 2, "address": "local", "cpus": 1}},
     "admission": {"max_active": 1, "max_queued": 0},
     "stages": {"thinker": {"ignore_eos": True}, "talker": {"max_frames": 12}},
 }

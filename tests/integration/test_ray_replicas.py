@@ -39,7 +39,7 @@ pytest.importorskip("ray", reason="the ray extra is not installed (pip install '
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 OVERRIDES = {
-    "replicas": {"count": 2, "address": "local", "cpus": 1},
+    "engine": {"where": "ray", "replicas": {"count": 2, "address": "local", "cpus": 1}},
     "stages": {"thinker": {"ignore_eos": True}, "talker": {"max_frames": 12}},
 }
 # a spoken question, as a realtime session sends it; long enough that turn 2's common prefix passes the
@@ -112,7 +112,7 @@ async def test_a_server_process_that_leaves_has_its_requests_aborted(engine: Eng
     from engine.remote.messages import Events, Ready, State, Submit
     from engine.remote.pipe import portable
 
-    channel = await _replicas(engine).replicas[1]._actor.ready.remote()
+    channel = await _replicas(engine).replicas[1].reach.actor.ready.remote()
     leaving = portable(await asyncio.to_thread(Client, channel.address, authkey=channel.authkey))
     watching = portable(await asyncio.to_thread(Client, channel.address, authkey=channel.authkey))
     assert isinstance(leaving.recv(), Ready) and isinstance(watching.recv(), Ready)

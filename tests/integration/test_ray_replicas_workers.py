@@ -20,7 +20,8 @@ from tests.workers import connect_to, get, worker_pids
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'voice-gateway[ray]')")
 
-OVERRIDES = {"replicas": {"count": 2, "address": "local", "cpus": 1}, "stages": {"thinker": {"ignore_eos": True}}}
+OVERRIDES = {"engine": {"where": "ray", "replicas": {"count": 2, "address": "local", "cpus": 1}},
+             "stages": {"thinker": {"ignore_eos": True}}}
 READY = r"engine replica (\d) ready \(process (\d+)\)"
 
 

@@ -42,7 +42,7 @@ from engine import create_engine, load_profile
 from voice_gateway.app import create_app
 
 logging.basicConfig(level=logging.INFO)
-profile = load_profile(model="tiny", platform="cpu", overrides={"engine": "process"})
+profile = load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process"}})
 app = create_app(create_engine("tiny", profile, Path(sys.argv[1])))
 
 async def main():

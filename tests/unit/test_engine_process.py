@@ -74,7 +74,7 @@ def _release(pid: int | None) -> None:
 
 
 def _supervised(**supervision) -> object:
-    return load_profile(model="tiny", platform="cpu", overrides={"engine": "process", "supervision": supervision})
+    return load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process", "supervision": supervision}})
 
 
 async def _held(engine, rid: str):
@@ -104,7 +104,8 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
     finally:
         await local.stop()
 
-    remote = create_engine("tiny", dataclasses.replace(profile, engine="process"), cache_dir)
+    remote = create_engine("tiny", load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process"}}),
+                           cache_dir)
     core = remote.core
     assert isinstance(core, RemoteCore)
     await remote.start()
@@ -205,7 +206,7 @@ async def test_a_stopped_engine_process_fails_its_requests_by_the_deadline(tiny_
 async def test_several_server_processes_share_one_engine_process(tiny_checkpoint: Path, cache_dir: Path) -> None:
     """`EngineHost` (what `serve --http-workers N` starts): clients attach, each hears only its own replies,
     and one that leaves loses only its own requests."""
-    from engine import EngineHost, attach_engine
+    from engine.deploy import EngineHost, attach_engine
 
     host = EngineHost("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
     await asyncio.to_thread(host.start)
@@ -236,7 +237,7 @@ async def test_an_engine_host_replaces_its_engine_and_server_processes_reconnect
                                                                                 cache_dir: Path) -> None:
     """`serve --http-workers N`: the host's thread replaces a child that exited or stalled at the same
     address; an attached server process fails its requests, refuses new ones, and connects again."""
-    from engine import EngineHost, attach_engine
+    from engine.deploy import EngineHost, attach_engine
 
     host = EngineHost("tiny", _supervised(stall_timeout_s=5, restart_backoff_s=0.5), cache_dir)
     await asyncio.to_thread(host.start)

@@ -27,7 +27,7 @@ def test_gpu_profile_turns_on_what_the_h200_measurements_chose() -> None:
     cuda = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda")
     assert cuda.cuda_graphs and cuda.kernels == "triton"
     assert cuda.first_packet.text_lead == 5
-    assert cuda.engine == "process" and cuda.http_workers == 4 and not cuda.runs_in_process
+    assert cuda.engine.where == "process" and cuda.engine.http_workers == 4 and not cuda.runs_in_process
     assert cuda.async_chunk.sizes() == (4, 8, 16, 25)
     cpu = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cpu")
     assert not cpu.cuda_graphs and cpu.kernels == "reference" and cpu.runs_in_process
@@ -35,8 +35,8 @@ def test_gpu_profile_turns_on_what_the_h200_measurements_chose() -> None:
 
 def test_overrides_reach_any_key_after_the_platform_delta() -> None:
     profile = load_profile(CONFIG_DIR / "qwen3_omni_moe.yaml", platform="cuda",
-                           overrides='{"cuda_graphs": false, "engine": "in_process", "stages": {"talker": {"max_batch": 8}}}')
-    assert not profile.cuda_graphs and profile.engine == "in_process"
+                           overrides='{"cuda_graphs": false, "engine": {"where": "in_process"}, "stages": {"talker": {"max_batch": 8}}}')
+    assert not profile.cuda_graphs and profile.engine.where == "in_process"
     assert profile.stages.talker.max_batch == 8 and profile.stages.thinker.max_batch == 64
     assert profile.kernels == "triton"  # the platform delta's other keys stay
 
@@ -97,7 +97,7 @@ def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
         ("cuda_graphs: 1", "cuda_graphs: must be true or false"),
         ("kernels: cutlass", "kernels: must be one of reference, triton"),
         ("first_packet: {text_lead: -1}", "first_packet.text_lead: must be >= 0"),
-        ("engine: remote", "engine: must be one of in_process, process"),
+        ("engine: {where: remote}", "engine.where: must be one of in_process, process, ray"),
         ("- a list", "top level must be a mapping"),
     ],
 )

@@ -42,14 +42,17 @@ def test_the_oldest_prompts_are_forgotten_first() -> None:
 
 
 def test_the_replicas_section_is_checked() -> None:
-    profile = load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2, "address": "auto"}})
-    assert profile.replicas.count == 2 and profile.replicas.address == "auto" and not profile.runs_in_process
-    assert load_profile(model="tiny", platform="cpu").replicas.count == 0
-    with pytest.raises(ProfileError, match=r"replicas\.count: must be >= 0"):
-        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": -1}})
-    with pytest.raises(ProfileError, match=r"replicas\.gpu: unknown key"):
-        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"gpu": 1}})
-    with pytest.raises(ProfileError, match="replicas.count: each replica is a process of its own"):
-        load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2}, "engine": "process"})
+    profile = load_profile(model="tiny", platform="cpu",
+                           overrides={"engine": {"where": "ray", "replicas": {"count": 2, "address": "auto"}}})
+    replicas = profile.engine.replicas
+    assert replicas.count == 2 and replicas.address == "auto" and not profile.runs_in_process
+    assert load_profile(model="tiny", platform="cpu").engine.where == "in_process"
+    with pytest.raises(ProfileError, match=r"engine\.replicas\.count: must be >= 1"):
+        load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "ray", "replicas": {"count": 0}}})
+    with pytest.raises(ProfileError, match=r"engine\.replicas\.gpu: unknown key"):
+        load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "ray", "replicas": {"gpu": 1}}})
+    with pytest.raises(ProfileError, match=r"engine\.replicas: only with engine\.where: ray"):
+        load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process", "replicas": {"count": 2}}})
     # the server processes of --http-workers share the replicas
-    assert load_profile(model="tiny", platform="cpu", overrides={"replicas": {"count": 2}, "http_workers": 2}).http_workers == 2
+    shared = load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "ray", "http_workers": 2}})
+    assert shared.engine.http_workers == 2

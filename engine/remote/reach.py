@@ -1,0 +1,127 @@
+"""How a `RemoteCore` (engine/remote/client.py) reaches an engine process on this host: `SpawnChild` starts
+a child of its own (`engine.where: process`, and the one an `EngineHost` keeps at a socket), `AttachHost`
+connects to the child an `EngineHost` keeps (`serve --http-workers N`). `handshake` reads any engine's
+first word, for these and for a replica on Ray (engine/replicas/replica.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from engine.api import EngineError
+from engine.profile import SupervisionConfig
+from engine.remote.child import START_TIMEOUT_S, spawn_child
+from engine.remote.messages import Address, EngineSpec, Ready, StartFailed
+from engine.remote.pipe import cut
+
+log = logging.getLogger(__name__)
+
+REAP_TIMEOUT_S = 10  # a child told to stop exits by then, or is killed
+
+
+def handshake(conn: Connection, what: str) -> EngineSpec:
+    """Wait (blocking) for the engine's first message on `conn`: what it runs, from its Ready; EngineError
+    when it failed to start, exited, or did not start in time."""
+    try:
+        if not conn.poll(START_TIMEOUT_S):
+            raise EngineError(f"{what} did not start within {START_TIMEOUT_S} s")
+        first = conn.recv()
+    except (EOFError, OSError) as e:
+        raise EngineError(f"{what} exited while starting") from e
+    if isinstance(first, StartFailed):
+        raise EngineError(f"{what} failed to start: {first.reason}")
+    if not isinstance(first, Ready):
+        raise EngineError(f"{what} said {type(first).__name__} first, not Ready")
+    return first.spec
+
+
+class SpawnChild:
+    """Owns the engine child it started last (and its pid once it is gone). With `listen` the child also
+    serves the server processes that attach at that address (engine/remote/host.py)."""
+
+    what = "the engine process"
+    verb = "restart"
+    recovery = "restarting it"
+    owns_engine = True
+
+    def __init__(self, spec: EngineSpec, listen: Address | None = None) -> None:
+        self.spec = spec
+        self.listen = listen
+        self.pid: int | None = None
+        self._process: BaseProcess | None = None  # until reaped
+
+    @property
+    def ready(self) -> str:
+        return f"engine process {self.pid} ready"
+
+    async def open(self) -> tuple[Connection, EngineSpec]:
+        if self.listen is not None:
+            Path(self.listen[0]).unlink(missing_ok=True)  # a killed child leaves its socket file behind
+        try:
+            self._process, conn = spawn_child(self.spec, self.listen)
+        except OSError as e:  # out of processes or descriptors: an attempt that failed, not the supervisor's end
+            raise EngineError(f"cannot start the engine process: {e}") from e
+        self.pid = self._process.pid
+        try:
+            return conn, await asyncio.to_thread(handshake, conn, self.what)
+        except BaseException:  # it failed, or the server stops while it starts: the killed child ends the wait
+            self.lost(stalled=False)
+            cut(conn)
+            await self.reap()
+            raise
+
+    def lost(self, stalled: bool) -> None:
+        if self._process is not None:
+            self._process.kill()  # a stopped one too; a no-op on one that already exited
+
+    async def reap(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        await asyncio.to_thread(process.join, REAP_TIMEOUT_S)
+        if process.exitcode is None:
+            process.kill()
+            await asyncio.to_thread(process.join, REAP_TIMEOUT_S)
+        log.info("engine process %d is gone (exit code %s)", process.pid, process.exitcode)
+
+    def backoff_s(self, supervision: SupervisionConfig, attempts: int) -> float:
+        return supervision.backoff_s(attempts)
+
+
+class AttachHost:
+    """Reaches the engine child an `EngineHost` keeps at `address`. A loss is the host's to repair (it starts
+    the next child at the same address): this side only connects again, every `restart_backoff_s`."""
+
+    what = "the engine process"
+    verb = "reconnect"
+    recovery = "reconnecting"
+    owns_engine = False
+    pid: int | None = None  # the host's child: not ours to know
+    ready = "engine process attached"
+
+    def __init__(self, address: Address) -> None:
+        self.address = address
+
+    async def open(self) -> tuple[Connection, EngineSpec]:
+        try:
+            conn = await asyncio.to_thread(Client, self.address[0], authkey=self.address[1])
+        except (OSError, EOFError, AuthenticationError) as e:  # e.g. its host is starting the next one
+            raise EngineError(f"cannot reach the engine process: {type(e).__name__}: {e}") from e
+        try:
+            return conn, await asyncio.to_thread(handshake, conn, self.what)
+        except BaseException:
+            cut(conn)
+            raise
+
+    def lost(self, stalled: bool) -> None:
+        pass  # its host sees the loss on its own pipe
+
+    async def reap(self) -> None:
+        pass
+
+    def backoff_s(self, supervision: SupervisionConfig, attempts: int) -> float:
+        return supervision.restart_backoff_s
