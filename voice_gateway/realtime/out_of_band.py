@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from engine import Message
 from voice_gateway.realtime import events as ev
+from voice_gateway.realtime.client_items import ClientItemReader
 from voice_gateway.realtime.conversation import Conversation, Item, prompt_messages
-from voice_gateway.realtime.item_events import ItemHost, client_item
 from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.sender import EventSender
 
@@ -54,8 +54,8 @@ class OutOfBandSender(EventSender):
         return super().event(event, response_id)
 
 
-def response_context(host: ItemHost, overrides: ev.ResponseOverrides | None, event_id: str | None,
-                     ) -> ResponseContext | None:
+def response_context(reader: ClientItemReader, conversation: Conversation, overrides: ev.ResponseOverrides | None,
+                     event_id: str | None) -> ResponseContext | None:
     """`response.create`'s context, or None where an `input` item cannot be used (the client told why)."""
     if overrides is None:
         return ResponseContext()
@@ -66,13 +66,13 @@ def response_context(host: ItemHost, overrides: ev.ResponseOverrides | None, eve
     for index, src in enumerate(overrides.input):
         where = f"response.input.{index}"
         if isinstance(src, ev.ItemReference):
-            item = host.conversation.get(src.id)
+            item = conversation.get(src.id)
             if item is None:
-                host.error("item_not_found", f"Item with id '{src.id}' not found in the conversation.",
-                           event_id=event_id, param=f"{where}.id")
+                reader.reporter.error("item_not_found", f"Item with id '{src.id}' not found in the conversation.",
+                                      event_id=event_id, param=f"{where}.id")
                 return None
         else:
-            item = client_item(host, src, event_id, where)
+            item = reader.read(src, event_id, where)
             if item is None:
                 return None
         items.append(item)

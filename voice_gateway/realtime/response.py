@@ -1,10 +1,10 @@
 """One realtime response: runs the engine request and streams its transcript and audio as events.
 
-Audio goes to the response's `AudioSink` (`audio_sinks.py`), which the session
-chose for its output format. A cancelled response (barge-in, `response.cancel`) stops at once: the engine
-request is aborted and its queued audio dropped by the session. A response whose audio the outbox refuses
-(`Delivery.SLOW_CONSUMER`: the client does not read fast enough) stops there too, failed, and its outcome
-carries that verdict for the session to act on.
+Audio goes to the response's `AudioSink` (`audio_sinks.py`), which the session's `AudioOut` chose for its
+output format. A cancelled response (barge-in, `response.cancel`) stops at once: the engine request is aborted
+and its queued audio dropped by the `ResponseSlot` (response_slot.py). A response whose audio the outbox
+refuses (`Delivery.SLOW_CONSUMER`: the client does not read fast enough) stops there too, failed, and its
+outcome carries that verdict for the `ResponseSlot` to act on.
 
 With tools in the prompt, the reply's text goes through `ResponseCalls` (calls.py), which makes each
 call an output item of its own; the reply's message is then announced only once it has words (or
@@ -95,12 +95,12 @@ def slow_consumer_outcome() -> ResponseOutcome:
 
 @dataclass(slots=True)
 class Response:
-    """A response's state; the session owns it and may cancel it."""
+    """A response's state; the session's `ResponseSlot` owns it and may cancel it."""
 
     id: str
     item: Item  # its message (announced once it has words, when tools are in the prompt)
     config: SessionConfig
-    sink: AudioSink  # where its audio goes: the session's sink for config.output_audio_format
+    sink: AudioSink  # where its audio goes: the session's `AudioOut` sink for config.output_audio_format
     speech_stopped_at: float | None = None  # perf_counter of the VAD stop that triggered it
     speaker: str | None = None  # config.voice as the engine names it (None: its default)
     metadata: dict[str, str] | None = None  # response.create's, echoed in response.created and response.done
