@@ -1,7 +1,8 @@
 """The CPU image (docker/Dockerfile.cpu), as scripts/docker_ci.sh built it: started as a container, driven
-over /health, a chat request with audio and a realtime turn over WebSocket, then stopped and removed.
-Skips, with the script's reason, where docker cannot run; fails where it runs and the image does not
-build."""
+over /health, a chat request with audio, a realtime turn over WebSocket and a spoken turn that `semantic_vad`
+ends on the Smart Turn model the image installs (its log names the model file and its first decision), then
+stopped and removed. Skips, with the script's reason, where docker cannot run; fails where it runs and the
+image does not build."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import io
 import json
 import os
 import subprocess
+import tempfile
 import time
 import wave
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 import pytest
+import soundfile
+import soxr
 import websockets
 
 DOCKER = "/usr/bin/docker"  # Debian's docker.io, as the script used
@@ -42,8 +47,18 @@ def _built_image() -> str:
     return value
 
 
+@dataclass(frozen=True)
+class Container:
+    id: str
+    url: str
+
+    def logs(self) -> str:
+        run = subprocess.run([DOCKER, "logs", self.id], capture_output=True, text=True, timeout=30, check=True)
+        return run.stdout + run.stderr
+
+
 @pytest.fixture(scope="module")
-def container_url() -> Iterator[str]:
+def container() -> Iterator[Container]:
     image = _built_image()
     container = _docker("run", "--detach", "--publish", "127.0.0.1::8000", image)
     try:
@@ -60,7 +75,7 @@ def container_url() -> Iterator[str]:
             if running != "true" or time.monotonic() > deadline:
                 pytest.fail(f"the container did not serve (running: {running}):\n{_docker('logs', container)[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield Container(container, url)
     finally:
         subprocess.run([DOCKER, "stop", "--time", "15", container], capture_output=True, timeout=60)
         logs = subprocess.run([DOCKER, "logs", container], capture_output=True, text=True, timeout=30)
@@ -74,7 +89,8 @@ def _speech_pcm16(seconds: float) -> bytes:
     return (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2").tobytes()
 
 
-def test_the_container_serves_health_chat_audio_and_a_realtime_turn(container_url: str) -> None:
+def test_the_container_serves_health_chat_audio_and_a_realtime_turn(container: Container) -> None:
+    container_url = container.url
     health = httpx.get(container_url + "/health", timeout=10).json()
     assert health["status"] == "ok" and health["random_weights"] is True, health
 
@@ -102,6 +118,50 @@ async def _realtime_turn(url: str) -> list[dict]:
                                   "audio": base64.b64encode(_speech_pcm16(1.0)).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
+        async with asyncio.timeout(120):
+            while events[-1]["type"] != "response.done":
+                message = await ws.recv()
+                if isinstance(message, str):
+                    events.append(json.loads(message))
+    return events
+
+
+def _spoken_pcm16(text: str) -> bytes:
+    """`text` spoken by espeak-ng (scripts/test.sh installs it), as 24 kHz PCM16."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "speech.wav"
+        subprocess.run(["espeak-ng", "-w", str(wav), text], check=True, timeout=60)
+        samples, rate = soundfile.read(wav, dtype="float32")
+    return (np.clip(soxr.resample(samples, rate, RATE), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def test_semantic_vad_ends_a_spoken_turn_on_the_smart_turn_model(container: Container) -> None:
+    url = container.url.replace("http://", "ws://") + "/v1/realtime?model=tiny"
+    speech = _spoken_pcm16("What is the weather like in Paris today?")
+    events = asyncio.run(_semantic_turn(url, speech + bytes(2 * RATE * 3)))  # then 3 s of silence
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.committed" in kinds, kinds
+    assert events[-1]["type"] == "response.done" and events[-1]["response"]["status"] == "completed", events[-1]
+    # the turn ended on the model, not on the server VAD's fallback: the file the image installed loaded and ran
+    logs = container.logs()
+    assert "no Smart Turn model" not in logs and "onnxruntime is not installed" not in logs, logs[-3000:]
+    loaded = [line for line in logs.splitlines() if "semantic_vad: Smart Turn model" in line and "loaded" in line]
+    assert loaded and "smart-turn-v3" in loaded[0] and loaded[0].rstrip().endswith(".onnx loaded"), logs[-3000:]
+    assert "semantic_vad: Smart Turn's first decision in this process: P(complete)=" in logs, logs[-3000:]
+
+
+async def _semantic_turn(url: str, pcm16: bytes) -> list[dict]:
+    """A spoken turn under `semantic_vad`: audio in 100 ms appends, the response the turn's end starts, read to its
+    end."""
+    events: list[dict] = []
+    async with websockets.connect(url, max_size=None) as ws:
+        events.append(json.loads(await ws.recv()))
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}}}))
+        step = 2 * RATE // 10
+        for start in range(0, len(pcm16), step):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm16[start:start + step]).decode()}))
         async with asyncio.timeout(120):
             while events[-1]["type"] != "response.done":
                 message = await ws.recv()
