@@ -50,7 +50,19 @@ def test_shipped_ladders_parse() -> None:
     assert [r.name for r in ray.rows] == ["in-process", "engine-process", "ray-one-replica"]
     assert (REPO / ray.base).is_file()
     assert ray.serve_args(ray.rows[0]) == ["tiny", "--deploy-config", "configs/tiny.yaml"]  # nothing to override
-    assert json.loads(ray.serve_args(ray.rows[2])[4]) == {"replicas": {"count": 1, "cpus": 2}}
+    assert json.loads(ray.serve_args(ray.rows[1])[4]) == {"engine": {"where": "process"}}
+    assert json.loads(ray.serve_args(ray.rows[2])[4]) == {"engine": {"where": "ray", "replicas": {"count": 1, "cpus": 2}}}
+
+
+@pytest.mark.parametrize(("path", "platform"), [("benchmarks/h200/ladder.yaml", "cuda"),
+                                              ("benchmarks/cpu-tiny/ray/ladder.yaml", "cpu")])
+def test_every_shipped_row_is_a_profile_the_server_takes(path: str, platform: str) -> None:
+    from engine.profile import load_profile  # the server's own check, which bench/ does not import
+
+    ladder = load_ladder(REPO / path)
+    assert ladder.base is not None
+    for row in ladder.rows:
+        load_profile(REPO / ladder.base, model=ladder.model, platform=platform, overrides=ladder.row_profile(row))
 
 
 def test_rows_are_deltas_over_the_base(tmp_path: Path) -> None:
