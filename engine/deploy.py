@@ -13,8 +13,7 @@ from engine.factory import attach_engine, attach_replicas
 from engine.heap import freeze_startup_heap, thaw_heap
 from engine.remote.host import EngineHost
 from engine.remote.messages import Address
-from engine.replicas.cluster import RayAddress
-from engine.replicas.host import ReplicaHost
+from engine.replicas.cluster import RayAddress, ReplicaHost
 
 EngineAt = Address | RayAddress
 

@@ -4,7 +4,6 @@ this one's server processes (`serve --http-workers N`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +14,7 @@ from engine.profile import DeployProfile
 from engine.remote.client import RemoteCore
 from engine.remote.messages import Address, EngineSpec
 from engine.remote.reach import AttachHost, SpawnChild
-from engine.replicas.cluster import RayAddress
+from engine.replicas.cluster import RayAddress, RayCluster
 from engine.weights.source import ModelSource
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = N
     source = ModelSource.open(model, profile.load_format, cache_dir)
     spec = EngineSpec(model, profile.in_one_process(), cache_dir)
     if profile.engine.where == "ray":
-        core = _replicas(lambda replicas: replicas.on_ray(spec, profile.engine.replicas))
+        core = _replicas(RayCluster(profile.engine.replicas), spec)
         return Frontend(core, Admission.open(source, profile, text_on_loop=True))
     if profile.engine.where == "process":
         return Frontend(RemoteCore(SpawnChild(spec)), Admission.open(source, profile, text_on_loop=True))
@@ -50,7 +49,7 @@ def attach_engine(address: Address) -> Engine:
 def attach_replicas(address: RayAddress) -> Engine:
     """The engine replicas on Ray that a `ReplicaHost` in another process launched; this process learns
     the model and profile from them at start()."""
-    return _attached(_replicas(lambda replicas: replicas.attached(address)))
+    return _attached(_replicas(RayCluster.at(address), None))
 
 
 def _attached(core: RemoteCore | ReplicaSet) -> Engine:
@@ -62,10 +61,10 @@ def _attached(core: RemoteCore | ReplicaSet) -> Engine:
     return Frontend(core, admission)
 
 
-def _replicas(build: Callable[[type[ReplicaSet]], ReplicaSet]) -> ReplicaSet:
+def _replicas(cluster: RayCluster, launch: EngineSpec | None) -> ReplicaSet:
     # imported here: Ray is an optional extra, and only a server with replicas needs it
     try:
         from engine.replicas.router import ReplicaSet
     except ImportError as e:
         raise EngineError(f"engine.where: ray needs Ray ({e}); pip install 'voice-gateway[ray]'") from e
-    return build(ReplicaSet)
+    return ReplicaSet(cluster, launch)

@@ -138,7 +138,7 @@ class SupervisionConfig:
 
     def __post_init__(self) -> None:
         if self.restart_backoff_max_s < self.restart_backoff_s:
-            raise ProfileError(f"supervision.restart_backoff_max_s: must be >= restart_backoff_s "
+            raise ProfileError(f"engine.supervision.restart_backoff_max_s: must be >= restart_backoff_s "
                                f"({self.restart_backoff_s}), got {self.restart_backoff_max_s}")
 
     def backoff_s(self, attempt: int) -> float:

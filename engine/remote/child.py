@@ -12,7 +12,7 @@ One server process is one event loop, and a burst of arrivals queues on it. With
 child also listens on a Unix socket: each server process gets its own connection, its requests'
 events come back on it, and one that goes away loses only its own requests. If the owner's pipe
 closes (the parent died), the child stops. Every `STATE_PERIOD_S` each of them hears from it, its
-state or a heartbeat, and so does a host's pipe: that is how a supervisor tells a stall.
+state or a heartbeat, and so does the owner's pipe: that is how a supervisor tells a stall.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from typing import Any
 
 from engine.heap import freeze_startup_heap
 from engine.remote.messages import (
-    STATE_PERIOD_S,
     Address,
     Cancel,
     Closed,
     EngineSpec,
-    Heartbeat,
     Ready,
     StartFailed,
     Stop,
@@ -64,57 +62,40 @@ def _child_main(conn: Connection, spec: EngineSpec, log_level: int, listen: Addr
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
     try:
-        asyncio.run(_ChildServer(conn, spec, listen).run())
+        asyncio.run(_serve(conn, spec, listen))
     finally:
         conn.close()
 
 
-class _ChildServer:
-    """Runs the core and its service (engine/remote/service.py): to the owner alone, or (with `listen`) to
-    every server process that connects to the socket, the owner then only starting and stopping it."""
+async def _serve(owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
+    """Run the core and its service (engine/remote/service.py): to the owner, and (with `listen`) to every
+    server process that connects to the socket, until the owner says Stop or is gone (the parent died)."""
+    from engine.local import load_core  # the child alone loads the stages
 
-    def __init__(self, owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
-        self.owner = owner
-        self.spec = spec
-        self.listen = listen
-        self.service: CoreService | None = None
-        self.done: asyncio.Future[None] | None = None
+    loop = asyncio.get_running_loop()
+    try:
+        core = load_core(ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir), spec.profile)
+        await core.start()
+    except Exception as e:
+        log.exception("engine failed to start")
+        send(owner, StartFailed(f"{type(e).__name__}: {e}"))
+        return
+    freeze_startup_heap()  # the process ends with it: nothing to thaw
+    service = CoreService(core, spec, loop)
+    done: asyncio.Future[None] = loop.create_future()
+    if listen is not None:  # listening before Ready: the owner lets server processes attach on it
+        service.listen(*listen)
+    send(owner, Ready(spec))
+    # the owner hears the core's state every beat, as every connection does: its supervisor takes silence for
+    # a stall; its messages come through here
+    service.join(owner, read=False)
 
-    async def run(self) -> None:
-        from engine.local import load_core  # the child alone loads the stages
+    def on_owner(batch: list[Any]) -> None:
+        service.on_messages(owner, [m for m in batch if isinstance(m, (Submit, Cancel))])
+        if any(isinstance(m, (Stop, Closed)) for m in batch) and not done.done():
+            done.set_result(None)
 
-        loop = asyncio.get_running_loop()
-        try:
-            source = ModelSource.open(self.spec.model, self.spec.profile.load_format, self.spec.cache_dir)
-            core = load_core(source, self.spec.profile)
-            await core.start()
-        except Exception as e:
-            log.exception("engine failed to start")
-            send(self.owner, StartFailed(f"{type(e).__name__}: {e}"))
-            return
-        freeze_startup_heap()  # the process ends with it: nothing to thaw
-        self.service = service = CoreService(core, self.spec, loop)
-        self.done = loop.create_future()
-        if self.listen is not None:  # listening before Ready: the owner lets server processes attach on it
-            service.listen(*self.listen)
-        send(self.owner, Ready(self.spec))
-        if self.listen is None:
-            service.join(self.owner, read=False)  # it submits and hears events; its messages come through here
-        read_into(self.owner, loop, self._on_owner)
-        while not self.done.done():
-            service.beat()
-            if self.listen is not None:  # a host's pipe hears from it too: its supervisor takes silence for a stall
-                send(self.owner, Heartbeat())
-            await asyncio.wait([self.done], timeout=STATE_PERIOD_S)
-        service.close()
-        await core.stop()  # ends every open request with Failed
-        service.flush()
-        send(self.owner, Stopped())
-
-    def _on_owner(self, batch: list[Any]) -> None:
-        """A Stop, or the owner gone (the parent died), stops the engine."""
-        assert self.service is not None and self.done is not None
-        if self.listen is None:
-            self.service.on_messages(self.owner, [m for m in batch if isinstance(m, (Submit, Cancel))])
-        if any(isinstance(m, (Stop, Closed)) for m in batch) and not self.done.done():
-            self.done.set_result(None)
+    read_into(owner, loop, on_owner)
+    await done
+    await service.stop()
+    send(owner, Stopped())

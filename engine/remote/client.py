@@ -2,17 +2,16 @@
 over one connection to it and keeps it serving, whichever way it is reached (`Reach`): a child of our own
 or an `EngineHost`'s socket (engine/remote/reach.py), a replica on Ray (engine/replicas/replica.py).
 
-Supervision (the profile's `engine.supervision`): the engine speaks every `STATE_PERIOD_S`. When its
-connection closes (it exited) or it stays silent for `stall_timeout_s` (stalled: stopped, wedged; time
-this process was stopped too does not count, engine/remote/silence.py), it is lost: every open request
-ends with `Failed(code=UNAVAILABLE)`, `health()` says `down`, and a new request is refused with
-`UNAVAILABLE` (the edge's 503, never a 400) until an engine serves again. The reach lets go of the lost
-one (a child of ours is killed, a stopped one too; a stalled replica is killed so that Ray starts
-another) and reaches one again after the waits it chooses: doubling from one failed attempt to the next
-for a child of ours, steady while a host or Ray starts the next one.
+Supervision (`engine.supervision`): the engine speaks every `STATE_PERIOD_S`. When its connection closes
+(it exited) or it stays silent for `stall_timeout_s` (stalled; time this process was stopped too does not
+count, engine/remote/silence.py), it is lost: every open request ends with `Failed(code=UNAVAILABLE)`,
+`health()` says `down`, and new requests are refused with `UNAVAILABLE` (the edge's 503, never a 400)
+until an engine serves again. The reach lets go of the lost one (kills a child of ours, a stopped one
+too; has Ray replace a stalled replica) and reaches one again after the waits it chooses: doubling for a
+child of ours, steady while a host or Ray starts the next one.
 
-Between two states the engine's load is what the last one said, plus what this process sent that the
-engine had not yet seen, less what of either ended since: the replicas' router weighs it.
+Between two states the engine's load is what the last one said, plus what this process sent that it had
+not yet seen, less what of either ended since: the replicas' router weighs it.
 """
 
 from __future__ import annotations
@@ -22,9 +21,10 @@ import contextlib
 import functools
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -46,27 +46,31 @@ LATE_S = 4 * STATE_PERIOD_S  # silent past four of the engine's beats: `degraded
 STOP_TIMEOUT_S = 30  # an engine of our own that is told to stop ends its requests by then
 
 
-class Reach(Protocol):
-    """How a `RemoteCore` reaches its engine, and what it does with one that is lost."""
+class Reach(ABC):
+    """How a `RemoteCore` reaches its engine, and what it does with one that is lost. By default the engine
+    is not ours: its owner replaces a lost one, and this side only looks for it again."""
 
     what: str  # how logs and health name the engine
-    verb: str  # what an attempt after a loss does (restart, reconnect), for the log
+    verb = "reconnect"  # what an attempt after a loss does, for the log
     recovery: str  # what happens after a loss, for health's detail
-    owns_engine: bool  # stop() stops the engine, rather than only leaving it
-    pid: int | None  # the engine's process, once known
+    owns_engine = False  # stop() stops the engine, rather than only leaving it
+    pid: int | None = None  # the engine's process, once known
+    ready: str  # the log's words for an engine that serves (which, and its process), once it does
 
-    @property
-    def ready(self) -> str: ...  # the log's words for an engine that serves: which, and its process
-
+    @abstractmethod
     async def open(self) -> tuple[Connection, EngineSpec]:
         """A connection to the engine after its `Ready`, and what it runs; EngineError if none serves, and
         then (even when cancelled) nothing of the attempt is left running."""
 
-    def lost(self, stalled: bool) -> None: ...  # it exited or stalled: let go of it at once
+    def lost(self, stalled: bool) -> None:
+        """It exited or stalled: let go of it at once."""
 
-    async def reap(self) -> None: ...  # wait for an engine of ours that was let go of or stopped: no zombie
+    async def reap(self) -> None:
+        """Wait for an engine of ours that was let go of or stopped, so no zombie is left."""
 
-    def backoff_s(self, supervision: SupervisionConfig, attempts: int) -> float: ...  # after `attempts` in a run
+    def backoff_s(self, supervision: SupervisionConfig, attempts: int) -> float:
+        """The wait before the next attempt, after `attempts` in this run of them."""
+        return supervision.restart_backoff_s
 
 
 class PushedFamilies(Collector):

@@ -1,7 +1,8 @@
 """How a `RemoteCore` (engine/remote/client.py) reaches an engine process on this host: `SpawnChild` starts
 a child of its own (`engine.where: process`, and the one an `EngineHost` keeps at a socket), `AttachHost`
 connects to the child an `EngineHost` keeps (`serve --http-workers N`). `handshake` reads any engine's
-first word, for these and for a replica on Ray (engine/replicas/replica.py)."""
+first word and `dial` connects to any engine's listening socket, for these and for a replica on Ray
+(engine/replicas/replica.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from engine.api import EngineError
 from engine.profile import SupervisionConfig
 from engine.remote.child import START_TIMEOUT_S, spawn_child
+from engine.remote.client import Reach
 from engine.remote.messages import Address, EngineSpec, Ready, StartFailed
-from engine.remote.pipe import cut
+from engine.remote.pipe import cut, portable
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +37,23 @@ def handshake(conn: Connection, what: str) -> EngineSpec:
         raise EngineError(f"{what} exited while starting") from e
     if isinstance(first, StartFailed):
         raise EngineError(f"{what} failed to start: {first.reason}")
-    if not isinstance(first, Ready):
-        raise EngineError(f"{what} said {type(first).__name__} first, not Ready")
+    assert isinstance(first, Ready), first
     return first.spec
 
 
-class SpawnChild:
+def dial(address: Any, authkey: bytes, what: str, in_band: bool = False) -> tuple[Connection, EngineSpec]:
+    """Connect to an engine's listening socket and read its Ready (blocking); `in_band`: for an engine that is
+    not our parent's child (engine/remote/pipe.py)."""
+    conn = Client(address, authkey=authkey)
+    conn = portable(conn) if in_band else conn
+    try:
+        return conn, handshake(conn, what)
+    except BaseException:
+        cut(conn)
+        raise
+
+
+class SpawnChild(Reach):
     """Owns the engine child it started last (and its pid once it is gone). With `listen` the child also
     serves the server processes that attach at that address (engine/remote/host.py)."""
 
@@ -54,10 +68,6 @@ class SpawnChild:
         self.pid: int | None = None
         self._process: BaseProcess | None = None  # until reaped
 
-    @property
-    def ready(self) -> str:
-        return f"engine process {self.pid} ready"
-
     async def open(self) -> tuple[Connection, EngineSpec]:
         if self.listen is not None:
             Path(self.listen[0]).unlink(missing_ok=True)  # a killed child leaves its socket file behind
@@ -66,6 +76,7 @@ class SpawnChild:
         except OSError as e:  # out of processes or descriptors: an attempt that failed, not the supervisor's end
             raise EngineError(f"cannot start the engine process: {e}") from e
         self.pid = self._process.pid
+        self.ready = f"engine process {self.pid} ready"
         try:
             return conn, await asyncio.to_thread(handshake, conn, self.what)
         except BaseException:  # it failed, or the server stops while it starts: the killed child ends the wait
@@ -92,15 +103,12 @@ class SpawnChild:
         return supervision.backoff_s(attempts)
 
 
-class AttachHost:
+class AttachHost(Reach):
     """Reaches the engine child an `EngineHost` keeps at `address`. A loss is the host's to repair (it starts
     the next child at the same address): this side only connects again, every `restart_backoff_s`."""
 
     what = "the engine process"
-    verb = "reconnect"
     recovery = "reconnecting"
-    owns_engine = False
-    pid: int | None = None  # the host's child: not ours to know
     ready = "engine process attached"
 
     def __init__(self, address: Address) -> None:
@@ -108,20 +116,6 @@ class AttachHost:
 
     async def open(self) -> tuple[Connection, EngineSpec]:
         try:
-            conn = await asyncio.to_thread(Client, self.address[0], authkey=self.address[1])
+            return await asyncio.to_thread(dial, *self.address, self.what)
         except (OSError, EOFError, AuthenticationError) as e:  # e.g. its host is starting the next one
             raise EngineError(f"cannot reach the engine process: {type(e).__name__}: {e}") from e
-        try:
-            return conn, await asyncio.to_thread(handshake, conn, self.what)
-        except BaseException:
-            cut(conn)
-            raise
-
-    def lost(self, stalled: bool) -> None:
-        pass  # its host sees the loss on its own pipe
-
-    async def reap(self) -> None:
-        pass
-
-    def backoff_s(self, supervision: SupervisionConfig, attempts: int) -> float:
-        return supervision.restart_backoff_s

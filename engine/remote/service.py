@@ -1,8 +1,8 @@
 """The engine's side of its connections: one started core serving every server process connected to it.
 
 Each connection submits and cancels its own requests; their events go back on it, those of one turn
-of the loop in one `Events`. Every `STATE_PERIOD_S` (`beat`) each connection hears the core's `State`
-when that changed for it, else a `Heartbeat`: a supervisor takes silence for a stall. One that goes
+of the loop in one `Events`. Every `STATE_PERIOD_S` each connection hears the core's `State` when that
+changed for it, else a `Heartbeat`: a supervisor takes silence for a stall. One that goes
 away has its open requests aborted. Connections arrive on a listening socket (`listen`) or are given
 (`join`): the engine's child process serves its owner's pipe this way (engine/remote/child.py), and
 a replica actor on Ray serves the server processes that connect to it over TCP
@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 from engine.api import EngineError, Failed, Finished, OutputEvent
 from engine.core import EngineCore
 from engine.handoff import AdmittedRequest
-from engine.remote.messages import Cancel, Closed, EngineSpec, Events, Heartbeat, Ready, State, Submit
+from engine.remote.messages import STATE_PERIOD_S, Cancel, Closed, EngineSpec, Events, Heartbeat, Ready, State, Submit
 from engine.remote.pipe import portable, read_into, send
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 class CoreService:
     """Owns the connections to a started core: which of them each open request belongs to, how many
-    submits each has made, the events not yet sent, and what each was last told of the core's state.
-    Every method runs on `loop`, the core's."""
+    submits each has made, the events not yet sent, what each was last told of the core's state, and the
+    task that tells them every `STATE_PERIOD_S` (from construction to `stop`). Every method runs on
+    `loop`, the core's."""
 
     def __init__(self, core: EngineCore, spec: EngineSpec, loop: asyncio.AbstractEventLoop) -> None:
         self.core = core
@@ -47,6 +48,7 @@ class CoreService:
         self._flush_scheduled = False
         self._listener: Listener | None = None
         self._closed = False
+        self._beats = loop.create_task(self._beat(), name="engine-beat")
 
     def listen(self, address: Any, authkey: bytes, in_band: bool = False) -> Any:
         """Accept connections at `address` (a Unix socket's path, or a (host, port) for TCP) from whoever
@@ -75,11 +77,12 @@ class CoreService:
                 case Closed():
                     self.leave(conn)
 
-    def beat(self) -> None:
-        """The core's state, or a heartbeat, to every connection."""
-        state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes))
-        for conn in list(self.clients):
-            self._tell(conn, state)
+    async def _beat(self) -> None:
+        while True:
+            state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes))
+            for conn in list(self.clients):
+                self._tell(conn, state)
+            await asyncio.sleep(STATE_PERIOD_S)
 
     def leave(self, conn: Connection) -> None:
         """A connection that went away: what it had open is aborted."""
@@ -90,11 +93,14 @@ class CoreService:
             self.core.abort(rid)
         conn.close()
 
-    def close(self) -> None:
-        """Accept no one more (what the core still sends goes out with `flush`)."""
+    async def stop(self) -> None:
+        """Accept no one more, and stop the core: the Failed that ends each open request goes out."""
         self._closed = True
+        self._beats.cancel()
         if self._listener is not None:
             self._listener.close()
+        await self.core.stop()
+        self.flush()
 
     def flush(self) -> None:
         self._flush_scheduled = False

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 
 from engine.heap import freeze_startup_heap
-from engine.remote.messages import STATE_PERIOD_S, EngineSpec
+from engine.remote.messages import EngineSpec
 from engine.remote.service import CoreService
 from engine.weights.source import ModelSource
 
@@ -37,8 +37,7 @@ class ReplicaChannel:
 
 class ReplicaActor:
     """Owns one core, loaded when Ray creates the actor (and again each time Ray restarts it), and its
-    service, started on the first call with the listening socket and the beat that tells every
-    connection the replica's state."""
+    service, started on the first call with its listening socket."""
 
     def __init__(self, spec: EngineSpec) -> None:
         from engine.local import load_core  # the replica's process alone loads the stages
@@ -48,7 +47,6 @@ class ReplicaActor:
         self.core = load_core(source, spec.profile)
         self._started: asyncio.Future[ReplicaChannel] | None = None
         self._service: CoreService | None = None
-        self._beats: asyncio.Task[None] | None = None
 
     async def ready(self) -> ReplicaChannel:
         """Once the core serves: where to connect to it."""
@@ -59,24 +57,14 @@ class ReplicaActor:
     async def stop(self) -> None:
         """Every request still open ends with Failed, and its end goes out."""
         if self._service is not None:
-            self._service.close()
-            await self.core.stop()
-            self._service.flush()
+            await self._service.stop()
 
     async def _start(self) -> ReplicaChannel:
         import ray
 
         await self.core.start()
         freeze_startup_heap()  # the actor's process ends with it: nothing to thaw
-        loop = asyncio.get_running_loop()
-        self._service = service = CoreService(self.core, self.spec, loop)
+        self._service = CoreService(self.core, self.spec, asyncio.get_running_loop())
         authkey = os.urandom(32)
-        address = service.listen((ray.util.get_node_ip_address(), 0), authkey, in_band=True)
-        self._beats = loop.create_task(self._beat(service), name="replica-beat")
+        address = self._service.listen((ray.util.get_node_ip_address(), 0), authkey, in_band=True)
         return ReplicaChannel(os.getpid(), address, authkey)
-
-    @staticmethod
-    async def _beat(service: CoreService) -> None:
-        while True:
-            service.beat()
-            await asyncio.sleep(STATE_PERIOD_S)

@@ -3,7 +3,9 @@ per replica, placed by Ray with the CPUs and GPUs the profile asks for each.
 
 The actors are named in a namespace of the server's own, so that the server processes of
 `serve --http-workers N` share them: the process that launches them owns them (they live as long as
-its connection to Ray, and it stops them), and every other one looks them up by name.
+its connection to Ray, and it stops them), and every other one looks them up by name. For those
+server processes the parent launches them: `ReplicaHost`, each server process then attaching through
+`attach_replicas(address)` and connecting to them itself (engine/replicas/replica.py).
 
 Ray is imported here and only here at start-up: a server without replicas never needs it installed.
 Every node must have this package installed (the replicas' processes import it by name)."""
@@ -11,6 +13,7 @@ Every node must have this package installed (the replicas' processes import it b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -18,9 +21,12 @@ import secrets
 import signal
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from engine.profile import ReplicasConfig
+from engine.api import EngineError
+from engine.profile import DeployProfile, ReplicasConfig
+from engine.remote.child import START_TIMEOUT_S
 from engine.remote.messages import EngineSpec
 from engine.replicas.actor import ReplicaActor
 
@@ -38,25 +44,20 @@ class RayAddress:
     count: int
 
 
-def new_namespace() -> str:
-    return f"voice-gateway-{os.getpid()}-{secrets.token_hex(4)}"
-
-
 class RayCluster:
     """Owns this process's connection to Ray (and the Ray instance, when it started one) and the lifetime
-    of the replica actors it launched."""
+    of the replica actors it launched; the server's namespace in it is new unless given."""
 
-    def __init__(self, config: ReplicasConfig, namespace: str) -> None:
+    def __init__(self, config: ReplicasConfig, namespace: str | None = None) -> None:
         self.config = config
-        self.namespace = namespace
+        self.namespace = namespace or f"voice-gateway-{os.getpid()}-{secrets.token_hex(4)}"
         self._launched: list[Any] = []
         self._connected = False
 
-    @property
-    def address(self) -> RayAddress:
-        import ray
-
-        return RayAddress(ray.get_runtime_context().gcs_address, self.namespace, self.config.count)
+    @classmethod
+    def at(cls, address: RayAddress) -> RayCluster:
+        """The cluster where another process launched the replicas."""
+        return cls(ReplicasConfig(count=address.count, address=address.gcs), address.namespace)
 
     def connect(self, log_to_driver: bool = True) -> None:
         import ray
@@ -99,21 +100,15 @@ class RayCluster:
 
         return [ray.get_actor(_name(i), namespace=self.namespace) for i in range(self.config.count)]
 
-    async def stop_launched(self) -> None:
-        """Each actor this process launched ends every request it still holds with Failed."""
+    async def stop(self) -> None:
+        """Each actor this process launched ends every request it still holds with Failed and is killed; then
+        leave Ray (stopping it, when this process started it)."""
+        import ray
         from ray.exceptions import RayError
 
-        if self._launched:
-            calls = [actor.stop.remote() for actor in self._launched]
-            try:
-                await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), STOP_TIMEOUT_S)
-            except (RayError, TimeoutError):
-                pass
-
-    def shutdown(self) -> None:
-        """Kill the actors this process launched, and leave Ray (stopping it, when this process started it)."""
-        import ray
-
+        calls = [actor.stop.remote() for actor in self._launched]
+        with contextlib.suppress(RayError, TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), STOP_TIMEOUT_S)
         for actor in self._launched:
             ray.kill(actor, no_restart=True)
         self._launched = []
@@ -124,3 +119,31 @@ class RayCluster:
 
 def _name(index: int) -> str:
     return f"replica-{index}"
+
+
+class ReplicaHost:
+    """Owns the Ray cluster connection (and the Ray instance, `address: local`) and the replica actors that
+    several server processes share; Ray restarts one that dies."""
+
+    def __init__(self, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> None:
+        self.spec = EngineSpec(model, profile.in_one_process(), cache_dir)
+        self._cluster = RayCluster(profile.engine.replicas)
+        self.address: RayAddress | None = None
+
+    def start(self) -> None:
+        """Launch the replicas and wait until each serves; EngineError if one does not."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayError
+
+        self._cluster.connect()
+        actors = self._cluster.launch(self.spec)
+        try:
+            channels = ray.get([actor.ready.remote() for actor in actors], timeout=START_TIMEOUT_S)
+        except (RayError, GetTimeoutError) as e:
+            raise EngineError(f"the engine replicas did not start: {type(e).__name__}: {e}") from e
+        self.address = RayAddress(ray.get_runtime_context().gcs_address, self._cluster.namespace, len(actors))
+        log.info("engine replicas ready for server processes (processes %s, namespace %s)",
+                 [channel.pid for channel in channels], self.address.namespace)
+
+    def stop(self) -> None:
+        asyncio.run(self._cluster.stop())

@@ -1,17 +1,14 @@
-"""Several engine replicas as one `EngineCore`: each request goes to the least loaded replica that
-serves, or to the one that ran its conversation's last turn (engine/replicas/affinity.py); health,
-stage load and metrics are the replicas' together.
+"""Several engine replicas as one `EngineCore`, each a `RemoteCore` that keeps its replica serving: a
+request goes to the least loaded replica that serves, or to the one that ran its conversation's last turn
+(engine/replicas/affinity.py); health, stage load and metrics are the replicas' together.
 
-One server process launches the replicas (`on_ray`); with `serve --http-workers N` the parent process
-launches them (engine/replicas/host.py) and each server process attaches (`attached`), learns the
-model and profile from them, and connects to them itself. Load is the replicas' own count of what they run
-for every process, so least loaded holds across processes. Affinity is each process's own: a
-realtime session's turns all reach the process that holds its socket.
-
-A replica that is lost takes its open requests with it (they end with `engine_unavailable`) and leaves
-the rotation until it serves again; while one serves the engine is `degraded`, not down, and new work
-goes there. The engine families of every replica are exposed once, each sample labelled with its
-`replica`, next to `engine_replica_up` and `engine_replica_restarts`.
+One server process launches the replicas (given their `spec`), or attaches to those the parent of
+`serve --http-workers N` launched (engine/replicas/cluster.py). Load is the replicas' own
+count of what they run for every process, so least loaded holds across processes; affinity is each
+process's own (a realtime session's turns all reach the process that holds its socket). A lost replica
+leaves the rotation until it serves again: while one serves the engine is `degraded`, not down. Every
+replica's engine families are exposed once, labelled with its `replica`, next to `engine_replica_up`
+and `engine_replica_restarts`.
 """
 
 from __future__ import annotations
@@ -26,11 +23,10 @@ from prometheus_client.registry import Collector
 from engine.api import OVERLOADED, UNAVAILABLE, EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import Sink
 from engine.handoff import AdmittedRequest
-from engine.profile import ReplicasConfig
 from engine.remote.client import PushedFamilies, RemoteCore
 from engine.remote.messages import EngineSpec
 from engine.replicas.affinity import ConversationAffinity
-from engine.replicas.cluster import RayAddress, RayCluster, new_namespace
+from engine.replicas.cluster import RayCluster
 from engine.replicas.replica import ReachReplica
 
 
@@ -67,14 +63,6 @@ class ReplicaSet:
                                                        for i, r in enumerate(self.replicas)]))
         self.registry.register(_ReplicaStates(self.replicas))
 
-    @classmethod
-    def on_ray(cls, spec: EngineSpec, replicas: ReplicasConfig) -> ReplicaSet:
-        return cls(RayCluster(replicas, new_namespace()), spec)
-
-    @classmethod
-    def attached(cls, address: RayAddress) -> ReplicaSet:
-        return cls(RayCluster(ReplicasConfig(count=address.count, address=address.gcs), address.namespace), None)
-
     @property
     def spec(self) -> EngineSpec:
         """What the replicas run (known once they have started)."""
@@ -93,8 +81,7 @@ class ReplicaSet:
 
     async def stop(self) -> None:
         await asyncio.gather(*(replica.stop() for replica in self.replicas))
-        await self._cluster.stop_launched()
-        self._cluster.shutdown()
+        await self._cluster.stop()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         """On the replica that ran the conversation's last turn, else the least loaded. A request that a
