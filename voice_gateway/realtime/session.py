@@ -75,9 +75,8 @@ class Session:
         self.reporter = ErrorReporter(self.sender, metrics, self.id)
         self.checks = RequestChecks(engine, dialect, self.reporter)
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
-        turns = TurnTaking()
-        turns.configure(config.turn_detection, 0)
-        self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s), turns)
+        self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s),
+                                      TurnTaking(config.turn_detection))
         self.reader = ClientItemReader(self.settings, self.audio_input, self.checks, self.reporter)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                     int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))

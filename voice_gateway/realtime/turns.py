@@ -21,8 +21,8 @@ from voice_gateway.realtime.conversation import new_item_id
 class TurnTaking:
     """Owns the VAD (None: the client takes turns with commit and response.create) and the segment in progress."""
 
-    def __init__(self) -> None:
-        self.vad: ServerVad | SemanticVad | None = None
+    def __init__(self, td: ev.TurnDetection | None = None) -> None:
+        self.vad = None if td is None else _vad_for(td)
         self._offset_ms = 0  # where the VAD's own clock starts on the session's input clock
         self.item_id: str | None = None  # the user item the speech in progress will become
         self.start_ms = 0  # where the latest segment began, on the session clock
