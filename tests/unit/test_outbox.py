@@ -29,8 +29,10 @@ def test_a_sink_returns_the_verdict_of_its_sends() -> None:
     assert sink.write(np.zeros(480, np.float32)) is Delivery.QUEUED
     assert sink.write(np.zeros(480, np.float32)) is Delivery.SLOW_CONSUMER
     assert sender.event(InputAudioCleared()) is Delivery.QUEUED
-    assert [json.loads(p)["type"] for p in iter(sender.outbox.get_nowait, None)] == [
-        "response.output_audio.delta", "input_audio_buffer.cleared"]
+    sent = []
+    while (payload := sender.outbox.get_nowait()) is not None:
+        sent.append(json.loads(payload)["type"])
+    assert sent == ["response.output_audio.delta", "input_audio_buffer.cleared"]
 
 
 def test_an_opus_sink_stops_at_the_first_refused_packet() -> None:
