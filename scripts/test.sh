@@ -1,8 +1,33 @@
 #!/usr/bin/env bash
-# Installs what the tests need on a fresh Debian/Ubuntu machine, then runs every test.
-# torch 2.13.0 first keeps pip on the CPU wheel.
+# The test lanes (docs/testing.md says what each runs and costs); arguments after the lane go to pytest.
+#   bash scripts/test.sh          the full lane, as CI runs it: installs what the tests need on a fresh
+#                                 Debian/Ubuntu machine, builds the CPU image, then the checks and every test
+#   bash scripts/test.sh --fast   the checks and the unit tests on what is installed already: no installs,
+#                                 no docker, no servers (tests/unit less those marked `integration` or `slow`)
+# The checks: ruff, the import contracts, mypy and the docs build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+checks() {
+  ruff check engine voice_gateway bench tests
+  lint-imports  # the architecture's rules: pyproject.toml [tool.importlinter]
+  mypy  # pyproject.toml [tool.mypy]
+  if [ -f mkdocs.yml ]; then
+    # a dead link or anchor, or a page left out of the nav, fails it (mkdocs.yml sets what counts)
+    site=$(mktemp -d)
+    mkdocs build --strict --quiet --site-dir "$site"
+    rm -rf "$site"
+  else
+    echo "test.sh: no mkdocs.yml, so no docs build" >&2
+  fi
+}
+
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  checks
+  exec python -m pytest tests/unit -m "not (integration or slow)" "$@"
+fi
+
 # espeak-ng speaks the test utterances; chromium runs the demo page (Playwright drives it,
 # its own browser download is never used).
 missing=()
@@ -13,10 +38,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"
 fi
+# torch 2.13.0 first keeps pip on the CPU wheel.
 pip install torch==2.13.0
 pip install -e '.[dev]'
-ruff check engine voice_gateway bench tests
-lint-imports  # the architecture's rules: pyproject.toml [tool.importlinter]
-mypy  # pyproject.toml [tool.mypy]
+checks
 bash scripts/docker_ci.sh  # builds the CPU image that tests/integration/test_docker_image.py starts
 exec python -m pytest "$@"

@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 # The lanes (docs/testing.md): each test's markers follow from where it lives, so a new test file in a
 # lane's folder or with a lane's name prefix is in that lane without a line of its own. `integration`: the
-# test starts a server or another process of ours; the others name what it needs besides.
+# test starts a server or another process of ours; `slow`: it runs alone for half a minute or more on two
+# cores; the others name what the test needs besides. The fast lane (scripts/test.sh --fast) is tests/unit
+# without `integration` and `slow`.
 _MARKS_BY_FOLDER = {
     "integration": ("integration",),
     "reliability": ("integration",),
@@ -34,6 +36,12 @@ _MARKS_BY_FOLDER = {
     "gpu": ("gpu",),
 }
 _MARKS_BY_FILE_PREFIX = {
+    # unit tests of the engine in its own process, the app in a fresh interpreter, a server without aiortc
+    "test_engine_process.py": ("integration",),
+    "test_app_startup": ("integration",),
+    "test_webrtc_extra": ("integration",),
+    # torch.compile's inductor on the CPU: 30-65 s for the one test
+    "test_compiled_decode": ("slow",),
     "test_docker_image": ("docker",),
     "test_livekit_": ("frameworks",),
     "test_pipecat": ("frameworks",),
