@@ -40,7 +40,7 @@ def _parts() -> tuple[ClientItemReader, ConversationItems, AudioInput, Outbox]:
     audio_input = AudioInput(InputAudioBuffer(10.0), TurnTaking(config.turn_detection))
     items = ConversationItems(Conversation(4096, 16_000 * 60), Transcriber(engine, sender, "sess_test"), settings,
                               sender, reporter, 60.0)
-    return ClientItemReader(settings, audio_input, checks, reporter), items, audio_input, outbox
+    return ClientItemReader(settings, checks, reporter), items, audio_input, outbox
 
 
 def _events(outbox: Outbox) -> list[dict[str, Any]]:
@@ -77,3 +77,19 @@ async def test_committed_audio_becomes_an_item_with_the_buffer_s_id() -> None:
     assert [e["type"] for e in _events(outbox)] == ["input_audio_buffer.committed", "conversation.item.added",
                                                     "conversation.item.done"]
     assert [(i.id, i.audio_ms) for i in items.conversation.items] == [(item_id, 200)]
+
+
+async def test_an_item_s_audio_is_resampled_whole_and_apart_from_the_input_stream() -> None:
+    reader, items, audio_input, _ = _parts()
+    pcm = (np.sin(np.arange(4_800) / 7) * 8_000).astype("<i2").tobytes()  # 200 ms at 24 kHz
+    first = audio_input.decode(pcm, ev.AudioFormat.PCM16)
+    audio = ev.ContentPart(type="input_audio", audio=pcm)
+    await item_events.create(reader, items, ev.ConversationItemCreate(
+        item=ev.MessageItem(id="clip", role="user", content=[audio])))
+    assert items.conversation.items[0].audio_ms == 200  # all of it: no filter delay held back
+    fresh = _parts()[2]
+    fresh.decode(pcm, ev.AudioFormat.PCM16)
+    # the append stream goes on as if the item never was
+    np.testing.assert_array_equal(audio_input.decode(pcm, ev.AudioFormat.PCM16),
+                                  fresh.decode(pcm, ev.AudioFormat.PCM16))
+    assert first.size < 3_200

@@ -33,7 +33,8 @@ class AudioInput:
         return self.buffer.start_sample * 1000 // INPUT_SAMPLE_RATE_HZ, self.buffer.end_ms
 
     def decode(self, data: bytes, fmt: ev.AudioFormat) -> np.ndarray:
-        """Client audio as 16 kHz float32 (input_buffer.py); ValueError if malformed."""
+        """One append's client audio as 16 kHz float32, on the input stream (input_buffer.py); ValueError if
+        malformed."""
         return self.buffer.decode(data, fmt)
 
     def configure(self, td: ev.TurnDetection | None) -> None:

@@ -6,21 +6,19 @@ Error codes and texts are OpenAI's where clients match on them.
 from __future__ import annotations
 
 from voice_gateway.realtime import events as ev
-from voice_gateway.realtime.audio_input import AudioInput
 from voice_gateway.realtime.calls import is_json
 from voice_gateway.realtime.checks import RequestChecks
 from voice_gateway.realtime.conversation import Item, audio_ms, new_item_id
+from voice_gateway.realtime.input_buffer import decode_clip
 from voice_gateway.realtime.reporter import ErrorReporter
 from voice_gateway.realtime.settings import SessionSettings
 
 
 class ClientItemReader:
-    """Reads client items for one session: its input audio format, its decoder, its limits; owns no state."""
+    """Reads client items for one session: its input audio format, its limits; owns no state."""
 
-    def __init__(self, settings: SessionSettings, audio_input: AudioInput, checks: RequestChecks,
-                 reporter: ErrorReporter) -> None:
+    def __init__(self, settings: SessionSettings, checks: RequestChecks, reporter: ErrorReporter) -> None:
         self.settings = settings
-        self.audio_input = audio_input
         self.checks = checks
         self.reporter = reporter
 
@@ -51,7 +49,7 @@ class ClientItemReader:
         audio = [p.audio for p in src.content if p.audio]
         try:
             fmt = self.settings.config.input_audio_format
-            samples = self.audio_input.decode(b"".join(audio), fmt) if audio else None
+            samples = decode_clip(b"".join(audio), fmt) if audio else None
         except ValueError as e:
             self.reporter.error("invalid_audio", str(e), event_id=event_id, param=f"{where}.content")
             return None

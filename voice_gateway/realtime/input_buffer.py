@@ -11,7 +11,7 @@ import numpy as np
 
 from engine import INPUT_SAMPLE_RATE_HZ
 from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_decode, ulaw_decode
-from voice_gateway.audio.resample import Resampler
+from voice_gateway.audio.resample import Resampler, resample
 from voice_gateway.audio.wav import pcm16_to_float
 from voice_gateway.realtime.events import AudioFormat
 
@@ -40,18 +40,13 @@ class InputAudioBuffer:
     def duration_ms(self) -> int:
         return self._size // _SAMPLES_PER_MS
 
-    def to_16k(self, samples: np.ndarray, rate_hz: int) -> np.ndarray:
-        """Resample one append; a stream resampler keeps append boundaries seamless."""
+    def decode(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
+        """One append's audio at 16 kHz float32; ValueError if malformed. A stream resampler keeps append
+        boundaries seamless."""
+        samples, rate_hz = _decode(data, fmt)
         if self._resampler is None or self._resampler.from_hz != rate_hz:
             self._resampler = Resampler(rate_hz, INPUT_SAMPLE_RATE_HZ)
         return self._resampler.process(samples)
-
-    def decode(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
-        """Client audio in `fmt` (PCM16 at 24 kHz, or G.711 at 8 kHz) as 16 kHz float32; ValueError if malformed."""
-        if fmt is AudioFormat.PCM16:
-            return self.to_16k(pcm16_to_float(data), 24_000)
-        decode = ulaw_decode if fmt is AudioFormat.G711_ULAW else alaw_decode
-        return self.to_16k(decode(data), G711_SAMPLE_RATE_HZ)
 
     def append(self, samples_16k: np.ndarray) -> None:
         if self._size + samples_16k.size > self.max_samples:
@@ -80,3 +75,18 @@ class InputAudioBuffer:
 
     def clear(self) -> None:
         self.take_all()
+
+
+def decode_clip(data: bytes, fmt: AudioFormat) -> np.ndarray:
+    """A whole clip (an item's audio) at 16 kHz float32, resampled on its own: all of it comes out, and the
+    append stream's resampler never sees it; ValueError if malformed."""
+    samples, rate_hz = _decode(data, fmt)
+    return resample(samples, rate_hz, INPUT_SAMPLE_RATE_HZ)
+
+
+def _decode(data: bytes, fmt: AudioFormat) -> tuple[np.ndarray, int]:
+    """Client audio in `fmt` (PCM16 at 24 kHz, or G.711 at 8 kHz) as float32 at its own rate."""
+    if fmt is AudioFormat.PCM16:
+        return pcm16_to_float(data), 24_000
+    decode = ulaw_decode if fmt is AudioFormat.G711_ULAW else alaw_decode
+    return decode(data), G711_SAMPLE_RATE_HZ

@@ -77,7 +77,7 @@ class Session:
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
         self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s),
                                       TurnTaking(config.turn_detection))
-        self.reader = ClientItemReader(self.settings, self.audio_input, self.checks, self.reporter)
+        self.reader = ClientItemReader(self.settings, self.checks, self.reporter)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                     int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))
         self.items = ConversationItems(conversation, Transcriber(engine, self.sender, self.id), self.settings,
