@@ -181,6 +181,11 @@ class PromptBuilder:
     def _features(self, samples: np.ndarray) -> torch.Tensor:
         if samples.ndim != 1 or samples.size < INPUT_SAMPLE_RATE_HZ // 100:
             raise EngineError("input audio must be mono and at least 10 ms long")
+        # the filterbank pads each end by half a window (reflect), which needs more samples than that: a clip
+        # of 10 to 12.5 ms gets silence after it
+        min_samples = self.feature_extractor.n_fft // 2 + 1
+        if samples.size < min_samples:
+            samples = np.pad(samples, (0, min_samples - samples.size))
         if samples.size > MAX_AUDIO_SECONDS * INPUT_SAMPLE_RATE_HZ:
             raise EngineError(f"input audio is longer than {MAX_AUDIO_SECONDS} s")
         out = self.feature_extractor(
