@@ -48,6 +48,10 @@ _MARKS_BY_FILE_PREFIX = {
     "test_ray_": ("ray",),
 }
 
+# single tests of a faster file: the whole engine's kernels in Triton's CPU interpreter (test_triton_kernels.py
+# checks each kernel in the fast lane)
+_SLOW_TESTS = {"test_reference_equivalence.py::test_engine_equals_transformers_generate[cpu-triton-kernels]"}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = REPO / "tests"
@@ -56,6 +60,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = [*_MARKS_BY_FOLDER.get(parts[0], ())] if len(parts) > 1 else []
         names += [m for prefix, marks in _MARKS_BY_FILE_PREFIX.items() if item.path.name.startswith(prefix)
                   for m in marks]
+        if f"{item.path.name}::{item.name}" in _SLOW_TESTS:
+            names.append("slow")
         for name in dict.fromkeys(names):
             item.add_marker(name)
 
