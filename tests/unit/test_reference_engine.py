@@ -118,9 +118,10 @@ async def test_bad_requests_are_refused_like_the_staged_engine(engine: Engine) -
 def test_profile_selects_the_backend(tmp_path: Path) -> None:
     assert load_profile(REPO / "configs/tiny.yaml", platform="cpu").backend == "staged"
     baseline = load_profile(REPO / "configs/qwen3_omni_moe.yaml", platform="cuda",
-                            overrides={"backend": "transformers_generate", "engine": "in_process", "http_workers": 1})
+                            overrides={"backend": "transformers_generate",
+                                       "engine": {"where": "in_process", "http_workers": 1}})
     assert baseline.backend == "transformers_generate" and baseline.runs_in_process
-    with pytest.raises(ProfileError, match="engine: the transformers_generate baseline runs in_process"):
+    with pytest.raises(ProfileError, match="engine.where: the transformers_generate baseline runs in_process"):
         load_profile(REPO / "configs/qwen3_omni_moe.yaml", platform="cuda",
                      overrides={"backend": "transformers_generate"})
     bad = tmp_path / "bad.yaml"
