@@ -70,8 +70,8 @@ class SSEDecoder:
 def playback_underruns(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
     """(underrun count, total stall ms) for a player that starts at the first audio byte and
     plays in real time; ``arrivals`` are (arrival time s, duration s) in arrival order."""
-    starts = accumulate((d for _, d in arrivals), initial=0.0)  # each chunk starts where the last one ended
-    return scheduled_underruns([(t, start) for (t, _), start in zip(arrivals, starts)])
+    starts = accumulate((d for _, d in arrivals), initial=0.0)  # a chunk starts where the last ended; the extra last start is the end
+    return scheduled_underruns([(t, start) for (t, _), start in zip(arrivals, starts, strict=False)])
 
 
 def scheduled_underruns(pieces: list[tuple[float, float]]) -> tuple[int, float]:

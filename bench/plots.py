@@ -73,7 +73,7 @@ def plot_runs(runs: list[Run], out_png: Path, title: str) -> Path:
         for j, (prompt, group) in enumerate(_by_prompt(levels)):
             name = f"{label} P={prompt}" if several else label
             color, style, xs = f"C{i % 10}", _STYLES[j % len(_STYLES)], [lv["concurrency"] for lv in group]
-            for ax, (key, _, _) in zip(axes, _PANELS):
+            for ax, (key, _, _) in zip(axes, _PANELS, strict=True):
                 if key == "req_per_s":
                     ax.plot(xs, [_value(lv, key, None) for lv in group], _marker(i) + style, color=color, label=name)
                     continue
@@ -82,7 +82,7 @@ def plot_runs(runs: list[Run], out_png: Path, title: str) -> Path:
                             alpha=1.0 if pct == "p50" else 0.6, label=f"{name} {pct}")
     axes[1].axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
     ticks = sorted({lv["concurrency"] for _, levels in runs for lv in levels})
-    for ax, (_, ylabel, subtitle) in zip(axes, _PANELS):
+    for ax, (_, ylabel, subtitle) in zip(axes, _PANELS, strict=True):
         ax.set(xlabel="concurrency", ylabel=ylabel, title=subtitle, xticks=ticks)
         ax.grid(True, alpha=0.3)
         if runs:
@@ -149,7 +149,7 @@ def plot_ladder_bars(runs: list[Run], out_png: Path, suptitle: str) -> Path:
     fig, axes = _figure(4.2 * len(LADDER_METRICS), 4.8, len(LADDER_METRICS))
     width = 0.8 / max(len(prompts), 1)
     xs = np.arange(len(runs))
-    for ax, (stem, title, ylabel, read) in zip(axes, LADDER_METRICS):
+    for ax, (_, title, ylabel, read) in zip(axes, LADDER_METRICS, strict=True):
         values: list[float] = []
         for j, prompt in enumerate(prompts):
             heights, notes = [], []
@@ -161,7 +161,7 @@ def plot_ladder_bars(runs: list[Run], out_png: Path, suptitle: str) -> Path:
             values += heights
             bars = ax.bar(xs + (j - (len(prompts) - 1) / 2) * width, np.nan_to_num(heights), width,
                           label=None if prompt is None else f"P={prompt}", color=f"C{j % 10}")
-            for bar, note, h in zip(bars, notes, heights):
+            for bar, note, h in zip(bars, notes, heights, strict=True):
                 label = "n/a" if not np.isfinite(h) else note
                 if label:
                     ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
@@ -202,7 +202,7 @@ def plot_soak(result: dict[str, Any], out_png: Path) -> Path:
                                   f"open files: {summary['fds']['start']} -> {summary['fds']['end']} "
                                   f"(peak {summary['fds']['peak']})",
                                   f"{summary['requests']} requests, {summary['failed']} failed, "
-                                  f"{summary['req_per_s']} req/s")):
+                                  f"{summary['req_per_s']} req/s"), strict=True):
         ax.set(xlabel="time (s)", ylabel=ylabel, title=title)
         ax.grid(True, alpha=0.3)
     if len(names) > 1:
@@ -236,7 +236,7 @@ def plot_voice(levels: list[Level], out_png: Path, title: str) -> Path:
         axes[2].plot(xs, [_value(t, "input_tokens_mean", None) for t in turns], _marker(i) + "-", color=color,
                      label=name)
     ticks = sorted({t["turn"] + 1 for lv in levels for t in lv["by_turn"]})
-    for ax, (ylabel, subtitle) in zip(axes, _VOICE_PANELS):
+    for ax, (ylabel, subtitle) in zip(axes, _VOICE_PANELS, strict=True):
         ax.set(xlabel="turn of the conversation", ylabel=ylabel, title=subtitle, xticks=ticks)
         ax.grid(True, alpha=0.3)
         if levels:

@@ -77,7 +77,7 @@ def summarize_rounds(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
         for key in levels:
             ttfp = [rnd.get(name, {}).get(key) for rnd in by_round]
             ref = [rnd.get(reference, {}).get(key) for rnd in by_round]
-            paired = [None if t is None or r is None else t - r for t, r in zip(ttfp, ref)]
+            paired = [None if t is None or r is None else t - r for t, r in zip(ttfp, ref, strict=True)]
             own = Spread.of([t for t in ttfp if t is not None])
             diff = Spread.of([d for d in paired if d is not None]) if name != reference else None
             out.append({"prompt_words": key[0], "concurrency": key[1], "ttfp_mean_s_by_round": ttfp,

@@ -134,7 +134,7 @@ async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model
 
     # seeded by the pool's first index, which differs between client processes
     delays = first_send_delays(f"{config.seed}:{indices[:1]}", len(clients), spread_s)
-    await asyncio.gather(*(worker(client, delay) for client, delay in zip(clients, delays)))
+    await asyncio.gather(*(worker(client, delay) for client, delay in zip(clients, delays, strict=True)))
     return sorted(records, key=lambda r: r.index)
 
 

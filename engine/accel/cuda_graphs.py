@@ -17,6 +17,7 @@ path is the reference the graphed one is tested against.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -68,8 +69,8 @@ class GraphedCodePredictor:
                 seeds=torch.arange(size, dtype=torch.long, device=runner.device),
                 draws=torch.zeros(size, dtype=torch.long, device=runner.device),
             )
-            graph, (codes, total) = capture(lambda: runner.predict_residuals(past_hidden, code0, rows), pool,
-                                            capture_stream)
+            graph, (codes, total) = capture(functools.partial(runner.predict_residuals, past_hidden, code0, rows),
+                                            pool, capture_stream)
             pool = graph.pool()
             self.buckets[size] = _Bucket(graph, past_hidden, code0, rows, codes, total)
         log.info("code predictor captured for batch sizes %s", sorted(self.buckets))
@@ -122,7 +123,7 @@ class GraphedDecode:
             slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
             starts = torch.zeros(size, dtype=torch.long, device=device)
             view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=1, kv_len=kv.max_len)
-            graph, outputs = capture(lambda: step(embeds, view), pool, capture_stream)
+            graph, outputs = capture(functools.partial(step, embeds, view), pool, capture_stream)
             pool = graph.pool()
             self.buckets[size] = _DecodeBucket(graph, embeds, slots, starts, outputs)
 
@@ -247,7 +248,7 @@ class GraphedPrefill:
             # every tensor a graph reads must outlive it: a freed one's memory is handed out again
             starts = torch.zeros(size, dtype=torch.long, device=device)
             view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=length, kv_len=keys)
-            graph, outputs = capture(lambda: step(embeds, view, last), pool, capture_stream)
+            graph, outputs = capture(functools.partial(step, embeds, view, last), pool, capture_stream)
             pool = graph.pool()
             self.buckets[size, length, keys] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 

@@ -62,10 +62,10 @@ class Reach(ABC):
         """A connection to the engine after its `Ready`, and what it runs; EngineError if none serves, and
         then (even when cancelled) nothing of the attempt is left running."""
 
-    def lost(self, stalled: bool) -> None:
+    def lost(self, stalled: bool) -> None:  # noqa: B027
         """It exited or stalled: let go of it at once."""
 
-    async def reap(self) -> None:
+    async def reap(self) -> None:  # noqa: B027
         """Wait for an engine of ours that was let go of or stopped, so no zombie is left."""
 
     def backoff_s(self, supervision: SupervisionConfig, attempts: int) -> float:

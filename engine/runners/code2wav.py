@@ -21,6 +21,7 @@ has no host sync, so `capture_graphs()` can also hold each bucket as a CUDA grap
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,12 +130,11 @@ class StreamingCode2Wav:
         capture_stream = torch.cuda.Stream(self.device)
         quantizers = self.model.config.num_quantizers
         for rows, frames in sorted(((b, f) for b in self.batch_buckets for f in self.frame_buckets), reverse=True):
-            def full(value: int) -> torch.Tensor:
-                return torch.full((rows,), value, dtype=torch.long, device=self.device)
-
+            slots, lengths, starts = (torch.full((rows,), value, dtype=torch.long, device=self.device)
+                                      for value in (self.scratch_slot, frames, 0))
             static = StreamBatch(torch.zeros(rows, quantizers, frames, dtype=torch.long, device=self.device),
-                                 full(self.scratch_slot), full(frames), full(0))
-            graph, outputs = capture(lambda: self._decode(static), pool, capture_stream)
+                                 slots, lengths, starts)
+            graph, outputs = capture(functools.partial(self._decode, static), pool, capture_stream)
             pool = graph.pool()
             self.graphs[(rows, frames)] = (graph, static, outputs)
         return len(self.graphs)
@@ -237,7 +237,7 @@ class StreamingCode2Wav:
         mask = (distance >= 0) & (distance < self.window)
         mask = mask[None] & (past[:, None, None] - carried + column[None] >= 0)
         mask = mask[:, None]  # [B, 1, T, carried + T]
-        for layer, (key_pool, value_pool) in zip(transformer.layers, self.kv):
+        for layer, (key_pool, value_pool) in zip(transformer.layers, self.kv, strict=True):
             residual = hidden
             attn = layer.self_attn
             h = layer.input_layernorm(hidden)

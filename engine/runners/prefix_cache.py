@@ -28,7 +28,7 @@ from engine.runners.kv_cache import SlotKVCache
 
 def position_keys(token_ids: list[int], clip_spans: list[tuple[int, int]], clip_keys: list[int]) -> np.ndarray:
     keys = np.asarray(token_ids, dtype=np.int64).copy()
-    for (a, b), key in zip(clip_spans, clip_keys):
+    for (a, b), key in zip(clip_spans, clip_keys, strict=True):
         keys[a:b] = key
     return keys
 
@@ -102,7 +102,7 @@ class PrefixCache:
             del self.entries[best.slot]
             return Reuse(best.slot, best_length, embeds, hidden)
         slot = self.kv.allocate()
-        for keys_, values in zip(self.kv.keys, self.kv.values):
+        for keys_, values in zip(self.kv.keys, self.kv.values, strict=True):
             keys_[slot, :, :best_length] = keys_[best.slot, :, :best_length]
             values[slot, :, :best_length] = values[best.slot, :, :best_length]
         return Reuse(slot, best_length, embeds, hidden)

@@ -34,7 +34,7 @@ class PromptLayout:
         # A turn runs from its <|im_start|> to the next; its role is the id right after <|im_start|>.
         starts = [i for i, t in enumerate(ids) if t == im_start]
         ends = starts[1:] + [len(ids)]
-        spans = tuple((a, b) for a, b in zip(starts, ends) if ids[min(a + 1, len(ids) - 1)] == user)
+        spans = tuple((a, b) for a, b in zip(starts, ends, strict=True) if ids[min(a + 1, len(ids) - 1)] == user)
         headers = [a for a in starts if a + 1 < len(ids) and ids[a + 1] == assistant]
         if not headers:
             raise ValueError("a talker prompt needs an assistant header")

@@ -112,7 +112,7 @@ class Code2WavStage(Stage):
         to_decode = [(s, end) for s, end in ready if end > s.decoded_frames]
         if to_decode:
             audio = self._decode(to_decode)
-            for (seq, end), samples in zip(to_decode, audio):
+            for (seq, end), samples in zip(to_decode, audio, strict=True):
                 seq.decoded_frames = end
                 seq.decoded_chunks += 1
                 self._emit(seq, seq.emitted_samples, samples.numpy())
@@ -124,7 +124,7 @@ class Code2WavStage(Stage):
     def _decode(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
         sizes = [end - s.decoded_frames for s, end in to_decode]
         codes = torch.zeros(len(to_decode), self.decoder.num_quantizers, max(sizes), dtype=torch.long)
-        for b, ((seq, end), n) in enumerate(zip(to_decode, sizes)):
+        for b, ((seq, end), n) in enumerate(zip(to_decode, sizes, strict=True)):
             codes[b, :, :n] = seq.frames()[:, seq.decoded_frames : end]
         batch = StreamBatch(
             codes,

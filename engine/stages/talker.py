@@ -172,7 +172,7 @@ class TalkerStage(Stage):
         # the decode step is queued before the host waits for the codes: the GPU goes straight on
         logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
         copied()
-        for seq, frame in zip(seqs, frames):
+        for seq, frame in zip(seqs, frames, strict=True):
             self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
             seq.frames += 1
         for seq in seqs:
@@ -201,7 +201,7 @@ class TalkerStage(Stage):
                 rows.append(self.runner.tts_pad)
         if fresh:  # one projection for the batch, not one per request
             projected = self.runner.text_projection(torch.stack([row for _, row in fresh]))
-            for (i, _), row in zip(fresh, projected):
+            for (i, _), row in zip(fresh, projected, strict=True):
                 rows[i] = row
         return torch.stack(rows)  # type: ignore[arg-type]
 
@@ -214,7 +214,7 @@ class TalkerStage(Stage):
         logits = self.runner.penalise_repeats(logits, slots, self.cfg.sampling.repetition_penalty)
         tokens = sample(logits, [s.sampling for s in seqs])
         self.runner.remember_codes(slots, tokens)
-        for seq, token_id, token, h in zip(seqs, tokens.tolist(), tokens, hidden):
+        for seq, token_id, token, h in zip(seqs, tokens.tolist(), tokens, hidden, strict=True):
             if token_id == self.runner.codec_eos_id:
                 self._finish(seq)
                 continue

@@ -84,7 +84,7 @@ def clip_spans(token_ids: list[int], audio_token_id: int) -> list[tuple[int, int
     breaks = np.flatnonzero(np.diff(at) > 1)
     starts = np.concatenate([[at[0]], at[breaks + 1]])
     ends = np.concatenate([at[breaks] + 1, [at[-1] + 1]])
-    return [(int(a), int(b)) for a, b in zip(starts, ends)]
+    return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
 
 class ThinkerStage(Stage):
@@ -226,13 +226,13 @@ class ThinkerStage(Stage):
         self.last_batch = [s.job.request_id for s in seqs]
         ends = [self._piece_end(s) for s in seqs]
         rows = []
-        for seq, end in zip(seqs, ends):
-            clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features) if seq.position <= a < end)
+        for seq, end in zip(seqs, ends, strict=True):
+            clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
             rows.append(PrefillRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips))
         want_hidden = any(s.job.want_audio for s in seqs)
         outs = self.runner.prefill(rows, want_hidden=want_hidden)
-        done = [(seq, out) for seq, out, end in zip(seqs, outs, ends) if end == seq.prompt_len]
-        for seq, out, end in zip(seqs, outs, ends):
+        done = [(seq, out) for seq, out, end in zip(seqs, outs, ends, strict=True) if end == seq.prompt_len]
+        for seq, out, end in zip(seqs, outs, ends, strict=True):
             seq.position = end
             if seq.job.want_audio:
                 assert out.hidden is not None
@@ -241,7 +241,7 @@ class ThinkerStage(Stage):
         if not done:
             return self.last_batch
         tokens, embeds = self._sample(torch.stack([o.logits for _, o in done]), [s for s, _ in done])
-        for (seq, out), token, embed in zip(done, tokens, embeds):
+        for (seq, _), token, embed in zip(done, tokens, embeds, strict=True):
             job = seq.job
             self.partial.remove(seq)
             self.running[job.request_id] = seq
@@ -264,7 +264,7 @@ class ThinkerStage(Stage):
             self._owed_decodes = self.policy.decodes_after_prefill(time.perf_counter() - self._prefill_started)
             self._prefill_started = None
         self._owed_decodes = max(0, self._owed_decodes - 1)
-        for seq, token, embed in zip(seqs, tokens, embeds):
+        for seq, token, embed in zip(seqs, tokens, embeds, strict=True):
             seq.position += 1
             self._advance(seq, token, embed)
         return self.last_batch

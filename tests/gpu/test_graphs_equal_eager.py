@@ -92,7 +92,7 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         runner = ThinkerRunner(thinker.model, thinker.config, max_batch=8, max_len=128)
         ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
         group = [ids, ids[:9], ids[3:]]
-        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 2, 4), group)], want_hidden=True)
+        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 2, 4), group, strict=True)], want_hidden=True)
         eager_keys = runner.kv.keys[0][[0, 2, 4], :, :14].clone()
         hidden_size = runner.text_model.embed_tokens.embedding_dim
         # (4, 16) holds the group with one padding prompt; (2, 16) alone would split it in two runs;
@@ -103,11 +103,11 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
                                      lengths=(16, 64), batches=batches, max_tokens=64)
             runner.graphs = StepGraphs(prefill=prefill)
             assert (4, 64, 64) not in prefill.buckets  # over max_tokens
-            graphed_outs = runner.prefill([PrefillRow(s, ids) for s, ids in zip((1, 3, 5), group)], want_hidden=True)
-            for graphed, expected in zip(graphed_outs, eager):
+            graphed_outs = runner.prefill([PrefillRow(s, ids) for s, ids in zip((1, 3, 5), group, strict=True)], want_hidden=True)
+            for graphed, expected in zip(graphed_outs, eager, strict=True):
                 assert torch.equal(graphed.embeds, expected.embeds)
                 assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
-            for real, n in zip((1, 3, 5), map(len, group)):
+            for real, n in zip((1, 3, 5), map(len, group), strict=True):
                 assert rel(runner.kv.keys[0][real, :, :n], eager_keys[(real - 1) // 2, :, :n]) < 2e-2
             # the padding prompt wrote only the scratch slot
             assert not runner.kv.keys[0][[0, 2, 4, 6, 7]].any()
@@ -118,11 +118,11 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
         # one prompt a replay at 64 rows: the short prompts' runs replay the 16-row bucket, their rows padded to 42
         mixed = [ids * 3, ids, ids[:9]]
         runner.graphs = EAGER
-        expected_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((0, 2, 4), mixed)], want_hidden=True)
+        expected_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((0, 2, 4), mixed, strict=True)], want_hidden=True)
         runner.graphs = StepGraphs(prefill=GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
                                                           lengths=(16, 64), batches=(1, 2), max_tokens=64))
-        mixed_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((1, 3, 5), mixed)], want_hidden=True)
-        for graphed, expected in zip(mixed_outs, expected_outs):
+        mixed_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((1, 3, 5), mixed, strict=True)], want_hidden=True)
+        for graphed, expected in zip(mixed_outs, expected_outs, strict=True):
             assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
 
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
@@ -162,14 +162,14 @@ def test_graphed_extends_equal_eager(tiny_checkpoint: Path) -> None:
         ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198] * 5
         cuts = (30, 47)
         whole = runner.prefill([PrefillRow(s, ids) for s in (0, 1)], want_hidden=True)
-        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((2, 3), cuts)], want_hidden=True)
-        eager = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((2, 3), cuts)], want_hidden=True)
+        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((2, 3), cuts, strict=True)], want_hidden=True)
+        eager = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((2, 3), cuts, strict=True)], want_hidden=True)
         hidden_size = runner.text_model.embed_tokens.embedding_dim
         runner.graphs = StepGraphs(extend=GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
                                                          lengths=(32, 64), batches=(1, 2), reach=(128, 256)))
-        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((4, 5), cuts)], want_hidden=True)
-        graphed = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((4, 5), cuts)], want_hidden=True)
-        for g, e, w, cut in zip(graphed, eager, whole, cuts):
+        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((4, 5), cuts, strict=True)], want_hidden=True)
+        graphed = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((4, 5), cuts, strict=True)], want_hidden=True)
+        for g, e, w, cut in zip(graphed, eager, whole, cuts, strict=True):
             assert rel(g.logits, e.logits) < 2e-2 and rel(g.hidden, e.hidden) < 2e-2
             assert rel(g.logits, w.logits) < 2e-2 and rel(g.hidden, w.hidden[cut:]) < 2e-2
         n = len(ids)

@@ -49,7 +49,7 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
         if fmt == "opus":
             assert all(r["pieces"] == round(r["audio_s"] / 0.02) for r in records)  # one packet per 20 ms
         # each session's second turn carries its first in the history
-        assert all(b["input_tokens"] > a["input_tokens"] for a, b in zip(records[::2], records[1::2]))
+        assert all(b["input_tokens"] > a["input_tokens"] for a, b in zip(records[::2], records[1::2], strict=True))
         # server VAD: the silence window, waited on top (0.5 s of silence sent at 4x real time, plus a chunk;
         # how long that takes here is the machine's business, not the test's)
         assert all((r["vad_wait_s"] is not None) == (mode == "vad") for r in records)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import subprocess
 import time
@@ -248,7 +249,7 @@ async def test_opus_packets_match_the_pcm_reply(greedy_server: Server, speech: n
         for e in pcm_events if e["type"] == "response.audio.delta"])
     packets = [OpusPacket.unpack(b) for b in opus_binary]
     assert [p.sequence for p in packets] == list(range(packets[0].sequence, packets[0].sequence + len(packets)))
-    assert all(b.timestamp - a.timestamp == 960 for a, b in zip(packets, packets[1:]))
+    assert all(b.timestamp - a.timestamp == 960 for a, b in itertools.pairwise(packets))
     assert [p.sample_offset for p in packets] == [480 * i for i in range(len(packets))]
     decoded = _decode_opus(packets)
     lag = int(np.argmax(np.correlate(decoded[:RATE], reference[: RATE // 2], mode="valid")))

@@ -65,7 +65,7 @@ class Code2WavRunner:
         """
         lengths = [w.end_frame - w.first_frame for w in windows]
         batch = torch.zeros(len(windows), self.num_quantizers, max(lengths), dtype=torch.long)
-        for b, (codes, w) in enumerate(zip(frames, windows)):
+        for b, (codes, w) in enumerate(zip(frames, windows, strict=True)):
             batch[b, :, : lengths[b]] = codes[:, w.first_frame : w.end_frame]
         wav = self.decode(batch).cpu()
         return [wav[b, w.slice_in_decode(self.samples_per_frame)] for b, w in enumerate(windows)]

@@ -26,7 +26,7 @@ def _bounds(total: int, first: int, size: int) -> list[tuple[int, int]]:
     ends = [min(first, total)]
     while ends[-1] < total:
         ends.append(min(total, ends[-1] + size))
-    return list(zip([0, *ends[:-1]], ends))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
 def test_every_call_drops_the_same_causal_tail(runner: Code2WavRunner) -> None:
@@ -63,7 +63,7 @@ def test_a_padded_batch_equals_each_row_alone(runner: Code2WavRunner) -> None:
     windows = [runner.window(0, 5, 8), runner.window(4, 12, 8), runner.window(20, 30, 8)]
     with torch.inference_mode():
         batched = runner.decode_windows(rows, windows)
-        alone = [runner.decode_windows([r], [w])[0] for r, w in zip(rows, windows)]
-    for b, a in zip(batched, alone):
+        alone = [runner.decode_windows([r], [w])[0] for r, w in zip(rows, windows, strict=True)]
+    for b, a in zip(batched, alone, strict=True):
         assert b.shape == a.shape
         assert (b - a).abs().max().item() <= 1e-5

@@ -48,7 +48,7 @@ def _stream(stream: StreamingCode2Wav, replies: list[torch.Tensor], chunkings: l
         rows = [b for b, c in enumerate(chunkings) if step < len(c)]
         sizes = [chunkings[b][step] for b in rows]
         codes = torch.zeros(len(rows), 16, max(sizes), dtype=torch.long, device=replies[0].device)
-        for i, (b, n) in enumerate(zip(rows, sizes)):
+        for i, (b, n) in enumerate(zip(rows, sizes, strict=True)):
             codes[i, :, :n] = replies[b][:, done[b] : done[b] + n]
         batch = StreamBatch(codes, torch.tensor(rows) * 3 + 1, torch.tensor(sizes), torch.tensor([done[b] for b in rows]))
         wav, valid = stream.decode(batch)
@@ -72,7 +72,7 @@ def test_streamed_chunks_join_into_the_one_shot_decode(model: torch.nn.Module, b
     with torch.inference_mode():
         whole = [model(r[None])[0, 0].clamp(-1, 1) for r in replies]
         streamed = _stream(stream, replies, chunkings)
-    for w, s in zip(whole, streamed):
+    for w, s in zip(whole, streamed, strict=True):
         assert s.shape == w.shape
         assert (s - w).abs().max().item() <= 1e-4 * max(w.abs().max().item(), 1e-3)
 
@@ -132,5 +132,5 @@ def test_graphed_bucket_steps_equal_eager_ones(tiny_checkpoint: Path) -> None:
     replies = [_codes(n, seed=n).cuda() for n in frames]
     chunkings = [[4, 25, 8], [1, 1, 30, 25, 33], [2, 3], [1]]
     with torch.inference_mode():
-        for e, g in zip(_stream(eager, replies, chunkings), _stream(graphed, replies, chunkings)):
+        for e, g in zip(_stream(eager, replies, chunkings), _stream(graphed, replies, chunkings), strict=True):
             assert torch.allclose(e, g, atol=1e-5)

@@ -129,11 +129,11 @@ def test_the_batched_mask_equals_each_row_alone(grammars: Grammars) -> None:
                                grammar_for(JsonOutput(), ()), None]
     seeds = [11, 12, 13, 14, 15]
     together, together_masks = _decode(grammars, texts, seeds, steps=30)
-    for i, (text, seed) in enumerate(zip(texts, seeds)):
+    for i, (text, seed) in enumerate(zip(texts, seeds, strict=True)):
         alone, alone_masks = _decode(grammars, [text], [seed], steps=30)
         assert together[i] == alone[0]
         assert len(together_masks[i]) == len(alone_masks[0]) == (0 if text is None else len(alone[0]))
-        for a, b in zip(together_masks[i], alone_masks[0]):
+        for a, b in zip(together_masks[i], alone_masks[0], strict=True):
             assert torch.equal(a, b)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_shipped_ladders_parse() -> None:
     assert h200.rows[0].profile["backend"] == "transformers_generate" and h200.rows[0].bench["concurrency"] == [1]
     # each row from eager on turns one switch back on; the last is the profile as shipped
     deltas = [h200.row_profile(r) for r in h200.rows]
-    changed = [sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) for a, b in zip(deltas[1:], deltas[2:])]
+    changed = [sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) for a, b in itertools.pairwise(deltas[1:])]
     assert changed[:4] == [["kernels"], ["cuda_graphs"], ["async_chunk", "first_packet"], ["engine"]]
     assert h200.rows[-1].profile == {} and deltas[-1] == h200.profile
     for row in h200.rows:

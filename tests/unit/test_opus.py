@@ -75,7 +75,7 @@ def test_one_decoder_gets_both_responses_back(speech: np.ndarray) -> None:
         responses.append(_encode(stream, signal))
     decoded = _decode([p for packets in responses for p in packets])
     assert _delay(speech, decoded) == PRE_SKIP
-    for signal, packets in zip(signals, responses):
+    for signal, packets in zip(signals, responses, strict=True):
         start = packets[0].timestamp // 2 + PRE_SKIP
         assert decoded.size >= start + signal.size  # flush() carried the whole tail out
         assert _snr_db(signal, decoded[start : start + signal.size]) >= 20
@@ -104,7 +104,7 @@ def test_counters_across_responses() -> None:
     for length in lengths:
         stream.start_response()
         responses.append(_encode(stream, _sweep(length)))
-    for length, packets in zip(lengths, responses):
+    for length, packets in zip(lengths, responses, strict=True):
         # every input sample plus the encoder's 312-sample lookahead, in whole 960-sample frames
         assert len(packets) == -(-(2 * length + 312) // 960)
         assert [p.sample_offset for p in packets] == [480 * i for i in range(len(packets))]

@@ -67,12 +67,12 @@ def test_audio_tower_batched_and_padded_equals_transformers_clip_by_clip(
              for s, step in ((0.7, 0.03), (2.4, 0.06), (1.0, 0.11), (9.3, 0.02))]
     with torch.inference_mode():
         reference = [runner.audio._encode([clip]) for clip in clips]
-        alone = [runner.audio([clip], r.shape[0]) for clip, r in zip(clips, reference)]
+        alone = [runner.audio([clip], r.shape[0]) for clip, r in zip(clips, reference, strict=True)]
         together = runner.audio(clips, sum(r.shape[0] for r in reference))
         runner.audio.buckets = (16, 32)  # 1 + 3 + 1 + 10 chunks, padded to 16
         padded = runner.audio(clips, together.shape[0])
         runner.audio.buckets = ()
-    for mine, theirs in zip(alone, reference):
+    for mine, theirs in zip(alone, reference, strict=True):
         assert torch.allclose(mine, theirs, atol=1e-4)
     assert torch.allclose(together, torch.cat(reference), atol=1e-4)
     assert torch.allclose(padded, together, atol=1e-4)

@@ -50,7 +50,7 @@ def test_calls_stream_the_same_in_any_split(size: int) -> None:
         ("response.function_call_arguments.done", 1), ("response.output_item.done", 1), ("conversation.item.done", None),
         ("response.function_call_arguments.done", 2), ("response.output_item.done", 2), ("conversation.item.done", None),
     ]
-    for item, index in zip(items, (1, 2)):
+    for item, index in zip(items, (1, 2), strict=True):
         deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"
                   and e["output_index"] == index]
         assert "".join(deltas) == item.arguments

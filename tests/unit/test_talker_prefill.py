@@ -70,7 +70,7 @@ def test_repetition_history_on_the_device_follows_each_slots_reply(tiny_checkpoi
             assert torch.equal(runner.penalise_repeats(logits, slots, 1.3), penalise_seen(logits, expected_seen, 1.3))
             codes = torch.randint(0, 8, (len(histories),), generator=gen)  # few ids: repeats happen
             runner.remember_codes(slots, codes)
-            for history, code in zip(histories.values(), codes.tolist()):
+            for history, code in zip(histories.values(), codes.tolist(), strict=True):
                 history.append(code)
         assert runner.seen_codes[1].sum() == 0  # a slot no reply held
 
@@ -92,7 +92,7 @@ def test_a_reply_does_not_end_before_its_first_frame(tiny_checkpoint: Path) -> N
         greedy = RowSampling(0.0, 1.0, 0, seed=0)
         seqs = [TalkerSeq(prompt=None, sampling=greedy, code_sampling=greedy,  # type: ignore[arg-type]
                           slot=runner.kv.allocate(), frames=frames) for frames in (0, 3)]
-        for seq, rid in zip(seqs, ("new", "speaking")):
+        for seq, rid in zip(seqs, ("new", "speaking"), strict=True):
             seq.prompt = type("P", (), {"request_id": rid})()  # type: ignore[assignment]
             stage.running[rid] = seq
         vocab = runner.seen_codes.shape[1]

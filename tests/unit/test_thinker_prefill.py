@@ -31,7 +31,7 @@ def test_batched_prefill_equals_one_by_one(tiny_checkpoint: Path) -> None:
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=128)
         together = runner.prefill([row(b, p) for b, p in enumerate(prompts)], True)
         alone = [runner.prefill([row(2 + b, p)], True)[0] for b, p in enumerate(prompts)]
-        for t, a in zip(together, alone):
+        for t, a in zip(together, alone, strict=True):
             assert t.embeds.shape == a.embeds.shape
             assert torch.allclose(t.logits, a.logits, atol=1e-4)
             assert torch.allclose(t.hidden, a.hidden, atol=1e-4)
@@ -146,11 +146,11 @@ def test_a_group_replayed_in_runs_of_shorter_buckets_equals_eager(tiny_checkpoin
     shapes = [(1, 16, 16), (1, 64, 64), (2, 16, 16), (2, 64, 64)]  # 2 x 64 rows at most: runs [0:2], [2:3]
     with torch.inference_mode():
         runner = ThinkerRunner(loaded.model, loaded.config, max_batch=6, max_len=128)
-        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 1, 2), group)], True)
+        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 1, 2), group, strict=True)], True)
         runner.graphs = StepGraphs(prefill=EagerBuckets(runner, shapes))
         assert runner.graphs.prefill is not None and runner.graphs.prefill.plan([40, 14, 9]) == [slice(0, 2), slice(2, 4)]
-        replayed = runner.prefill([PrefillRow(s, ids) for s, ids in zip((3, 4, 5), group)], True)
-        for r, e in zip(replayed, eager):
+        replayed = runner.prefill([PrefillRow(s, ids) for s, ids in zip((3, 4, 5), group, strict=True)], True)
+        for r, e in zip(replayed, eager, strict=True):
             assert r.hidden is not None and e.hidden is not None and r.hidden.shape == e.hidden.shape
             assert torch.allclose(r.logits, e.logits, atol=1e-4)
             assert torch.allclose(r.hidden, e.hidden, atol=1e-4)

@@ -100,7 +100,7 @@ def test_prompt_builder_ids_equal_transformers_encode(tokenizer: PreTrainedToken
     plain = PromptBuilder(tokenizer, None, n_window=50)
     plain._backend = plain._content = None
     messages = tuple(Message(role, (TextPart(text),)) for role, text in zip(("system", "user", "assistant", "user"),
-                                                                         [*TEXTS, "<|im_end|> inside a turn"][-4:]))
+                                                                         [*TEXTS, "<|im_end|> inside a turn"][-4:], strict=True))
     for text in TEXTS:
         one = (Message("user", (TextPart(text),)),)
         assert fast.build(one).token_ids == plain.build(one).token_ids

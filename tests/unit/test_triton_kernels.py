@@ -55,7 +55,7 @@ def test_block_layout_places_every_pair_once_in_its_experts_blocks() -> None:
     real = layout.pair_ids[layout.pair_ids < num_pairs]
     assert sorted(real.tolist()) == list(range(num_pairs))
     flat = top_k_index.reshape(-1)
-    for block, expert in zip(rows, layout.block_expert.tolist()):
+    for block, expert in zip(rows, layout.block_expert.tolist(), strict=True):
         pairs = block[block < num_pairs]
         if expert >= num_experts:
             assert pairs.numel() == 0

@@ -58,7 +58,7 @@ def _feed(vad: ServerVad, signal: np.ndarray, chunk_ms: int) -> list[SpeechStart
 
 def _assert_turns(events: list[SpeechStarted | SpeechStopped], spans: list[tuple[int, int]]) -> None:
     assert [type(e) for e in events] == [SpeechStarted, SpeechStopped] * len(spans), events
-    for (start, stop), (start_ms, end_ms) in zip(zip(events[::2], events[1::2]), spans):
+    for (start, stop), (start_ms, end_ms) in zip(zip(events[::2], events[1::2], strict=True), spans, strict=True):
         assert isinstance(start, SpeechStarted) and isinstance(stop, SpeechStopped)
         assert abs(start.audio_start_ms - start_ms) <= TOLERANCE_MS, (start, start_ms)
         assert abs(stop.audio_end_ms - end_ms) <= END_TOLERANCE_MS, (stop, end_ms)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -87,7 +87,7 @@ class SessionUpdate(_ClientEvent):
                 settings = [_rejected_setting(tuple(e["loc"])) for e in errors]
                 if not isinstance(data, dict) or not all(s is not None and _has(data, s) for s in settings):
                     raise
-                for error, setting in zip(errors, settings):
+                for error, setting in zip(errors, settings, strict=True):
                     assert setting is not None, errors
                     path = _error_path(tuple(error["loc"]))
                     rejected.append((path, printable(f"{path}: {error['msg']}")))
@@ -161,19 +161,7 @@ class OutputAudioBufferClear(_ClientEvent):
 
 
 ClientEvent = Annotated[
-    Union[
-        SessionUpdate,
-        InputAudioAppend,
-        InputAudioCommit,
-        InputAudioClear,
-        ConversationItemCreate,
-        ConversationItemDelete,
-        ConversationItemRetrieve,
-        ConversationItemTruncate,
-        ResponseCreate,
-        ResponseCancel,
-        OutputAudioBufferClear,
-    ],
+    SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ConversationItemCreate | ConversationItemDelete | ConversationItemRetrieve | ConversationItemTruncate | ResponseCreate | ResponseCancel | OutputAudioBufferClear,
     Field(discriminator="type"),
 ]
 _CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)

@@ -4,7 +4,7 @@ their outputs, and `ConversationItem`, the union of the three (an item without a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, SerializationInfo, Tag, field_serializer, field_validator
 
@@ -91,20 +91,11 @@ def _input_item_type(value: Any) -> str:
 
 
 ConversationItem = Annotated[
-    Union[
-        Annotated[MessageItem, Tag("message")],
-        Annotated[FunctionCallItem, Tag("function_call")],
-        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-    ],
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")] | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
     Discriminator(_item_type),
 ]
 
 ResponseInputItem = Annotated[
-    Union[
-        Annotated[MessageItem, Tag("message")],
-        Annotated[FunctionCallItem, Tag("function_call")],
-        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-        Annotated[ItemReference, Tag("item_reference")],
-    ],
+    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")] | Annotated[FunctionCallOutputItem, Tag("function_call_output")] | Annotated[ItemReference, Tag("item_reference")],
     Discriminator(_input_item_type),
 ]

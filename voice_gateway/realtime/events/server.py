@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -324,41 +324,41 @@ class ErrorEvent(_ServerEvent):
         return cls(error=ErrorDetail(code=exc.code, message=exc.message, param=exc.param, event_id=exc.event_id))
 
 
-ServerEvent = Union[
-    SessionCreated,
-    SessionUpdated,
-    SpeechStarted,
-    SpeechStopped,
-    InputAudioCommitted,
-    InputAudioCleared,
-    ConversationItemAdded,
-    ConversationItemDone,
-    ConversationItemDeleted,
-    ConversationItemRetrieved,
-    InputAudioTimeoutTriggered,
-    ConversationItemTruncated,
-    ResponseCreated,
-    ResponseDone,
-    OutputItemAdded,
-    OutputItemDone,
-    ContentPartAdded,
-    ContentPartDone,
-    OutputAudioDelta,
-    OutputAudioDone,
-    OutputAudioTranscriptDelta,
-    OutputAudioTranscriptDone,
-    OutputTextDelta,
-    OutputTextDone,
-    FunctionCallArgumentsDelta,
-    FunctionCallArgumentsDone,
-    InputTranscriptionDelta,
-    InputTranscriptionCompleted,
-    InputTranscriptionFailed,
-    OutputAudioBufferStarted,
-    OutputAudioBufferStopped,
-    OutputAudioBufferCleared,
-    ErrorEvent,
-]
+ServerEvent = (
+    SessionCreated
+    | SessionUpdated
+    | SpeechStarted
+    | SpeechStopped
+    | InputAudioCommitted
+    | InputAudioCleared
+    | ConversationItemAdded
+    | ConversationItemDone
+    | ConversationItemDeleted
+    | ConversationItemRetrieved
+    | InputAudioTimeoutTriggered
+    | ConversationItemTruncated
+    | ResponseCreated
+    | ResponseDone
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | OutputAudioDelta
+    | OutputAudioDone
+    | OutputAudioTranscriptDelta
+    | OutputAudioTranscriptDone
+    | OutputTextDelta
+    | OutputTextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | InputTranscriptionDelta
+    | InputTranscriptionCompleted
+    | InputTranscriptionFailed
+    | OutputAudioBufferStarted
+    | OutputAudioBufferStopped
+    | OutputAudioBufferCleared
+    | ErrorEvent
+)
 
 
 def serialize(event: ServerEvent, dialect: Dialect) -> str | None:
