@@ -112,7 +112,7 @@ def _name(kind: str, index: int, replicas: int) -> str:
 def _share_cores(profile: DeployProfile, has_talker: bool) -> None:
     """Stages on the CPU run at once, each in its own thread, so each spreads its ops over its share of
     the process's cores: when every stage spreads over all of them, their ops contend for the same
-    cores (docs/performance.md, "Torch threads on the CPU")."""
+    cores."""
     stages = profile.stages
     threads = [stages.thinker.device]
     if has_talker:

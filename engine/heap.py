@@ -6,8 +6,7 @@ process holds some 280-470 thousand of them from start-up, and a walk of them to
 CPU cores: every stage thread and the event loop of that process stand still. One comes each time
 the objects that outlived younger collections since the last reach a quarter of what the process
 holds: none came within a minute of load on the tiny model, but a server that keeps sessions and
-their history alive for hours makes such survivors, in every process of the path
-(docs/performance.md, "Start-up objects and the collector"). Frozen, they are never walked again;
+their history alive for hours makes such survivors, in every process of the path. Frozen, they are never walked again;
 what serving makes is collected as before.
 """
 

@@ -1,7 +1,7 @@
 """Voice names a realtime client may ask for: the model's own speakers, and OpenAI's names mapped onto them.
 
 Clients written for OpenAI send its voice names (LiveKit's default is `marin`), so each is mapped to the
-nearest of Qwen3-Omni's three speakers by register; README's "Agent frameworks" table shows it. A name
+nearest of Qwen3-Omni's three speakers by register; docs/realtime.md's voices table shows it. A name
 that is neither is refused with the names that exist.
 """
 
