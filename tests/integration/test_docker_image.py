@@ -118,11 +118,7 @@ async def _realtime_turn(url: str) -> list[dict]:
                                   "audio": base64.b64encode(_speech_pcm16(1.0)).decode()}))
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         await ws.send(json.dumps({"type": "response.create"}))
-        async with asyncio.timeout(120):
-            while events[-1]["type"] != "response.done":
-                message = await ws.recv()
-                if isinstance(message, str):
-                    events.append(json.loads(message))
+        await _read_to_response_done(ws, events)
     return events
 
 
@@ -162,9 +158,14 @@ async def _semantic_turn(url: str, pcm16: bytes) -> list[dict]:
         for start in range(0, len(pcm16), step):
             await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                       "audio": base64.b64encode(pcm16[start:start + step]).decode()}))
-        async with asyncio.timeout(120):
-            while events[-1]["type"] != "response.done":
-                message = await ws.recv()
-                if isinstance(message, str):
-                    events.append(json.loads(message))
+        await _read_to_response_done(ws, events)
     return events
+
+
+async def _read_to_response_done(ws: websockets.ClientConnection, events: list[dict]) -> None:
+    """The session's JSON events appended to `events` until a `response.done` (binary messages skipped)."""
+    async with asyncio.timeout(120):
+        while events[-1]["type"] != "response.done":
+            message = await ws.recv()
+            if isinstance(message, str):
+                events.append(json.loads(message))
