@@ -63,6 +63,11 @@ FIGURES = (
     Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.292", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/mean"),
     Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.405", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/p99"),
     Figure("RTF 0.258, no underrun", "0.258", _GPU + "gpu-profile-c64.json", "levels/0/rtf/mean"),
+    # the same profile after the restructuring, and the same-lease comparison
+    Figure("23.62-24.21 req/s", "23.62", "benchmarks/h200/house-check/lease1-c64-r3.json", "levels/0/req_per_s"),
+    Figure("TTFP 0.301-0.314 s", "0.314", "benchmarks/h200/house-check/lease1-c64-r4.json", "levels/0/ttfp_s/mean"),
+    Figure("TTFP 0.360 and 0.368 s", "0.360", "benchmarks/h200/house-check/lease2-d86067d-c64-r1.json", "levels/0/ttfp_s/mean"),
+    Figure("TTFP 0.344 and 0.323 s", "0.323", "benchmarks/h200/house-check/lease2-head-c64-r2.json", "levels/0/ttfp_s/mean"),
     Figure("30.1 s to its only audio", "30.1", _HISTORY, "rows/name=baseline/levels/concurrency=1/ttfp_s/mean"),
     # What each switch bought: the ladder
     Figure("| 0.095 s | 22.23 |", "22.23", _LADDER, f"rows/name=cuda-graphs/{_C64}/req_per_s"),
