@@ -67,4 +67,4 @@ class StreamResampler:
 
     def finish(self) -> np.ndarray:
         self._out.append(self._resampler.flush())
-        return np.concatenate(self._out) if self._out else np.zeros(0, np.float32)
+        return np.concatenate(self._out)
