@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from engine.accel import fused_moe, slot_attention, snake
+from engine.accel import fused_moe, packed_attention, slot_attention, snake
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
-from engine.api import SAMPLE_RATE_HZ, EngineError
+from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
 from engine.orchestrator import Orchestrator
@@ -30,6 +30,7 @@ from engine.runners.talker import TalkerRunner
 from engine.runners.thinker import ThinkerRunner
 from engine.stages.base import Stage
 from engine.stages.code2wav import Code2WavStage
+from engine.stages.playback import PlaybackClock
 from engine.stages.policy import FirstPacketPolicy
 from engine.stages.talker import TalkerStage
 from engine.stages.thinker import ThinkerStage
@@ -140,7 +141,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     triton = profile.kernels == "triton"
     graphs = profile.cuda_graphs
     metrics, reports = EngineMetrics(), ReportQueue()
-    policy = FirstPacketPolicy(profile.first_packet, profile.async_chunk, source.frame_samples / SAMPLE_RATE_HZ)
+    policy = FirstPacketPolicy(profile.first_packet, profile.async_chunk)
+    clock = PlaybackClock()
     has_talker = source.has_talker
     tk, tl, cw = stages_cfg.thinker, stages_cfg.talker, stages_cfg.code2wav
     thinker_inbox = Inbox()
@@ -149,14 +151,11 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     routers: list[StickyRouter] = []
 
     thinker = _load(source, "thinker", tk.device, tk.dtype, triton)
-    text_model = getattr(thinker.model, "language_model", thinker.model)
-    if triton:
-        slot_attention.enable(text_model)
     with torch.inference_mode():
         on_gpu = tk.device.startswith("cuda")
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
-                                       decode_kernel=triton,
-                                       capture=thinker_capture(tk.prefill_token_budget) if graphs else None,
+                                       attention=packed_attention.KernelAttention() if triton else None,
+                                       capture=thinker_capture(tk.max_step_tokens) if graphs else None,
                                        audio_buckets=CHUNK_BUCKETS if on_gpu else (),
                                        audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
                                        audio_timed=metrics.audio_tower.observe)
@@ -188,11 +187,11 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                       _name("talker", i, tl.replicas)))
         # replicas share the stage's weights; each has its own state, graphs and thread
         for i, inbox in enumerate(code2wav_inboxes):
-            stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, inbox,
+            stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, clock, inbox,
                                         reports.put, metrics, _name("code2wav", i, cw.replicas)))
     tokenizer = source.tokenizer()
     eos_ids = {config.im_end_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
-    thinker_stage = ThinkerStage(thinker_runner, tk, tokenizer, eos_ids, policy, thinker_inbox, to_talker,
+    thinker_stage = ThinkerStage(thinker_runner, tk, tokenizer, eos_ids, policy, clock, thinker_inbox, to_talker,
                                  reports.put, metrics)
     return Orchestrator(
         thinker_inbox=thinker_inbox,

@@ -36,6 +36,15 @@ class EngineMetrics:
             ["stage", "phase"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
         )
+        self.step_tokens = Histogram(
+            "engine_thinker_step_tokens", "Tokens of one packed Thinker step, by kind (prompt pieces, decode rows)",
+            ["kind"], buckets=(0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), registry=r,
+        )
+        self.playback_slack = Histogram(
+            "engine_playback_slack_seconds",
+            "The least audio a speaking reply's listener holds, at each Code2Wav step that emits",
+            buckets=(-0.5, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0), registry=r,
+        )
         self.audio_tower = Histogram(
             "engine_audio_tower_seconds", "Host time of the Thinker's audio tower over one prefill's clips",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), registry=r,

@@ -47,13 +47,20 @@ class ThinkerConfig:
     max_batch: int = field(default=8, metadata=_at_least(1))
     max_model_len: int = field(default=2048, metadata=_at_least(16))
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
-    # padded prompt tokens one prefill forward may take (1: one request per prefill)
-    prefill_token_budget: int = field(default=4096, metadata=_at_least(1))
-    # a longer prompt prefills in pieces of this many tokens, a decode step for the running replies
-    # between two pieces (512: the longest graphed prefill)
-    prefill_chunk: int = field(default=512, metadata=_at_least(16))
+    # tokens one step may carry, prompt pieces and a row per running reply (and the largest graph), while
+    # every speaking reply's listener holds at least `playback_slack_s` of audio
+    max_step_tokens: int = field(default=4096, metadata=_at_least(1))
+    playback_slack_s: float = field(default=1.0, metadata=_at_least(0.0))
+    # while one holds less: as many tokens as measured steps of that size take this long
+    tight_step_s: float = field(default=0.025, metadata=_at_least(0.001))
     ignore_eos: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        # a step carries a row for every running reply and still prefills (engine/stages/policy.py)
+        if self.max_step_tokens < self.max_batch + 64:
+            raise ProfileError(f"stages.thinker.max_step_tokens: must be >= max_batch + 64 ({self.max_batch + 64}), "
+                               f"got {self.max_step_tokens}")
 
 
 @dataclass(frozen=True, slots=True)

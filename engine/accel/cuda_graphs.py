@@ -1,7 +1,6 @@
-"""CUDA graphs: decode steps (Thinker, Talker) and the Talker's 15-pass code predictor, per batch bucket;
-prefills (Thinker, Talker), per (prompts, prompt length) bucket; the Thinker's extends (rows after a
-prefix already cached), per (prompts, length, keys attended); decoder layers through torch.compile
-while the decode graphs are captured.
+"""CUDA graphs: the Thinker's packed steps, per token bucket; the Talker's decode steps and 15-pass code
+predictor, per batch bucket, and its prefills, per (prompts, prompt length) bucket; decoder layers through
+torch.compile while the Thinker's steps and the Talker's decode steps are captured.
 
 Applied to finished runners from outside: `thinker_capture` / `talker_capture` are the `Capture`
 a runner is built with (engine/runners/replay.py); the model and the eager path stay as they are. Each bucket's graph reads static input tensors; a call copies
@@ -21,17 +20,20 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from engine.runners.kv_cache import SlotBatch, SlotKVCache
+from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece
 from engine.runners.replay import EAGER, StepGraphs, capture
 from engine.runners.sampler import RowTensors
 from engine.runners.talker import TalkerRunner
 from engine.runners.thinker import ThinkerRunner
 
 log = logging.getLogger(__name__)
+
+G = TypeVar("G")
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -150,12 +152,6 @@ GROUP_TOKENS = 4096  # the largest group graph: prompts x padded length
 # The Talker's prompt is every user turn of the conversation, never cut in pieces: one-prompt graphs
 # (and a few prompts where they fit GROUP_TOKENS) reach the longest prompt it can be given
 LONG_LENGTHS = (768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-# Extends (a prompt's rows after a prefix already in the cache: the rest of a conversation, or the
-# next chunk of a long prompt): few at once, each attending over its whole prefix
-EXTEND_LENGTHS = (32, 64, 128, 256, 512)
-EXTEND_BATCHES = (1, 2, 4, 8, 16)
-EXTEND_REACH = (512, 1024, 2048, 4096, 8192)  # keys an extend attends over: its start plus its padded length
-
 Shape = tuple[int, int, int]  # (prompts, padded length, keys attended)
 
 
@@ -267,6 +263,53 @@ class GraphedPrefill:
         return tuple(out[:n].clone() for out in bucket.outputs)
 
 
+# Tokens of a packed Thinker step that graphs are captured for: every decode batch up to 64, then x1.5
+# steps (padding wastes at most a third of a step's rows) up to the step budget
+PACKED_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
+PackedStep = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, ...]]
+
+
+@dataclass(slots=True)
+class _PackedBucket:
+    graph: torch.cuda.CUDAGraph
+    embeds: torch.Tensor  # [T, H]
+    batch: PackedBatch  # T tokens, one sequence per slot at most
+    outputs: tuple[torch.Tensor, ...]  # per sequence [N, ...], then per token [T, ...]
+
+
+class GraphedPacked:
+    """Packed steps (engine/runners/packed_batch.py) captured per token bucket: any mix of prompt pieces and
+    decode rows whose tokens fit a bucket replays it. Its spare tokens write the scratch slot."""
+
+    def __init__(self, step: PackedStep, kv: SlotKVCache, attention: PackedAttention, hidden_size: int,
+                 dtype: torch.dtype, tokens: tuple[int, ...]) -> None:
+        device = kv.keys[0].device
+        self.seqs = kv.num_slots  # a step holds each slot at most once
+        self.buckets: dict[int, _PackedBucket] = {}
+        pool = None
+        capture_stream = torch.cuda.Stream(device)
+        for size in sorted(tokens, reverse=True):
+            embeds = torch.zeros(size, hidden_size, device=device, dtype=dtype)
+            batch = PackedBatch.static(kv, attention, size, self.seqs)
+            graph, outputs = capture(functools.partial(step, embeds, batch), pool, capture_stream)
+            pool = graph.pool()
+            self.buckets[size] = _PackedBucket(graph, embeds, batch, outputs)
+
+    def __call__(self, embeds: torch.Tensor, pieces: list[Piece]) -> tuple[torch.Tensor, ...] | None:
+        n = embeds.shape[0]
+        size = smallest_bucket(self.buckets, n)
+        if size is None or len(pieces) > self.seqs:
+            return None
+        bucket = self.buckets[size]
+        bucket.embeds[:n].copy_(embeds)
+        meta = torch.from_numpy(bucket.batch.layout(pieces))
+        bucket.batch.meta.copy_(meta.to(bucket.batch.meta.device, non_blocking=True))
+        bucket.graph.replay()
+        logits, hidden = bucket.outputs
+        return logits[: len(pieces)].clone(), hidden[:n].clone()
+
+
 @contextlib.contextmanager
 def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
     """Each decoder layer through torch.compile while a stage's decode graphs are captured.
@@ -288,12 +331,12 @@ def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
             del layer.forward  # back to the class's own
 
 
-def _decode_graphs(name: str, make: Callable[[], GraphedDecode], layers: torch.nn.ModuleList) -> GraphedDecode:
+def _compiled(name: str, make: Callable[[], G], layers: torch.nn.ModuleList) -> G:
     try:
         with compiled_layers(layers):
             return make()
     except Exception:  # a compiler failure costs the fusion, not the graphs
-        log.exception("%s: decode graphs with compiled layers failed; capturing them uncompiled", name)
+        log.exception("%s: graphs with compiled layers failed; capturing them uncompiled", name)
     return make()
 
 
@@ -323,7 +366,7 @@ def talker_capture(max_group: int) -> Callable[[TalkerRunner], StepGraphs]:
             buckets = _buckets(runner.kv.num_slots)
             predictor = GraphedCodePredictor(runner, buckets)
             hidden = runner.codec_embedding.embedding_dim
-            decode = _decode_graphs(
+            decode = _compiled(
                 "talker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
                 runner.talker.model.layers)
             log.info("talker decode captured for batch sizes %s", sorted(buckets))
@@ -338,25 +381,27 @@ def talker_capture(max_group: int) -> Callable[[TalkerRunner], StepGraphs]:
     return capture_all
 
 
+def packed_tokens(max_tokens: int) -> tuple[int, ...]:
+    return tuple(t for t in PACKED_TOKENS if t < max_tokens) + (max_tokens,)
+
+
 def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
-    """The Thinker's decode steps (compiled layers), prefills of groups up to `max_tokens` padded tokens, and
-    extends (the rows after a reused prefix, or a long prompt's later chunks)."""
+    """The Thinker's packed steps of up to `max_tokens` tokens, with compiled layers. Replays read the KV
+    through the attention kernel (the reference gathers per sequence on the host's word): without it the
+    Thinker runs eagerly."""
 
     def capture_all(runner: ThinkerRunner) -> StepGraphs:
+        if not runner.attention.block_q:
+            log.warning("thinker: packed steps are not graphed without the attention kernel (kernels: triton)")
+            return EAGER
+
         def make() -> StepGraphs:
-            buckets = _buckets(runner.kv.num_slots)
             hidden = runner.text_model.embed_tokens.embedding_dim
-            decode = _decode_graphs(
-                "thinker", lambda: GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets),
-                runner.text_model.layers)
-            log.info("thinker decode captured for batch sizes %s", sorted(buckets))
-            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype,
-                                     batches=_prefill_batches(runner.kv.num_slots), max_tokens=max_tokens)
-            log.info("thinker prefill captured for (prompts, length, keys) %s", sorted(prefill.buckets))
-            extend = GraphedPrefill(runner.prefill_step, runner.kv, hidden, runner.dtype, lengths=EXTEND_LENGTHS,
-                                    batches=EXTEND_BATCHES, reach=EXTEND_REACH)
-            log.info("thinker extend captured for (prompts, length, keys) %s", sorted(extend.buckets))
-            return StepGraphs(decode=decode, prefill=prefill, extend=extend)
+            tokens = packed_tokens(max_tokens)
+            packed = _compiled("thinker", lambda: GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden,
+                                                                runner.dtype, tokens), runner.text_model.layers)
+            log.info("thinker packed steps captured for %s tokens", sorted(packed.buckets))
+            return StepGraphs(packed=packed)
 
         return _or_eager("thinker", make)
 

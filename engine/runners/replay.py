@@ -31,6 +31,12 @@ class PrefillReplay(Protocol):
                  starts: list[int] | None = None) -> tuple[torch.Tensor, ...]: ...
 
 
+class PackedReplay(Protocol):
+    def __call__(self, embeds: torch.Tensor, pieces: list[Any]) -> tuple[torch.Tensor, ...] | None:
+        """Packed rows [T, H] of these pieces (engine/runners/packed_batch.py); None when no bucket fits."""
+        ...
+
+
 class PredictorReplay(Protocol):
     def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
         ...
@@ -42,7 +48,7 @@ class StepGraphs:
 
     decode: DecodeReplay | None = None
     prefill: PrefillReplay | None = None  # whole prompts
-    extend: PrefillReplay | None = None  # rows after a prefix already in the slot
+    packed: PackedReplay | None = None  # any mix of prompt pieces and next tokens (the Thinker)
     predictor: PredictorReplay | None = None
 
 

@@ -5,6 +5,10 @@ packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Each reply's 
 stays in a slot of the streaming decoder between its chunks, so every chunk decodes only its new
 frames. Chunk boundaries depend only on frame counts, never on timing, so a reply's audio is the
 same however the stages interleave. Async chunk off: one decode when the Talker finishes.
+
+Ready chunks go by playback deadline: first chunks first (a listener waits for them), then the replies
+whose listeners hold the least audio (the playback clock, engine/stages/playback.py, which this stage
+keeps as it emits).
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.api import AudioChunk
+from engine.api import SAMPLE_RATE_HZ, AudioChunk
 from engine.handoff import AudioFinished, CodecFrames, Inbox, Report
 from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, Code2WavConfig
 from engine.runners.code2wav import StreamBatch, StreamingCode2Wav
 from engine.stages.base import Stage
+from engine.stages.playback import PlaybackClock
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,7 @@ class Code2WavStage(Stage):
         decoder: StreamingCode2Wav,
         cfg: Code2WavConfig,
         chunks: ChunkConfig,
+        clock: PlaybackClock,
         inbox: Inbox,
         report: Report,
         metrics: EngineMetrics,
@@ -61,6 +67,7 @@ class Code2WavStage(Stage):
         self.decoder = decoder
         self.cfg = cfg
         self.chunks = chunks
+        self.clock = clock
         self.seqs: dict[str, Code2WavSeq] = {}
         self.free_slots = list(range(decoder.num_slots))[::-1]
 
@@ -73,6 +80,7 @@ class Code2WavStage(Stage):
 
     def release(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)
+        self.clock.finished(request_id)
         if seq is not None and seq.slot is not None:
             self.free_slots.append(seq.slot)
 
@@ -100,7 +108,7 @@ class Code2WavStage(Stage):
 
     def step(self) -> list[str]:
         ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
-        ready.sort(key=lambda item: item[0].slot is None)  # replies already holding a state slot go first
+        ready.sort(key=lambda item: self._deadline(item[0]))
         ready = ready[: self.cfg.max_batch]
         for seq, _ in ready:  # a new reply starts only when a slot is free
             if seq.slot is None and self.free_slots:
@@ -121,6 +129,12 @@ class Code2WavStage(Stage):
             self._emit(seq, max(0, end_sample), np.zeros(0, dtype=np.float32))
         return self.last_batch
 
+    def _deadline(self, seq: Code2WavSeq) -> tuple[bool, float]:
+        """First chunks first, then the least audio held (a reply with no first packet yet holds none)."""
+        if seq.emitted_samples == 0:
+            return (False, 0.0)
+        return (True, self.clock.buffered_s(seq.request_id) or 0.0)
+
     def _decode(self, to_decode: list[tuple[Code2WavSeq, int]]) -> list[torch.Tensor]:
         sizes = [end - s.decoded_frames for s, end in to_decode]
         codes = torch.zeros(len(to_decode), self.decoder.num_quantizers, max(sizes), dtype=torch.long)
@@ -139,6 +153,9 @@ class Code2WavStage(Stage):
     def _emit(self, seq: Code2WavSeq, sample_offset: int, samples: np.ndarray) -> None:
         seq.emitted_samples = sample_offset + len(samples)
         is_last = seq.is_final and seq.decoded_frames == seq.num_frames
+        self.clock.emitted(seq.request_id, seq.emitted_samples / SAMPLE_RATE_HZ)
+        if (least := self.clock.least_buffered_s()) is not None:
+            self.metrics.playback_slack.observe(least)
         self.report(AudioChunk(seq.request_id, samples, sample_offset, is_last))
         if is_last:
             self.release(seq.request_id)

@@ -12,11 +12,13 @@ The rules, each measured on the H200 (docs/performance.md):
   first chunk; once each of them holds the rows that chunk consumes, the others' text waits at a
   lead of one until those frames are made (a batch-64 Talker frame beside a Thinker step takes
   about twice as long).
-* Text keeps up with speech through prefills: speech takes a reply's text at one token per codec
-  frame (80 ms), and a Thinker decode makes one token for each running reply. So while a running
-  reply wants text, a prefill is followed by as many decodes as frames passed from its start to the
-  end of the first decode after it (a group of long prompts takes ~120 ms, 1.5 frames: with one
-  decode between prefills their replies' text fell behind their speech, and most of them stuttered).
+* One step for everybody: every Thinker step carries a row for every running reply beside the prompt
+  pieces it prefills (inside a step that reads every expert anyway, 64 rows cost ~1.5 ms against a
+  13-15 ms step of their own), so prompts never starve the replies that speak. Pieces fill the step's
+  token budget first come first served, so prompts finish one after another, not abreast.
+* The budget follows playback (`StepBudget`): large while every speaking reply's listener holds at
+  least `playback_slack_s` of audio; while one holds less, only as many tokens as measured steps of
+  that size take `tight_step_s`, so no step outlasts what a listener holds.
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
 Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
@@ -27,11 +29,10 @@ replies stuttered: it was taken out (docs/performance.md).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from engine.profile import ChunkConfig, FirstPacketConfig
+from engine.profile import ChunkConfig, FirstPacketConfig, ThinkerConfig
 
 # CUDA stream priority per stage (lower runs first; CUDA offers 0 to -3). A graph replayed on a
 # stream runs at that stream's priority.
@@ -58,11 +59,8 @@ class PacedText(Protocol):
 
 
 class FirstPacketPolicy:
-    """`frame_s`: the speech one text row becomes (one codec frame); 0 when the model does not speak."""
-
-    def __init__(self, cfg: FirstPacketConfig, chunks: ChunkConfig, frame_s: float = 0.0) -> None:
+    def __init__(self, cfg: FirstPacketConfig, chunks: ChunkConfig) -> None:
         self.text_lead = cfg.text_lead
-        self.frame_s = frame_s
         # text rows a reply's first audio chunk consumes: one in the Talker's prefill and one per frame
         # (the step that makes frame k takes row k + 1); 0 when chunks are off (no early first packet)
         self.first_chunk_rows = chunks.initial_chunk_frames + 1 if chunks.enabled else 0
@@ -89,7 +87,47 @@ class FirstPacketPolicy:
                 lead = 1
         return any(t.made - t.spoken < lead for t in texts)
 
-    def decodes_after_prefill(self, cycle_s: float) -> int:
-        """Decodes owed to the running replies before the next prefill, for a prefill that took `cycle_s` with
-        the first decode after it."""
-        return max(1, math.ceil(cycle_s / self.frame_s)) if self.frame_s else 1
+
+# the fewest prompt tokens a step takes while prompts wait, however short the listeners' buffers: a
+# prompt must progress, and below this a step costs its fixed part anyway
+MIN_PIECE_TOKENS = 64
+_SMOOTHING = 0.2  # weight of a new step time in a size's running mean
+
+
+def size_class(tokens: int) -> int:
+    """Steps are timed by the power of two their tokens round up to."""
+    return 1 << max(0, tokens - 1).bit_length()
+
+
+class StepBudget:
+    """Tokens the next Thinker step may carry (prompt pieces and decode rows), from the listeners' buffers
+    and the measured times of steps by size. Owns those measurements."""
+
+    def __init__(self, cfg: ThinkerConfig) -> None:
+        self.max_tokens = cfg.max_step_tokens
+        self.slack_s = cfg.playback_slack_s
+        self.tight_s = cfg.tight_step_s
+        self.times: dict[int, float] = {}  # size class -> running mean of its steps' wall time
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        size = size_class(tokens)
+        before = self.times.get(size)
+        self.times[size] = seconds if before is None else before + _SMOOTHING * (seconds - before)
+
+    def tokens(self, least_buffered_s: float | None) -> int:
+        """`least_buffered_s`: the least audio a speaking reply's listener holds (None: nobody speaks)."""
+        if least_buffered_s is None or least_buffered_s >= self.slack_s:
+            return self.max_tokens
+        # the largest size measured within the bound; one size past it is tried while unmeasured, so the
+        # budget finds its level from any start
+        budget = MIN_PIECE_TOKENS
+        size = size_class(MIN_PIECE_TOKENS)
+        while size <= self.max_tokens:
+            took = self.times.get(size)
+            if took is not None and took > self.tight_s:
+                break
+            budget = size
+            if took is None:
+                break
+            size *= 2
+        return min(budget, self.max_tokens)

@@ -1,8 +1,10 @@
-"""Thinker stage: schedules prefill and batched decode, streams text, feeds the Talker row by row.
+"""Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
 
-Whether a decode step runs now is the first-packet policy's call (engine/stages/policy.py): with
-text pacing the Thinker waits while every reply's text is far enough ahead of its speech, which
-the Talker reports as it consumes rows (`SpeechProgress`).
+A step carries a row for every running reply and the prompt pieces that fit its token budget, first come
+first served (engine/stages/policy.py sizes the budget from what the listeners hold). Whether a step runs
+for the running replies alone is the first-packet policy's call: with text pacing the Thinker waits while
+every reply's text is far enough ahead of its speech, which the Talker reports as it consumes rows
+(`SpeechProgress`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from engine.metrics import EngineMetrics
 from engine.profile import ThinkerConfig
 from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
 from engine.runners.sampler import RowSampling, new_seed, sample
-from engine.runners.thinker import PrefillRow, ThinkerRunner
+from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.stages.base import Stage
-from engine.stages.policy import FirstPacketPolicy
+from engine.stages.playback import PlaybackClock
+from engine.stages.policy import MIN_PIECE_TOKENS, FirstPacketPolicy, StepBudget
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,7 @@ class ThinkerStage(Stage):
         tokenizer: Any,
         eos_ids: set[int],
         policy: FirstPacketPolicy,
+        clock: PlaybackClock,
         inbox: Inbox,
         to_talker: Callable[[Any], None],
         report: Report,
@@ -111,15 +115,13 @@ class ThinkerStage(Stage):
         self.tokenizer = tokenizer
         self.eos_ids = set() if cfg.ignore_eos else eos_ids
         self.policy = policy
+        self.clock = clock
+        self.budget = StepBudget(cfg)
         self.to_talker = to_talker
         self.cache = PrefixCache(runner.kv)
         self.waiting: deque[ThinkerSeq] = deque()
         self.partial: list[ThinkerSeq] = []  # holding a slot, prompt not yet all prefilled
         self.running: dict[str, ThinkerSeq] = {}
-        # decodes the running replies are owed before the next prefill (policy `decodes_after_prefill`), and
-        # when the last prefill began, until the first decode after it has counted them
-        self._owed_decodes = 0
-        self._prefill_started: float | None = None
         self.grammars = Grammars(tokenizer)
 
     def accept(self, item: AdmittedRequest | SpeechProgress) -> None:
@@ -165,44 +167,69 @@ class ThinkerStage(Stage):
         return len(self.running)
 
     def step(self) -> list[str]:
-        # prefill first: a new request's first token matters more than one more token for the others
-        # (and `has_work` said a decode is wanted when this is not so); but while a running reply wants
-        # text, only once its text has kept up with its speech, so a burst of long prompts stalls nobody
-        if self._owed_decodes and self._wants_decode():
-            return self._decode()
-        if self.partial or (self.waiting and self.cache.num_free > 0):
-            return self._prefill(self._take_prefill_group())
-        return self._decode()
+        started = time.perf_counter()
+        replies = list(self.running.values())
+        budget = self.budget.tokens(self.clock.least_buffered_s(started))
+        pieces = self._take_pieces(max(budget - len(replies), MIN_PIECE_TOKENS))
+        if not pieces and not self._wants_decode():
+            return []
+        rows = [self._piece_row(seq, end) for seq, end in pieces]
+        rows += [StepRow(seq.slot, [seq.generated[-1]], seq.position) for seq in replies]
+        self.last_phase = "prefill" if pieces else "decode"
+        self.last_batch = [s.job.request_id for s, _ in pieces] + [s.job.request_id for s in replies]
+        outs = self.runner.step(rows)
+        finishing = []
+        for (seq, end), out in zip(pieces, outs, strict=False):
+            seq.position = end
+            if seq.job.want_audio:
+                seq.embeds.append(out.embeds)
+                seq.hidden.append(out.hidden)
+            if end == seq.prompt_len:
+                finishing.append((seq, out))
+        sampled = finishing + list(zip(replies, outs[len(pieces):], strict=True))
+        if sampled:
+            tokens, embeds = self._sample(torch.stack([o.logits for _, o in sampled]), [s for s, _ in sampled])
+            for i, ((seq, _), token, embed) in enumerate(zip(sampled, tokens, embeds, strict=True)):
+                if i < len(finishing):
+                    self._begin_reply(seq)
+                else:
+                    seq.position += 1
+                self._advance(seq, token, embed)
+        prompt_tokens = sum(len(r.token_ids) for r in rows) - len(replies)
+        self.budget.observe(prompt_tokens + len(replies), time.perf_counter() - started)
+        self.metrics.step_tokens.labels("prompt").observe(prompt_tokens)
+        self.metrics.step_tokens.labels("decode").observe(len(replies))
+        return self.last_batch
 
-    def _piece_end(self, seq: ThinkerSeq) -> int:
-        """Where the next prefill piece of `seq` ends: at most `prefill_chunk` on, never inside a clip."""
-        end = min(seq.prompt_len, seq.position + self.cfg.prefill_chunk)
+    def _piece_end(self, seq: ThinkerSeq, room: int) -> int:
+        """Where the next piece of `seq` ends with `room` tokens left in the step: never inside a clip (a clip
+        that starts the piece goes whole, whatever the room)."""
+        end = min(seq.prompt_len, seq.position + room)
         for a, b in seq.clips:
             if a < end < b:
                 end = a if a > seq.position else b
         return end
 
-    def _take_prefill_group(self) -> list[ThinkerSeq]:
-        """Prompts for one prefill forward, pieces under way first: as many as fit the free slots and the
-        token budget (a waiting prompt is measured whole, before a cached prefix shortens it)."""
-        group: list[ThinkerSeq] = []
-        longest = 0
-        while True:
-            if len(group) < len(self.partial):
-                seq = self.partial[len(group)]
+    def _take_pieces(self, room: int) -> list[tuple[ThinkerSeq, int]]:
+        """Prompt pieces for one step, first come first served: the prompts under way in the order they came,
+        then waiting ones while slots are free, until the step's `room` is used."""
+        pieces: list[tuple[ThinkerSeq, int]] = []
+        while room > 0:
+            if len(pieces) < len(self.partial):
+                seq = self.partial[len(pieces)]
             elif self.waiting and self.cache.num_free > 0:
-                seq = self.waiting[0]
+                seq = self._start(self.waiting.popleft())
+                self.partial.append(seq)
             else:
                 break
-            width = self._piece_end(seq) - seq.position
-            # large enough to batch a burst of arrivals, small enough not to stall everyone's decode
-            if group and max(longest, width) * (len(group) + 1) > self.cfg.prefill_token_budget:
-                break
-            if seq.slot < 0:
-                self.partial.append(self._start(self.waiting.popleft()))
-            group.append(seq)
-            longest = max(longest, width)
-        return group
+            end = self._piece_end(seq, room)
+            pieces.append((seq, end))
+            room -= end - seq.position
+        return pieces
+
+    def _piece_row(self, seq: ThinkerSeq, end: int) -> StepRow:
+        clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
+        return StepRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips)
 
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
         """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
@@ -220,54 +247,15 @@ class ThinkerStage(Stage):
                 seq.hidden.append(reuse.hidden.new_zeros(reply, reuse.hidden.shape[-1]))
         return seq
 
-    def _prefill(self, seqs: list[ThinkerSeq]) -> list[str]:
-        self._prefill_started, self._owed_decodes = time.perf_counter(), 1
-        self.last_phase = "prefill"
-        self.last_batch = [s.job.request_id for s in seqs]
-        ends = [self._piece_end(s) for s in seqs]
-        rows = []
-        for seq, end in zip(seqs, ends, strict=True):
-            clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
-            rows.append(PrefillRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips))
-        want_hidden = any(s.job.want_audio for s in seqs)
-        outs = self.runner.prefill(rows, want_hidden=want_hidden)
-        done = [(seq, out) for seq, out, end in zip(seqs, outs, ends, strict=True) if end == seq.prompt_len]
-        for seq, out, end in zip(seqs, outs, ends, strict=True):
-            seq.position = end
-            if seq.job.want_audio:
-                assert out.hidden is not None
-                seq.embeds.append(out.embeds)
-                seq.hidden.append(out.hidden)
-        if not done:
-            return self.last_batch
-        tokens, embeds = self._sample(torch.stack([o.logits for _, o in done]), [s for s, _ in done])
-        for (seq, _), token, embed in zip(done, tokens, embeds, strict=True):
-            job = seq.job
-            self.partial.remove(seq)
-            self.running[job.request_id] = seq
-            if job.want_audio:
-                if len(seq.embeds) > 1:
-                    seq.embeds, seq.hidden = [torch.cat(seq.embeds)], [torch.cat(seq.hidden)]
-                self.to_talker(
-                    ThinkerPrompt(job.request_id, job.token_ids, seq.embeds[0], seq.hidden[0], job.speaker, job.seed)
-                )
-            self._advance(seq, token, embed)
-        return self.last_batch
-
-    def _decode(self) -> list[str]:
-        self.last_phase = "decode"
-        seqs = list(self.running.values())
-        self.last_batch = [s.job.request_id for s in seqs]
-        logits = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], [s.generated[-1] for s in seqs])
-        tokens, embeds = self._sample(logits, seqs)  # the host waits for the GPU here: the cycle is over
-        if self._prefill_started is not None:
-            self._owed_decodes = self.policy.decodes_after_prefill(time.perf_counter() - self._prefill_started)
-            self._prefill_started = None
-        self._owed_decodes = max(0, self._owed_decodes - 1)
-        for seq, token, embed in zip(seqs, tokens, embeds, strict=True):
-            seq.position += 1
-            self._advance(seq, token, embed)
-        return self.last_batch
+    def _begin_reply(self, seq: ThinkerSeq) -> None:
+        """Its prompt is all in the cache: it runs from now on, and its Talker gets the prompt's rows."""
+        job = seq.job
+        self.partial.remove(seq)
+        self.running[job.request_id] = seq
+        if job.want_audio:
+            if len(seq.embeds) > 1:
+                seq.embeds, seq.hidden = [torch.cat(seq.embeds)], [torch.cat(seq.hidden)]
+            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, seq.embeds[0], seq.hidden[0], job.speaker, job.seed))
 
     def _sample(self, logits: torch.Tensor, seqs: list[ThinkerSeq]) -> tuple[list[int], list[torch.Tensor | None]]:
         """The batch's next tokens and, for the Talker, their embeddings: one lookup for the batch,

@@ -1,5 +1,6 @@
-"""Graphed == eager: the code predictor, decode steps (with and without compiled layers) and prefills,
-for the same inputs and seeds (the GPU lane; skipped without CUDA)."""
+"""Graphed == eager: the code predictor, the Thinker's packed steps and the Talker's decode steps (with and
+without compiled layers), the Talker's prefills, for the same inputs and seeds (the GPU lane; skipped
+without CUDA)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from engine.runners.replay import EAGER, StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors
 from engine.runners.talker import TalkerRunner
-from engine.runners.thinker import PrefillRow
+from engine.runners.thinker import StepRow
 from engine.weights.checkpoint import load_stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -42,89 +43,89 @@ def test_graphed_code_predictor_equals_eager(tiny_checkpoint: Path) -> None:
                        RowTensors.of([rows[0]] * 9, "cuda")) is None  # larger than every bucket: eager
 
 
-@pytest.mark.parametrize(("kernels", "compiled"), [(False, False), (True, False), (True, True)],
-                         ids=["sdpa-grouped-mm", "triton-kernels", "triton-kernels-compiled-layers"])
-def test_graphed_decode_steps_equal_eager(tiny_checkpoint: Path, kernels: bool, compiled: bool) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["layers", "compiled-layers"])
+def test_graphed_packed_steps_equal_eager(tiny_checkpoint: Path, compiled: bool) -> None:
+    """Decode rows alone, prompts beside decode rows, a prompt's later piece: each replayed from its token
+    bucket equals the eager step; a bucket's spare tokens write only the scratch slot."""
     import contextlib
 
-    from engine.accel.cuda_graphs import GraphedDecode, compiled_layers
+    from engine.accel import fused_moe
+    from engine.accel.cuda_graphs import GraphedPacked, compiled_layers
+    from engine.accel.packed_attention import KernelAttention
+    from engine.runners.packed_batch import Piece
     from engine.runners.thinker import ThinkerRunner
 
     # bf16 as deployed: transformers' float32 grouped_mm path copies from the host, which a graph cannot hold
     loaded = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
     with torch.inference_mode():
-        runner = ThinkerRunner(loaded.model, loaded.config, max_batch=4, max_len=64)
-        if kernels:
-            from engine.accel import fused_moe, slot_attention
-
-            fused_moe.enable(loaded.model)
-            slot_attention.enable(runner.text_model)
-            runner.kv.decode_kernel = True
+        fused_moe.enable(loaded.model)
+        runner = ThinkerRunner(loaded.model, loaded.config, max_batch=8, max_len=128, attention=KernelAttention())
         hidden = runner.text_model.embed_tokens.embedding_dim
         with compiled_layers(runner.text_model.layers) if compiled else contextlib.nullcontext():
-            graphed = GraphedDecode(runner.decode_step, runner.kv, hidden, runner.dtype, buckets=(1, 2, 4))
-        prompts = {0: [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198], 2: [151644, 872, 198, 151644, 77091, 198]}
-        runner.prefill([PrefillRow(slot, ids) for slot, ids in prompts.items()], want_hidden=False)
-        slots, positions, tokens = [0, 2], [len(prompts[0]), len(prompts[2])], [1000, 2000]
-        embeds = runner.text_model.embed_tokens(torch.tensor(tokens, device="cuda")).unsqueeze(1)
-        eager = runner.decode_step(embeds, runner.kv.batch(slots, positions, 1))[0]
-        out = graphed(embeds, slots, positions)
-        assert out is not None and out[0].shape == eager.shape
-        # the graph attends over the whole (masked) cache, eager over the written part: bf16 rounding only
-        assert (out[0].float() - eager.float()).norm() / eager.float().norm() < 2e-2
-        assert torch.equal(out[0].argmax(-1), eager.argmax(-1))
-        # the padding row of a 3-row batch in the 4 bucket wrote only to the scratch slot
-        before = runner.kv.keys[0][1].clone()
-        graphed(torch.cat([embeds, embeds[:1]]), [0, 2, 3], positions + [0])
-        assert torch.equal(runner.kv.keys[0][1], before)
+            graphed = GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden, runner.dtype,
+                                    tokens=(1, 4, 16, 64))
+        ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
+        steps = [
+            [StepRow(0, ids), StepRow(1, ids[:9])],  # 23 tokens: the 64 bucket
+            [StepRow(0, [1000], 14), StepRow(1, [2000], 9)],  # two decode rows: the 4 bucket
+            [StepRow(2, ids[:5]), StepRow(0, [7], 15), StepRow(1, [8], 10)],  # a piece beside decode rows: 16
+            [StepRow(2, ids[5:], 5), StepRow(0, [9], 16)],  # its later piece: 16
+        ]
+        eager = [runner.step(rows) for rows in steps]
+        eager_keys = runner.kv.keys[0][:3].clone()
+        runner.kv.keys[0].zero_()
+        runner.graphs = StepGraphs(packed=graphed)
+        moved = {0: 3, 1: 4, 2: 5}  # the same steps in other slots
+        replayed = [runner.step([StepRow(moved[r.slot], r.token_ids, r.start, r.audio) for r in rows]) for rows in steps]
+        for got_step, want_step in zip(replayed, eager, strict=True):
+            for got, want in zip(got_step, want_step, strict=True):
+                assert torch.equal(got.embeds, want.embeds)
+                assert rel(got.logits, want.logits) < 2e-2 and rel(got.hidden, want.hidden) < 2e-2
+                assert torch.equal(got.logits.argmax(), want.logits.argmax())
+        for slot in range(3):
+            assert rel(runner.kv.keys[0][moved[slot], :, :17], eager_keys[slot, :, :17]) < 2e-2
+        assert not runner.kv.keys[0][[0, 1, 2, 6, 7]].any()  # spare tokens went to the scratch slot alone
+        assert runner.kv.keys[0][runner.kv.scratch_slot].any()
+        assert graphed(torch.zeros(65, hidden, device="cuda", dtype=runner.dtype), [Piece(6, 0, 65)]) is None
 
 
-def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
-    from engine.accel import fused_moe
-    from engine.accel.cuda_graphs import GraphedPrefill
-    from engine.runners.thinker import ThinkerRunner
+@pytest.mark.parametrize("compiled", [False, True], ids=["layers", "compiled-layers"])
+def test_graphed_talker_decode_steps_equal_eager(tiny_checkpoint: Path, compiled: bool) -> None:
+    import contextlib
 
-    thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
+    from engine.accel import fused_moe, slot_attention
+    from engine.accel.cuda_graphs import GraphedDecode, compiled_layers
+
     talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")
     with torch.inference_mode():
-        fused_moe.enable(thinker.model)  # capturable in any dtype
         fused_moe.enable(talker.model)
-        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=8, max_len=128)
-        ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
-        group = [ids, ids[:9], ids[3:]]
-        eager = runner.prefill([PrefillRow(s, ids) for s, ids in zip((0, 2, 4), group, strict=True)], want_hidden=True)
-        eager_keys = runner.kv.keys[0][[0, 2, 4], :, :14].clone()
-        hidden_size = runner.text_model.embed_tokens.embedding_dim
-        # (4, 16) holds the group with one padding prompt; (2, 16) alone would split it in two runs;
-        # (3, 16), a fine bucket, holds it exactly
-        for batches in ((1, 2, 4), (1, 2), (1, 2, 3)):
-            runner.kv.keys[0].zero_()
-            prefill = GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
-                                     lengths=(16, 64), batches=batches, max_tokens=64)
-            runner.graphs = StepGraphs(prefill=prefill)
-            assert (4, 64, 64) not in prefill.buckets  # over max_tokens
-            graphed_outs = runner.prefill([PrefillRow(s, ids) for s, ids in zip((1, 3, 5), group, strict=True)], want_hidden=True)
-            for graphed, expected in zip(graphed_outs, eager, strict=True):
-                assert torch.equal(graphed.embeds, expected.embeds)
-                assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
-            for real, n in zip((1, 3, 5), map(len, group), strict=True):
-                assert rel(runner.kv.keys[0][real, :, :n], eager_keys[(real - 1) // 2, :, :n]) < 2e-2
-            # the padding prompt wrote only the scratch slot
-            assert not runner.kv.keys[0][[0, 2, 4, 6, 7]].any()
-        single = runner.prefill([PrefillRow(6, ids)], want_hidden=True)[0]  # replayed from the (1, 16) bucket
-        assert rel(single.logits, eager[0].logits) < 2e-2
-        assert runner.prefill([PrefillRow(2, ids * 5)], want_hidden=False)[0].logits.shape == eager[0].logits.shape  # eager
+        slot_attention.enable(talker.model.model)
+        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64,
+                            decode_kernel=True)
+        width = talk.codec_embedding.embedding_dim
+        with compiled_layers(talk.talker.model.layers) if compiled else contextlib.nullcontext():
+            graphed = GraphedDecode(talk.decode_step, talk.kv, width, talk.dtype, buckets=(1, 2, 4))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        talk.prefill([0, 2], [torch.randn(n, width, device="cuda", dtype=talk.dtype, generator=gen) for n in (6, 9)])
+        inputs = torch.randn(2, width, device="cuda", dtype=talk.dtype, generator=gen)
+        eager = talk.decode([0, 2], [6, 9], inputs)
+        out = graphed(inputs[:, None], [0, 2], [6, 9])
+        assert out is not None
+        # the graph attends over the whole (masked) cache, eager over the written part: bf16 rounding only
+        assert rel(out[0], eager[0]) < 2e-2 and torch.equal(out[0].argmax(-1), eager[0].argmax(-1))
+        # the padding row of a 3-row batch in the 4 bucket wrote only to the scratch slot
+        before = talk.kv.keys[0][1].clone()
+        graphed(torch.cat([inputs, inputs[:1]])[:, None], [0, 2, 3], [6, 9, 0])
+        assert torch.equal(talk.kv.keys[0][1], before)
 
-        # one prompt a replay at 64 rows: the short prompts' runs replay the 16-row bucket, their rows padded to 42
-        mixed = [ids * 3, ids, ids[:9]]
-        runner.graphs = EAGER
-        expected_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((0, 2, 4), mixed, strict=True)], want_hidden=True)
-        runner.graphs = StepGraphs(prefill=GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
-                                                          lengths=(16, 64), batches=(1, 2), max_tokens=64))
-        mixed_outs = runner.prefill([PrefillRow(s, p) for s, p in zip((1, 3, 5), mixed, strict=True)], want_hidden=True)
-        for graphed, expected in zip(mixed_outs, expected_outs, strict=True):
-            assert rel(graphed.logits, expected.logits) < 2e-2 and rel(graphed.hidden, expected.hidden) < 2e-2
 
+def test_graphed_talker_prefills_equal_eager(tiny_checkpoint: Path) -> None:
+    from engine.accel import fused_moe
+    from engine.accel.cuda_graphs import GraphedPrefill
+
+    talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")
+    with torch.inference_mode():
+        fused_moe.enable(talker.model)  # capturable in any dtype
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
         prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
         logits, hidden = talk.prefill([0, 2], prompts)
@@ -146,34 +147,6 @@ def test_graphed_prefills_equal_eager(tiny_checkpoint: Path) -> None:
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
-
-
-def test_graphed_extends_equal_eager(tiny_checkpoint: Path) -> None:
-    """Rows after a prefix already in the slot (a conversation's next turn, a long prompt's later pieces),
-    replayed from extend graphs, equal the eager extend and the whole prefill."""
-    from engine.accel import fused_moe
-    from engine.accel.cuda_graphs import GraphedPrefill
-    from engine.runners.thinker import ThinkerRunner
-
-    thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
-    with torch.inference_mode():
-        fused_moe.enable(thinker.model)
-        runner = ThinkerRunner(thinker.model, thinker.config, max_batch=8, max_len=256)
-        ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198] * 5
-        cuts = (30, 47)
-        whole = runner.prefill([PrefillRow(s, ids) for s in (0, 1)], want_hidden=True)
-        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((2, 3), cuts, strict=True)], want_hidden=True)
-        eager = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((2, 3), cuts, strict=True)], want_hidden=True)
-        hidden_size = runner.text_model.embed_tokens.embedding_dim
-        runner.graphs = StepGraphs(extend=GraphedPrefill(runner.prefill_step, runner.kv, hidden_size, runner.dtype,
-                                                         lengths=(32, 64), batches=(1, 2), reach=(128, 256)))
-        runner.prefill([PrefillRow(s, ids[:cut]) for s, cut in zip((4, 5), cuts, strict=True)], want_hidden=True)
-        graphed = runner.prefill([PrefillRow(s, ids[cut:], cut) for s, cut in zip((4, 5), cuts, strict=True)], want_hidden=True)
-        for g, e, w, cut in zip(graphed, eager, whole, cuts, strict=True):
-            assert rel(g.logits, e.logits) < 2e-2 and rel(g.hidden, e.hidden) < 2e-2
-            assert rel(g.logits, w.logits) < 2e-2 and rel(g.hidden, w.hidden[cut:]) < 2e-2
-        n = len(ids)
-        assert rel(runner.decode([4, 5], [n, n], [7, 9]), runner.decode([0, 1], [n, n], [7, 9])) < 2e-2
 
 
 def test_graphed_audio_tower_equals_transformers(tiny_checkpoint: Path) -> None:

@@ -1,5 +1,5 @@
-"""Decoder layers through torch.compile (`compile_decode`, engine/accel/cuda_graphs.py) == eager layers,
-in their CPU form: the same decode step, compiled by inductor for the CPU."""
+"""Decoder layers through torch.compile (`compiled_layers`, engine/accel/cuda_graphs.py) == eager layers,
+in their CPU form: the same Thinker step and Talker decode step, compiled by inductor for the CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 
 from engine.accel.cuda_graphs import compiled_layers
 from engine.runners.talker import TalkerRunner
-from engine.runners.thinker import PrefillRow, ThinkerRunner
+from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.weights.checkpoint import load_stage
 
 PROMPT = [151644, 872, 198, 9707, 11, 1246, 525]
@@ -21,14 +21,15 @@ def test_compiled_thinker_and_talker_layers_decode_as_eager(tiny_checkpoint: Pat
     talker = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
     with torch.inference_mode():
         runner = ThinkerRunner(thinker.model, thinker.config, max_batch=4, max_len=64)
-        runner.prefill([PrefillRow(s, ids) for s, ids in enumerate((PROMPT, PROMPT[:5], PROMPT[2:]))], want_hidden=False)
-        slots, positions, tokens = [0, 1, 2], [7, 5, 5], [1000, 2000, 3000]
-        eager = runner.decode(slots, positions, tokens)
+        runner.step([StepRow(s, ids) for s, ids in enumerate((PROMPT, PROMPT[:5], PROMPT[2:]))])
+        rows = [StepRow(0, [1000], 7), StepRow(1, [2000], 5), StepRow(2, [3000], 5), StepRow(3, PROMPT)]
+        eager = [out.logits for out in runner.step(rows)]
         layers = runner.text_model.layers
         graphs_before = counters["stats"]["unique_graphs"]
         with compiled_layers(layers):
-            for n in (3, 2, 1):  # batch 1 and any larger batch: two compilations, shared by every layer
-                assert torch.allclose(runner.decode(slots[:n], positions[:n], tokens[:n]), eager[:n], atol=1e-4)
+            for n in (4, 3, 1):  # one token and more: two compilations, shared by every layer
+                compiled = [out.logits for out in runner.step(rows[:n])]
+                assert all(torch.allclose(c, e, atol=1e-4) for c, e in zip(compiled, eager, strict=False))
         # a few regions (the cache write between them), each for batch 1 and larger: not one set per layer
         assert counters["stats"]["unique_graphs"] - graphs_before < 4 * len(layers)
         assert all("forward" not in vars(layer) for layer in layers)  # the class's own forward again

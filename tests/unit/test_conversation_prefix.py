@@ -4,6 +4,7 @@ pieces replies as one prefilled whole; a steady run does no cold work."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -99,22 +100,43 @@ async def test_kept_prefixes_give_way_to_new_requests(cache_dir: Path) -> None:
 
 
 async def test_a_long_prompt_in_pieces_replies_as_one_prefill(cache_dir: Path) -> None:
-    pieces, whole = _engine(cache_dir, prefill_chunk=16), _engine(cache_dir)
+    pieces, whole = _engine(cache_dir, max_step_tokens=80), _engine(cache_dir)
     await pieces.start()
     await whole.start()
     try:
-        long = (Message("user", (AudioPart(_tone(1.5, 0.04)), TextPart("tell me a story " * 12))),)
+        long = (Message("user", (AudioPart(_tone(1.5, 0.04)), TextPart("tell me a story " * 40))),)
         # a reply running beside it keeps decoding between the pieces
         short = Message("user", (TextPart("hi"),))
         expected = await _ask(whole, "long", *long, max_tokens=8)
         running = await _ask(pieces, "short", short, audio=False, max_tokens=2)
         got = await _ask(pieces, "long", *long, max_tokens=8)
         assert running.finished.timings.completion_tokens == 2
-        assert got.finished.timings.prompt_tokens > 64  # several pieces of 16
+        assert got.finished.timings.prompt_tokens > 160  # several pieces of at most 80
         assert got.tokens == expected.tokens and np.allclose(got.audio, expected.audio, atol=1e-3)
     finally:
         await pieces.stop()
         await whole.stop()
+
+
+async def test_a_prompt_whose_last_piece_ends_at_the_context_end_replies(cache_dir: Path) -> None:
+    """Prompts whose last piece starts within one piece of `max_model_len`, beside a running reply: no piece
+    writes past its slot (right-padded groups once did, and failed the step), and each reply ends at the
+    context's end."""
+    engine = _engine(cache_dir, max_model_len=256, max_step_tokens=80)
+    await engine.start()
+    try:
+        running = asyncio.ensure_future(_ask(engine, "short", Message("user", (TextPart("hi"),)), audio=False,
+                                             max_tokens=40))
+        replies = await asyncio.gather(*(
+            _ask(engine, f"long{n}", Message("user", (TextPart("word " * n),)), audio=False, max_tokens=4)
+            for n in (230, 236, 243)))
+        assert (await running).finished.timings.completion_tokens == 40
+        for reply in replies:
+            timings = reply.finished.timings
+            assert reply.finished.finish_reason == "length" and timings.completion_tokens == 4
+        assert max(r.finished.timings.prompt_tokens for r in replies) == 252
+    finally:
+        await engine.stop()
 
 
 async def test_a_steady_run_does_no_cold_work_and_a_compile_after_ready_is_counted(cache_dir: Path) -> None:

@@ -14,7 +14,7 @@ from engine import AudioPart, Message, TextPart
 from engine.prompt import PromptBuilder
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
-from engine.runners.thinker import PrefillRow, ThinkerRunner
+from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.stages.thinker import clip_spans
 from engine.weights.checkpoint import load_stage
 
@@ -43,19 +43,19 @@ def test_rows_after_a_prefix_equal_a_whole_prefill(thinker: tuple[ThinkerRunner,
     assert len(clips) == 2
     cut = clips[1][0] - 3  # the second clip and what follows are new
     with torch.inference_mode():
-        whole = runner.prefill([PrefillRow(0, ids, audio=tuple(prompt.audio_features))], True)[0]
-        first = runner.prefill([PrefillRow(1, ids[:cut], audio=(prompt.audio_features[0],))], True)[0]
+        whole = runner.step([StepRow(0, ids, audio=tuple(prompt.audio_features))])[0]
+        first = runner.step([StepRow(1, ids[:cut], audio=(prompt.audio_features[0],))])[0]
         # the rest in two pieces, batched with an unrelated whole prompt
         other = builder.build((Message("user", (TextPart("something else entirely"),)),)).token_ids
         middle = clips[1][1] + 2
-        rest = runner.prefill([PrefillRow(2, other), PrefillRow(1, ids[cut:middle], cut, (prompt.audio_features[1],))],
-                              True)[1]
-        last = runner.prefill([PrefillRow(1, ids[middle:], middle)], True)[0]
+        rest = runner.step([StepRow(2, other), StepRow(1, ids[cut:middle], cut, (prompt.audio_features[1],))])[1]
+        last = runner.step([StepRow(1, ids[middle:], middle)])[0]
         assert torch.allclose(torch.cat([first.hidden, rest.hidden, last.hidden]), whole.hidden, atol=1e-4)
         assert torch.allclose(torch.cat([first.embeds, rest.embeds, last.embeds]), whole.embeds, atol=1e-5)
         assert torch.allclose(last.logits, whole.logits, atol=1e-4)
         n = len(ids)
-        assert torch.allclose(runner.decode([0], [n], [7]), runner.decode([1], [n], [7]), atol=1e-4)
+        assert torch.allclose(runner.step([StepRow(0, [7], n)])[0].logits, runner.step([StepRow(1, [7], n)])[0].logits,
+                              atol=1e-4)
 
 
 def test_audio_tower_batched_and_padded_equals_transformers_clip_by_clip(

@@ -8,11 +8,9 @@ moves when the Thinker's steps happen, never what they compute.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 import numpy as np
-import pytest
 
 from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextDelta, TextPart, create_engine
 from engine.profile import ChunkConfig, FirstPacketConfig, load_profile
@@ -37,14 +35,14 @@ async def _reply(engine, rid: str, audio: bool, max_tokens: int) -> tuple[str, n
 class Run:
     text: str
     samples: np.ndarray
-    leads: list[list[int]]  # per Thinker decode, each speaking reply's tokens ahead of its speech
-    seen: list[list[tuple[int, int]]]  # per Thinker decode, each speaking reply's (text tokens, rows spoken)
+    leads: list[list[int]]  # per Thinker step for the running replies alone, each speaking reply's tokens ahead of its speech
+    seen: list[list[tuple[int, int]]]  # per such step, each speaking reply's (text tokens, rows spoken)
     paused: int  # loop turns with replies running and no Thinker work
 
 
 def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, max_tokens: int = 12,
          chunks: bool = True):
-    """One reply, and what the Thinker saw at each of its decodes."""
+    """One reply, and what the Thinker saw at each step it took for the running replies alone."""
     profile = load_profile(model="tiny", platform="cpu", stage_overrides={"talker": talker or {}},
                            overrides={"first_packet": {"text_lead": lead}, "async_chunk": {"enabled": chunks}})
     engine = create_engine("tiny", profile, cache_dir)
@@ -52,12 +50,13 @@ def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, m
     leads: list[list[int]] = []
     seen: list[list[tuple[int, int]]] = []
     paused = 0
-    decode, has_work = thinker._decode, thinker.has_work
+    step, has_work = thinker.step, thinker.has_work
 
-    def watched_decode():
-        leads.append([len(s.generated) - s.spoken for s in thinker.running.values() if not s.talker_done])
-        seen.append([(len(s.generated), s.spoken) for s in thinker.running.values() if not s.talker_done])
-        return decode()
+    def watched_step():
+        if thinker.running and not thinker.partial and not thinker.waiting:
+            leads.append([len(s.generated) - s.spoken for s in thinker.running.values() if not s.talker_done])
+            seen.append([(len(s.generated), s.spoken) for s in thinker.running.values() if not s.talker_done])
+        return step()
 
     def watched_has_work():
         nonlocal paused
@@ -65,7 +64,7 @@ def _run(cache_dir, lead: int, talker: dict | None = None, audio: bool = True, m
         paused += bool(thinker.running) and not work
         return work
 
-    thinker._decode, thinker.has_work = watched_decode, watched_has_work
+    thinker.step, thinker.has_work = watched_step, watched_has_work
 
     async def go():
         await engine.start()
@@ -138,53 +137,3 @@ def test_no_decode_runs_beside_a_first_chunk_that_has_its_text(cache_dir) -> Non
     np.testing.assert_array_equal(first.samples, unpaced.samples)
     assert any(beside_first_chunk(seen) for seen in no_first_chunk.seen), "the rule would have nothing to do"
     assert first.seen and not any(beside_first_chunk(seen) for seen in first.seen), first.seen
-
-
-def test_a_long_prefill_is_followed_by_a_frame_of_text_per_frame_it_took() -> None:
-    """Speech takes one text token per codec frame: a prefill cycle of 0.13 s owes two decodes at 80 ms
-    frames, a short one the one decode between prefills it always had, and a model that does not speak one."""
-    policy = FirstPacketPolicy(FirstPacketConfig(text_lead=5), ChunkConfig(), frame_s=0.08)
-    assert policy.decodes_after_prefill(0.030) == 1
-    assert policy.decodes_after_prefill(0.133) == 2
-    assert policy.decodes_after_prefill(0.400) == 5
-    assert FirstPacketPolicy(FirstPacketConfig(), ChunkConfig()).decodes_after_prefill(0.4) == 1
-
-
-def test_replies_running_get_the_decodes_a_long_prefill_owes_them(cache_dir) -> None:
-    """The tiny engine, its first prefill made to take 0.25 s (three of its 80 ms frames and more): a second
-    request that arrived meanwhile is prefilled only after the first reply got at least three decodes
-    (one decode between prefills was the rule before), and both replies complete."""
-    profile = load_profile(model="tiny", platform="cpu", overrides={"first_packet": {"text_lead": 0}})
-    engine = create_engine("tiny", profile, cache_dir)
-    thinker = engine.core.core.stages["thinker"]
-    assert thinker.policy.frame_s == pytest.approx(0.08)
-    steps: list[str] = []
-    prefill, decode = thinker._prefill, thinker._decode
-
-    def watched_prefill(seqs):
-        steps.append("prefill")
-        out = prefill(seqs)
-        if len(steps) == 1:
-            time.sleep(0.25)  # a long prefill: its GPU time, as the host waits for it
-        return out
-
-    def watched_decode():
-        steps.append("decode")
-        return decode()
-
-    thinker._prefill, thinker._decode = watched_prefill, watched_decode
-
-    async def both() -> list[tuple[str, np.ndarray]]:
-        await engine.start()
-        try:
-            first = asyncio.ensure_future(_reply(engine, "a", True, 24))
-            while not steps:  # reply a's prefill is under way: b arrives meanwhile
-                await asyncio.sleep(0.001)
-            return list(await asyncio.gather(first, _reply(engine, "b", True, 24)))
-        finally:
-            await engine.stop()
-
-    (text_a, _), (text_b, _) = asyncio.run(both())
-    second = steps.index("prefill", 1)
-    assert second >= 4 and set(steps[1:second]) == {"decode"}, steps[:20]
-    assert text_a and text_b

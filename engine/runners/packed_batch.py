@@ -1,0 +1,191 @@
+"""One packed forward over the slot KV cache: decode rows and prompt pieces as unpadded tokens.
+
+A step is a list of `Piece`s, each one sequence's rows in it: a prompt's next piece, or the one token a
+speaking reply decodes. Their tokens are packed end to end (`[T]` rows, nothing padded between them);
+each token writes its key and value at (its slot, its position) and attends causally over what its slot
+holds (`PackedAttention`: the Triton kernel of engine/accel/packed_attention.py reads the buffers in
+place, `ReferenceAttention` gathers them per sequence). No 4-D mask, no copy of the KV out of the slots,
+and "extend after a cached prefix" is no separate kind: a piece simply starts where its slot ends.
+
+A CUDA graph pads a step to its bucket of tokens and sequences: padding tokens write the cache's scratch
+slot, belong to no sequence and read zeros out of attention; padding sequences have no tokens.
+Every index a step needs lives in one int64 tensor, filled by one copy from the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from engine.runners.kv_cache import SlotKVCache
+
+PACKED_ATTENTION = "vg_packed"
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One sequence's rows in a step: `length` tokens written from `start`, the positions its slot holds."""
+
+    slot: int
+    start: int
+    length: int
+
+
+class PackedAttention(Protocol):
+    """Attention of packed queries over the slots; `block_q`: query tokens per kernel program (the block
+    table's unit), 0 when the implementation needs no block table."""
+
+    block_q: int
+
+    def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
+                 scale: float) -> torch.Tensor:
+        """query [T, Hq, D], keys/values [S, Hkv, L, D] (the cache's whole buffers) -> [T, Hq, D]."""
+        ...
+
+
+def query_blocks(lengths: list[int], block_q: int, num_blocks: int | None = None) -> tuple[list[int], list[int]]:
+    """The kernel's work list: each block of up to `block_q` query tokens of one sequence, as (its sequence's
+    index, its first query's index within the sequence), padded with (-1, 0) to `num_blocks` when given."""
+    seqs, firsts = [], []
+    for n, length in enumerate(lengths):
+        for first in range(0, length, block_q):
+            seqs.append(n)
+            firsts.append(first)
+    if num_blocks is not None:
+        assert len(seqs) <= num_blocks, (len(seqs), num_blocks)
+        pad = num_blocks - len(seqs)
+        seqs, firsts = seqs + [-1] * pad, firsts + [0] * pad
+    return seqs, firsts
+
+
+def num_blocks(tokens: int, seqs: int, block_q: int) -> int:
+    """Blocks that any `seqs` sequences of `tokens` tokens in all can need: each sequence may end one block
+    early."""
+    return 0 if block_q == 0 else -(-tokens // block_q) + seqs
+
+
+class PackedBatch:
+    """The view one forward takes as its cache: per token its slot and position, per sequence its slot,
+    start, first token and length and the index of its last token, the kernel's block table; all views of
+    `meta`. `pieces`: the host's copy (None in a graph's static batch, whose contents change per replay)."""
+
+    def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
+                 meta: torch.Tensor, pieces: list[Piece] | None = None) -> None:
+        self.cache = cache
+        self.attention = attention
+        self.tokens, self.seqs = tokens, seqs
+        self.blocks = num_blocks(tokens, seqs, attention.block_q)
+        self.meta = meta
+        self.pieces = pieces
+        sizes = [tokens, tokens, seqs, seqs, seqs, seqs, seqs, self.blocks, self.blocks]
+        (self.token_slot, self.token_pos, self.seq_slot, self.seq_start, self.seq_q0, self.seq_len, self.last,
+         self.block_seq, self.block_q) = meta.split(sizes)
+
+    @classmethod
+    def static(cls, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int) -> PackedBatch:
+        """A graph's batch: every token in the scratch slot, no sequence (what a capture runs)."""
+        batch = cls(cache, attention, tokens, seqs, torch.zeros(cls.meta_size(tokens, seqs, attention.block_q),
+                                                                dtype=torch.long, device=cache.keys[0].device))
+        batch.meta.copy_(torch.from_numpy(batch.layout([])))
+        return batch
+
+    @classmethod
+    def of(cls, cache: SlotKVCache, attention: PackedAttention, pieces: list[Piece]) -> PackedBatch:
+        """An eager step's batch: exactly these pieces."""
+        tokens = sum(p.length for p in pieces)
+        host = torch.from_numpy(_layout(cache, attention.block_q, tokens, len(pieces), pieces))
+        device = cache.keys[0].device
+        return cls(cache, attention, tokens, len(pieces), host.to(device, non_blocking=True) if device.type == "cuda"
+                   else host, pieces)
+
+    @staticmethod
+    def meta_size(tokens: int, seqs: int, block_q: int) -> int:
+        return 2 * tokens + 5 * seqs + 2 * num_blocks(tokens, seqs, block_q)
+
+    def layout(self, pieces: list[Piece]) -> np.ndarray:
+        """`meta`'s contents for these pieces, padded to this batch's tokens and sequences."""
+        return _layout(self.cache, self.attention.block_q, self.tokens, self.seqs, pieces)
+
+    def rope_positions(self) -> torch.Tensor:
+        """[3, 1, T]: M-RoPE's temporal, height and width rows; text and audio use each token's position in all three."""
+        return self.token_pos.view(1, 1, -1).expand(3, 1, -1)
+
+    # transformers' attention layers call `update`; the rest of the Cache API is unused (no mask is built
+    # for a custom attention function). Never compiled: `layer_idx` picks a Python list item, which would
+    # specialise a compiled decoder layer once per layer.
+    @torch.compiler.disable
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states [1, Hkv, T, D] -> written at each token's (slot, position); the whole buffers back."""
+        keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
+        keys[self.token_slot, :, self.token_pos] = key_states[0].transpose(0, 1)
+        values[self.token_slot, :, self.token_pos] = value_states[0].transpose(0, 1)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class ReferenceAttention:
+    """Each sequence's queries over its slot's keys, gathered, in float32 (the CPU path and the kernel's
+    reference); needs the host's pieces."""
+
+    block_q = 0
+
+    def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
+                 scale: float) -> torch.Tensor:
+        assert batch.pieces is not None, "reference attention runs eagerly"
+        out = torch.zeros_like(query)
+        group = query.shape[1] // keys.shape[1]
+        q0 = 0
+        for piece in batch.pieces:
+            end = piece.start + piece.length
+            q = query[q0 : q0 + piece.length].float().transpose(0, 1)  # [Hq, n, D]
+            k = keys[piece.slot, :, :end].float().repeat_interleave(group, dim=0)  # [Hq, end, D]
+            v = values[piece.slot, :, :end].float().repeat_interleave(group, dim=0)
+            scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, n, end]
+            causal = torch.arange(end)[None, :] > (piece.start + torch.arange(piece.length))[:, None]
+            scores.masked_fill_(causal.to(scores.device), float("-inf"))
+            out[q0 : q0 + piece.length] = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).to(query.dtype)
+            q0 += piece.length
+        return out
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature: query [1, Hq, T, D] -> ([1, T, Hq, D], None)."""
+    batch: PackedBatch = kwargs["packed"]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return batch.attention(query[0].transpose(0, 1), key, value, batch, scale).unsqueeze(0), None
+
+
+def use_packed_attention(model: Any) -> None:
+    """Make a text decoder attend through the packed batch it is given (`packed=`)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)
+    model.config._attn_implementation = PACKED_ATTENTION
+
+
+def _layout(cache: SlotKVCache, block_q: int, tokens: int, seqs: int, pieces: list[Piece]) -> np.ndarray:
+    used = sum(p.length for p in pieces)
+    assert used <= tokens and len(pieces) <= seqs, (used, tokens, len(pieces), seqs)
+    for p in pieces:
+        assert p.start + p.length <= cache.max_len, (p, cache.max_len)
+    lengths = np.array([p.length for p in pieces], dtype=np.int64)
+    q0 = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if pieces else lengths
+    pad_tokens, pad_seqs = tokens - used, seqs - len(pieces)
+    slots = np.array([p.slot for p in pieces], dtype=np.int64)
+    starts = np.array([p.start for p in pieces], dtype=np.int64)
+    token_slot = np.concatenate([np.repeat(slots, lengths), np.full(pad_tokens, cache.scratch_slot)])
+    token_pos = np.concatenate([np.arange(used) - np.repeat(q0 - starts, lengths), np.zeros(pad_tokens)])
+    fill = np.zeros(pad_seqs, dtype=np.int64)
+    seq_slot = np.concatenate([slots, np.full(pad_seqs, cache.scratch_slot)])
+    last = np.concatenate([np.maximum(q0 + lengths - 1, 0), fill])
+    parts = [token_slot, token_pos, seq_slot, np.concatenate([starts, fill]), np.concatenate([q0, fill]),
+             np.concatenate([lengths, fill]), last]
+    if block_q:
+        block_seq, block_first = query_blocks(lengths.tolist(), block_q, num_blocks(tokens, seqs, block_q))
+        parts += [np.asarray(block_seq), np.asarray(block_first)]
+    return np.concatenate(parts).astype(np.int64)

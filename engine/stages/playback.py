@@ -1,0 +1,55 @@
+"""The playback clock: how much audio each speaking reply's listener holds, so that no step outlasts it.
+
+A listener plays a reply from its first audio packet on, in real time. Code2Wav tells the clock what it
+has emitted; what a listener holds at `now` is then the audio emitted minus the time since that first
+packet. The Thinker reads the least of it to size its next step (engine/stages/policy.py), and Code2Wav
+decodes the least buffered replies first. Shared by the stages' threads, so every access takes a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Reply:
+    first_packet: float  # perf_counter() when its first audio was emitted
+    emitted_s: float  # audio emitted so far
+
+
+class PlaybackClock:
+    """Owns each speaking reply's first-packet time and emitted audio, from its first packet to its last."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._replies: dict[str, _Reply] = {}
+
+    def emitted(self, request_id: str, audio_s: float, now: float | None = None) -> None:
+        """`audio_s`: all the audio the reply has emitted so far."""
+        with self._lock:
+            if (reply := self._replies.get(request_id)) is None:
+                self._replies[request_id] = _Reply(time.perf_counter() if now is None else now, audio_s)
+            else:
+                reply.emitted_s = audio_s
+
+    def finished(self, request_id: str) -> None:
+        """Its last packet was emitted, or it was aborted: nobody waits for more of it."""
+        with self._lock:
+            self._replies.pop(request_id, None)
+
+    def buffered_s(self, request_id: str, now: float | None = None) -> float | None:
+        """Audio its listener holds now; None before its first packet."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            reply = self._replies.get(request_id)
+            return None if reply is None else reply.first_packet + reply.emitted_s - now
+
+    def least_buffered_s(self, now: float | None = None) -> float | None:
+        """The least audio any speaking reply's listener holds now; None when no reply speaks."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            if not self._replies:
+                return None
+            return min(r.first_packet + r.emitted_s for r in self._replies.values()) - now
