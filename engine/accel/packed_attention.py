@@ -21,6 +21,7 @@ of `kernels: reference`. `KernelAttention` hands a runner's `PackedBatch` to the
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -84,12 +85,31 @@ def packed_attention_reference(
 if triton is not None:
 
     @triton.jit
+    def _key_block(q, k_base, v_base, key_start, end, position, m, total, acc, dims, stride_kl, stride_vl,
+                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SCALE: tl.constexpr):
+        """One block of keys into the online softmax: (m, total, acc) -> the same after keys key_start.."""
+        pos = key_start + tl.arange(0, BLOCK_N)
+        inside = pos < end
+        k = tl.load(k_base + pos[:, None] * stride_kl + dims[None, :], mask=inside[:, None], other=0.0)
+        v = tl.load(v_base + pos[:, None] * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
+        # scores in log2 units: exp2 is the hardware's instruction, exp costs a multiply more
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (SCALE * 1.4426950408889634)
+        # every row sees key 0, so m is finite after the first block and no row computes -inf - -inf
+        scores = tl.where(pos[None, :] <= position[:, None], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        total = total * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, total, acc
+
+    @triton.jit
     def _packed_kernel(
         Q, K, V, Out, SeqSlot, SeqStart, SeqQ0, SeqLen, BlockSeq, BlockQ,
         stride_qt, stride_qh, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl,
         stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SCALE: tl.constexpr,
+        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SCALE: tl.constexpr, PIPELINED: tl.constexpr,
     ):
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -117,23 +137,18 @@ if triton is not None:
         total = tl.zeros((BLOCK_Q * GROUP_PAD,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), dtype=tl.float32)
         end = start + tl.minimum(first + BLOCK_Q, length)  # keys past the block's last query never matter
-        key_start = 0
-        while key_start < end:  # a while loop, not range(): Triton's CPU interpreter cannot range over a loaded value
-            pos = key_start + tl.arange(0, BLOCK_N)
-            inside = pos < end
-            k = tl.load(k_base + pos[:, None] * stride_kl + dims[None, :], mask=inside[:, None], other=0.0)
-            v = tl.load(v_base + pos[:, None] * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
-            # scores in log2 units: exp2 is the hardware's instruction, exp costs a multiply more
-            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (SCALE * 1.4426950408889634)
-            # every row sees key 0, so m is finite after the first block and no row computes -inf - -inf
-            scores = tl.where(pos[None, :] <= position[:, None], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            p = tl.exp2(scores - m_new[:, None])
-            alpha = tl.exp2(m - m_new)
-            total = total * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m = m_new
-            key_start += BLOCK_N
+        if PIPELINED:
+            # a for loop over a runtime bound is what the compiler software-pipelines (the next keys load
+            # while this block computes); on an H200 it ran 1.3-1.6x faster than the while loop below
+            for key_start in range(0, end, BLOCK_N):
+                m, total, acc = _key_block(q, k_base, v_base, key_start, end, position, m, total, acc, dims,
+                                           stride_kl, stride_vl, BLOCK_N, PRECISION, SCALE)
+        else:
+            key_start = 0
+            while key_start < end:  # Triton's CPU interpreter cannot range over a loaded value
+                m, total, acc = _key_block(q, k_base, v_base, key_start, end, position, m, total, acc, dims,
+                                           stride_kl, stride_vl, BLOCK_N, PRECISION, SCALE)
+                key_start += BLOCK_N
         out = acc / total[:, None]
         tl.store(Out + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  out.to(Out.dtype.element_ty), mask=real[:, None])
@@ -166,9 +181,10 @@ def packed_attention(
             values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=BLOCK_Q, HEAD_DIM=head_dim, BLOCK_N=block_n,
             # a constant, not an argument: torch.compile would pass a Python float as float64
-            PRECISION=dot_precision(query.dtype), SCALE=scale,
-            # a 128-row tile with 128-wide heads holds a 64 KiB float32 accumulator: spread it over 8 warps
-            num_warps=8 if rows * head_dim >= 128 * 128 else 4,
+            PRECISION=dot_precision(query.dtype), SCALE=scale, PIPELINED=os.environ.get("TRITON_INTERPRET") != "1",
+            # on an H200 with Hq 32, Hkv 4, D 128 (128-row tiles) 8 warps and 3 stages ran 1.5x faster than
+            # 4 warps on decode, prefill and mixed steps; smaller tiles keep Triton's usual 4 warps, 2 stages
+            **({"num_warps": 8, "num_stages": 3} if rows * head_dim >= 128 * 128 else {"num_warps": 4, "num_stages": 2}),
         )
     return out
 
