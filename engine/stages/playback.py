@@ -1,8 +1,9 @@
 """The playback clock: how much audio each speaking reply's listener holds, so that no step outlasts it.
 
-A listener plays a reply from its first audio packet on, in real time. Code2Wav tells the clock what it
-has emitted; what a listener holds at `now` is then the audio emitted minus the time since that first
-packet. The Thinker reads the least of it to size its next step (engine/stages/policy.py), and Code2Wav
+A listener plays a reply from its first audio packet on, in real time, and waits when it runs dry (its
+player stalls, then goes on from where it stopped). Code2Wav tells the clock what it has emitted; what a
+listener holds at `now` is the audio emitted minus what it has played: the time since its first packet,
+less the time it stalled. The Thinker reads the least of it to size its next step (engine/stages/policy.py), and Code2Wav
 decodes the least buffered replies first. Shared by the stages' threads, so every access takes a lock.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class _Reply:
-    first_packet: float  # perf_counter() when its first audio was emitted
+    started: float  # perf_counter() when its playback began, moved on by each stall
     emitted_s: float  # audio emitted so far
 
 
@@ -28,11 +29,14 @@ class PlaybackClock:
 
     def emitted(self, request_id: str, audio_s: float, now: float | None = None) -> None:
         """`audio_s`: all the audio the reply has emitted so far."""
+        now = time.perf_counter() if now is None else now
         with self._lock:
             if (reply := self._replies.get(request_id)) is None:
-                self._replies[request_id] = _Reply(time.perf_counter() if now is None else now, audio_s)
-            else:
-                reply.emitted_s = audio_s
+                self._replies[request_id] = _Reply(now, audio_s)
+                return
+            # ran dry before this packet: the listener waited, and plays on from here
+            reply.started = max(reply.started, now - reply.emitted_s)
+            reply.emitted_s = audio_s
 
     def finished(self, request_id: str) -> None:
         """Its last packet was emitted, or it was aborted: nobody waits for more of it."""
@@ -44,7 +48,7 @@ class PlaybackClock:
         now = time.perf_counter() if now is None else now
         with self._lock:
             reply = self._replies.get(request_id)
-            return None if reply is None else reply.first_packet + reply.emitted_s - now
+            return None if reply is None else reply.started + reply.emitted_s - now
 
     def least_buffered_s(self, now: float | None = None) -> float | None:
         """The least audio any speaking reply's listener holds now; None when no reply speaks."""
@@ -52,4 +56,4 @@ class PlaybackClock:
         with self._lock:
             if not self._replies:
                 return None
-            return min(r.first_packet + r.emitted_s for r in self._replies.values()) - now
+            return min(r.started + r.emitted_s for r in self._replies.values()) - now

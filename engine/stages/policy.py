@@ -16,9 +16,10 @@ The rules, each measured on the H200 (docs/performance.md):
   pieces it prefills (inside a step that reads every expert anyway, 64 rows cost ~1.5 ms against a
   13-15 ms step of their own), so prompts never starve the replies that speak. Pieces fill the step's
   token budget first come first served, so prompts finish one after another, not abreast.
-* The budget follows playback (`StepBudget`): large while every speaking reply's listener holds at
-  least `playback_slack_s` of audio; while one holds less, only as many tokens as measured steps of
-  that size take `tight_step_s`, so no step outlasts what a listener holds.
+* The budget follows playback (`StepBudget`): `max_step_tokens` while every speaking reply's listener
+  holds at least `playback_slack_s` of audio; while one holds less, as many tokens as measured steps
+  of that size take in half of what it holds (never less than `tight_step_s`), so no step outlasts
+  what a listener holds, and the budget shrinks smoothly as a buffer runs low.
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
 Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
@@ -118,13 +119,15 @@ class StepBudget:
         """`least_buffered_s`: the least audio a speaking reply's listener holds (None: nobody speaks)."""
         if least_buffered_s is None or least_buffered_s >= self.slack_s:
             return self.max_tokens
+        # half: the other stages' steps share the GPU with this one, and their audio refills the buffer
+        bound_s = max(self.tight_s, 0.5 * least_buffered_s)
         # the largest size measured within the bound; one size past it is tried while unmeasured, so the
         # budget finds its level from any start
         budget = MIN_PIECE_TOKENS
         size = size_class(MIN_PIECE_TOKENS)
         while size <= self.max_tokens:
             took = self.times.get(size)
-            if took is not None and took > self.tight_s:
+            if took is not None and took > bound_s:
                 break
             budget = size
             if took is None:
