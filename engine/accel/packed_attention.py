@@ -7,16 +7,23 @@ at its position, so each sequence attends causally over its own slot: query i of
 a sequence that held `start` keys sits at position start+i and sees keys
 0..start+i. Nothing is gathered or repeated per query head.
 
-The host splits each sequence's queries into blocks of `BLOCK_Q` tokens
-(`query_blocks`); one program per (block, key/value head) packs the block's
-tokens x the group's query heads as the rows of one tile (the heads of a group
-share each key read) and runs an online softmax over blocks of keys up to the
-block's last causal position. The work list is plain tensors padded with -1
-blocks, so a CUDA graph holds it for any mix of lengths.
+The host lays out two work lists (engine/runners/packed_batch.py's `block_tables`):
+sequences of up to `SMALL_Q` query tokens (decode rows) one block each in the
+small table, longer ones in blocks of `BLOCK_Q` tokens in the big table. One
+program per (block, key/value head) packs the block's tokens x the group's query
+heads as the rows of one tile (the heads of a group share each key read) and runs
+an online softmax over blocks of keys up to the block's last causal position.
+The same kernel body is launched once per table with its own tile size: a decode
+row in a 16-token tile would leave 15/16 of its rows idle (on an H200, Hq 32,
+Hkv 4, D 128: 64 decode rows at 2000 keys took 112 us against 82 us for a
+decode-only kernel), while prompt pieces want the big tile (BLOCK_Q 4 for
+everything cost a 2048-token prefill 153 -> 209-240 us). The tables are plain
+tensors padded with -1 blocks, so a CUDA graph holds them for any mix of lengths.
 
 Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it);
-`packed_attention_reference` is the same computation in plain torch, the CPU path
-of `kernels: reference`. `KernelAttention` hands a runner's `PackedBatch` to the kernel.
+packed_batch.py's `ReferenceAttention` is the same computation in plain torch,
+the CPU path of `kernels: reference`. `KernelAttention` hands a runner's
+`PackedBatch` to the kernel.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.accel.triton_launch import dot_precision, launch_guard
+from engine.runners.packed_batch import SMALL_Q
 
 if TYPE_CHECKING:
     from engine.runners.packed_batch import PackedBatch
@@ -37,49 +45,8 @@ try:
 except ImportError:  # CPU installs without triton: the kernel is simply unavailable
     triton = None
 
-BLOCK_Q = 16  # query tokens per program: with one head per row, the smallest tile tl.dot takes
-
-
-def query_blocks(lengths: list[int], num_blocks: int | None = None) -> tuple[list[int], list[int]]:
-    """The programs' work list: for sequences with these query lengths (in packed order), each block of up
-    to BLOCK_Q query tokens of one sequence -> (its sequence index, its first query index within the
-    sequence). Padded with (-1, 0) up to `num_blocks` when given (a CUDA graph's fixed grid). Sequences of
-    length 0 get no block."""
-    block_seq: list[int] = []
-    block_q: list[int] = []
-    for seq, length in enumerate(lengths):
-        for first in range(0, length, BLOCK_Q):
-            block_seq.append(seq)
-            block_q.append(first)
-    if num_blocks is not None:
-        assert num_blocks >= len(block_seq), f"{len(block_seq)} query blocks do not fit a grid of {num_blocks}"
-        padding = num_blocks - len(block_seq)
-        block_seq += [-1] * padding
-        block_q += [0] * padding
-    return block_seq, block_q
-
-
-def packed_attention_reference(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: list[int], starts: list[int],
-    q0s: list[int], lengths: list[int], scale: float,
-) -> torch.Tensor:
-    """What the kernel computes, one causal SDPA per sequence in float32: query [T, Hq, D], keys/values
-    [S, Hkv, L, D] -> [T, Hq, D] in query's dtype; rows no sequence covers are zeros."""
-    out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
-    group = query.shape[1] // keys.shape[1]
-    for slot, start, q0, length in zip(slots, starts, q0s, lengths, strict=True):
-        if length == 0:
-            continue
-        end = start + length
-        q = query[q0:q0 + length].float().transpose(0, 1)  # [Hq, n, D]
-        k = keys[slot, :, :end].float().repeat_interleave(group, dim=0)  # [Hq, end, D]
-        v = values[slot, :, :end].float().repeat_interleave(group, dim=0)
-        # query i sits at start + i and sees keys 0..start + i
-        visible = torch.arange(end, device=query.device)[None, :] <= start + torch.arange(
-            length, device=query.device)[:, None]
-        out[q0:q0 + length] = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=visible, scale=scale).transpose(0, 1)
-    return out.to(query.dtype)
+BLOCK_Q = 16  # query tokens per big-table block: with one head per row, the smallest tile tl.dot takes
+MIN_ROWS = 16  # the smallest tile tl.dot takes: a small block of a narrow group pads its rows up to it
 
 
 if triton is not None:
@@ -108,24 +75,29 @@ if triton is not None:
         Q, K, V, Out, SeqSlot, SeqStart, SeqQ0, SeqLen, BlockSeq, BlockQ,
         stride_qt, stride_qh, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl,
         stride_ot, stride_oh,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-        BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SCALE: tl.constexpr, PIPELINED: tl.constexpr,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr,
+        SINGLE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+        SCALE: tl.constexpr, PIPELINED: tl.constexpr,
     ):
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
         seq = tl.load(BlockSeq + block)
         if seq < 0:  # graph padding: no work
             return
-        first = tl.load(BlockQ + block)
+        if SINGLE:  # the small table: one block per sequence, from its first query (BlockQ is unused)
+            first = seq * 0
+        else:
+            first = tl.load(BlockQ + block)
         slot = tl.load(SeqSlot + seq).to(tl.int64)  # slot * stride can pass 2**31 in a large cache
         start = tl.load(SeqStart + seq)
         q0 = tl.load(SeqQ0 + seq)
         length = tl.load(SeqLen + seq)
-        # row r of the tile: query token first + r // GROUP_PAD of the block, head r % GROUP_PAD of the group
-        rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
+        # row r of the tile: query token first + r // GROUP_PAD of the block, head r % GROUP_PAD of the group;
+        # rows past BLOCK_Q * GROUP_PAD only pad a small tile up to MIN_ROWS
+        rows = tl.arange(0, ROWS)
         token = first + rows // GROUP_PAD
         heads = kv_head * GROUP + rows % GROUP_PAD
-        real = (token < length) & (rows % GROUP_PAD < GROUP)
+        real = (rows < BLOCK_Q * GROUP_PAD) & (token < length) & (rows % GROUP_PAD < GROUP)
         position = start + token  # each row's own causal end (inclusive)
         dims = tl.arange(0, HEAD_DIM)
         q_rows = (q0 + token).to(tl.int64)
@@ -133,9 +105,9 @@ if triton is not None:
                     mask=real[:, None], other=0.0)
         k_base = K + slot * stride_ks + kv_head * stride_kh
         v_base = V + slot * stride_vs + kv_head * stride_vh
-        m = tl.full((BLOCK_Q * GROUP_PAD,), float("-inf"), dtype=tl.float32)
-        total = tl.zeros((BLOCK_Q * GROUP_PAD,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_Q * GROUP_PAD, HEAD_DIM), dtype=tl.float32)
+        m = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+        total = tl.zeros((ROWS,), dtype=tl.float32)
+        acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
         end = start + tl.minimum(first + BLOCK_Q, length)  # keys past the block's last query never matter
         if PIPELINED:
             # a for loop over a runtime bound is what the compiler software-pipelines (the next keys load
@@ -156,13 +128,15 @@ if triton is not None:
 
 def packed_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seq_slot: torch.Tensor,
-    seq_start: torch.Tensor, seq_q0: torch.Tensor, seq_len: torch.Tensor, block_seq: torch.Tensor,
-    block_q: torch.Tensor, scale: float, *, block_n: int = 64,
+    seq_start: torch.Tensor, seq_q0: torch.Tensor, seq_len: torch.Tensor, small_seq: torch.Tensor,
+    block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *, block_n: int = 64,
 ) -> torch.Tensor:
     """query [T, Hq, D] packed tokens; keys/values [S, Hkv, L, D]; per sequence [N] (int32 or int64): its
     slot, `start` (keys its slot held before this step), its first token's index in `query` and its query
-    length; `block_seq`/`block_q` [NB] from `query_blocks`. -> [T, Hq, D] in query's dtype; rows no sequence
-    covers are zeros. No host syncs: a CUDA graph captures it."""
+    length; the tables of packed_batch.py's `block_tables`: `small_seq` [NS] (the sequences of up to
+    SMALL_Q tokens), `block_seq`/`block_q` [NB] (blocks of BLOCK_Q tokens of the longer ones). -> [T, Hq, D]
+    in query's dtype; rows no sequence covers are zeros. Two launches, no host syncs: a CUDA graph
+    captures it."""
     if triton is None:
         raise RuntimeError("packed attention needs triton (pip install triton), or set kernels: reference")
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -173,26 +147,32 @@ def packed_attention(
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and query.stride(-1) == 1
     out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
     group_pad = triton.next_power_of_2(group)
-    rows = BLOCK_Q * group_pad
+    strides = (query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
+               values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1))
     with launch_guard():
-        _packed_kernel[(block_seq.shape[0], num_kv_heads)](
-            query, keys, values, out, seq_slot, seq_start, seq_q0, seq_len, block_seq, block_q,
-            query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-            values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=BLOCK_Q, HEAD_DIM=head_dim, BLOCK_N=block_n,
-            # a constant, not an argument: torch.compile would pass a Python float as float64
-            PRECISION=dot_precision(query.dtype), SCALE=scale, PIPELINED=os.environ.get("TRITON_INTERPRET") != "1",
-            # on an H200 with Hq 32, Hkv 4, D 128 (128-row tiles) 8 warps and 3 stages ran 1.5x faster than
-            # 4 warps on decode, prefill and mixed steps; smaller tiles keep Triton's usual 4 warps, 2 stages
-            **({"num_warps": 8, "num_stages": 3} if rows * head_dim >= 128 * 128 else {"num_warps": 4, "num_stages": 2}),
-        )
+        for table, firsts, tokens, single in ((small_seq, small_seq, SMALL_Q, True), (block_seq, block_q, BLOCK_Q, False)):
+            if table.shape[0] == 0:
+                continue
+            rows = max(tokens * group_pad, MIN_ROWS)
+            _packed_kernel[(table.shape[0], num_kv_heads)](
+                query, keys, values, out, seq_slot, seq_start, seq_q0, seq_len, table, firsts, *strides,
+                GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tokens, ROWS=rows, SINGLE=single,
+                HEAD_DIM=head_dim, BLOCK_N=block_n,
+                # a constant, not an argument: torch.compile would pass a Python float as float64
+                PRECISION=dot_precision(query.dtype), SCALE=scale,
+                PIPELINED=os.environ.get("TRITON_INTERPRET") != "1",
+                # on an H200 with Hq 32, Hkv 4, D 128 (128-row tiles) 8 warps and 3 stages ran 1.5x faster
+                # than 4 warps on decode, prefill and mixed steps; smaller tiles keep Triton's usual 4 warps,
+                # 2 stages
+                **({"num_warps": 8, "num_stages": 3} if rows * head_dim >= 128 * 128
+                   else {"num_warps": 4, "num_stages": 2}),
+            )
     return out
-
 
 
 class KernelAttention:
     """The kernel as a runner's packed attention (engine/runners/packed_batch.py's `PackedAttention`): it
-    reads the batch's per-sequence tensors and block table, so a graph replays it for any step."""
+    reads the batch's per-sequence tensors and both block tables, so a graph replays it for any step."""
 
     block_q = BLOCK_Q
 
@@ -202,4 +182,4 @@ class KernelAttention:
     def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
                  scale: float) -> torch.Tensor:
         return packed_attention(query, keys, values, batch.seq_slot, batch.seq_start, batch.seq_q0, batch.seq_len,
-                                batch.block_seq, batch.block_q, scale, block_n=self.block_n)
+                                batch.small_seq, batch.block_seq, batch.block_q, scale, block_n=self.block_n)

@@ -10,6 +10,11 @@ and "extend after a cached prefix" is no separate kind: a piece simply starts wh
 A CUDA graph pads a step to its bucket of tokens and sequences: padding tokens write the cache's scratch
 slot, belong to no sequence and read zeros out of attention; padding sequences have no tokens.
 Every index a step needs lives in one int64 tensor, filled by one copy from the host.
+
+The kernel works from two block tables, so that a decode row does not fill a 16-token tile alone:
+sequences of at most `SMALL_Q` query tokens (decode rows) take one small block each, longer ones
+blocks of `block_q` tokens. Both tables have a size fixed by the step's (tokens, sequences) and are
+padded with -1 entries, so a CUDA graph replays them for any mix of lengths.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ import torch
 from engine.runners.kv_cache import SlotKVCache
 
 PACKED_ATTENTION = "vg_packed"
+# query tokens of a small-table block (decode rows): with the Thinker's 8 query heads per key/value head,
+# 2 tokens fill the 16 rows of the smallest tile tl.dot takes. Fixed rather than derived from the group
+# so the host's tables need no model shape; a group under 8 pads the tile's rows up to 16 in the kernel.
+SMALL_Q = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +44,8 @@ class Piece:
 
 
 class PackedAttention(Protocol):
-    """Attention of packed queries over the slots; `block_q`: query tokens per kernel program (the block
-    table's unit), 0 when the implementation needs no block table."""
+    """Attention of packed queries over the slots; `block_q`: query tokens per block of the big table (the
+    sequences longer than `SMALL_Q`), 0 when the implementation needs no block tables."""
 
     block_q: int
 
@@ -62,15 +71,27 @@ def query_blocks(lengths: list[int], block_q: int, num_blocks: int | None = None
 
 
 def num_blocks(tokens: int, seqs: int, block_q: int) -> int:
-    """Blocks that any `seqs` sequences of `tokens` tokens in all can need: each sequence may end one block
-    early."""
+    """Big-table blocks that any `seqs` sequences of `tokens` tokens in all can need: each sequence may end
+    one block early."""
     return 0 if block_q == 0 else -(-tokens // block_q) + seqs
+
+
+def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tuple[list[int], list[int], list[int]]:
+    """The kernel's two work lists for sequences of these query lengths in a step of (`tokens`, `seqs`):
+    the small table (the index of each sequence of 1..SMALL_Q tokens, one block each, padded with -1 to
+    `seqs`) and the big table (`query_blocks` of the longer ones, padded to `num_blocks`)."""
+    small = [n for n, length in enumerate(lengths) if 0 < length <= SMALL_Q]
+    assert len(small) <= seqs, (len(small), seqs)
+    long = [length if length > SMALL_Q else 0 for length in lengths]
+    big_seq, big_first = query_blocks(long, block_q, num_blocks(tokens, seqs, block_q))
+    return small + [-1] * (seqs - len(small)), big_seq, big_first
 
 
 class PackedBatch:
     """The view one forward takes as its cache: per token its slot and position, per sequence its slot,
-    start, first token and length and the index of its last token, the kernel's block table; all views of
-    `meta`. `pieces`: the host's copy (None in a graph's static batch, whose contents change per replay)."""
+    start, first token and length and the index of its last token, the kernel's two block tables
+    (`small_seq`; `block_seq`, `block_q`); all views of `meta`. `pieces`: the host's copy (None in a graph's
+    static batch, whose contents change per replay)."""
 
     def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
                  meta: torch.Tensor, pieces: list[Piece] | None = None) -> None:
@@ -80,9 +101,10 @@ class PackedBatch:
         self.blocks = num_blocks(tokens, seqs, attention.block_q)
         self.meta = meta
         self.pieces = pieces
-        sizes = [tokens, tokens, seqs, seqs, seqs, seqs, seqs, self.blocks, self.blocks]
+        small = seqs if attention.block_q else 0
+        sizes = [tokens, tokens, seqs, seqs, seqs, seqs, seqs, small, self.blocks, self.blocks]
         (self.token_slot, self.token_pos, self.seq_slot, self.seq_start, self.seq_q0, self.seq_len, self.last,
-         self.block_seq, self.block_q) = meta.split(sizes)
+         self.small_seq, self.block_seq, self.block_q) = meta.split(sizes)
 
     @classmethod
     def static(cls, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int) -> PackedBatch:
@@ -103,7 +125,7 @@ class PackedBatch:
 
     @staticmethod
     def meta_size(tokens: int, seqs: int, block_q: int) -> int:
-        return 2 * tokens + 5 * seqs + 2 * num_blocks(tokens, seqs, block_q)
+        return 2 * tokens + 5 * seqs + (seqs + 2 * num_blocks(tokens, seqs, block_q) if block_q else 0)
 
     def layout(self, pieces: list[Piece]) -> np.ndarray:
         """`meta`'s contents for these pieces, padded to this batch's tokens and sequences."""
@@ -186,6 +208,5 @@ def _layout(cache: SlotKVCache, block_q: int, tokens: int, seqs: int, pieces: li
     parts = [token_slot, token_pos, seq_slot, np.concatenate([starts, fill]), np.concatenate([q0, fill]),
              np.concatenate([lengths, fill]), last]
     if block_q:
-        block_seq, block_first = query_blocks(lengths.tolist(), block_q, num_blocks(tokens, seqs, block_q))
-        parts += [np.asarray(block_seq), np.asarray(block_first)]
+        parts += [np.asarray(table, dtype=np.int64) for table in block_tables(lengths.tolist(), block_q, tokens, seqs)]
     return np.concatenate(parts).astype(np.int64)

@@ -1,4 +1,5 @@
-"""The packed (varlen) attention kernel against its torch reference and a per-token float32 ground truth.
+"""The packed (varlen) attention kernel against its torch reference (packed_batch.py's `ReferenceAttention`) and
+a per-token float32 ground truth, with decode rows in the small block table and longer pieces in the big one.
 
 On a CPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), so the
 shapes stay small; on a GPU it runs compiled, in bf16 as deployed.
@@ -15,7 +16,16 @@ import torch
 pytest.importorskip("triton")
 
 from engine.accel import packed_attention  # noqa: E402
-from engine.accel.packed_attention import BLOCK_Q, query_blocks  # noqa: E402
+from engine.accel.packed_attention import BLOCK_Q  # noqa: E402
+from engine.runners.kv_cache import SlotKVCache  # noqa: E402
+from engine.runners.packed_batch import (  # noqa: E402
+    SMALL_Q,
+    PackedBatch,
+    Piece,
+    ReferenceAttention,
+    block_tables,
+    num_blocks,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -31,6 +41,7 @@ class Step:
     starts: list[int]
     lengths: list[int]
     padding: int = 0  # query rows after the last sequence (a graph's fixed token count)
+    spare_seqs: int = 0  # sequences a graph's batch holds beyond these: -1 entries in both block tables
     index_dtype: torch.dtype = torch.int32
 
     @property
@@ -41,6 +52,11 @@ class Step:
     def num_tokens(self) -> int:
         return sum(self.lengths) + self.padding
 
+    @property
+    def pieces(self) -> list[Piece]:
+        return [Piece(slot, start, length) for slot, start, length in zip(self.slots, self.starts, self.lengths,
+                                                                           strict=True)]
+
 
 STEPS = {
     # one query per row; starts around a key block's edges; slots out of order
@@ -50,6 +66,9 @@ STEPS = {
     "mixed": Step(slots=[4, 6, 0, 2, 5, 1], starts=[40, 7, 0, 12, 50, 33], lengths=[1, 17, 1, 0, 33, 1], padding=3),
     "off_blocks": Step(slots=[3, 1, 4, 0, 2], starts=[9, 0, 30, 64, 2], lengths=[1, 15, 16, 17, 0],
                        index_dtype=torch.int64),
+    # both tables in use, each with padding entries: lengths around SMALL_Q and around BLOCK_Q
+    "both_tables": Step(slots=[2, 5, 0, 3, 1, 4], starts=[10, 0, 31, 5, 60, 0], lengths=[2, 1, 3, 16, 17, 2],
+                        padding=4, spare_seqs=2),
 }
 
 
@@ -72,14 +91,21 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm())
 
 
-def run_kernel(query, keys, values, step: Step, scale: float, block_n: int, num_blocks: int | None = None):
-    block_seq, block_q = query_blocks(step.lengths, num_blocks)
+def run_kernel(query, keys, values, step: Step, scale: float, block_n: int, spare_seqs: int = 0):
+    """The kernel over the step's tables, sized for a batch of the step's tokens and `spare_seqs` more
+    sequences (each table gets that many more -1 entries)."""
+    seqs = len(step.lengths) + step.spare_seqs + spare_seqs
+    small_seq, block_seq, block_q = block_tables(step.lengths, BLOCK_Q, step.num_tokens, seqs)
     ints = {"device": DEVICE, "dtype": step.index_dtype}
     return packed_attention.packed_attention(
         query, keys, values, torch.tensor(step.slots, **ints), torch.tensor(step.starts, **ints),
-        torch.tensor(step.q0s, **ints), torch.tensor(step.lengths, **ints), torch.tensor(block_seq, **ints),
-        torch.tensor(block_q, **ints), scale, block_n=block_n,
+        torch.tensor(step.q0s, **ints), torch.tensor(step.lengths, **ints), torch.tensor(small_seq, **ints),
+        torch.tensor(block_seq, **ints), torch.tensor(block_q, **ints), scale, block_n=block_n,
     )
+
+
+def reference(query, keys, values, step: Step, scale: float) -> torch.Tensor:
+    return ReferenceAttention()(query, keys, values, SimpleNamespace(pieces=step.pieces), scale)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", list(STEPS))
@@ -97,8 +123,7 @@ def test_packed_attention_matches_reference_and_ground_truth(
     scale = head_dim**-0.5
 
     out = run_kernel(query, keys, values, step, scale, block_n)
-    ref = packed_attention.packed_attention_reference(
-        query, keys, values, step.slots, step.starts, step.q0s, step.lengths, scale)
+    ref = reference(query, keys, values, step, scale)
     truth = ground_truth(query, keys, values, step, scale)
     assert out.shape == query.shape and out.dtype == query.dtype
     assert ref.shape == query.shape and ref.dtype == query.dtype
@@ -113,37 +138,44 @@ def test_packed_attention_matches_reference_and_ground_truth(
         keys[slot, :, start + length:] = 1e4
         values[slot, :, start + length:] = 1e4
     assert torch.equal(run_kernel(query, keys, values, step, scale, block_n), out)
-    # nor do padding blocks of a graph's fixed grid; a head-major query (a transposed view) reads the same
-    needed = len(query_blocks(step.lengths)[0])
+    # nor do more padding entries of a graph's fixed grids; a head-major query (a transposed view) reads the same
     strided = query.transpose(0, 1).contiguous().transpose(0, 1)
-    assert torch.equal(run_kernel(strided, keys, values, step, scale, block_n, num_blocks=needed + 3), out)
+    assert torch.equal(run_kernel(strided, keys, values, step, scale, block_n, spare_seqs=3), out)
 
 
 def test_kernel_attention_reads_a_batchs_tensors() -> None:
-    """What a runner hands over: one int64 tensor of metadata, split into views (PackedBatch's layout)."""
-    step = STEPS["mixed"]
+    """What a runner hands over: a PackedBatch, its one int64 tensor of metadata split into views, padded to a
+    graph's tokens and sequences; the kernel through it equals the reference through the same batch."""
+    step = STEPS["both_tables"]
+    cache = SlotKVCache(num_layers=1, num_slots=8, num_kv_heads=2, head_dim=16, max_len=MAX_LEN, dtype=DTYPE,
+                        device=DEVICE)
     gen = torch.Generator().manual_seed(3)
-    keys = torch.randn(8, 2, MAX_LEN, 16, generator=gen).to(DEVICE, DTYPE)
-    values = torch.randn(8, 2, MAX_LEN, 16, generator=gen).to(DEVICE, DTYPE)
+    keys = torch.randn(cache.keys[0].shape, generator=gen).to(DEVICE, DTYPE)
+    values = torch.randn(cache.values[0].shape, generator=gen).to(DEVICE, DTYPE)
     query = torch.randn(step.num_tokens, 8, 16, generator=gen).to(DEVICE, DTYPE)
-    block_seq, block_q = query_blocks(step.lengths, num_blocks=8)
-    parts = [step.slots, step.starts, step.q0s, step.lengths, block_seq, block_q]
-    meta = torch.tensor([x for part in parts for x in part], device=DEVICE)
-    views = meta.split([len(part) for part in parts])
-    batch = SimpleNamespace(**dict(zip(["seq_slot", "seq_start", "seq_q0", "seq_len", "block_seq", "block_q"],
-                                       views, strict=True)))
     attention = packed_attention.KernelAttention(block_n=32)
     assert attention.block_q == BLOCK_Q
-    out = attention(query, keys, values, batch, 0.25)  # type: ignore[arg-type]
+    batch = PackedBatch.static(cache, attention, step.num_tokens, cache.num_slots)
+    batch.meta.copy_(torch.from_numpy(batch.layout(step.pieces)))
+    assert batch.small_seq.tolist() == [0, 1, 5, -1, -1, -1, -1, -1]  # lengths 2, 1 and 2: up to SMALL_Q
+    assert batch.block_seq.tolist()[:5] == [2, 3, 4, 4, -1] and batch.block_q.tolist()[:4] == [0, 0, 0, 16]
+    out = attention(query, keys, values, batch, 0.25)
     assert torch.equal(out, run_kernel(query, keys, values, step, 0.25, 32))
+    eager = PackedBatch.of(cache, ReferenceAttention(), step.pieces)
+    assert eager.meta.numel() == PackedBatch.meta_size(step.num_tokens - step.padding, len(step.pieces), 0)
+    assert relative_error(out, ReferenceAttention()(query, keys, values, eager, 0.25)) < TOLERANCE
 
 
-def test_query_blocks_split_each_sequence_into_blocks_of_block_q() -> None:
-    assert BLOCK_Q == 16
-    assert query_blocks([1, 0, 33, 16]) == ([0, 2, 2, 2, 3], [0, 0, 16, 32, 0])
-    assert query_blocks([17, 1], num_blocks=5) == ([0, 0, 1, -1, -1], [0, 16, 0, 0, 0])
-    assert query_blocks([16], num_blocks=1) == ([0], [0])
-    assert query_blocks([0, 0], num_blocks=2) == ([-1, -1], [0, 0])
-    assert query_blocks([]) == ([], [])
-    with pytest.raises(AssertionError, match="do not fit"):
-        query_blocks([17, 1], num_blocks=2)
+def test_block_tables_put_short_sequences_in_the_small_table() -> None:
+    assert BLOCK_Q == 16 and SMALL_Q == 2
+    assert SMALL_Q * 8 >= 16  # a decode pair fills the smallest tile with the Thinker's 8 heads per group
+    # one entry per sequence of 1..SMALL_Q tokens; BLOCK_Q blocks of the longer ones; empty ones in neither
+    small, big_seq, big_first = block_tables([1, 0, 33, 16, 2, 3], BLOCK_Q, tokens=55, seqs=7)
+    assert small == [0, 4, -1, -1, -1, -1, -1]
+    assert len(big_seq) == len(big_first) == num_blocks(55, 7, BLOCK_Q) == 11
+    assert big_seq[:5] == [2, 2, 2, 3, 5] and big_first[:5] == [0, 16, 32, 0, 0]
+    assert big_seq[5:] == [-1] * 6 and big_first[5:] == [0] * 6
+    assert block_tables([], BLOCK_Q, tokens=0, seqs=0) == ([], [], [])
+    assert block_tables([1, 1], BLOCK_Q, tokens=2, seqs=2) == ([0, 1], [-1] * 3, [0] * 3)
+    with pytest.raises(AssertionError):
+        block_tables([1, 1, 1], BLOCK_Q, tokens=3, seqs=2)
