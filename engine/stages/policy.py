@@ -18,8 +18,10 @@ The rules, each measured on the H200 (docs/performance.md):
   token budget first come first served, so prompts finish one after another, not abreast.
 * The budget follows playback (`StepBudget`): `max_step_tokens` while every speaking reply's listener
   holds at least `playback_slack_s` of audio; while one holds less, as many tokens as measured steps
-  of that size take in half of what it holds (never less than `tight_step_s`), so no step outlasts
-  what a listener holds, and the budget shrinks smoothly as a buffer runs low.
+  of that size take, beyond the cheapest step, in half of what it holds (never less than
+  `tight_step_s`). Every step pays the weight read, so steps of a few tokens would only cost more
+  GPU time per token and starve the other stages (on the H200 a 64-token step beside 64 replies
+  took 21 ms, a 1,024-token one 42 ms).
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
 Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
@@ -121,13 +123,16 @@ class StepBudget:
             return self.max_tokens
         # half: the other stages' steps share the GPU with this one, and their audio refills the buffer
         bound_s = max(self.tight_s, 0.5 * least_buffered_s)
+        # what a step costs beyond the cheapest (its weight read, which every step pays, decode rows alone
+        # too): small steps are no cheaper per step, only per token dearer, and starve the other stages
+        floor_s = min(self.times.values(), default=0.0)
         # the largest size measured within the bound; one size past it is tried while unmeasured, so the
         # budget finds its level from any start
         budget = MIN_PIECE_TOKENS
         size = size_class(MIN_PIECE_TOKENS)
         while size <= self.max_tokens:
             took = self.times.get(size)
-            if took is not None and took > bound_s:
+            if took is not None and took - floor_s > bound_s:
                 break
             budget = size
             if took is None:
