@@ -80,8 +80,8 @@ def test_graphed_packed_steps_equal_eager(tiny_checkpoint: Path, compiled: bool)
         for got_step, want_step in zip(replayed, eager, strict=True):
             for got, want in zip(got_step, want_step, strict=True):
                 assert torch.equal(got.embeds, want.embeds)
+                # bf16 rounding only (a random model's near-ties may flip its argmax, so that is not compared)
                 assert rel(got.logits, want.logits) < 2e-2 and rel(got.hidden, want.hidden) < 2e-2
-                assert torch.equal(got.logits.argmax(), want.logits.argmax())
         for slot in range(3):
             assert rel(runner.kv.keys[0][moved[slot], :, :17], eager_keys[slot, :, :17]) < 2e-2
         assert not runner.kv.keys[0][[0, 1, 2, 6, 7]].any()  # spare tokens went to the scratch slot alone

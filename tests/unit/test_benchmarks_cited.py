@@ -43,8 +43,18 @@ _LADDER = "benchmarks/h200/ladder/ladder.json"
 _HISTORY = "benchmarks/h200/switch-history/ladder.json"
 _VOICE = "benchmarks/h200/voice-traffic/"
 _C64 = "levels/concurrency=64"
+_STEP = "benchmarks/h200/one-step/"
 
 FIGURES = (
+    # One step for everybody
+    Figure("| in waves, now (`chat640-c64-waves.json`) | 16.86", "16.86", _STEP + "chat640-c64-waves.json", "levels/0/req_per_s"),
+    Figure("| 16.86 | 1.235 s (1.323)", "1.235", _STEP + "chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
+    Figure("1.235 s (1.323) | 0.378", "1.323", _STEP + "chat640-c64-waves.json", "levels/0/ttfp_s/p99"),
+    Figure("(1.323) | 0.378 |", "0.378", _STEP + "chat640-c64-waves.json", "levels/0/rtf/mean"),
+    Figure("| 10.2 | 0.306 s (0.474)", "0.306", _STEP + "chat640-c64-steady.json", "levels/0/ttfp_s/mean"),
+    Figure("| 10.2 | 0.306 s (0.474)", "10.2", _STEP + "chat640-c64-steady.json", "levels/0/req_per_s"),
+    Figure("c=64, 22.07 req/s, TTFP 0.304 s", "22.07", _STEP + "chat10-c64.json", "levels/0/req_per_s"),
+    Figure("c=64, 22.07 req/s, TTFP 0.304 s", "0.304", _STEP + "chat10-c64.json", "levels/0/ttfp_s/mean"),
     # Where the GPU profile stands
     Figure("| c=1 TTFP <= 0.15 s | 0.077 s", "0.077", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/mean"),
     Figure("0.077 s (p99 0.097 s)", "0.097", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/p99"),
