@@ -49,6 +49,8 @@ FIGURES = (
     # One step for everybody
     Figure("| in waves, now (`chat640-c64-waves.json`) | 16.86", "16.86", _STEP + "chat640-c64-waves.json", "levels/0/req_per_s"),
     Figure("| 16.86 | 1.235 s (1.323)", "1.235", _STEP + "chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
+    Figure("| 0.378 | 4/192 |", "4", _STEP + "chat640-c64-waves.json", "levels/0/underrun_requests"),
+    Figure("| 0.538 | 229/256 |", "229", _STEP + "chat640-c64-steady.json", "levels/0/underrun_requests"),
     Figure("1.235 s (1.323) | 0.378", "1.323", _STEP + "chat640-c64-waves.json", "levels/0/ttfp_s/p99"),
     Figure("(1.323) | 0.378 |", "0.378", _STEP + "chat640-c64-waves.json", "levels/0/rtf/mean"),
     Figure("| 10.2 | 0.306 s (0.474)", "0.306", _STEP + "chat640-c64-steady.json", "levels/0/ttfp_s/mean"),
