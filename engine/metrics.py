@@ -40,6 +40,11 @@ class EngineMetrics:
             "engine_thinker_step_tokens", "Tokens of one packed Thinker step, by kind (prompt pieces, decode rows)",
             ["kind"], buckets=(0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192), registry=r,
         )
+        self.reply_gap = Histogram(
+            "engine_reply_gap_seconds",
+            "Time between a speaking reply's consecutive outputs, per stage (Thinker: text tokens, Talker: frames)",
+            ["stage"], buckets=(0.01, 0.02, 0.04, 0.06, 0.08, 0.12, 0.16, 0.25, 0.5, 1.0), registry=r,
+        )
         self.playback_slack = Histogram(
             "engine_playback_slack_seconds",
             "The least audio a speaking reply's listener holds, at each Code2Wav step that emits",

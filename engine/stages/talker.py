@@ -10,6 +10,7 @@ consumed a row.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class TalkerSeq:
     code0: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [] the next frame's codebook-0 id
     past_hidden: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [H]
     frames: int = 0
+    last_frame_at: float = 0.0  # perf_counter() of its latest frame
 
     @property
     def request_id(self) -> str:
@@ -172,9 +174,13 @@ class TalkerStage(Stage):
         # the decode step is queued before the host waits for the codes: the GPU goes straight on
         logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
         copied()
+        now = time.perf_counter()
         for seq, frame in zip(seqs, frames, strict=True):
             self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
+            if seq.frames:
+                self.metrics.reply_gap.labels(self.name).observe(now - seq.last_frame_at)
             seq.frames += 1
+            seq.last_frame_at = now
         for seq in seqs:
             seq.position += 1
         done = [s for s in seqs if s.frames >= self.cfg.max_frames or s.position >= self.runner.kv.max_len]

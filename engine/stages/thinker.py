@@ -65,6 +65,7 @@ class ThinkerSeq:
     grammar: GrammarState | None = None  # a constrained reply's place in its grammar
     in_tool_call: bool = False  # inside <tool_call>...</tool_call>: text the Talker never gets
     after_tool_call: bool = False  # and the whitespace after it (between calls) neither
+    last_token_at: float = 0.0  # perf_counter() of its latest token
 
     @property
     def paced(self) -> bool:
@@ -189,11 +190,15 @@ class ThinkerStage(Stage):
         sampled = finishing + list(zip(replies, outs[len(pieces):], strict=True))
         if sampled:
             tokens, embeds = self._sample(torch.stack([o.logits for _, o in sampled]), [s for s, _ in sampled])
+            now = time.perf_counter()
             for i, ((seq, _), token, embed) in enumerate(zip(sampled, tokens, embeds, strict=True)):
                 if i < len(finishing):
                     self._begin_reply(seq)
                 else:
                     seq.position += 1
+                    if seq.job.want_audio:
+                        self.metrics.reply_gap.labels(self.name).observe(now - seq.last_token_at)
+                seq.last_token_at = now
                 self._advance(seq, token, embed)
         prompt_tokens = sum(len(r.token_ids) for r in rows) - len(replies)
         self.budget.observe(prompt_tokens + len(replies), time.perf_counter() - started)

@@ -148,6 +148,10 @@ async def test_a_steady_run_does_no_cold_work_and_a_compile_after_ready_is_count
         await _ask(engine, "spoken", FIRST)
         for kind in (TORCH_COMPILE, TRITON_COMPILE, EAGER_FALLBACK, UNWARMED_SHAPE):
             assert cold.count(kind) == 0, kind
+        # a spoken reply's gaps between its text tokens and between its frames are counted, per stage
+        registry = _metrics(engine).registry
+        for stage in ("thinker", "talker"):
+            assert registry.get_sample_value("engine_reply_gap_seconds_count", {"stage": stage}) > 0, stage
         # the hook is live: a compile now is cold work (the eager backend: no C++ toolchain needed)
         torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
         assert cold.count(TORCH_COMPILE) >= 1
