@@ -152,43 +152,32 @@ GROUP_TOKENS = 4096  # the largest group graph: prompts x padded length
 # The Talker's prompt is every user turn of the conversation, never cut in pieces: one-prompt graphs
 # (and a few prompts where they fit GROUP_TOKENS) reach the longest prompt it can be given
 LONG_LENGTHS = (768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
-Shape = tuple[int, int, int]  # (prompts, padded length, keys attended)
+Shape = tuple[int, int]  # (prompts, padded length)
 
 
-def plan_prefill(shapes: Iterable[Shape], lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
+def plan_prefill(shapes: Iterable[Shape], lengths: list[int]) -> list[slice] | None:
     """A group of prompts as consecutive runs, one replay each, for graphs captured at these shapes;
-    None when it runs eagerly (a prompt longer than every bucket, a reach past every bucket, or a
-    group when only one-prompt graphs exist). `starts`: where each row begins in its slot (0 when
-    it is a whole prompt)."""
+    None when it runs eagerly (a prompt longer than every bucket, or a group when only one-prompt
+    graphs exist)."""
     shapes = list(shapes)
-    bucket = _bucket(shapes, 1, lengths, starts)
+    bucket = prefill_bucket(shapes, 1, lengths)
     if bucket is None:
         return None
-    _, length, reach = bucket
-    widest = max(b for b, n, k in shapes if (n, k) == (length, reach))
+    length = bucket[1]
+    widest = max(b for b, n in shapes if n == length)
     if widest == 1 and len(lengths) > 1:
         return None  # one replay per prompt costs more than one eager forward (docs/performance.md)
     return [slice(i, i + widest) for i in range(0, len(lengths), widest)]
 
 
-def prefill_bucket(shapes: Iterable[Shape], prompts: int, lengths: list[int], starts: list[int] | None = None) -> Shape:
-    """The smallest captured shape a run of `prompts` prompts fits (`plan_prefill` said one does)."""
-    bucket = _bucket(list(shapes), prompts, lengths, starts)
-    assert bucket is not None, (prompts, lengths, starts)
-    return bucket
-
-
-def _bucket(shapes: list[Shape], prompts: int, lengths: list[int], starts: list[int] | None) -> Shape | None:
-    length = min((n for _, n, _ in shapes if n >= max(lengths)), default=None)
+def prefill_bucket(shapes: Iterable[Shape], prompts: int, lengths: list[int]) -> Shape | None:
+    """The smallest captured shape a run of `prompts` prompts of these lengths fits."""
+    shapes = list(shapes)
+    length = min((n for _, n in shapes if n >= max(lengths)), default=None)
     if length is None:
         return None
-    # padding rows write keys up to start + length: that must stay inside what the graph attends over
-    need = max(starts or [0]) + length
-    reach = min((k for _, n, k in shapes if n == length and k >= need), default=None)
-    if reach is None:
-        return None
-    size = min((b for b, n, k in shapes if (n, k) == (length, reach) and b >= prompts), default=None)
-    return None if size is None else (size, length, reach)
+    size = min((b for b, n in shapes if n == length and b >= prompts), default=None)
+    return None if size is None else (size, length)
 
 
 @dataclass(slots=True)
@@ -196,69 +185,62 @@ class _PrefillBucket:
     graph: torch.cuda.CUDAGraph
     embeds: torch.Tensor  # [B, L, H]
     slots: torch.Tensor  # [B]
-    starts: torch.Tensor  # [B] where each row's first position goes (0 for whole prompts)
+    starts: torch.Tensor  # [B] zeros, whole prompts: the graph reads them, so they live as long as it
     last: torch.Tensor  # [B] index of each prompt's last row
     outputs: tuple[torch.Tensor, ...]
 
-    def load(self, embeds: torch.Tensor, slots: list[int], lengths: list[int], starts: list[int], scratch: int) -> None:
+    def load(self, embeds: torch.Tensor, slots: list[int], lengths: list[int], scratch: int) -> None:
         """A run's rows into the graph's inputs; the bucket's spare prompts write the scratch slot."""
         n, width = embeds.shape[0], max(lengths)
         # a run of a wider group arrives padded to the group's longest row; its own bucket may be shorter
         self.embeds[:n, :width].copy_(embeds[:, :width])
         pad = self.embeds.shape[0] - n
         self.slots.copy_(torch.tensor(slots + [scratch] * pad).to(self.slots.device, non_blocking=True))
-        self.starts.copy_(torch.tensor(starts + [0] * pad).to(self.starts.device, non_blocking=True))
         self.last.copy_(torch.tensor([k - 1 for k in lengths] + [0] * pad).to(self.last.device, non_blocking=True))
 
 
 class GraphedPrefill:
-    """Prefills captured per (prompts, padded length, keys attended) bucket.
+    """Whole prompts (the Talker's) prefilled from graphs captured per (prompts, padded length) bucket.
 
-    An eager prefill is host-bound: the Thinker's 48 layers launch ~4000 kernels for ~15 ms of
-    GPU work, from a host the other stages' threads share, so at c=64 a group of prompts took
-    250-400 ms however few they were. Replayed, a group costs its GPU time. Prompts are
-    right-padded to the bucket's length and the group to its number of prompts: every layer is
-    causal, so padding rows change no real row; padding prompts write into the cache's scratch
-    slot, and the keys padding rows write past a prompt are overwritten by decode before any
+    An eager prefill is host-bound: a stage's layers launch thousands of kernels for a few ms of
+    GPU work, from a host the other stages' threads share. Replayed, a group costs its GPU time.
+    Prompts are right-padded to the bucket's length and the group to its number of prompts: every
+    layer is causal, so padding rows change no real row; padding prompts write into the cache's
+    scratch slot, and the keys padding rows write past a prompt are overwritten by decode before any
     query sees them. With `batches=(1,)` only one-prompt prefills are captured.
-
-    Whole prompts attend over their own rows (`reach=None`: keys = length). Extends (`reach`
-    given) start anywhere in their slot and attend over that many keys, the mask hiding what lies
-    past each row.
     """
 
     def __init__(self, step: PrefillStep, kv: SlotKVCache, hidden_size: int, dtype: torch.dtype,
                  lengths: tuple[int, ...] = PREFILL_LENGTHS, batches: tuple[int, ...] = (1,),
-                 max_tokens: int = GROUP_TOKENS, reach: tuple[int, ...] | None = None) -> None:
+                 max_tokens: int = GROUP_TOKENS) -> None:
         device = kv.keys[0].device
         self.kv = kv
-        shapes = [(b, n, k) for b in batches for n in lengths for k in (reach or (n,))
-                  if n <= k <= kv.max_len and (b == 1 or b * n <= max_tokens)]
+        shapes = [(b, n) for b in batches for n in lengths if n <= kv.max_len and (b == 1 or b * n <= max_tokens)]
         self.buckets: dict[Shape, _PrefillBucket] = {}
         pool = None
         capture_stream = torch.cuda.Stream(device)
-        for size, length, keys in sorted(shapes, key=lambda s: (-s[0] * s[1], -s[2])):  # largest first into the pool
+        for size, length in sorted(shapes, key=lambda s: -s[0] * s[1]):  # largest first into the pool
             embeds = torch.zeros(size, length, hidden_size, device=device, dtype=dtype)
             slots = torch.full((size,), kv.scratch_slot, dtype=torch.long, device=device)
             last = torch.zeros(size, dtype=torch.long, device=device)
             # every tensor a graph reads must outlive it: a freed one's memory is handed out again
             starts = torch.zeros(size, dtype=torch.long, device=device)
-            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=length, kv_len=keys)
+            view = SlotBatch(cache=kv, slots=slots, starts=starts, num_new=length, kv_len=length)
             graph, outputs = capture(functools.partial(step, embeds, view, last), pool, capture_stream)
             pool = graph.pool()
-            self.buckets[size, length, keys] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
+            self.buckets[size, length] = _PrefillBucket(graph, embeds, slots, starts, last, outputs)
 
-    def plan(self, lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
-        return plan_prefill(self.buckets, lengths, starts)
+    def plan(self, lengths: list[int]) -> list[slice] | None:
+        return plan_prefill(self.buckets, lengths)
 
-    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int],
-                 starts: list[int] | None = None) -> tuple[torch.Tensor, ...]:
-        """Right-padded embeds [n, >= max(lengths), H] into `slots` from `starts` -> the step's outputs for
-        the n rows (per-row outputs as long as the bucket); the run must fit a bucket (`plan` says which do)."""
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]:
+        """Right-padded embeds [n, >= max(lengths), H] into `slots` -> the step's outputs for the n rows
+        (per-row outputs as long as the bucket); the run must fit a bucket (`plan` says which do)."""
         n = embeds.shape[0]
-        starts = starts or [0] * n
-        bucket = self.buckets[prefill_bucket(self.buckets, n, lengths, starts)]
-        bucket.load(embeds, slots, lengths, starts, self.kv.scratch_slot)
+        shape = prefill_bucket(self.buckets, n, lengths)
+        assert shape is not None, (n, lengths)
+        bucket = self.buckets[shape]
+        bucket.load(embeds, slots, lengths, self.kv.scratch_slot)
         bucket.graph.replay()
         return tuple(out[:n].clone() for out in bucket.outputs)
 

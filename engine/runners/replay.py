@@ -22,13 +22,11 @@ class DecodeReplay(Protocol):
 
 
 class PrefillReplay(Protocol):
-    def plan(self, lengths: list[int], starts: list[int] | None = None) -> list[slice] | None:
-        """A group of prompts (rows from `starts` in their slots) as consecutive runs, one replay each;
-        None when it runs eagerly."""
+    def plan(self, lengths: list[int]) -> list[slice] | None:
+        """A group of whole prompts as consecutive runs, one replay each; None when it runs eagerly."""
         ...
 
-    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int],
-                 starts: list[int] | None = None) -> tuple[torch.Tensor, ...]: ...
+    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]: ...
 
 
 class PackedReplay(Protocol):
@@ -59,7 +57,7 @@ def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tupl
     """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
     it on `stream` into `pool` and replay it once; returns the graph and the outputs its replays
     overwrite. A graph's first replay also uploads it to the device, which under load is a request's
-    wait: spoken turns that met an extend graph for the first time took 60-100 ms longer."""
+    wait: spoken turns that met a graph for the first time took 60-100 ms longer."""
     side = torch.cuda.Stream(stream.device)
     side.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(side):

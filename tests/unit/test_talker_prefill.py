@@ -103,3 +103,27 @@ def test_a_reply_does_not_end_before_its_first_frame(tiny_checkpoint: Path) -> N
     assert int(seqs[0].code0) == 7  # the new reply speaks
     assert stage._finished == ["speaking"] and "speaking" not in stage.running
     assert [frames.is_final for frames in sent] == [True]  # only the reply with frames ended
+
+
+def test_prefill_plan_splits_groups_into_captured_runs() -> None:
+    from engine.accel.cuda_graphs import plan_prefill
+
+    one_prompt = [(1, 32), (1, 64)]
+    assert plan_prefill(one_prompt, [20]) == [slice(0, 1)]
+    assert plan_prefill(one_prompt, [20, 30]) is None  # a group runs as one eager forward
+    assert plan_prefill(one_prompt, [65]) is None  # longer than every bucket
+    groups = one_prompt + [(2, 32), (4, 32), (2, 64)]
+    assert plan_prefill(groups, [20, 30, 5]) == [slice(0, 4)]
+    assert plan_prefill(groups, [20, 40, 5]) == [slice(0, 2), slice(2, 4)]  # at 64 rows, two prompts a replay
+    assert plan_prefill(groups, [3] * 9) == [slice(0, 4), slice(4, 8), slice(8, 12)]
+
+
+def test_prefill_buckets_pad_little() -> None:
+    """Buckets x1.5 apart in length and prompt count: a burst of 40 prompts of 44 rows pads to 48 x 48
+    (2304 rows), where buckets x2 apart would pad it to 64 x 64 (4096)."""
+    from engine.accel.cuda_graphs import GROUP_TOKENS, PREFILL_BATCHES, PREFILL_LENGTHS, plan_prefill, prefill_bucket
+
+    shapes = [(b, n) for b in PREFILL_BATCHES for n in PREFILL_LENGTHS if b == 1 or b * n <= GROUP_TOKENS]
+    assert plan_prefill(shapes, [44] * 40) == [slice(0, 64)]
+    assert prefill_bucket(shapes, 40, [44] * 40) == (48, 48)
+    assert prefill_bucket(shapes, 1, [100]) == (1, 128) and prefill_bucket(shapes, 5, [20] * 5) == (6, 32)
