@@ -2,9 +2,9 @@
 
 A conversation's next turn is its last prompt, the reply, and something new. When a Thinker request
 finishes, its slot is not freed but kept with the keys of the positions its KV holds; a new prompt
-takes the entry with the longest common prefix (at least `min_tokens`: a shorter one saves less than
-it costs: the copy of a shared prefix into a free slot and a claim scan per prompt)
-and prefills only what follows. A match that covers the entry's prompt moves the slot to the new request (what is left
+takes the entry with the longest common prefix (at least `min_tokens`, so that the few tokens every
+prompt shares, a chat template's header, never move a conversation's slot or cost a copy) and
+prefills only what follows. A match that covers the entry's prompt moves the slot to the new request (what is left
 past it is that conversation's reply); a shorter one (one system prompt, many users) copies the
 shared part into a free slot and leaves the entry for others. Kept slots are given back, least recently used first,
 whenever a request needs a slot and none is free, so the cache only ever holds slots nobody else
