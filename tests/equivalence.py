@@ -81,21 +81,27 @@ def check_engine_equals_generate(
         assert finished.timings.codec_frames == FRAMES
         if ramp:  # 2 + 3 + 4 frames, then the last 1: four chunks with audio
             assert len([c for c in chunks if c.size]) == 4
-        audio = np.concatenate(chunks)
-        with torch.inference_mode():
-            # transformers never feeds a reply's last token back, so it speaks one token less:
-            # ask it for one more to speak the same text.
-            sequences, wav = reference.generate(
-                torch.tensor([prompt_ids], device=device),
-                speaker="ethan",
-                thinker_max_new_tokens=TEXT_TOKENS + 1,
-                thinker_do_sample=False,
-                talker_do_sample=False,
-                talker_max_new_tokens=FRAMES + 1,
-                return_audio=True,
-            )
-        assert tokens == sequences[0, len(prompt_ids) : len(prompt_ids) + TEXT_TOKENS].tolist()
-        expected = wav.reshape(-1).cpu().numpy()
-        assert audio.shape == expected.shape
-        # GPU kernels (TF32 matmuls, other reduction orders) round differently from the CPU's
-        assert np.abs(audio - expected).max() <= (1e-4 if device == "cpu" else 2e-2)
+        assert_equals_generate(reference, device, prompt_ids, tokens, chunks)
+
+
+def assert_equals_generate(reference, device: str, prompt_ids: list[int], tokens: list[int],
+                           chunks: list[np.ndarray]) -> None:
+    """A reply of TEXT_TOKENS tokens and FRAMES frames equals greedy `generate(return_audio=True)` on its prompt."""
+    audio = np.concatenate(chunks)
+    with torch.inference_mode():
+        # transformers never feeds a reply's last token back, so it speaks one token less:
+        # ask it for one more to speak the same text.
+        sequences, wav = reference.generate(
+            torch.tensor([prompt_ids], device=device),
+            speaker="ethan",
+            thinker_max_new_tokens=TEXT_TOKENS + 1,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=FRAMES + 1,
+            return_audio=True,
+        )
+    assert tokens == sequences[0, len(prompt_ids) : len(prompt_ids) + TEXT_TOKENS].tolist()
+    expected = wav.reshape(-1).cpu().numpy()
+    assert audio.shape == expected.shape
+    # GPU kernels (TF32 matmuls, other reduction orders) round differently from the CPU's
+    assert np.abs(audio - expected).max() <= (1e-4 if device == "cpu" else 2e-2)
