@@ -206,18 +206,20 @@ class ThinkerStage(Stage):
         self.metrics.step_tokens.labels("decode").observe(len(replies))
         return self.last_batch
 
-    def _piece_end(self, seq: ThinkerSeq, room: int) -> int:
-        """Where the next piece of `seq` ends with `room` tokens left in the step: never inside a clip (a clip
-        that starts the piece goes whole, whatever the room)."""
+    def _piece_end(self, seq: ThinkerSeq, room: int, first: bool) -> int:
+        """Where the next piece of `seq` ends with `room` tokens left in the step: never inside a clip. A clip
+        that starts the step's first piece goes whole, whatever the room (a prompt always progresses); a
+        later piece stops before it."""
         end = min(seq.prompt_len, seq.position + room)
         for a, b in seq.clips:
             if a < end < b:
-                end = a if a > seq.position else b
+                end = a if a > seq.position else (b if first else seq.position)
         return end
 
     def _take_pieces(self, room: int) -> list[tuple[ThinkerSeq, int]]:
         """Prompt pieces for one step, first come first served: the prompts under way in the order they came,
-        then waiting ones while slots are free, until the step's `room` is used."""
+        then waiting ones while slots are free, until the step's `room` is used. Nothing goes behind a prompt
+        that this step does not finish, so prompts begin their replies in the order they came."""
         pieces: list[tuple[ThinkerSeq, int]] = []
         while room > 0:
             if len(pieces) < len(self.partial):
@@ -227,9 +229,13 @@ class ThinkerStage(Stage):
                 self.partial.append(seq)
             else:
                 break
-            end = self._piece_end(seq, room)
+            end = self._piece_end(seq, room, first=not pieces)
+            if end == seq.position:
+                break  # its next clip does not fit what is left of this step
             pieces.append((seq, end))
             room -= end - seq.position
+            if end < seq.prompt_len:
+                break
         return pieces
 
     def _piece_row(self, seq: ThinkerSeq, end: int) -> StepRow:
