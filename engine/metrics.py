@@ -47,7 +47,7 @@ class EngineMetrics:
         )
         self.playback_slack = Histogram(
             "engine_playback_slack_seconds",
-            "The least audio a speaking reply's listener holds, at each Code2Wav step that emits",
+            "The least audio a speaking reply's listener holds, after each Code2Wav step",
             buckets=(-0.5, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0), registry=r,
         )
         self.audio_tower = Histogram(

@@ -368,9 +368,9 @@ def packed_tokens(max_tokens: int) -> tuple[int, ...]:
 
 
 def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
-    """The Thinker's packed steps of up to `max_tokens` tokens, with compiled layers. Replays read the KV
-    through the attention kernel (the reference gathers per sequence on the host's word): without it the
-    Thinker runs eagerly."""
+    """The Thinker's packed steps of up to `max_tokens` tokens, with compiled layers. A replay needs the
+    attention kernel, which reads its work list from the device (the reference reads the host's pieces):
+    without it the Thinker runs eagerly."""
 
     def capture_all(runner: ThinkerRunner) -> StepGraphs:
         if not runner.attention.block_q:

@@ -119,9 +119,7 @@ class PackedBatch:
         """An eager step's batch: exactly these pieces."""
         tokens = sum(p.length for p in pieces)
         host = torch.from_numpy(_layout(cache, attention.block_q, tokens, len(pieces), pieces))
-        device = cache.keys[0].device
-        return cls(cache, attention, tokens, len(pieces), host.to(device, non_blocking=True) if device.type == "cuda"
-                   else host, pieces)
+        return cls(cache, attention, tokens, len(pieces), host.to(cache.keys[0].device, non_blocking=True), pieces)
 
     @staticmethod
     def meta_size(tokens: int, seqs: int, block_q: int) -> int:

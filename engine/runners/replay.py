@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.runners.packed_batch import Piece
+
 
 class DecodeReplay(Protocol):
     def __call__(self, embeds: torch.Tensor, slots: list[int], positions: list[int]) -> tuple[torch.Tensor, ...] | None:
@@ -30,7 +32,7 @@ class PrefillReplay(Protocol):
 
 
 class PackedReplay(Protocol):
-    def __call__(self, embeds: torch.Tensor, pieces: list[Any]) -> tuple[torch.Tensor, ...] | None:
+    def __call__(self, embeds: torch.Tensor, pieces: list[Piece]) -> tuple[torch.Tensor, ...] | None:
         """Packed rows [T, H] of these pieces (engine/runners/packed_batch.py); None when no bucket fits."""
         ...
 

@@ -127,6 +127,8 @@ class Code2WavStage(Stage):
         for seq in closing:
             end_sample = seq.num_frames * self.decoder.samples_per_frame - self.decoder.tail_samples
             self._emit(seq, max(0, end_sample), np.zeros(0, dtype=np.float32))
+        if self.last_batch and (least := self.clock.least_buffered_s()) is not None:
+            self.metrics.playback_slack.observe(least)
         return self.last_batch
 
     def _deadline(self, seq: Code2WavSeq) -> tuple[bool, float]:
@@ -154,8 +156,6 @@ class Code2WavStage(Stage):
         seq.emitted_samples = sample_offset + len(samples)
         is_last = seq.is_final and seq.decoded_frames == seq.num_frames
         self.clock.emitted(seq.request_id, seq.emitted_samples / SAMPLE_RATE_HZ)
-        if (least := self.clock.least_buffered_s()) is not None:
-            self.metrics.playback_slack.observe(least)
         self.report(AudioChunk(seq.request_id, samples, sample_offset, is_last))
         if is_last:
             self.release(seq.request_id)

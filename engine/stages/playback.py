@@ -19,6 +19,9 @@ class _Reply:
     started: float  # perf_counter() when its playback began, moved on by each stall
     emitted_s: float  # audio emitted so far
 
+    def held_s(self, now: float) -> float:
+        return self.started + self.emitted_s - now
+
 
 class PlaybackClock:
     """Owns each speaking reply's first-packet time and emitted audio, from its first packet to its last."""
@@ -48,7 +51,7 @@ class PlaybackClock:
         now = time.perf_counter() if now is None else now
         with self._lock:
             reply = self._replies.get(request_id)
-            return None if reply is None else reply.started + reply.emitted_s - now
+            return None if reply is None else reply.held_s(now)
 
     def least_buffered_s(self, now: float | None = None) -> float | None:
         """The least audio any speaking reply's listener holds now; None when no reply speaks."""
@@ -56,4 +59,4 @@ class PlaybackClock:
         with self._lock:
             if not self._replies:
                 return None
-            return min(r.started + r.emitted_s for r in self._replies.values()) - now
+            return min(r.held_s(now) for r in self._replies.values())

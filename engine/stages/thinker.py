@@ -200,9 +200,9 @@ class ThinkerStage(Stage):
                         self.metrics.reply_gap.labels(self.name).observe(now - seq.last_token_at)
                 seq.last_token_at = now
                 self._advance(seq, token, embed)
-        prompt_tokens = sum(len(r.token_ids) for r in rows) - len(replies)
-        self.budget.observe(prompt_tokens + len(replies), time.perf_counter() - started)
-        self.metrics.step_tokens.labels("prompt").observe(prompt_tokens)
+        tokens_in_step = sum(len(r.token_ids) for r in rows)
+        self.budget.observe(tokens_in_step, time.perf_counter() - started)
+        self.metrics.step_tokens.labels("prompt").observe(tokens_in_step - len(replies))
         self.metrics.step_tokens.labels("decode").observe(len(replies))
         return self.last_batch
 
