@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.accel import fused_moe, packed_attention, slot_attention, snake
+from engine.accel import fused_moe, packed_attention, snake
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
 from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
@@ -168,8 +168,6 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     if has_talker:
         talker = _load(source, "talker", tl.device, tl.dtype, triton)
         code2wav = _load(source, "code2wav", cw.device, cw.dtype, triton)
-        if triton:
-            slot_attention.enable(talker.model)
         to_code2wav = _route(code2wav_inboxes, lambda item: item.is_final, routers)
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
@@ -181,8 +179,9 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                 runner = TalkerRunner(
                     talker, config, tts_embeds, max_batch=tl.max_batch,
                     # a reply's talker sequence: the user turns plus one row per frame
-                    max_len=tk.max_model_len + tl.max_frames + 16, predictor=predictor, decode_kernel=triton,
-                    capture=talker_capture(tl.max_prefill_batch) if graphs else None, cold=metrics.cold_work)
+                    max_len=tk.max_model_len + tl.max_frames + 16, predictor=predictor,
+                    attention=packed_attention.KernelAttention() if triton else None,
+                    capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
                                       _name("talker", i, tl.replicas)))
         # replicas share the stage's weights; each has its own state, graphs and thread

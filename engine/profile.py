@@ -70,7 +70,8 @@ class TalkerConfig:
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_frames: int = field(default=4096, metadata=_at_least(1))
-    max_prefill_batch: int = field(default=64, metadata=_at_least(1))  # prompts per prefill forward
+    # rows one step may carry: a row per speaking reply, prompt pieces in the rest (and the largest graph)
+    max_step_tokens: int = field(default=2048, metadata=_at_least(1))
     ignore_eos: bool = False
     default_speaker: str = "ethan"
     sampling: SamplingConfig = field(
@@ -80,6 +81,11 @@ class TalkerConfig:
         default_factory=lambda: SamplingConfig(temperature=0.9, top_p=0.8, top_k=50)
     )
 
+    def __post_init__(self) -> None:
+        if self.max_step_tokens < self.max_batch + 64:
+            raise ProfileError(f"stages.talker.max_step_tokens: must be >= max_batch + 64 ({self.max_batch + 64}), "
+                               f"got {self.max_step_tokens}")
+
 
 @dataclass(frozen=True, slots=True)
 class Code2WavConfig:
@@ -88,6 +94,9 @@ class Code2WavConfig:
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_streams: int = field(default=128, metadata=_at_least(1))  # replies holding decoder state at once
+    # frames one step decodes (its chunks x its widest chunk: the padded batch), so that no step holds the GPU
+    # long while other stages' replies wait; a step always takes at least one chunk
+    max_step_frames: int = field(default=800, metadata=_at_least(1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,20 +17,6 @@ import torch
 from engine.runners.packed_batch import Piece
 
 
-class DecodeReplay(Protocol):
-    def __call__(self, embeds: torch.Tensor, slots: list[int], positions: list[int]) -> tuple[torch.Tensor, ...] | None:
-        """One token per slot at its position; None when the batch fits no captured bucket."""
-        ...
-
-
-class PrefillReplay(Protocol):
-    def plan(self, lengths: list[int]) -> list[slice] | None:
-        """A group of whole prompts as consecutive runs, one replay each; None when it runs eagerly."""
-        ...
-
-    def __call__(self, embeds: torch.Tensor, slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, ...]: ...
-
-
 class PackedReplay(Protocol):
     def __call__(self, embeds: torch.Tensor, pieces: list[Piece]) -> tuple[torch.Tensor, ...] | None:
         """Packed rows [T, H] of these pieces (engine/runners/packed_batch.py); None when no bucket fits."""
@@ -46,9 +32,7 @@ class PredictorReplay(Protocol):
 class StepGraphs:
     """A runner's captured steps; None where that step runs eagerly."""
 
-    decode: DecodeReplay | None = None
-    prefill: PrefillReplay | None = None  # whole prompts
-    packed: PackedReplay | None = None  # any mix of prompt pieces and next tokens (the Thinker)
+    packed: PackedReplay | None = None  # any mix of prompt pieces and next tokens
     predictor: PredictorReplay | None = None
 
 

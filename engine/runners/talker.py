@@ -1,4 +1,5 @@
-"""The Talker's tensor work: prompt projection, batched decode of codebook 0, and the code predictor.
+"""The Talker's tensor work: prompt projection, one packed step of codebook 0 over any mix of prompt pieces and
+speaking replies' next rows (engine/runners/packed_batch.py), and the code predictor.
 
 Owns the Talker model and its KV cache. The math follows transformers'
 `Qwen3OmniMoeForConditionalGeneration.generate` and the talker's
@@ -16,7 +17,8 @@ import torch
 
 from engine.cold_work import EAGER_FALLBACK, ColdWork
 from engine.runners.code_predictor import CodePredictor, TransformersCodePredictor
-from engine.runners.kv_cache import SlotBatch, SlotKVCache, cache_kwarg
+from engine.runners.kv_cache import SlotKVCache, cache_kwarg
+from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.replay import EAGER, StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
 
@@ -41,18 +43,30 @@ class PromptLayout:
         return cls(spans, tuple(ids[i] in multimodal_ids for a, b in spans for i in range(a, b)), headers[-1])
 
 
+@dataclass(frozen=True, slots=True)
+class TalkerRow:
+    """One reply's rows in a Talker step: a piece of its prompt, written from `start` (the rows its slot already
+    holds), or the one row a speaking reply decodes."""
+
+    slot: int
+    start: int
+    embeds: torch.Tensor  # [n, H]
+
+
 class TalkerRunner:
     """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps.
 
     `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]).
     `predictor`: the 15 residual codebooks of a frame (engine/runners/code_predictor.py); by default
     transformers' own modules, the eager reference.
-    `decode_kernel`, `capture` and `cold` as the Thinker runner's."""
+    `attention`, `capture` and `cold` as the Thinker runner's."""
 
     def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
-                 predictor: CodePredictor | None = None, decode_kernel: bool = False,
+                 predictor: CodePredictor | None = None, attention: PackedAttention | None = None,
                  capture: Callable[[TalkerRunner], StepGraphs] | None = None, cold: ColdWork | None = None) -> None:
         self.talker = talker
+        use_packed_attention(talker.model)
+        self.attention = attention or ReferenceAttention()
         self.cold = cold
         self.config = config
         tc = config.talker_config
@@ -86,7 +100,6 @@ class TalkerRunner:
             max_len=max_len,
             dtype=self.dtype,
             device=self.device,
-            decode_kernel=decode_kernel,
         )
         # per slot, the codebook-0 ids its reply has produced (the repetition penalty's history), kept on
         # the device: a step marks its tokens with one scatter, whatever the replies' lengths
@@ -100,26 +113,41 @@ class TalkerRunner:
     def prompt_embeds(
         self, token_ids: list[int], embeds: torch.Tensor, hidden: torch.Tensor, first_text: torch.Tensor, speaker: str
     ) -> torch.Tensor:
-        """The talker prompt: the user turns, then the assistant header with the first text token. [L, H]
+        """The whole talker prompt: `user_rows`, then `assistant_rows`. [L, H]"""
+        layout = self.layout(token_ids)
+        return torch.cat([self.user_rows(layout, embeds, hidden), self.assistant_rows(layout, embeds, first_text, speaker)])
+
+    def layout(self, token_ids: list[int]) -> PromptLayout:
+        return PromptLayout.of(token_ids, self.im_start_id, self.user_token_id, self.assistant_token_id,
+                               self._multimodal_id_set)
+
+    def user_rows(self, layout: PromptLayout, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The talker prompt's first part, every user turn of the conversation [U, H]: text rows projected from the
+        Thinker's input embeddings, audio (and image, video) rows from its hidden rows. Known before the reply's
+        first text token, so the Talker prefills them while the Thinker samples it.
 
         Which rows are which comes from the ids on the host, so a burst of prompts is queued without
         the host waiting on the GPU once: masks and lookups on the device made six waits a prompt,
         each slow beside a busy Thinker (a prefill of 51 prompts took 120 ms on the H200)."""
-        layout = PromptLayout.of(token_ids, self.im_start_id, self.user_token_id, self.assistant_token_id,
-                                 self._multimodal_id_set)
-        embeds, hidden = embeds.to(self.device, self.dtype), hidden.to(self.device, self.dtype)
-        if layout.user_spans:
-            rows = self.talker.text_projection(torch.cat([embeds[a:b] for a, b in layout.user_spans]))
-        else:
-            rows = self.tts_pad.new_zeros(0, self.tts_pad.shape[-1])
+        if not layout.user_spans:
+            return self.tts_pad.new_zeros(0, self.tts_pad.shape[-1])
+        embeds = embeds.to(self.device, self.dtype)
+        rows = self.talker.text_projection(torch.cat([embeds[a:b] for a, b in layout.user_spans]))
         if any(layout.multimodal):
+            hidden = hidden.to(self.device, self.dtype)
             user_hidden = torch.cat([hidden[a:b] for a, b in layout.user_spans])
             multimodal = host_to_device(layout.multimodal, torch.bool, self.device)
             rows = torch.where(multimodal.unsqueeze(-1), self.talker.hidden_projection(user_hidden), rows)
-        first_text = first_text.to(self.device, self.dtype)[None]
-        assistant = self.talker.text_projection(torch.cat([embeds[layout.header :], first_text]))
+        return rows
+
+    def assistant_rows(self, layout: PromptLayout, embeds: torch.Tensor, first_text: torch.Tensor,
+                       speaker: str) -> torch.Tensor:
+        """The talker prompt's last part [9, H]: the assistant header and the reply's first text token on the text
+        track, the speaker's codec prefix under them."""
+        header = embeds[layout.header :].to(self.device, self.dtype)
+        assistant = self.talker.text_projection(torch.cat([header, first_text.to(self.device, self.dtype)[None]]))
         text_track = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
-        return torch.cat([rows, text_track + self._codec_track(speaker)])
+        return text_track + self._codec_track(speaker)
 
     def _codec_track(self, speaker: str) -> torch.Tensor:
         """The codec rows under the assistant header for `speaker`, made once per speaker."""
@@ -129,51 +157,25 @@ class TalkerRunner:
             track = self._codec_tracks[speaker] = torch.cat([zeros, self.codec_embedding(ids)])
         return track
 
-    def prefill(self, slots: list[int], prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Talker prompts ([L_b, H] each) in one right-padded forward -> logits [B, V], last hidden [B, H].
-
-        Padding writes junk keys past each prompt; decode overwrites each before any query sees it.
-        """
-        lengths = [p.shape[0] for p in prompts]
-        batch = torch.zeros(len(prompts), max(lengths), prompts[0].shape[-1], device=self.device, dtype=self.dtype)
-        for b, prompt in enumerate(prompts):
-            batch[b, : lengths[b]] = prompt
-        graphs = self.graphs.prefill
-        if graphs is not None:
-            if (runs := graphs.plan(lengths)) is not None:
-                outs = [graphs(batch[run], slots[run], lengths[run]) for run in runs]
-                return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
-            if self.cold is not None:
-                self.cold.record(EAGER_FALLBACK, f"talker prefill of {lengths} rows: no graph fits")
-        hidden = self._forward(batch, self.kv.batch(slots, [0] * len(prompts), max(lengths)))
-        last = hidden[torch.arange(len(prompts), device=self.device), torch.tensor(lengths, device=self.device) - 1]
-        return self.talker.codec_head(last), last
-
-    def prefill_step(self, embeds: torch.Tensor, view: SlotBatch, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded prompts, embeds [B, L, H] -> (logits at each row's `last` [B, V], its hidden [B, H]);
-        device work only (a CUDA graph captures this)."""
-        out = self._forward(embeds, view)
-        hidden = out[torch.arange(out.shape[0], device=out.device), last]
-        return self.talker.codec_head(hidden), hidden
-
-    def decode(self, slots: list[int], positions: list[int], inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """inputs [B, H] -> logits [B, V], last hidden [B, H]."""
-        if self.graphs.decode is not None:
-            if out := self.graphs.decode(inputs[:, None], slots, positions):
+    def step(self, rows: list[TalkerRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's embeds in one packed forward (replayed when a graph's bucket fits) -> per row the logits
+        [N, V] and hidden [N, H] at its last position."""
+        embeds = torch.cat([row.embeds for row in rows]).to(self.dtype)
+        pieces = [Piece(row.slot, row.start, row.embeds.shape[0]) for row in rows]
+        if self.graphs.packed is not None:
+            if (out := self.graphs.packed(embeds, pieces)) is not None:
                 return out[0], out[1]
             if self.cold is not None:
-                self.cold.record(EAGER_FALLBACK, f"talker decode of {len(slots)} rows: no graph fits")
-        return self.decode_step(inputs[:, None], self.kv.batch(slots, positions, 1))
+                self.cold.record(EAGER_FALLBACK, f"talker step of {embeds.shape[0]} rows in {len(rows)} replies: no graph fits")
+        return self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces))
 
-    def decode_step(self, embeds: torch.Tensor, view: SlotBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """embeds [B, 1, H] -> logits [B, V], last hidden [B, H]; device work only (a CUDA graph captures this)."""
-        hidden = self._forward(embeds, view)[:, -1]
+    def packed_step(self, embeds: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed rows, embeds [T, H] -> (logits [N, V], hidden [N, H]) at each sequence's last row; device work
+        only (a CUDA graph captures this)."""
+        kwargs = {self._cache_kw: batch, "packed": batch}
+        out = self.talker.model(inputs_embeds=embeds[None], position_ids=batch.rope_positions(), use_cache=True, **kwargs)
+        hidden = out.last_hidden_state[0][batch.last]
         return self.talker.codec_head(hidden), hidden
-
-    def _forward(self, embeds: torch.Tensor, view: SlotBatch) -> torch.Tensor:
-        kwargs = {**view.forward_kwargs(embeds.dtype), self._cache_kw: view}
-        out = self.talker.model(inputs_embeds=embeds, use_cache=True, **kwargs)
-        return out.last_hidden_state
 
     def residual_codes(
         self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: list[RowSampling]

@@ -8,7 +8,7 @@ same however the stages interleave. Async chunk off: one decode when the Talker 
 
 Ready chunks go by playback deadline: first chunks first (a listener waits for them), then the replies
 whose listeners hold the least audio (the playback clock, engine/stages/playback.py, which this stage
-keeps as it emits).
+keeps as it emits); a step takes as many as fit `max_step_frames`, so none holds the GPU for long.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Code2WavStage(Stage):
     def step(self) -> list[str]:
         ready = [(s, end) for s in self.seqs.values() if (end := self._next_end(s)) is not None]
         ready.sort(key=lambda item: self._deadline(item[0]))
-        ready = ready[: self.cfg.max_batch]
+        ready = self._capped(ready)
         for seq, _ in ready:  # a new reply starts only when a slot is free
             if seq.slot is None and self.free_slots:
                 seq.slot = self.free_slots.pop()
@@ -130,6 +130,19 @@ class Code2WavStage(Stage):
         if self.last_batch and (least := self.clock.least_buffered_s()) is not None:
             self.metrics.playback_slack.observe(least)
         return self.last_batch
+
+    def _capped(self, ready: list[tuple[Code2WavSeq, int]]) -> list[tuple[Code2WavSeq, int]]:
+        """The most urgent chunks that fit one step: `max_batch` of them, padded to the widest within
+        `max_step_frames`."""
+        taken: list[tuple[Code2WavSeq, int]] = []
+        widest = 0
+        for seq, end in ready[: self.cfg.max_batch]:
+            wide = max(widest, end - seq.decoded_frames)
+            if taken and (len(taken) + 1) * wide > self.cfg.max_step_frames:
+                break
+            taken.append((seq, end))
+            widest = wide
+        return taken
 
     def _deadline(self, seq: Code2WavSeq) -> tuple[bool, float]:
         """First chunks first, then the least audio held (a reply with no first packet yet holds none)."""

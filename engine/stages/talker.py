@@ -1,8 +1,11 @@
-"""Talker stage: turns the Thinker's rows into codec frames, batching every request that is ready.
+"""Talker stage: turns the Thinker's rows into codec frames, one packed step for every reply that is ready.
 
-A request is prefilled once its prompt rows and first text token have arrived.
-Each later step consumes one more text row (or tts_eos, then tts_pad once the
-Thinker is done); a request whose next row has not arrived sits the step out.
+A step carries a row for every speaking reply whose next text row is here (its next Thinker token,
+tts_eos once, then tts_pad once the Thinker is done; a reply whose row has not arrived sits the step
+out) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, first come first
+served. A prompt's user turns are prefilled as soon as the Thinker hands them over, its assistant part
+once the first text token is here; its last piece samples the reply's first codebook-0 id. So no step
+is a prefill alone while anyone speaks, and a long conversation's prompt never holds the GPU at once.
 When the Thinker paces its text (engine/stages/policy.py), each step tells it which replies
 consumed a row.
 """
@@ -22,7 +25,7 @@ from engine.handoff import CodecFrames, Inbox, Report, SpeechProgress, ThinkerDo
 from engine.metrics import EngineMetrics
 from engine.profile import TalkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
-from engine.runners.talker import TalkerRunner
+from engine.runners.talker import PromptLayout, TalkerRow, TalkerRunner
 from engine.stages.base import Stage
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,10 @@ class TalkerSeq:
     thinker_done: bool = False
     eos_fed: bool = False
     slot: int = -1
-    position: int = 0
+    position: int = 0  # rows in its slot
+    layout: PromptLayout | None = None  # set with its user rows, at its first piece
+    todo: torch.Tensor | None = None  # [n, H] prompt rows not yet prefilled
+    header_queued: bool = False  # the assistant part is in `todo` or prefilled: the prompt's end is known
     # set by the prefill, before the first decode step that reads them
     code0: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [] the next frame's codebook-0 id
     past_hidden: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [H]
@@ -112,23 +118,21 @@ class TalkerStage(Stage):
             seq.thinker_done = True
 
     def release(self, request_id: str) -> None:
-        self.pending.pop(request_id, None)
-        seq = self.running.pop(request_id, None)
-        if seq is not None:
+        seq = self.pending.pop(request_id, None) or self.running.pop(request_id, None)
+        if seq is not None and seq.slot >= 0:
             self.runner.kv.free(seq.slot)
-
-    def _prefillable(self) -> list[TalkerSeq]:
-        """Pending requests whose first text token is here, as many as there are free slots."""
-        for seq in [s for s in self.pending.values() if s.first_text is None and s.thinker_done]:
-            self._finish(seq)  # an empty reply has nothing to say
-        ready = [s for s in self.pending.values() if s.first_text is not None]
-        return ready[: min(self.runner.kv.num_free, self.cfg.max_prefill_batch)]
 
     def _ready(self) -> list[TalkerSeq]:
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
 
+    def _may_prefill(self, seq: TalkerSeq) -> bool:
+        if seq.slot < 0 and not self.runner.kv.num_free:
+            return False
+        return seq.todo is None or bool(seq.todo.shape[0]) or (seq.first_text is not None and not seq.header_queued)
+
     def has_work(self) -> bool:
-        return bool(self._ready()) or any(s.first_text is not None or s.thinker_done for s in self.pending.values())
+        return bool(self._ready()) or any(
+            (s.first_text is None and s.thinker_done) or self._may_prefill(s) for s in self.pending.values())
 
     def num_waiting(self) -> int:
         return len(self.pending)
@@ -139,57 +143,85 @@ class TalkerStage(Stage):
     def step(self) -> list[str]:
         self._consumed.clear()  # a failed step's are void
         self._finished.clear()
-        seqs = self._prefillable()
-        batch = self._prefill(seqs) if seqs else self._decode(self._ready())
+        for seq in [s for s in self.pending.values() if s.first_text is None and s.thinker_done]:
+            self._finish(seq)  # an empty reply has nothing to say
+        speaking = self._ready()
+        pieces = self._take_pieces(self.cfg.max_step_tokens - len(speaking))
+        if speaking or pieces:
+            self._step(speaking, pieces)
         if self.to_thinker is not None and (self._consumed or self._finished):
             self.to_thinker(SpeechProgress(tuple(self._consumed), tuple(self._finished)))
-        return batch
-
-    def _prefill(self, seqs: list[TalkerSeq]) -> list[str]:
-        prompts = []
-        for seq in seqs:
-            self.pending.pop(seq.request_id)
-            seq.slot = self.runner.kv.allocate()
-            self.running[seq.request_id] = seq
-            p = seq.prompt
-            assert seq.first_text is not None
-            prompts.append(self.runner.prompt_embeds(p.token_ids, p.embeds, p.hidden, seq.first_text, p.speaker))
-            seq.position = prompts[-1].shape[0]
-            self._consumed.append(seq.request_id)  # its first text row is in the prompt
-        self.last_batch, self.last_phase = [s.request_id for s in seqs], "prefill"
-        self.runner.forget_codes([s.slot for s in seqs])
-        logits, hidden = self.runner.prefill([s.slot for s in seqs], prompts)
-        self._take_code0(seqs, logits, hidden)
         return self.last_batch
 
-    def _decode(self, seqs: list[TalkerSeq]) -> list[str]:
-        if not seqs:
-            return []
-        self.last_batch, self.last_phase = [s.request_id for s in seqs], "decode"
-        code0 = torch.stack([s.code0 for s in seqs])
-        past_hidden = torch.stack([s.past_hidden for s in seqs])
-        codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in seqs])
-        inputs = codec_sum + self._next_text_rows(seqs)
-        frames, copied = _to_host(codes)  # one copy for the batch, queued before the decode step
-        # the decode step is queued before the host waits for the codes: the GPU goes straight on
-        logits, hidden = self.runner.decode([s.slot for s in seqs], [s.position for s in seqs], inputs)
+    def _take_pieces(self, room: int) -> list[tuple[TalkerSeq, torch.Tensor]]:
+        """Prompt rows for one step, first come first served, until the step's `room` is used."""
+        pieces = []
+        for seq in self.pending.values():
+            if room <= 0:
+                break
+            if not self._may_prefill(seq):
+                continue
+            self._queue_rows(seq)
+            assert seq.todo is not None
+            if not seq.todo.shape[0]:
+                continue  # its user turns are in, its first text token is not
+            if seq.slot < 0:
+                seq.slot = self.runner.kv.allocate()
+                self.runner.forget_codes([seq.slot])
+            rows, seq.todo = seq.todo[:room], seq.todo[room:]
+            pieces.append((seq, rows))
+            room -= rows.shape[0]
+        return pieces
+
+    def _queue_rows(self, seq: TalkerSeq) -> None:
+        """The prompt rows that can be prefilled now: its user turns at once, its assistant part with the first
+        text token."""
+        p = seq.prompt
+        if seq.layout is None:
+            seq.layout = self.runner.layout(p.token_ids)
+            seq.todo = self.runner.user_rows(seq.layout, p.embeds, p.hidden)
+        if seq.first_text is not None and not seq.header_queued:
+            assistant = self.runner.assistant_rows(seq.layout, p.embeds, seq.first_text, p.speaker)
+            seq.todo = assistant if seq.todo is None else torch.cat([seq.todo, assistant])
+            seq.header_queued = True
+
+    def _step(self, speaking: list[TalkerSeq], pieces: list[tuple[TalkerSeq, torch.Tensor]]) -> None:
+        self.last_batch = [s.request_id for s, _ in pieces] + [s.request_id for s in speaking]
+        self.last_phase = "prefill" if pieces else "decode"
+        rows = [TalkerRow(seq.slot, seq.position, embeds) for seq, embeds in pieces]
+        frames, copied = torch.empty(0), lambda: None
+        if speaking:
+            code0 = torch.stack([s.code0 for s in speaking])
+            past_hidden = torch.stack([s.past_hidden for s in speaking])
+            codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in speaking])
+            inputs = codec_sum + self._next_text_rows(speaking)
+            rows += [TalkerRow(seq.slot, seq.position, inputs[i : i + 1]) for i, seq in enumerate(speaking)]
+            frames, copied = _to_host(codes)  # one copy for the batch, queued before the step
+        # the step is queued before the host waits for the codes: the GPU goes straight on
+        logits, hidden = self.runner.step(rows)
+        sampled = []
+        for i, (seq, embeds) in enumerate(pieces):
+            seq.position += embeds.shape[0]
+            if seq.header_queued and not seq.todo.shape[0]:  # type: ignore[union-attr]
+                self.running[seq.request_id] = self.pending.pop(seq.request_id)
+                self._consumed.append(seq.request_id)  # its first text row is in the prompt
+                sampled.append(i)
         copied()
         now = time.perf_counter()
-        for seq, frame in zip(seqs, frames, strict=True):
+        for k, (seq, frame) in enumerate(zip(speaking, frames, strict=False)):
             self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
             if seq.frames:
                 self.metrics.reply_gap.labels(self.name).observe(now - seq.last_frame_at)
             seq.frames += 1
             seq.last_frame_at = now
-        for seq in seqs:
             seq.position += 1
-        done = [s for s in seqs if s.frames >= self.cfg.max_frames or s.position >= self.runner.kv.max_len]
-        for seq in done:
-            self._finish(seq)
-        live = [i for i, s in enumerate(seqs) if s.request_id in self.running]
-        if live:
-            self._take_code0([seqs[i] for i in live], logits[live], hidden[live])
-        return self.last_batch
+            if seq.frames >= self.cfg.max_frames or seq.position >= self.runner.kv.max_len:
+                self._finish(seq)
+            else:
+                sampled.append(len(pieces) + k)
+        if sampled:
+            seqs = [pieces[i][0] if i < len(pieces) else speaking[i - len(pieces)] for i in sampled]
+            self._take_code0(seqs, logits[sampled], hidden[sampled])
 
     def _next_text_rows(self, seqs: list[TalkerSeq]) -> torch.Tensor:
         """Each request's next text-track row [B, H]: its next Thinker token, then tts_eos once, then tts_pad."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.replay import EAGER, StepGraphs
+from engine.runners.replay import StepGraphs
 from engine.runners.sampler import RowSampling, RowTensors
-from engine.runners.talker import TalkerRunner
+from engine.runners.talker import TalkerRow, TalkerRunner
 from engine.runners.thinker import StepRow
 from engine.weights.checkpoint import load_stage
 
@@ -89,59 +89,47 @@ def test_graphed_packed_steps_equal_eager(tiny_checkpoint: Path, compiled: bool)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["layers", "compiled-layers"])
-def test_graphed_talker_decode_steps_equal_eager(tiny_checkpoint: Path, compiled: bool) -> None:
+def test_graphed_talker_steps_equal_eager(tiny_checkpoint: Path, compiled: bool) -> None:
+    """Talker packed steps replayed per row bucket == eager: decode rows alone, a prompt beside decode rows,
+    a prompt's later piece; spare rows write only the scratch slot."""
     import contextlib
 
-    from engine.accel import fused_moe, slot_attention
-    from engine.accel.cuda_graphs import GraphedDecode, compiled_layers
+    from engine.accel import fused_moe
+    from engine.accel.cuda_graphs import GraphedPacked, compiled_layers
+    from engine.accel.packed_attention import KernelAttention
+    from engine.runners.packed_batch import Piece
 
     talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")
     with torch.inference_mode():
         fused_moe.enable(talker.model)
-        slot_attention.enable(talker.model.model)
-        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64,
-                            decode_kernel=True)
+        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=8, max_len=64,
+                            attention=KernelAttention())
         width = talk.codec_embedding.embedding_dim
         with compiled_layers(talk.talker.model.layers) if compiled else contextlib.nullcontext():
-            graphed = GraphedDecode(talk.decode_step, talk.kv, width, talk.dtype, buckets=(1, 2, 4))
+            graphed = GraphedPacked(talk.packed_step, talk.kv, talk.attention, width, talk.dtype, tokens=(1, 4, 16, 32))
         gen = torch.Generator(device="cuda").manual_seed(0)
-        talk.prefill([0, 2], [torch.randn(n, width, device="cuda", dtype=talk.dtype, generator=gen) for n in (6, 9)])
-        inputs = torch.randn(2, width, device="cuda", dtype=talk.dtype, generator=gen)
-        eager = talk.decode([0, 2], [6, 9], inputs)
-        out = graphed(inputs[:, None], [0, 2], [6, 9])
-        assert out is not None
-        # the graph attends over the whole (masked) cache, eager over the written part: bf16 rounding only
-        assert rel(out[0], eager[0]) < 2e-2 and torch.equal(out[0].argmax(-1), eager[0].argmax(-1))
-        # the padding row of a 3-row batch in the 4 bucket wrote only to the scratch slot
-        before = talk.kv.keys[0][1].clone()
-        graphed(torch.cat([inputs, inputs[:1]])[:, None], [0, 2, 3], [6, 9, 0])
-        assert torch.equal(talk.kv.keys[0][1], before)
 
+        def rows(n: int) -> torch.Tensor:
+            return torch.randn(n, width, device="cuda", dtype=talk.dtype, generator=gen)
 
-def test_graphed_talker_prefills_equal_eager(tiny_checkpoint: Path) -> None:
-    from engine.accel import fused_moe
-    from engine.accel.cuda_graphs import GraphedPrefill
-
-    talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")
-    with torch.inference_mode():
-        fused_moe.enable(talker.model)  # capturable in any dtype
-        talk = TalkerRunner(talker.model, talker.config, torch.randn(3, 64, device="cuda"), max_batch=4, max_len=64)
-        prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (13, 20)]
-        logits, hidden = talk.prefill([0, 2], prompts)
-        talk.graphs = StepGraphs(prefill=GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype,
-                                                        (16, 32), batches=(1, 2)))
-        g_logits, g_hidden = talk.prefill([1, 3], prompts)
-        for b in range(2):
-            assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2
-        # one prompt a replay at 32 rows: the 10-row prompt's run replays the 16-row bucket, its rows padded to 30
-        prompts = [torch.randn(n, talk.codec_embedding.embedding_dim, device="cuda", dtype=talk.dtype) for n in (30, 10)]
-        talk.graphs = EAGER
-        logits, hidden = talk.prefill([0, 2], prompts)
-        talk.graphs = StepGraphs(prefill=GraphedPrefill(talk.prefill_step, talk.kv, prompts[0].shape[-1], talk.dtype,
-                                                        (16, 32), batches=(1, 2), max_tokens=32))
-        g_logits, g_hidden = talk.prefill([1, 3], prompts)
-        for b in range(2):
-            assert rel(g_logits[b], logits[b]) < 2e-2 and rel(g_hidden[b], hidden[b]) < 2e-2
+        steps = [
+            [TalkerRow(0, 0, rows(6)), TalkerRow(1, 0, rows(9))],  # 15 rows: the 16 bucket
+            [TalkerRow(0, 6, rows(1)), TalkerRow(1, 9, rows(1))],  # two decode rows: the 4 bucket
+            [TalkerRow(2, 0, rows(20)), TalkerRow(0, 7, rows(1)), TalkerRow(1, 10, rows(1))],  # 22: the 32 bucket
+            [TalkerRow(2, 20, rows(3)), TalkerRow(0, 8, rows(1))],  # its later piece
+        ]
+        eager = [talk.step(step) for step in steps]
+        eager_keys = talk.kv.keys[0][:3].clone()
+        talk.kv.keys[0].zero_()
+        talk.graphs = StepGraphs(packed=graphed)
+        moved = {0: 3, 1: 4, 2: 5}  # the same steps in other slots
+        replayed = [talk.step([TalkerRow(moved[r.slot], r.start, r.embeds) for r in step]) for step in steps]
+        for (g_logits, g_hidden), (logits, hidden) in zip(replayed, eager, strict=True):
+            assert rel(g_logits, logits) < 2e-2 and rel(g_hidden, hidden) < 2e-2  # bf16 rounding only
+        for slot in range(3):
+            assert rel(talk.kv.keys[0][moved[slot], :, :23], eager_keys[slot, :, :23]) < 2e-2
+        assert not talk.kv.keys[0][[0, 1, 2, 6, 7]].any()  # spare rows went to the scratch slot alone
+        assert graphed(rows(33), [Piece(6, 0, 33)]) is None
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:

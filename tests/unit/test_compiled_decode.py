@@ -1,5 +1,5 @@
 """Decoder layers through torch.compile (`compiled_layers`, engine/accel/cuda_graphs.py) == eager layers,
-in their CPU form: the same Thinker step and Talker decode step, compiled by inductor for the CPU."""
+in their CPU form: the same Thinker and Talker packed steps, compiled by inductor for the CPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from engine.accel.cuda_graphs import compiled_layers
-from engine.runners.talker import TalkerRunner
+from engine.runners.talker import TalkerRow, TalkerRunner
 from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.weights.checkpoint import load_stage
 
@@ -38,9 +38,10 @@ def test_compiled_thinker_and_talker_layers_decode_as_eager(tiny_checkpoint: Pat
         talk = TalkerRunner(talker.model, talker.config, torch.randn(3, hidden), max_batch=4, max_len=64)
         width = talk.codec_embedding.embedding_dim
         gen = torch.Generator().manual_seed(0)
-        talk.prefill([0, 1], [torch.randn(n, width, generator=gen) for n in (6, 9)])
-        inputs = torch.randn(2, width, generator=gen)
-        logits, last = talk.decode([0, 1], [6, 9], inputs)
+        talk.step([TalkerRow(s, 0, torch.randn(n, width, generator=gen)) for s, n in enumerate((6, 9))])
+        rows = [TalkerRow(0, 6, torch.randn(1, width, generator=gen)), TalkerRow(1, 9, torch.randn(1, width, generator=gen)),
+                TalkerRow(2, 0, torch.randn(5, width, generator=gen))]
+        logits, last = talk.step(rows)
         with compiled_layers(talk.talker.model.layers):
-            c_logits, c_last = talk.decode([0, 1], [6, 9], inputs)
+            c_logits, c_last = talk.step(rows)
         assert torch.allclose(c_logits, logits, atol=1e-4) and torch.allclose(c_last, last, atol=1e-4)

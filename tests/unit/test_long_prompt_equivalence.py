@@ -24,15 +24,19 @@ SPEAKER_TOKENS = 300  # the speaking reply's text outlasts the long prompt's pre
 LONG = "Please describe, in a few careful words, the colour of the evening sea and the sky above it. " * 14
 
 
-async def _run(cache_dir: Path) -> tuple[list[int], list[int], list[np.ndarray], list[tuple[list[str], list[str], int]]]:
+Steps = list[tuple[list[str], list[str], int]]  # per step: its pieces' requests, its replies', its tokens
+
+
+async def _run(cache_dir: Path) -> tuple[list[int], list[int], list[np.ndarray], Steps, Steps]:
     greedy = {"temperature": 0}
     profile = load_profile(model="tiny", platform="cpu", stage_overrides={
         "thinker": {"max_batch": 16, "max_step_tokens": MAX_STEP_TOKENS},
-        "talker": {"max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy},
+        "talker": {"max_batch": 16, "max_step_tokens": MAX_STEP_TOKENS, "max_frames": FRAMES, "sampling": greedy,
+                   "code_sampling": greedy},
     })
     engine = create_engine("tiny", profile, cache_dir)
     thinker = engine.core.core.stages["thinker"]
-    steps: list[tuple[list[str], list[str], int]] = []  # per step: its pieces' requests, its replies', its tokens
+    steps: Steps = []
     runner_step = thinker.runner.step
 
     def watched(rows):
@@ -42,6 +46,17 @@ async def _run(cache_dir: Path) -> tuple[list[int], list[int], list[np.ndarray],
         return runner_step(rows)
 
     thinker.runner.step = watched
+    talker = engine.core.core.stages["talker"]
+    talker_steps: list[tuple[list[str], list[str], int]] = []
+    talker_step = talker.runner.step
+
+    def talker_watched(rows):
+        batch = list(talker.last_batch)  # a piece's reply stays pending until its prompt is all in
+        talker_steps.append(([r for r in batch if r in talker.pending], [r for r in batch if r in talker.running],
+                             sum(r.embeds.shape[0] for r in rows)))
+        return talker_step(rows)
+
+    talker.runner.step = talker_watched
     await engine.start()
     try:
         speaking = asyncio.Event()
@@ -69,7 +84,7 @@ async def _run(cache_dir: Path) -> tuple[list[int], list[int], list[np.ndarray],
         prompt_ids, tokens, audio = await asyncio.wait_for(long(), timeout=120)
         assert not speaking_reply.done(), "the speaking reply ended before the long prompt's reply"
         speaking_reply.cancel()  # the rest of its text is not needed
-        return prompt_ids, tokens, audio, steps
+        return prompt_ids, tokens, audio, steps, talker_steps
     finally:
         await engine.stop()
 
@@ -79,11 +94,15 @@ def test_a_long_prompt_in_pieces_beside_a_speaking_reply_equals_generate(tiny_ch
                                                                           cache_dir: Path) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    prompt_ids, tokens, audio, steps = asyncio.run(_run(cache_dir))
+    prompt_ids, tokens, audio, steps, talker_steps = asyncio.run(_run(cache_dir))
     pieces = [(replies, n) for prompts, replies, n in steps if "long" in prompts]
     assert len(prompt_ids) > 3 * MAX_STEP_TOKENS
     assert len(pieces) >= 4, pieces  # several pieces, every step within its budget
     assert all(n <= MAX_STEP_TOKENS for _, _, n in steps)
     assert all("speaker" in replies for replies, _ in pieces), "the speaking reply rode every piece's step"
+    # the Talker's prompt (the long user turn) went in pieces too (the speaking reply rides those steps whose
+    # moment its next text row is here: that is up to the threads)
+    assert sum("long" in prompts for prompts, _, _ in talker_steps) >= 3
+    assert all(n <= MAX_STEP_TOKENS for _, _, n in talker_steps)
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).eval()
     assert_equals_generate(reference, "cpu", prompt_ids, tokens, audio)

@@ -1,0 +1,160 @@
+"""One packed Talker step (engine/runners/talker.py) equals its parts: a prompt and decode rows packed together
+equal each alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a step padded to a
+graph's bucket equals the exact step, its padding written only into the scratch slot. And the stage's own
+rules: the repetition history per slot, no codec EOS before a reply's first frame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.runners.packed_batch import PackedBatch, Piece
+from engine.runners.talker import TalkerRow, TalkerRunner
+from engine.weights.checkpoint import load_stage
+
+WIDTH = 64  # the tiny Thinker's hidden size
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_checkpoint: Path) -> object:
+    return load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
+
+
+def runner_of(loaded: object, seed: int, **kwargs: object) -> TalkerRunner:
+    gen = torch.Generator().manual_seed(seed)
+    return TalkerRunner(loaded.model, loaded.config, torch.randn(3, WIDTH, generator=gen),  # type: ignore[attr-defined]
+                        max_batch=6, max_len=128, **kwargs)
+
+
+def kv_rows(runner: TalkerRunner, slot: int, n: int) -> list[torch.Tensor]:
+    return [k[slot, :, :n].clone() for k in runner.kv.keys] + [v[slot, :, :n].clone() for v in runner.kv.values]
+
+
+def assert_kv_equal(runner: TalkerRunner, slot: int, other: int, n: int) -> None:
+    for x, y in zip(kv_rows(runner, slot, n), kv_rows(runner, other, n), strict=True):
+        assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_a_packed_talker_step_equals_its_prefill_and_decode_run_alone(loaded: object) -> None:
+    gen = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        runner = runner_of(loaded, 3)
+        width = runner.codec_embedding.embedding_dim
+        short, long = torch.randn(9, width, generator=gen), torch.randn(21, width, generator=gen)
+        row = torch.randn(1, width, generator=gen)
+        runner.step([TalkerRow(0, 0, short)])
+        alone_prefill = runner.step([TalkerRow(1, 0, long)])
+        alone_decode = runner.step([TalkerRow(0, 9, row)])
+        runner.step([TalkerRow(2, 0, short)])
+        logits, hidden = runner.step([TalkerRow(3, 0, long), TalkerRow(2, 9, row)])
+        assert torch.allclose(logits[0], alone_prefill[0][0], atol=1e-4)
+        assert torch.allclose(hidden[0], alone_prefill[1][0], atol=1e-4)
+        assert torch.allclose(logits[1], alone_decode[0][0], atol=1e-4)
+        assert torch.allclose(hidden[1], alone_decode[1][0], atol=1e-4)
+        assert_kv_equal(runner, 3, 1, 21)
+        assert_kv_equal(runner, 2, 0, 10)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 70])
+def test_a_prompt_in_pieces_with_a_decode_row_riding_equals_it_whole(loaded: object, piece: int) -> None:
+    """How the stage prefills a long conversation's prompt under its step budget (user turns first, the
+    assistant part once the first text token is here): the last piece's logits, and every key and value."""
+    gen = torch.Generator().manual_seed(piece)
+    with torch.inference_mode():
+        runner = runner_of(loaded, 4)
+        width = runner.codec_embedding.embedding_dim
+        prompt, rider = torch.randn(70, width, generator=gen), torch.randn(5, width, generator=gen)
+        whole = runner.step([TalkerRow(0, 0, prompt)])
+        runner.step([TalkerRow(2, 0, rider)])
+        for start in range(0, 70, piece):
+            rows = prompt[start : start + piece]
+            out = runner.step([TalkerRow(1, start, rows), TalkerRow(2, 5 + start // piece, rows[:1])])
+        assert torch.allclose(out[0][0], whole[0][0], atol=1e-4)
+        assert torch.allclose(out[1][0], whole[1][0], atol=1e-4)
+        assert_kv_equal(runner, 1, 0, 70)
+
+
+def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> None:
+    """What a graph replays (engine/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
+    Triton's interpreter: the step padded to 32 rows gives the same outputs, and its padding writes only the
+    scratch slot."""
+    pytest.importorskip("triton")
+    from engine.accel.packed_attention import KernelAttention
+
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        runner = runner_of(loaded, 5, attention=KernelAttention())
+        width = runner.codec_embedding.embedding_dim
+        prompt, row, first = (torch.randn(n, width, generator=gen) for n in (13, 1, 6))
+        runner.step([TalkerRow(0, 0, first)])
+        exact = runner.step([TalkerRow(1, 0, prompt), TalkerRow(0, 6, row)])
+        runner.step([TalkerRow(2, 0, first)])
+        scratch = kv_rows(runner, runner.kv.scratch_slot, runner.kv.max_len)
+        batch = PackedBatch.static(runner.kv, runner.attention, 32, runner.kv.num_slots)
+        batch.meta.copy_(torch.from_numpy(batch.layout([Piece(3, 0, 13), Piece(2, 6, 1)])))
+        embeds = torch.randn(32, width, generator=gen)  # junk past the real rows
+        embeds[:14] = torch.cat([prompt, row])
+        logits, hidden = runner.packed_step(embeds, batch)
+        assert torch.allclose(logits[:2], exact[0], atol=1e-4) and torch.allclose(hidden[:2], exact[1], atol=1e-4)
+        assert_kv_equal(runner, 3, 1, 13)
+        assert any(not torch.equal(x, y) for x, y in
+                   zip(kv_rows(runner, runner.kv.scratch_slot, runner.kv.max_len), scratch, strict=True))
+        for slot in (4, 5):  # slots outside the step are untouched
+            assert all(not r.any() for r in kv_rows(runner, slot, runner.kv.max_len))
+
+
+def test_repetition_history_on_the_device_follows_each_slots_reply(loaded: object) -> None:
+    """The runner's per-slot table of produced codes penalises exactly what a per-reply list would."""
+    from engine.runners.sampler import penalise_seen
+
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        runner = runner_of(loaded, 5)
+        vocab = runner.seen_codes.shape[1]
+        histories: dict[int, list[int]] = {0: [], 2: [], 3: []}
+        runner.forget_codes(list(histories))
+        for step in range(6):
+            if step == 3:  # slot 2's reply ends; a new one takes the slot and starts with no history
+                runner.forget_codes([2])
+                histories[2] = []
+            slots = torch.tensor(list(histories))
+            logits = torch.randn(len(histories), vocab, generator=gen) * 3
+            expected_seen = torch.zeros(len(histories), vocab, dtype=torch.bool)
+            for row, history in enumerate(histories.values()):
+                expected_seen[row, history] = True
+            assert torch.equal(runner.penalise_repeats(logits, slots, 1.3), penalise_seen(logits, expected_seen, 1.3))
+            codes = torch.randint(0, 8, (len(histories),), generator=gen)  # few ids: repeats happen
+            runner.remember_codes(slots, codes)
+            for history, code in zip(histories.values(), codes.tolist(), strict=True):
+                history.append(code)
+        assert runner.seen_codes[1].sum() == 0  # a slot no reply held
+
+
+def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
+    """Codec EOS is the likeliest code: a reply with no frame yet takes the next best, one with frames ends."""
+    from engine.handoff import Inbox
+    from engine.metrics import EngineMetrics
+    from engine.profile import TalkerConfig
+    from engine.runners.sampler import RowSampling
+    from engine.stages.talker import TalkerSeq, TalkerStage
+
+    sent: list = []
+    with torch.inference_mode():
+        runner = runner_of(loaded, 6)
+        stage = TalkerStage(runner, TalkerConfig(), Inbox(), sent.append, None, lambda _: None, EngineMetrics())
+        greedy = RowSampling(0.0, 1.0, 0, seed=0)
+        seqs = [TalkerSeq(prompt=None, sampling=greedy, code_sampling=greedy,  # type: ignore[arg-type]
+                          slot=runner.kv.allocate(), frames=frames) for frames in (0, 3)]
+        for seq, rid in zip(seqs, ("new", "speaking"), strict=True):
+            seq.prompt = type("P", (), {"request_id": rid})()  # type: ignore[assignment]
+            stage.running[rid] = seq
+        vocab = runner.seen_codes.shape[1]
+        logits = torch.zeros(2, vocab)
+        logits[:, runner.codec_eos_id] = 10.0
+        logits[:, 7] = 5.0
+        stage._take_code0(seqs, logits, torch.zeros(2, 64))
+    assert int(seqs[0].code0) == 7  # the new reply speaks
+    assert stage._finished == ["speaking"] and "speaking" not in stage.running
+    assert [frames.is_final for frames in sent] == [True]  # only the reply with frames ended
