@@ -3,9 +3,10 @@ queue that carries the stages' reports to the orchestrator's event loop.
 
 The front door admits a request (`AdmittedRequest`, engine/admission.py) and the Thinker takes it.
 
-Thinker -> Talker: the prompt's rows first (`ThinkerPrompt`), then one row per
-decoded token (`ThinkerToken`), then `ThinkerDone`; so the Talker starts while
-the Thinker still decodes. Talker -> Code2Wav: codec frames (`CodecFrames`) as
+Thinker -> Talker: the prompt (`ThinkerPrompt`) when the Thinker begins it, its rows
+piece by piece as they are prefilled (`PromptRows`), then one row per decoded token
+(`ThinkerToken`), then `ThinkerDone`; so the Talker prefills while the Thinker still
+prefills, and speaks while it still decodes. Talker -> Code2Wav: codec frames (`CodecFrames`) as
 they are produced; Code2Wav cuts them into chunks itself. Talker -> Thinker, when
 the Thinker paces itself: which replies' text the Talker consumed (`SpeechProgress`).
 Stages never import each other: they meet here.
@@ -52,10 +53,17 @@ class AdmittedRequest:
 class ThinkerPrompt:
     request_id: str
     token_ids: list[int]
-    embeds: torch.Tensor  # [L, thinker_hidden]: layer-0 (input embedding) rows
-    hidden: torch.Tensor  # [L, thinker_hidden]: rows of the talker's `accept_hidden_layer`
     speaker: str
     seed: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRows:
+    """The prompt's next rows, in order from position 0 (a reused prefix's, then each prefilled piece's)."""
+
+    request_id: str
+    embeds: torch.Tensor  # [n, thinker_hidden]: layer-0 (input embedding) rows
+    hidden: torch.Tensor  # [n, thinker_hidden]: rows of the talker's `accept_hidden_layer`
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,36 +115,47 @@ class TalkerRunner:
     ) -> torch.Tensor:
         """The whole talker prompt: `user_rows`, then `assistant_rows`. [L, H]"""
         layout = self.layout(token_ids)
-        return torch.cat([self.user_rows(layout, embeds, hidden), self.assistant_rows(layout, embeds, first_text, speaker)])
+        return torch.cat([self.user_rows(layout, embeds, hidden),
+                          self.assistant_rows(embeds[layout.header :], first_text, speaker)])
 
     def layout(self, token_ids: list[int]) -> PromptLayout:
         return PromptLayout.of(token_ids, self.im_start_id, self.user_token_id, self.assistant_token_id,
                                self._multimodal_id_set)
 
-    def user_rows(self, layout: PromptLayout, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """The talker prompt's first part, every user turn of the conversation [U, H]: text rows projected from the
-        Thinker's input embeddings, audio (and image, video) rows from its hidden rows. Known before the reply's
-        first text token, so the Talker prefills them while the Thinker samples it.
+    def user_rows(self, layout: PromptLayout, embeds: torch.Tensor, hidden: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """The talker prompt's rows for the Thinker prompt's rows at positions [first, first + n): those of its
+        user turns [U, H], text rows projected from the Thinker's input embeddings, audio (and image, video)
+        rows from its hidden rows. The rows of consecutive pieces, joined, are the rows of the whole.
 
         Which rows are which comes from the ids on the host, so a burst of prompts is queued without
         the host waiting on the GPU once: masks and lookups on the device made six waits a prompt,
         each slow beside a busy Thinker (a prefill of 51 prompts took 120 ms on the H200)."""
-        if not layout.user_spans:
+        end = first + embeds.shape[0]
+        spans: list[tuple[int, int]] = []
+        flags: list[bool] = []
+        before = 0  # `before`: user rows ahead of each span
+        for a, b in layout.user_spans:
+            if a < end and b > first:
+                lo, hi = max(a, first), min(b, end)
+                spans.append((lo - first, hi - first))
+                flags += layout.multimodal[before + lo - a : before + hi - a]
+            before += b - a
+        if not spans:
             return self.tts_pad.new_zeros(0, self.tts_pad.shape[-1])
         embeds = embeds.to(self.device, self.dtype)
-        rows = self.talker.text_projection(torch.cat([embeds[a:b] for a, b in layout.user_spans]))
-        if any(layout.multimodal):
+        rows = self.talker.text_projection(torch.cat([embeds[a:b] for a, b in spans]))
+        if any(flags):
             hidden = hidden.to(self.device, self.dtype)
-            user_hidden = torch.cat([hidden[a:b] for a, b in layout.user_spans])
-            multimodal = host_to_device(layout.multimodal, torch.bool, self.device)
+            user_hidden = torch.cat([hidden[a:b] for a, b in spans])
+            multimodal = host_to_device(flags, torch.bool, self.device)
             rows = torch.where(multimodal.unsqueeze(-1), self.talker.hidden_projection(user_hidden), rows)
         return rows
 
-    def assistant_rows(self, layout: PromptLayout, embeds: torch.Tensor, first_text: torch.Tensor,
-                       speaker: str) -> torch.Tensor:
-        """The talker prompt's last part [9, H]: the assistant header and the reply's first text token on the text
+    def assistant_rows(self, header: torch.Tensor, first_text: torch.Tensor, speaker: str) -> torch.Tensor:
+        """The talker prompt's last rows [9, H]: the assistant header (the Thinker's input embeddings of the
+        prompt's last `<|im_start|>assistant` and its newline) and the reply's first text token on the text
         track, the speaker's codec prefix under them."""
-        header = embeds[layout.header :].to(self.device, self.dtype)
+        header = header.to(self.device, self.dtype)
         assistant = self.talker.text_projection(torch.cat([header, first_text.to(self.device, self.dtype)[None]]))
         text_track = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
         return text_track + self._codec_track(speaker)

@@ -3,9 +3,10 @@
 A step carries a row for every speaking reply whose next text row is here (its next Thinker token,
 tts_eos once, then tts_pad once the Thinker is done; a reply whose row has not arrived sits the step
 out) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, first come first
-served. A prompt's user turns are prefilled as soon as the Thinker hands them over, its assistant part
-once the first text token is here; its last piece samples the reply's first codebook-0 id. So no step
-is a prefill alone while anyone speaks, and a long conversation's prompt never holds the GPU at once.
+served. A prompt's user turns are prefilled as the Thinker prefills them (`PromptRows`, piece by
+piece), its assistant part once the first text token is here, so at that token a few rows are left;
+its last piece samples the reply's first codebook-0 id. No step is a prefill alone while anyone
+speaks, and a long conversation's prompt never holds the GPU at once.
 When the Thinker paces its text (engine/stages/policy.py), each step tells it which replies
 consumed a row.
 """
@@ -21,7 +22,16 @@ from typing import Any
 
 import torch
 
-from engine.handoff import CodecFrames, Inbox, Report, SpeechProgress, ThinkerDone, ThinkerPrompt, ThinkerToken
+from engine.handoff import (
+    CodecFrames,
+    Inbox,
+    PromptRows,
+    Report,
+    SpeechProgress,
+    ThinkerDone,
+    ThinkerPrompt,
+    ThinkerToken,
+)
 from engine.metrics import EngineMetrics
 from engine.profile import TalkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
@@ -53,8 +63,11 @@ class TalkerSeq:
     eos_fed: bool = False
     slot: int = -1
     position: int = 0  # rows in its slot
-    layout: PromptLayout | None = None  # set with its user rows, at its first piece
-    todo: torch.Tensor | None = None  # [n, H] prompt rows not yet prefilled
+    layout: PromptLayout | None = None
+    arrived: list[PromptRows] = field(default_factory=list)  # the Thinker's rows not yet turned into talker rows
+    received: int = 0  # Thinker prompt rows turned into talker rows
+    header: list[torch.Tensor] = field(default_factory=list)  # the Thinker's rows of the assistant header
+    todo: torch.Tensor | None = None  # [n, H] talker prompt rows not yet prefilled
     header_queued: bool = False  # the assistant part is in `todo` or prefilled: the prompt's end is known
     # set by the prefill, before the first decode step that reads them
     code0: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [] the next frame's codebook-0 id
@@ -95,11 +108,11 @@ class TalkerStage(Stage):
 
     def accept(self, item: Any) -> None:
         if isinstance(item, ThinkerPrompt):
-            self.adopt(item.embeds), self.adopt(item.hidden)
             seed = new_seed(item.seed)
             s, c = self.cfg.sampling, self.cfg.code_sampling
             self.pending[item.request_id] = TalkerSeq(
                 prompt=item,
+                layout=self.runner.layout(item.token_ids),
                 sampling=RowSampling(s.temperature, s.top_p, s.top_k, seed),
                 # its own stream: the same seed and counters would repeat codebook 0's noise
                 code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, new_seed(seed + 1)),
@@ -108,7 +121,10 @@ class TalkerStage(Stage):
         seq = self.pending.get(item.request_id) or self.running.get(item.request_id)
         if seq is None:  # aborted meanwhile
             return
-        if isinstance(item, ThinkerToken):
+        if isinstance(item, PromptRows):
+            self.adopt(item.embeds), self.adopt(item.hidden)
+            seq.arrived.append(item)
+        elif isinstance(item, ThinkerToken):
             self.adopt(item.embed)
             if seq.first_text is None:
                 seq.first_text = item.embed
@@ -128,7 +144,12 @@ class TalkerStage(Stage):
     def _may_prefill(self, seq: TalkerSeq) -> bool:
         if seq.slot < 0 and not self.runner.kv.num_free:
             return False
-        return seq.todo is None or bool(seq.todo.shape[0]) or (seq.first_text is not None and not seq.header_queued)
+        return bool(seq.arrived) or (seq.todo is not None and bool(seq.todo.shape[0])) or self._header_ready(seq)
+
+    def _header_ready(self, seq: TalkerSeq) -> bool:
+        """Its assistant part can be queued: the first text token and every prompt row are here."""
+        return (not seq.header_queued and seq.first_text is not None
+                and seq.received + sum(r.embeds.shape[0] for r in seq.arrived) == len(seq.prompt.token_ids))
 
     def has_work(self) -> bool:
         return bool(self._ready()) or any(
@@ -162,9 +183,8 @@ class TalkerStage(Stage):
             if not self._may_prefill(seq):
                 continue
             self._queue_rows(seq)
-            assert seq.todo is not None
-            if not seq.todo.shape[0]:
-                continue  # its user turns are in, its first text token is not
+            if seq.todo is None or not seq.todo.shape[0]:
+                continue  # nothing of it to prefill yet (rows with no user turn, or its first text token to come)
             if seq.slot < 0:
                 seq.slot = self.runner.kv.allocate()
                 self.runner.forget_codes([seq.slot])
@@ -174,16 +194,24 @@ class TalkerStage(Stage):
         return pieces
 
     def _queue_rows(self, seq: TalkerSeq) -> None:
-        """The prompt rows that can be prefilled now: its user turns at once, its assistant part with the first
-        text token."""
-        p = seq.prompt
-        if seq.layout is None:
-            seq.layout = self.runner.layout(p.token_ids)
-            seq.todo = self.runner.user_rows(seq.layout, p.embeds, p.hidden)
-        if seq.first_text is not None and not seq.header_queued:
-            assistant = self.runner.assistant_rows(seq.layout, p.embeds, seq.first_text, p.speaker)
-            seq.todo = assistant if seq.todo is None else torch.cat([seq.todo, assistant])
+        """The talker rows that can be prefilled now: those of the user turns among the Thinker rows that
+        arrived, and the assistant part once the first text token and the whole prompt are here."""
+        assert seq.layout is not None
+        queued = [] if seq.todo is None else [seq.todo]
+        header_at = seq.layout.header
+        for rows in seq.arrived:
+            queued.append(self.runner.user_rows(seq.layout, rows.embeds, rows.hidden, seq.received))
+            end = seq.received + rows.embeds.shape[0]
+            if end > header_at:
+                seq.header.append(rows.embeds[max(0, header_at - seq.received) :])
+            seq.received = end
+        seq.arrived.clear()
+        if self._header_ready(seq):
+            assert seq.first_text is not None
+            queued.append(self.runner.assistant_rows(torch.cat(seq.header), seq.first_text, seq.prompt.speaker))
             seq.header_queued = True
+        if queued:
+            seq.todo = queued[0] if len(queued) == 1 else torch.cat(queued)
 
     def _step(self, speaking: list[TalkerSeq], pieces: list[tuple[TalkerSeq, torch.Tensor]]) -> None:
         self.last_batch = [s.request_id for s, _ in pieces] + [s.request_id for s in speaking]

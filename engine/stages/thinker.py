@@ -24,6 +24,7 @@ from engine.grammar import Grammars, GrammarState
 from engine.handoff import (
     AdmittedRequest,
     Inbox,
+    PromptRows,
     Report,
     SpeechProgress,
     ThinkerDone,
@@ -185,6 +186,7 @@ class ThinkerStage(Stage):
             if seq.job.want_audio:
                 seq.embeds.append(out.embeds)
                 seq.hidden.append(out.hidden)
+                self.to_talker(PromptRows(seq.job.request_id, out.embeds, out.hidden))
             if end == seq.prompt_len:
                 finishing.append((seq, out))
         sampled = finishing + list(zip(replies, outs[len(pieces):], strict=True))
@@ -244,29 +246,28 @@ class ThinkerStage(Stage):
 
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
         """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
-        reuse = self.cache.claim(seq.keys, seq.clips, want_hidden=seq.job.want_audio)
+        job = seq.job
+        if job.want_audio:  # its Talker prefills the prompt's rows as they come
+            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed))
+        reuse = self.cache.claim(seq.keys, seq.clips, want_hidden=job.want_audio)
         if reuse is None:
             seq.slot = self.cache.allocate()
             return seq
         seq.slot, seq.position, seq.cached = reuse.slot, reuse.length, reuse.length
-        if seq.job.want_audio:
+        if job.want_audio:
             assert reuse.embeds is not None and reuse.hidden is not None
             seq.embeds, seq.hidden = [reuse.embeds], [reuse.hidden]
             if (reply := reuse.length - reuse.embeds.shape[0]) > 0:
                 # the cached reply's rows: text, which the Talker reads only from user turns
-                seq.embeds.append(self.runner.embed(seq.job.token_ids[reuse.embeds.shape[0] : reuse.length]))
+                seq.embeds.append(self.runner.embed(job.token_ids[reuse.embeds.shape[0] : reuse.length]))
                 seq.hidden.append(reuse.hidden.new_zeros(reply, reuse.hidden.shape[-1]))
+            self.to_talker(PromptRows(job.request_id, torch.cat(seq.embeds), torch.cat(seq.hidden)))
         return seq
 
     def _begin_reply(self, seq: ThinkerSeq) -> None:
-        """Its prompt is all in the cache: it runs from now on, and its Talker gets the prompt's rows."""
-        job = seq.job
+        """Its prompt is all in the cache (and its Talker has every row): it runs from now on."""
         self.partial.remove(seq)
-        self.running[job.request_id] = seq
-        if job.want_audio:
-            if len(seq.embeds) > 1:
-                seq.embeds, seq.hidden = [torch.cat(seq.embeds)], [torch.cat(seq.hidden)]
-            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, seq.embeds[0], seq.hidden[0], job.speaker, job.seed))
+        self.running[seq.job.request_id] = seq
 
     def _sample(self, logits: torch.Tensor, seqs: list[ThinkerSeq]) -> tuple[list[int], list[torch.Tensor | None]]:
         """The batch's next tokens and, for the Talker, their embeddings: one lookup for the batch,

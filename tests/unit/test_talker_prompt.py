@@ -76,3 +76,9 @@ def test_prompt_embeds_equal_the_mask_formulation(tiny_checkpoint: Path, cache_d
         assert torch.equal(new, old)
     # the layout put two audio rows among the user rows, so both projections were exercised
     assert sum(PromptLayout.of(ids, im, user, assistant, runner._multimodal_id_set).multimodal) == 2
+    # the Thinker hands its rows over piece by piece: each piece's user rows, joined, are the whole prompt's
+    layout = runner.layout(ids)
+    whole = runner.user_rows(layout, embeds, hidden)
+    for cuts in ([0, 9, len(ids)], [0, 1, 8, 9, 10, 16, len(ids)], list(range(len(ids) + 1))):
+        pieces = [runner.user_rows(layout, embeds[a:b], hidden[a:b], a) for a, b in zip(cuts, cuts[1:], strict=False)]
+        assert torch.allclose(torch.cat(pieces), whole, atol=1e-6)
