@@ -182,8 +182,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                     max_len=tk.max_model_len + tl.max_frames + 16, predictor=predictor,
                     attention=packed_attention.KernelAttention() if triton else None,
                     capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
-            stages.append(TalkerStage(runner, tl, profile.async_chunk, clock, inbox, to_code2wav, to_thinker, reports.put,
-                                      metrics, _name("talker", i, tl.replicas)))
+            stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
+                                      _name("talker", i, tl.replicas)))
         # replicas share the stage's weights; each has its own state, graphs and thread
         for i, inbox in enumerate(code2wav_inboxes):
             stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, clock, inbox,

@@ -22,10 +22,6 @@ The rules, each measured on the H200 (docs/performance.md):
   `tight_step_s`). Every step pays the weight read, so steps of a few tokens would only cost more
   GPU time per token and starve the other stages (on the H200 a 64-token step beside 64 replies
   took 21 ms, a 1,024-token one 42 ms).
-* The Talker's step is every speaking reply's next frame, so its prompt pieces are bounded by the
-  frames: while a listener holds under a second, a step may take what that listener holds, over the
-  frames its next chunk still needs (`talker_bound_s`), and pieces take the largest size measured within
-  that. The streamed prefill of prompts the Thinker is still reading goes in what is left.
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
 Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
@@ -98,9 +94,6 @@ class FirstPacketPolicy:
 # the fewest prompt tokens a step takes while prompts wait, however short the listeners' buffers: a
 # prompt must progress, and below this a step costs its fixed part anyway
 MIN_PIECE_TOKENS = 64
-# the Talker's step is every speaking reply's frame: its bound counts while a listener holds under this
-TALKER_SLACK_S = 1.0
-CHUNK_DECODE_S = 0.03  # a Code2Wav step and the packet's way out, after a chunk's last frame
 _SMOOTHING = 0.2  # weight of a new step time in a size's running mean
 
 
@@ -110,20 +103,14 @@ def size_class(tokens: int) -> int:
 
 
 class StepBudget:
-    """Tokens the next step of a stage may carry (prompt pieces and decode rows), from the listeners' buffers
-    and the measured times of its steps by size. Owns those measurements.
+    """Tokens the next Thinker step may carry (prompt pieces and decode rows), from the listeners' buffers
+    and the measured times of steps by size. Owns those measurements."""
 
-    `tokens` is the Thinker's rule; `within` any bound on a step's time (the Talker's: `talker_bound_s`)."""
-
-    def __init__(self, max_tokens: int, slack_s: float = 1.0, tight_s: float = 0.025) -> None:
-        self.max_tokens = max_tokens
-        self.slack_s = slack_s
-        self.tight_s = tight_s
+    def __init__(self, cfg: ThinkerConfig) -> None:
+        self.max_tokens = cfg.max_step_tokens
+        self.slack_s = cfg.playback_slack_s
+        self.tight_s = cfg.tight_step_s
         self.times: dict[int, float] = {}  # size class -> running mean of its steps' wall time
-
-    @classmethod
-    def of(cls, cfg: ThinkerConfig) -> StepBudget:
-        return cls(cfg.max_step_tokens, cfg.playback_slack_s, cfg.tight_step_s)
 
     def observe(self, tokens: int, seconds: float) -> None:
         size = size_class(tokens)
@@ -138,11 +125,9 @@ class StepBudget:
         bound_s = max(self.tight_s, 0.5 * least_buffered_s)
         # what a step costs beyond the cheapest (its weight read, which every step pays, decode rows alone
         # too): small steps are no cheaper per step, only per token dearer, and starve the other stages
-        return self.within(bound_s, floor_s=min(self.times.values(), default=0.0))
-
-    def within(self, bound_s: float, floor_s: float = 0.0) -> int:
-        """The largest size class whose measured steps took at most `bound_s` beyond `floor_s`; one size past it
-        is tried while unmeasured, so the budget finds its level from any start. Never under MIN_PIECE_TOKENS."""
+        floor_s = min(self.times.values(), default=0.0)
+        # the largest size measured within the bound; one size past it is tried while unmeasured, so the
+        # budget finds its level from any start
         budget = MIN_PIECE_TOKENS
         size = size_class(MIN_PIECE_TOKENS)
         while size <= self.max_tokens:
@@ -154,25 +139,3 @@ class StepBudget:
                 break
             size *= 2
         return min(budget, self.max_tokens)
-
-
-def frames_to_chunk(frames: int, chunks: ChunkConfig) -> int | None:
-    """Frames a reply that has made `frames` must still make before its next chunk is whole; None when chunks
-    are off (its audio comes at its end)."""
-    if not chunks.enabled:
-        return None
-    end, index = 0, 0
-    while end <= frames:
-        end += chunks.size(index)
-        index += 1
-    return end - frames
-
-
-def talker_bound_s(replies: Iterable[tuple[float | None, int | None]]) -> float | None:
-    """How long the next Talker step may take, from each speaking reply's (audio its listener holds, frames
-    before its next chunk): each step makes one frame of every reply, so a reply's next chunk comes in time
-    while a step takes at most what it holds over the frames it still needs, less a Code2Wav step to decode
-    it. None when no listener is short (nobody hears a reply yet, or each holds the slack)."""
-    bounds = [(held - CHUNK_DECODE_S) / need for held, need in replies
-              if held is not None and need is not None and held < TALKER_SLACK_S]
-    return min(bounds, default=None)

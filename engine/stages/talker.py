@@ -33,12 +33,10 @@ from engine.handoff import (
     ThinkerToken,
 )
 from engine.metrics import EngineMetrics
-from engine.profile import ChunkConfig, TalkerConfig
+from engine.profile import TalkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.talker import PromptLayout, TalkerRow, TalkerRunner
 from engine.stages.base import Stage
-from engine.stages.playback import PlaybackClock
-from engine.stages.policy import MIN_PIECE_TOKENS, StepBudget, frames_to_chunk, talker_bound_s
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +89,6 @@ class TalkerStage(Stage):
         self,
         runner: TalkerRunner,
         cfg: TalkerConfig,
-        chunks: ChunkConfig,
-        clock: PlaybackClock,
         inbox: Inbox,
         to_code2wav: Callable[[Any], None],
         to_thinker: Callable[[SpeechProgress], None] | None,  # when the Thinker paces its text
@@ -103,9 +99,6 @@ class TalkerStage(Stage):
         super().__init__(inbox, report, metrics, runner.device, name)
         self.runner = runner
         self.cfg = cfg
-        self.chunks = chunks
-        self.clock = clock
-        self.budget = StepBudget(cfg.max_step_tokens)
         self.to_code2wav = to_code2wav
         self.to_thinker = to_thinker
         self.pending: dict[str, TalkerSeq] = {}
@@ -173,23 +166,13 @@ class TalkerStage(Stage):
         self._finished.clear()
         for seq in [s for s in self.pending.values() if s.first_text is None and s.thinker_done]:
             self._finish(seq)  # an empty reply has nothing to say
-        started = time.perf_counter()
         speaking = self._ready()
-        pieces = self._take_pieces(self._room(speaking, started))
+        pieces = self._take_pieces(self.cfg.max_step_tokens - len(speaking))
         if speaking or pieces:
             self._step(speaking, pieces)
-            self.budget.observe(len(speaking) + sum(rows.shape[0] for _, rows in pieces), time.perf_counter() - started)
         if self.to_thinker is not None and (self._consumed or self._finished):
             self.to_thinker(SpeechProgress(tuple(self._consumed), tuple(self._finished)))
         return self.last_batch
-
-    def _room(self, speaking: list[TalkerSeq], now: float) -> int:
-        """Prompt rows this step may take beside its decode rows: as many as steps of that size take within what
-        the shortest-stocked listener allows (engine/stages/policy.py)."""
-        bound = talker_bound_s((self.clock.buffered_s(s.request_id, now), frames_to_chunk(s.frames, self.chunks))
-                               for s in self.running.values())
-        budget = self.budget.max_tokens if bound is None else self.budget.within(bound)
-        return max(budget - len(speaking), MIN_PIECE_TOKENS)
 
     def _take_pieces(self, room: int) -> list[tuple[TalkerSeq, torch.Tensor]]:
         """Prompt rows for one step, first come first served, until the step's `room` is used."""

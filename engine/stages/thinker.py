@@ -118,7 +118,7 @@ class ThinkerStage(Stage):
         self.eos_ids = set() if cfg.ignore_eos else eos_ids
         self.policy = policy
         self.clock = clock
-        self.budget = StepBudget.of(cfg)
+        self.budget = StepBudget(cfg)
         self.to_talker = to_talker
         self.cache = PrefixCache(runner.kv)
         self.waiting: deque[ThinkerSeq] = deque()

@@ -12,21 +12,14 @@ import threading
 
 import pytest
 
-from engine.profile import ChunkConfig, ThinkerConfig
+from engine.profile import ThinkerConfig
 from engine.stages.playback import PlaybackClock
-from engine.stages.policy import (
-    CHUNK_DECODE_S,
-    MIN_PIECE_TOKENS,
-    StepBudget,
-    frames_to_chunk,
-    size_class,
-    talker_bound_s,
-)
+from engine.stages.policy import MIN_PIECE_TOKENS, StepBudget, size_class
 
 
 def budget(max_step_tokens: int = 4096, **times: float) -> StepBudget:
     """`times`: s64=0.01 measures the size class 64 at 10 ms."""
-    b = StepBudget.of(ThinkerConfig(max_step_tokens=max_step_tokens, playback_slack_s=1.0, tight_step_s=0.025))
+    b = StepBudget(ThinkerConfig(max_step_tokens=max_step_tokens, playback_slack_s=1.0, tight_step_s=0.025))
     for name, seconds in times.items():
         b.observe(int(name[1:]), seconds)
     return b
@@ -94,25 +87,6 @@ def test_a_size_class_keeps_a_running_mean() -> None:
     b.observe(100, 0.010)
     b.observe(128, 0.020)  # one class: 0.010 + 0.2 * 0.010
     assert b.times == {128: pytest.approx(0.012)}
-
-
-# -- the Talker's bound: a step is every speaking reply's next frame
-
-
-def test_frames_to_the_next_chunk_follow_the_ramp() -> None:
-    chunks = ChunkConfig(enabled=True, initial_chunk_frames=4, ramp_frames=(8, 16), chunk_frames=25)
-    # boundaries at 4, 12, 28, 53, 78, ...
-    assert [frames_to_chunk(f, chunks) for f in (0, 3, 4, 11, 12, 27, 28, 52, 53)] == [4, 1, 8, 1, 16, 1, 25, 1, 25]
-    assert frames_to_chunk(5, ChunkConfig(enabled=False)) is None
-
-
-def test_the_talker_bound_is_the_shortest_listener_over_its_frames_to_come() -> None:
-    # a listener with 0.33 s and 8 frames to make: 0.3 s for 8 steps; one nobody hears yet, or with a
-    # second or more, or with chunks off, bounds nothing
-    assert talker_bound_s([(0.33, 8), (None, 4), (2.0, 1), (0.2, None)]) == pytest.approx((0.33 - CHUNK_DECODE_S) / 8)
-    assert talker_bound_s([(None, 4), (1.5, 25)]) is None
-    b = budget(s64=0.021, s128=0.024, s256=0.030, s512=0.045, s1024=0.070)
-    assert b.within(0.0375) == 256 and b.within(0.01) == MIN_PIECE_TOKENS and b.within(1.0) == 2048
 
 
 # -- the playback clock

@@ -136,16 +136,14 @@ def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
     """Codec EOS is the likeliest code: a reply with no frame yet takes the next best, one with frames ends."""
     from engine.handoff import Inbox
     from engine.metrics import EngineMetrics
-    from engine.profile import ChunkConfig, TalkerConfig
+    from engine.profile import TalkerConfig
     from engine.runners.sampler import RowSampling
-    from engine.stages.playback import PlaybackClock
     from engine.stages.talker import TalkerSeq, TalkerStage
 
     sent: list = []
     with torch.inference_mode():
         runner = runner_of(loaded, 6)
-        stage = TalkerStage(runner, TalkerConfig(), ChunkConfig(), PlaybackClock(), Inbox(), sent.append, None,
-                            lambda _: None, EngineMetrics())
+        stage = TalkerStage(runner, TalkerConfig(), Inbox(), sent.append, None, lambda _: None, EngineMetrics())
         greedy = RowSampling(0.0, 1.0, 0, seed=0)
         seqs = [TalkerSeq(prompt=None, sampling=greedy, code_sampling=greedy,  # type: ignore[arg-type]
                           slot=runner.kv.allocate(), frames=frames) for frames in (0, 3)]
