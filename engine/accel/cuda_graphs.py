@@ -114,7 +114,7 @@ class GraphedPacked:
     outputs are per sequence, then `per_token` of them per token."""
 
     def __init__(self, step: PackedStep, kv: SlotKVCache, attention: PackedAttention, hidden_size: int,
-                 dtype: torch.dtype, tokens: tuple[int, ...], per_token: int = 0) -> None:
+                 dtype: torch.dtype, tokens: tuple[int, ...], *, per_token: int) -> None:
         device = kv.keys[0].device
         self.per_token = per_token
         self.seqs = kv.num_slots  # a step holds each slot at most once
@@ -198,7 +198,7 @@ def talker_capture(max_tokens: int) -> Callable[[TalkerRunner], StepGraphs]:
                 return StepGraphs(predictor=predictor)
             hidden = runner.codec_embedding.embedding_dim
             packed = _compiled("talker", lambda: GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden,
-                                                               runner.dtype, packed_tokens(max_tokens)),
+                                                               runner.dtype, packed_tokens(max_tokens), per_token=0),
                                runner.talker.model.layers)
             log.info("talker packed steps captured for %s rows", sorted(packed.buckets))
             return StepGraphs(packed=packed, predictor=predictor)
