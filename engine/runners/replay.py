@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.cold_work import EAGER_FALLBACK, ColdWork
 from engine.runners.packed_batch import Piece
 
 
@@ -37,6 +38,18 @@ class StepGraphs:
 
 
 EAGER = StepGraphs()
+
+
+def run_packed(graphs: StepGraphs, embeds: torch.Tensor, pieces: list[Piece], eager: Callable[[], Any],
+               cold: ColdWork | None, what: str) -> Any:
+    """A packed step replayed where a graph's bucket fits it, else `eager()`; with graphs, a step none fits is
+    cold work (told to `cold` as `what`)."""
+    if graphs.packed is not None:
+        if (out := graphs.packed(embeds, pieces)) is not None:
+            return out
+        if cold is not None:
+            cold.record(EAGER_FALLBACK, f"{what}: no graph fits")
+    return eager()
 
 
 def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:

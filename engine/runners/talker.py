@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from engine.cold_work import EAGER_FALLBACK, ColdWork
+from engine.cold_work import ColdWork
 from engine.runners.code_predictor import CodePredictor, TransformersCodePredictor
 from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
-from engine.runners.replay import EAGER, StepGraphs
+from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
 
 
@@ -173,12 +173,10 @@ class TalkerRunner:
         [N, V] and hidden [N, H] at its last position."""
         embeds = torch.cat([row.embeds for row in rows]).to(self.dtype)
         pieces = [Piece(row.slot, row.start, row.embeds.shape[0]) for row in rows]
-        if self.graphs.packed is not None:
-            if (out := self.graphs.packed(embeds, pieces)) is not None:
-                return out[0], out[1]
-            if self.cold is not None:
-                self.cold.record(EAGER_FALLBACK, f"talker step of {embeds.shape[0]} rows in {len(rows)} replies: no graph fits")
-        return self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces))
+        logits, hidden = run_packed(self.graphs, embeds, pieces,
+                                    lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces)),
+                                    self.cold, f"talker step of {embeds.shape[0]} rows in {len(rows)} replies")
+        return logits, hidden
 
     def packed_step(self, embeds: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed rows, embeds [T, H] -> (logits [N, V], hidden [N, H]) at each sequence's last row; device work

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from engine.cold_work import EAGER_FALLBACK, ColdWork
+from engine.cold_work import ColdWork
 from engine.runners.audio_encoder import AudioEncoder
 from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
-from engine.runners.replay import EAGER, StepGraphs
+from engine.runners.replay import EAGER, StepGraphs, run_packed
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +98,9 @@ class ThinkerRunner:
             at_audio = host_ids == self.audio_token_id
             embeds[at_audio.to(self.device, non_blocking=True)] = self.audio(clips, int(at_audio.sum())).to(embeds.dtype)
         pieces = [Piece(r.slot, r.start, len(r.token_ids)) for r in rows]
-        out = None
-        if self.graphs.packed is not None:
-            out = self.graphs.packed(embeds, pieces)
-            if out is None and self.cold is not None:
-                self.cold.record(EAGER_FALLBACK, f"thinker step of {len(ids)} tokens in {len(rows)} rows: no graph fits")
-        if out is None:
-            out = self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces))
-        logits, hidden = out
+        logits, hidden = run_packed(self.graphs, embeds, pieces,
+                                    lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces)),
+                                    self.cold, f"thinker step of {len(ids)} tokens in {len(rows)} rows")
         outs, first = [], 0
         for b, row in enumerate(rows):
             end = first + len(row.token_ids)

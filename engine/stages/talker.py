@@ -227,16 +227,16 @@ class TalkerStage(Stage):
             frames, copied = _to_host(codes)  # one copy for the batch, queued before the step
         # the step is queued before the host waits for the codes: the GPU goes straight on
         logits, hidden = self.runner.step(rows)
-        sampled = []
+        sampled: list[tuple[int, TalkerSeq]] = []  # (its row in the step, the reply whose next code0 it gives)
         for i, (seq, embeds) in enumerate(pieces):
             seq.position += embeds.shape[0]
             if seq.header_queued and not seq.todo.shape[0]:  # type: ignore[union-attr]
                 self.running[seq.request_id] = self.pending.pop(seq.request_id)
                 self._consumed.append(seq.request_id)  # its first text row is in the prompt
-                sampled.append(i)
+                sampled.append((i, seq))
         copied()
         now = time.perf_counter()
-        for k, (seq, frame) in enumerate(zip(speaking, frames, strict=False)):
+        for i, (seq, frame) in enumerate(zip(speaking, frames, strict=False), start=len(pieces)):
             self.to_code2wav(CodecFrames(seq.request_id, frame[:, None], is_final=False))
             if seq.frames:
                 self.metrics.reply_gap.labels(self.name).observe(now - seq.last_frame_at)
@@ -246,10 +246,10 @@ class TalkerStage(Stage):
             if seq.frames >= self.cfg.max_frames or seq.position >= self.runner.kv.max_len:
                 self._finish(seq)
             else:
-                sampled.append(len(pieces) + k)
+                sampled.append((i, seq))
         if sampled:
-            seqs = [pieces[i][0] if i < len(pieces) else speaking[i - len(pieces)] for i in sampled]
-            self._take_code0(seqs, logits[sampled], hidden[sampled])
+            at = [i for i, _ in sampled]
+            self._take_code0([seq for _, seq in sampled], logits[at], hidden[at])
 
     def _next_text_rows(self, seqs: list[TalkerSeq]) -> torch.Tensor:
         """Each request's next text-track row [B, H]: its next Thinker token, then tts_eos once, then tts_pad."""
