@@ -190,8 +190,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                         reports.put, metrics, _name("code2wav", i, cw.replicas)))
     tokenizer = source.tokenizer()
     eos_ids = {config.im_end_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
-    thinker_stage = ThinkerStage(thinker_runner, tk, tokenizer, eos_ids, policy, clock, thinker_inbox, to_talker,
-                                 reports.put, metrics)
+    thinker_stage = ThinkerStage(thinker_runner, tk, tokenizer, eos_ids, policy, thinker_inbox, to_talker, reports.put,
+                                 metrics)
     return Orchestrator(
         thinker_inbox=thinker_inbox,
         stages={stage.name: stage for stage in (thinker_stage, *stages)},

@@ -47,12 +47,8 @@ class ThinkerConfig:
     max_batch: int = field(default=8, metadata=_at_least(1))
     max_model_len: int = field(default=2048, metadata=_at_least(16))
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
-    # tokens one step may carry, prompt pieces and a row per running reply (and the largest graph), while
-    # every speaking reply's listener holds at least `playback_slack_s` of audio
-    max_step_tokens: int = field(default=4096, metadata=_at_least(1))
-    playback_slack_s: float = field(default=1.0, metadata=_at_least(0.0))
-    # while one holds less: as many tokens as measured steps of that size take this long
-    tight_step_s: float = field(default=0.025, metadata=_at_least(0.001))
+    # tokens one step may carry, prompt pieces and a row per running reply (and the largest graph)
+    max_step_tokens: int = field(default=2048, metadata=_at_least(1))
     ignore_eos: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -105,7 +101,7 @@ class ChunkConfig:
 
     enabled: bool = True
     initial_chunk_frames: int = field(default=4, metadata=_at_least(1))
-    # sizes of the chunks after the first, before `chunk_frames` takes over (e.g. [8, 16]): while
+    # sizes of the chunks after the first, before `chunk_frames` takes over (e.g. [4, 6, 8]): while
     # a player's buffer is short, chunks that take less time to make than they play keep it fed
     ramp_frames: tuple[int, ...] = field(default=(), metadata=_at_least(1))
     chunk_frames: int = field(default=25, metadata=_at_least(1))

@@ -16,12 +16,10 @@ The rules, each measured on the H200 (docs/performance.md):
   pieces it prefills (inside a step that reads every expert anyway, 64 rows cost ~1.5 ms against a
   13-15 ms step of their own), so prompts never starve the replies that speak. Pieces fill the step's
   token budget first come first served, so prompts finish one after another, not abreast.
-* The budget follows playback (`StepBudget`): `max_step_tokens` while every speaking reply's listener
-  holds at least `playback_slack_s` of audio; while one holds less, as many tokens as measured steps
-  of that size take, beyond the cheapest step, in half of what it holds (never less than
-  `tight_step_s`). Every step pays the weight read, so steps of a few tokens would only cost more
-  GPU time per token and starve the other stages (on the H200 a 64-token step beside 64 replies
-  took 21 ms, a 1,024-token one 42 ms).
+* The budget is fixed (`max_step_tokens`). Shrinking it while some listener held under a second of
+  audio (measured on the H200) starved a wave's prefill, first audio 5.2 s on average against 0.98 s, and
+  under steady arrivals left more replies behind, not fewer. A gentle chunk ramp keeps the listeners fed
+  instead (docs/performance.md).
 * CUDA stream priorities: stages nearer the audio run first (`STREAM_PRIORITY`).
 
 Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
@@ -35,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from engine.profile import ChunkConfig, FirstPacketConfig, ThinkerConfig
+from engine.profile import ChunkConfig, FirstPacketConfig
 
 # CUDA stream priority per stage (lower runs first; CUDA offers 0 to -3). A graph replayed on a
 # stream runs at that stream's priority.
@@ -90,52 +88,3 @@ class FirstPacketPolicy:
                 lead = 1
         return any(t.made - t.spoken < lead for t in texts)
 
-
-# the fewest prompt tokens a step takes while prompts wait, however short the listeners' buffers: a
-# prompt must progress, and below this a step costs its fixed part anyway
-MIN_PIECE_TOKENS = 64
-_SMOOTHING = 0.2  # weight of a new step time in a size's running mean
-
-
-def size_class(tokens: int) -> int:
-    """Steps are timed by the power of two their tokens round up to."""
-    return 1 << max(0, tokens - 1).bit_length()
-
-
-class StepBudget:
-    """Tokens the next Thinker step may carry (prompt pieces and decode rows), from the listeners' buffers
-    and the measured times of steps by size. Owns those measurements."""
-
-    def __init__(self, cfg: ThinkerConfig) -> None:
-        self.max_tokens = cfg.max_step_tokens
-        self.slack_s = cfg.playback_slack_s
-        self.tight_s = cfg.tight_step_s
-        self.times: dict[int, float] = {}  # size class -> running mean of its steps' wall time
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        size = size_class(tokens)
-        before = self.times.get(size)
-        self.times[size] = seconds if before is None else before + _SMOOTHING * (seconds - before)
-
-    def tokens(self, least_buffered_s: float | None) -> int:
-        """`least_buffered_s`: the least audio a speaking reply's listener holds (None: nobody speaks)."""
-        if least_buffered_s is None or least_buffered_s >= self.slack_s:
-            return self.max_tokens
-        # half: the other stages' steps share the GPU with this one, and their audio refills the buffer
-        bound_s = max(self.tight_s, 0.5 * least_buffered_s)
-        # what a step costs beyond the cheapest (its weight read, which every step pays, decode rows alone
-        # too): small steps are no cheaper per step, only per token dearer, and starve the other stages
-        floor_s = min(self.times.values(), default=0.0)
-        # the largest size measured within the bound; one size past it is tried while unmeasured, so the
-        # budget finds its level from any start
-        budget = MIN_PIECE_TOKENS
-        size = size_class(MIN_PIECE_TOKENS)
-        while size <= self.max_tokens:
-            took = self.times.get(size)
-            if took is not None and took - floor_s > bound_s:
-                break
-            budget = size
-            if took is None:
-                break
-            size *= 2
-        return min(budget, self.max_tokens)

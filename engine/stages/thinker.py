@@ -1,7 +1,7 @@
 """Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
 
-A step carries a row for every running reply and the prompt pieces that fit its token budget, first come
-first served (engine/stages/policy.py sizes the budget from what the listeners hold). Whether a step runs
+A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`, first come
+first served (engine/stages/policy.py says why the budget is fixed). Whether a step runs
 for the running replies alone is the first-packet policy's call: with text pacing the Thinker waits while
 every reply's text is far enough ahead of its speech, which the Talker reports as it consumes rows
 (`SpeechProgress`).
@@ -38,8 +38,7 @@ from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.stages.base import Stage
-from engine.stages.playback import PlaybackClock
-from engine.stages.policy import MIN_PIECE_TOKENS, FirstPacketPolicy, StepBudget
+from engine.stages.policy import FirstPacketPolicy
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,6 @@ class ThinkerStage(Stage):
         tokenizer: Any,
         eos_ids: set[int],
         policy: FirstPacketPolicy,
-        clock: PlaybackClock,
         inbox: Inbox,
         to_talker: Callable[[Any], None],
         report: Report,
@@ -117,8 +115,6 @@ class ThinkerStage(Stage):
         self.tokenizer = tokenizer
         self.eos_ids = set() if cfg.ignore_eos else eos_ids
         self.policy = policy
-        self.clock = clock
-        self.budget = StepBudget(cfg)
         self.to_talker = to_talker
         self.cache = PrefixCache(runner.kv)
         self.waiting: deque[ThinkerSeq] = deque()
@@ -169,10 +165,9 @@ class ThinkerStage(Stage):
         return len(self.running)
 
     def step(self) -> list[str]:
-        started = time.perf_counter()
         replies = list(self.running.values())
-        budget = self.budget.tokens(self.clock.least_buffered_s(started))
-        pieces = self._take_pieces(max(budget - len(replies), MIN_PIECE_TOKENS))
+        # the profile keeps room for pieces beside a row per running reply (`max_batch` + 64 at least)
+        pieces = self._take_pieces(self.cfg.max_step_tokens - len(replies))
         if not pieces and not self._wants_decode():
             return []
         rows = [self._piece_row(seq, end) for seq, end in pieces]
@@ -203,7 +198,6 @@ class ThinkerStage(Stage):
                 seq.last_token_at = now
                 self._advance(seq, token, embed)
         tokens_in_step = sum(len(r.token_ids) for r in rows)
-        self.budget.observe(tokens_in_step, time.perf_counter() - started)
         self.metrics.step_tokens.labels("prompt").observe(tokens_in_step - len(replies))
         self.metrics.step_tokens.labels("decode").observe(len(replies))
         return self.last_batch

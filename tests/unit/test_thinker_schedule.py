@@ -1,8 +1,7 @@
 """The Thinker's packed-step scheduler (engine/stages/thinker.py) over random arrivals, with a fake runner.
 
 A fake runner stands in for the model: it records every step's rows and answers logits that make one token
-win, so the real stage, `PrefixCache`, `FirstPacketPolicy`, `StepBudget` and a `PlaybackClock` driven by
-hand decide everything that is checked here: who has a row in each step, how many tokens a step carries,
+win, so the real stage, `PrefixCache` and `FirstPacketPolicy` decide everything that is checked here: who has a row in each step, how many tokens a step carries,
 the order prompts finish in, how long a prompt waits, and where pieces end around audio clips.
 """
 
@@ -11,7 +10,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,8 +20,7 @@ from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, FirstPacketConfig, ThinkerConfig
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.thinker import RowOut, StepRow
-from engine.stages.playback import PlaybackClock
-from engine.stages.policy import MIN_PIECE_TOKENS, FirstPacketPolicy
+from engine.stages.policy import FirstPacketPolicy
 from engine.stages.thinker import ThinkerStage, clip_spans
 
 AUDIO = 3  # the audio placeholder id
@@ -31,6 +28,9 @@ EOS = 2
 REPLY_TOKEN = 7  # what every reply says (its length is its max_tokens)
 VOCAB = 64
 HIDDEN = 4
+MAX_BATCH = 16
+STEP_TOKENS = 256
+SMALL_STEP_TOKENS = MAX_BATCH + 64  # the least the profile allows: room for pieces beside every reply's row
 
 
 class FakeTokenizer:
@@ -90,7 +90,6 @@ class Run:
 
     stage: ThinkerStage
     runner: FakeRunner
-    budgets: list[int] = field(default_factory=list)  # per runner step, the budget the stage computed
     running_before: list[set[int]] = field(default_factory=list)  # per runner step, the running replies' slots
     pending_before: list[bool] = field(default_factory=list)  # per runner step, a prompt was waiting or partial
     batches: list[list[str]] = field(default_factory=list)  # per runner step, its rows' requests (`last_batch`)
@@ -100,39 +99,22 @@ class Run:
     prompts: dict[str, Prompt] = field(default_factory=dict)
 
 
-def make_stage(max_batch: int = 16, max_step_tokens: int = 256,
-               clock: PlaybackClock | None = None) -> tuple[ThinkerStage, FakeRunner]:
+def make_stage(max_batch: int = MAX_BATCH, max_step_tokens: int = STEP_TOKENS) -> tuple[ThinkerStage, FakeRunner]:
     """A stage that never paces its text (`text_lead` 0): it decodes whenever a reply runs."""
     cfg = ThinkerConfig(max_batch=max_batch, max_model_len=1024, max_step_tokens=max_step_tokens)
     runner = FakeRunner(max_batch, max_len=1024)
     stage = ThinkerStage(runner, cfg, FakeTokenizer(), {EOS}, FirstPacketPolicy(FirstPacketConfig(0), ChunkConfig()),
-                         clock or PlaybackClock(), inbox=None, to_talker=lambda _: None, report=lambda _: None,
+                         inbox=None, to_talker=lambda _: None, report=lambda _: None,
                          metrics=EngineMetrics())  # type: ignore[arg-type]
     return stage, runner
 
 
-def step_seconds(tokens: int) -> float:
-    """A modeled step time (the fake runner's real one is microseconds): a fixed part and a part per token."""
-    return 0.010 + 5e-4 * tokens
-
-
 @functools.cache
-def simulate(seed: int, *, steps: int = 200, arrival: float = 0.3, audio: bool = True, tight: bool = False) -> Run:
-    """Random arrivals, one stage step per turn, steps timed by `step_seconds`. Each turn a listener holds a
-    random amount of audio, or nobody speaks; `tight`: a listener always holds nothing, so once the first
-    steps are measured every budget is `MIN_PIECE_TOKENS`."""
+def simulate(seed: int, *, steps: int = 200, arrival: float = 0.3, audio: bool = True, small: bool = False) -> Run:
+    """Random arrivals, one stage step per turn; `small`: steps of the least budget the profile allows."""
     rng = random.Random(seed)
-    clock = PlaybackClock()
-    stage, runner = make_stage(clock=clock)
+    stage, runner = make_stage(max_step_tokens=SMALL_STEP_TOKENS if small else STEP_TOKENS)
     run = Run(stage, runner)
-    tokens_of, observe = stage.budget.tokens, stage.budget.observe
-
-    def recorded_budget(least: float | None) -> int:
-        run.budgets.append(tokens_of(least))
-        return run.budgets[-1]
-
-    stage.budget.tokens = recorded_budget  # type: ignore[method-assign]
-    stage.budget.observe = lambda tokens, _: observe(tokens, step_seconds(tokens))  # type: ignore[method-assign]
     n = 0
     for turn in range(steps):
         if turn < steps - 60 and rng.random() < arrival:  # the last turns drain what came
@@ -145,31 +127,22 @@ def simulate(seed: int, *, steps: int = 200, arrival: float = 0.3, audio: bool =
             run.prompts[prompt.request_id] = prompt
             run.arrived[prompt.request_id] = turn
             stage.accept(prompt.admitted(want_audio=rng.random() < 0.7))
-        clock.finished("listener")
-        held = 0.0 if tight else rng.choice([None, 0.02, 0.06, 0.1, 0.3, 5.0])
-        if held is not None:
-            clock.emitted("listener", held, now=time.perf_counter())
         if not stage.has_work():
             continue
         before = len(runner.steps)
         running = {s.slot for s in stage.running.values()}
         pending = bool(stage.partial or stage.waiting)
-        budgets = len(run.budgets)
         stage.step()
-        assert len(run.budgets) == budgets + 1
         if len(runner.steps) > before:
             run.running_before.append(running)
             run.pending_before.append(pending)
             run.batches.append(list(stage.last_batch))
-        else:
-            run.budgets.pop()
         for request_id in stage.running:
             run.began.setdefault(request_id, turn)
         for request_id in run.arrived:  # replies of one token begin and end in the same step
             if request_id not in run.began and not any(
                     s.job.request_id == request_id for s in [*stage.partial, *stage.waiting]):
                 run.began[request_id] = turn
-    assert len(run.budgets) == len(runner.steps)
     return run
 
 
@@ -185,7 +158,7 @@ def piece_rows(run: Run, i: int) -> list[tuple[Prompt, StepRow]]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_running_reply_has_a_row_in_every_step(seed: int) -> None:
-    run = simulate(seed, tight=seed % 2 == 1)
+    run = simulate(seed, small=seed % 2 == 1)
     assert any(run.pending_before), "no step had a prompt pending"
     assert any(p and r for p, r in zip(run.pending_before, run.running_before, strict=True))
     for i, rows in enumerate(run.runner.steps):
@@ -197,17 +170,13 @@ def test_every_running_reply_has_a_row_in_every_step(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_step_stays_within_its_budget(seed: int) -> None:
-    """What holds exactly: the prompt pieces fill `max(budget - decode rows, MIN_PIECE_TOKENS)`; only a piece
-    that begins at a clip may run past what is left of it, to that clip's end, and it is the step's last piece.
-    So a step carries at most its budget, except at the floor (then decode rows + MIN_PIECE_TOKENS) and
-    past a clip that starts a piece."""
-    tight = seed % 2 == 1
-    run = simulate(seed, tight=tight)
-    floors = 0
+    """What holds exactly: the prompt pieces fill what the decode rows leave of `max_step_tokens`; only a piece
+    that begins at a clip may run past what is left, to that clip's end, and it is the step's last piece."""
+    run = simulate(seed, small=seed % 2 == 1)
+    budget = run.stage.cfg.max_step_tokens
+    full = 0
     for i, rows in enumerate(run.runner.steps):
-        decode = len(run.running_before[i])
-        room = max(run.budgets[i] - decode, MIN_PIECE_TOKENS)
-        floors += run.budgets[i] - decode < MIN_PIECE_TOKENS
+        room = budget - len(run.running_before[i])
         pieces = piece_rows(run, i)
         for j, (prompt, row) in enumerate(pieces):
             taken = len(row.token_ids)
@@ -216,16 +185,16 @@ def test_a_step_stays_within_its_budget(seed: int) -> None:
                 assert j == len(pieces) - 1
             room -= taken
         total = sum(len(r.token_ids) for r in rows)
-        if total > run.budgets[i]:
-            assert run.budgets[i] - decode < MIN_PIECE_TOKENS or room < 0
+        assert total <= budget or room < 0
+        full += total == budget
     assert len(run.runner.steps) > 20
-    assert floors > 0 if tight else set(run.budgets) > {MIN_PIECE_TOKENS, 256}
+    assert full > 0  # pieces do fill the budget
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_prompts_begin_their_replies_in_the_order_they_came(seed: int) -> None:
     """Text prompts: a prompt that came earlier never begins its reply after one that came later."""
-    run = simulate(seed, audio=False, tight=seed % 2 == 1)
+    run = simulate(seed, audio=False, small=seed % 2 == 1)
     order = sorted(run.arrived, key=lambda r: int(r[1:]))
     assert len(run.began) == len(order) > 20
     began = [run.began[r] for r in order]
@@ -235,11 +204,11 @@ def test_prompts_begin_their_replies_in_the_order_they_came(seed: int) -> None:
 def test_prompts_with_audio_begin_their_replies_in_the_order_they_came() -> None:
     overtaken = []
     for seed in SEEDS:
-        for tight in (False, True):
-            run = simulate(seed, tight=tight)
+        for small in (False, True):
+            run = simulate(seed, small=small)
             order = sorted(run.arrived, key=lambda r: int(r[1:]))
             began = [run.began[r] for r in order]
-            overtaken += [(seed, tight, r) for r, b, later in zip(order, began, began[1:], strict=False) if later < b]
+            overtaken += [(seed, small, r) for r, b, later in zip(order, began, began[1:], strict=False) if later < b]
     assert not overtaken, overtaken
 
 
@@ -263,19 +232,19 @@ def test_a_prompt_cut_before_a_clip_ends_the_step() -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_no_prompt_starves(seed: int) -> None:
     """Under steady arrivals every prompt begins its reply within a bound set by what was ahead of it when it
-    came: every step gives the first prompt under way at least MIN_PIECE_TOKENS, finishes it, or stops it at a
-    clip that the next step takes whole."""
-    run = simulate(seed, arrival=0.25, tight=True, steps=300)
+    came: every step gives the first prompt under way what the decode rows leave of the step (at least 64 tokens),
+    finishes it, or stops it at a clip that the next step takes whole."""
+    run = simulate(seed, arrival=0.25, small=True, steps=300)
     assert len(run.began) == len(run.arrived) > 40
     for request_id, arrived in run.arrived.items():
         tokens, clips, prompts = run.backlog[request_id]
-        bound = math.ceil(tokens / MIN_PIECE_TOKENS) + 2 * clips + prompts
+        bound = math.ceil(tokens / (SMALL_STEP_TOKENS - MAX_BATCH)) + 2 * clips + prompts
         assert run.began[request_id] - arrived <= bound, (request_id, run.backlog[request_id])
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_piece_never_ends_inside_a_clip(seed: int) -> None:
-    run = simulate(seed, tight=seed % 2 == 1)
+    run = simulate(seed, small=seed % 2 == 1)
     clipped = 0
     for i in range(len(run.runner.steps)):
         for prompt, row in piece_rows(run, i):
@@ -289,39 +258,10 @@ def test_a_piece_never_ends_inside_a_clip(seed: int) -> None:
     assert clipped > 5
 
 
-def test_the_budget_follows_the_least_buffered_listener() -> None:
-    """`max_step_tokens` while nobody speaks or every listener holds `playback_slack_s` or more; less while
-    one holds less (here, with no step measured yet, the floor)."""
-    clock = PlaybackClock()
-    stage, runner = make_stage(max_step_tokens=256, clock=clock)
-    seen: list[int] = []
-    tokens_of = stage.budget.tokens
-    stage.budget.tokens = lambda least: seen.append(tokens_of(least)) or seen[-1]  # type: ignore[method-assign]
-    for i in range(3):
-        stage.accept(Prompt(f"p{i}", [20 + i] * 900, 0, 1000).admitted(True))
-
-    def step(listeners: dict[str, float]) -> int:
-        now = time.perf_counter()
-        for request_id in ("x", "y"):
-            clock.finished(request_id)
-        for request_id, held in listeners.items():
-            clock.emitted(request_id, held, now=now)
-        stage.step()
-        return sum(len(r.token_ids) for r in runner.steps[-1])
-
-    slack = stage.cfg.playback_slack_s
-    assert step({}) == 256 and seen[-1] == 256  # nobody speaks
-    assert step({"x": slack + 1.0, "y": slack + 0.5}) == 256 and seen[-1] == 256
-    tight = step({"x": slack + 1.0, "y": 0.1 * slack})
-    assert seen[-1] < 256 and seen[-1] == MIN_PIECE_TOKENS
-    assert tight == MIN_PIECE_TOKENS
-
-
 def test_only_the_first_piece_runs_past_the_room() -> None:
     """A clip that begins the step's first piece goes whole (the prompt must progress); a later piece stops
     before its clip, so a step carries more than its room only by its first piece's clip."""
-    stage, runner = make_stage(max_step_tokens=256)
-    stage.budget.tokens = lambda least: MIN_PIECE_TOKENS  # type: ignore[method-assign]
+    stage, runner = make_stage(max_step_tokens=SMALL_STEP_TOKENS)
     a = Prompt("a", [11] * 10 + [AUDIO] * 100 + [12] * 20 + [AUDIO] * 100 + [13], 2, 4)
     b = Prompt("b", [14] * 10 + [AUDIO] * 300 + [15], 1, 4)
     stage.accept(a.admitted(False))
@@ -331,5 +271,5 @@ def test_only_the_first_piece_runs_past_the_room() -> None:
     pieces = [[(r.start, len(r.token_ids)) for r in rows] for rows in runner.steps]
     assert pieces[:3] == [[(0, 10)], [(10, 100)], [(110, 20)]]
     for step in pieces:
-        assert sum(n for _, n in step[1:]) <= MIN_PIECE_TOKENS, step  # past the first piece, the room holds
+        assert sum(n for _, n in step[1:]) <= SMALL_STEP_TOKENS, step  # past the first piece, the room holds
     assert (10, 300) in [piece for step in pieces for piece in step[:1]]  # B's clip, whole, first in its step
