@@ -44,6 +44,7 @@ _HISTORY = "benchmarks/h200/switch-history/ladder.json"
 _VOICE = "benchmarks/h200/voice-traffic/"
 _C64 = "levels/concurrency=64"
 _STEP = "benchmarks/h200/one-step/"
+_RAMP = _STEP + "gentle-ramp/"
 
 FIGURES = (
     # One step for everybody
@@ -55,8 +56,8 @@ FIGURES = (
     Figure("| 10.2 | 0.306 s (0.474)", "10.2", _STEP + "thinker/chat640-c64-steady.json", "levels/0/req_per_s"),
     Figure("| 10.2 | 0.306 s (0.474)", "0.306", _STEP + "thinker/chat640-c64-steady.json", "levels/0/ttfp_s/mean"),
     Figure("| 0.538 | 229/256 |", "229", _STEP + "thinker/chat640-c64-steady.json", "levels/0/underrun_requests"),
-    Figure("at 22.07 req/s, TTFP 0.304 s", "22.07", _STEP + "thinker/chat10-c64.json", "levels/0/req_per_s"),
-    Figure("at 22.07 req/s, TTFP 0.304 s", "0.304", _STEP + "thinker/chat10-c64.json", "levels/0/ttfp_s/mean"),
+    Figure("c=64 at 22.07 req/s, 0.304 s", "22.07", _STEP + "thinker/chat10-c64.json", "levels/0/req_per_s"),
+    Figure("c=64 at 22.07 req/s, 0.304 s", "0.304", _STEP + "thinker/chat10-c64.json", "levels/0/ttfp_s/mean"),
     Figure("f9cda99) | 12.57 | 1.124 s (1.763)", "12.57", _STEP + "all-stages/chat640-c64-waves.json", "levels/0/req_per_s"),
     Figure("| 12.57 | 1.124 s (1.763)", "1.124", _STEP + "all-stages/chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
     Figure("1.124 s (1.763) | 0.486", "1.763", _STEP + "all-stages/chat640-c64-waves.json", "levels/0/ttfp_s/p99"),
@@ -65,14 +66,58 @@ FIGURES = (
     Figure("| 9.80 | 0.357 s (0.610)", "9.80", _STEP + "all-stages/chat640-c64-steady.json", "levels/0/req_per_s"),
     Figure("| 9.80 | 0.357 s (0.610)", "0.357", _STEP + "all-stages/chat640-c64-steady.json", "levels/0/ttfp_s/mean"),
     Figure("| 0.561 | 235/256 |", "235", _STEP + "all-stages/chat640-c64-steady.json", "levels/0/underrun_requests"),
-    Figure("| PCM16, now | 0.320 s (0.710)", "0.320", _STEP + "all-stages/realtime-c64.json",
+    Figure("| PCM16, packed stages | 0.320 s (0.710)", "0.320", _STEP + "all-stages/realtime-c64.json",
            "levels/0/overall/first_audio_s/p50"),
-    Figure("| PCM16, now | 0.320 s (0.710) | 114/384", "114", _STEP + "all-stages/realtime-c64.json",
+    Figure("| PCM16, packed stages | 0.320 s (0.710) | 114/384", "114", _STEP + "all-stages/realtime-c64.json",
            "levels/0/overall/underrun_turns"),
-    Figure("| Opus, now | 0.332 s (0.458)", "0.332", _STEP + "all-stages/realtime-c64.json",
+    Figure("| Opus, packed stages | 0.332 s (0.458)", "0.332", _STEP + "all-stages/realtime-c64.json",
            "levels/1/overall/first_audio_s/p50"),
-    Figure("| Opus, now | 0.332 s (0.458) | 282/384", "282", _STEP + "all-stages/realtime-c64.json",
+    Figure("| Opus, packed stages | 0.332 s (0.458) | 282/384", "282", _STEP + "all-stages/realtime-c64.json",
            "levels/1/overall/underrun_turns"),
+    # the gentle ramp and the step budget
+    *(Figure(f"{row}/chat640-c64-waves.json`) | {rps}", rps, f"{_RAMP}{row}/chat640-c64-waves.json", "levels/0/req_per_s")
+      for row, rps in (("slack-budget", "5.65"), ("budget-4096", "13.34"), ("budget-2048", "13.66"))),
+    *(Figure(f"| {ttfp} s ({p99}) | {rtf} | {behind}/192 |", number, f"{_RAMP}{row}/chat640-c64-waves.json", key)
+      for row, ttfp, p99, rtf, behind in (("slack-budget", "5.184", "10.52", "0.981", "1"),
+                                          ("budget-4096", "0.975", "1.656", "0.468", "65"),
+                                          ("budget-2048", "0.861", "1.865", "0.457", "98"))
+      for number, key in ((ttfp, "levels/0/ttfp_s/mean"), (p99, "levels/0/ttfp_s/p99"), (rtf, "levels/0/rtf/mean"),
+                          (behind, "levels/0/underrun_requests"))),
+    *(Figure(f"| {rps} | {ttfp} s ({p99}) | {rtf} | {behind}/256 |", number, f"{_RAMP}{row}/chat640-c64-steady.json", key)
+      for row, rps, ttfp, p99, rtf, behind in (("slack-budget", "11.08", "0.298", "0.459", "0.487", "23"),
+                                               ("budget-4096", "10.44", "0.289", "0.403", "0.523", "0"),
+                                               ("budget-2048", "10.17", "0.305", "0.444", "0.540", "6"))
+      for number, key in ((rps, "levels/0/req_per_s"), (ttfp, "levels/0/ttfp_s/mean"), (p99, "levels/0/ttfp_s/p99"),
+                          (rtf, "levels/0/rtf/mean"), (behind, "levels/0/underrun_requests"))),
+    *(Figure(f"{name} | {p50} s ({p99}) | {behind}/384", number, f"{_RAMP}{row}/realtime-c64.json", f"levels/{level}/{key}")
+      for name, row, level, p50, p99, behind in (
+          ("budget shrunk by slack (`benchmarks/h200/one-step/gentle-ramp/slack-budget/realtime-c64.json`)",
+           "slack-budget", 0, "0.332", "0.785", "0"),
+          ("4,096-token budget (`benchmarks/h200/one-step/gentle-ramp/budget-4096/realtime-c64.json`)",
+           "budget-4096", 0, "0.338", "0.764", "33"),
+          ("2,048-token budget (`benchmarks/h200/one-step/gentle-ramp/budget-2048/realtime-c64.json`)",
+           "budget-2048", 0, "0.340", "0.823", "28"),
+          ("Opus, + gentle ramp, budget shrunk by slack", "slack-budget", 1, "0.379", "0.575", "12"),
+          ("Opus, gentle ramp, 4,096-token budget", "budget-4096", 1, "0.421", "0.828", "39"),
+          ("Opus, gentle ramp, 2,048-token budget", "budget-2048", 1, "0.352", "0.688", "4"))
+      for number, key in ((p50, "overall/first_audio_s/p50"), (p99, "overall/first_audio_s/p99"),
+                          (behind, "overall/underrun_turns"))),
+    Figure("21.85 req/s, 0.236 s, none behind", "21.85", _RAMP + "budget-2048/chat10-c64.json", "levels/0/req_per_s"),
+    Figure("21.85 req/s, 0.236 s, none behind", "0.236", _RAMP + "budget-2048/chat10-c64.json", "levels/0/ttfp_s/mean"),
+    # the seed's sweep, as shipped: c=1 and c=16 levels alternate per length, as do c=32 and c=64
+    *(Figure(f"| {tokens} | {c1} s | {c16} s |", number, _RAMP + "sweep/chat-sweep-c1-c16.json", f"levels/{level}/ttfp_s/mean")
+      for i, (tokens, c1, c16) in enumerate((("19", "0.073", "0.123"), ("181", "0.079", "0.171"),
+                                             ("353", "0.082", "0.178"), ("699", "0.086", "0.260")))
+      for number, level in ((c1, 2 * i), (c16, 2 * i + 1))),
+    *(Figure(f"| {c32} s{extra} | {rps} | {ttfp} s ({p99}) | {rtf} | {behind}/128 |", number,
+             _RAMP + "sweep/chat-sweep-c32-c64.json", f"levels/{level}/{key}")
+      for i, (c32, extra, rps, ttfp, p99, rtf, behind) in enumerate((
+          ("0.154", "", "24.41", "0.227", "0.255", "0.260", "0"), ("0.274", "", "21.04", "0.369", "0.490", "0.300", "0"),
+          ("0.371", "", "20.03", "0.532", "0.774", "0.313", "0"),
+          ("0.534", " (4/64 behind)", "16.56", "0.807", "1.323", "0.374", "12")))
+      for number, level, key in ((c32, 2 * i, "ttfp_s/mean"), (rps, 2 * i + 1, "req_per_s"),
+                                 (ttfp, 2 * i + 1, "ttfp_s/mean"), (p99, 2 * i + 1, "ttfp_s/p99"),
+                                 (rtf, 2 * i + 1, "rtf/mean"), (behind, 2 * i + 1, "underrun_requests"))),
     Figure("waves waited 8.87 s", "8.87", _STEP + "frame-bound/chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
     # Where the GPU profile stands
     Figure("| c=1 TTFP <= 0.15 s | 0.077 s", "0.077", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/mean"),
