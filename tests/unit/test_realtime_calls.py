@@ -8,6 +8,7 @@ import json
 import pytest
 
 from engine import Message, TextPart, ToolCall
+from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.calls import ResponseCalls
 from voice_gateway.realtime.conversation import Conversation, Item
 from voice_gateway.realtime.events import Dialect, FunctionCallItem
@@ -79,7 +80,7 @@ def test_calls_join_the_assistant_turn_before_them() -> None:
     conversation.add(Item("c3", "assistant", kind="function_call", call_id="z", name="get_weather", arguments="{}"))
     conversation.add(Item("o1", "tool", "on", kind="function_call_output", call_id="x"))
     conversation.add(Item("o3", "tool", "sunny", kind="function_call_output", call_id="z"))
-    assert conversation.to_messages("Be brief.") == (
+    assert conversation.prompt(ev.SessionConfig(instructions="Be brief.")) == (
         Message("system", (TextPart("Be brief."),)),
         Message("user", (TextPart("lamp and weather?"),)),
         Message("assistant", (TextPart("Sure."),), (ToolCall("set_lamp", "{}"), ToolCall("get_weather", "{}"))),

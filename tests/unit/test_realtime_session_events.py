@@ -17,6 +17,7 @@ from voice_gateway.audio.semantic_vad import SemanticVad
 from voice_gateway.audio.vad import ServerVad
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.events import Dialect
 from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import CANCEL_NOT_ACTIVE, Session
@@ -187,7 +188,7 @@ async def test_an_out_of_band_response_stays_out_of_the_conversation(engine: Eng
     assert [item.id for item in session.conversation.items] == ["u", in_band_reply]
     [missing] = await send(session, type="conversation.item.retrieve", item_id=out["id"])
     assert missing["error"]["code"] == "item_retrieve_invalid_item_id"
-    later = session.conversation.to_messages("")
+    later = session.conversation.prompt(ev.SessionConfig())
     assert [m.role for m in later] == ["user", "assistant"]  # the next turn's prompt: neither input nor output
     await session.close()
 

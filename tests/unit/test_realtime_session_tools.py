@@ -20,6 +20,7 @@ import pytest
 from engine import Engine, Message, TextPart, ToolCall, create_engine, load_profile
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
+from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.events import Dialect
 from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import Session
@@ -109,7 +110,7 @@ async def test_a_required_call_round_trip(engine: Engine) -> None:
     added = await send(session, type="conversation.item.create", item={
         "type": "function_call_output", "call_id": first["call_id"], "output": '{"ok": true}'})
     assert added[0]["item"]["type"] == "function_call_output" and added[0]["item"]["call_id"] == first["call_id"]
-    prompt = session.conversation.to_messages("")
+    prompt = session.conversation.prompt(ev.SessionConfig())
     assert prompt[1] == Message("assistant", (), tuple(ToolCall(c["name"], c["arguments"]) for c in calls))
     assert prompt[2] == Message("tool", (TextPart('{"ok": true}'),))
     events = await reply(session, tool_choice="none", max_output_tokens=8)

@@ -1,8 +1,11 @@
 """A session's conversation: its items, and how they become the Thinker's prompt.
 
-History is trimmed from the oldest item to fit the context budget (the
-instructions always stay); an assistant item truncated after a barge-in keeps
-only the part of its transcript the user heard.
+Once the history outgrows the context budget, a block of the oldest items leaves
+the prompt at once, down to the share the session's `truncation` retains, so the
+prompt starts the same (and its cached prefix holds) for many turns after; the
+instructions and tools always stay, and with truncation `"disabled"` the response
+fails instead. An assistant item truncated after a barge-in keeps only the part
+of its transcript the user heard.
 
 Audio is what makes a conversation big (64 KB a second), so only the items the
 prompt can still use keep theirs, and at most `max_audio_samples` of it: the
@@ -14,18 +17,22 @@ do: a run of calls joins the assistant message before it, and each output is a t
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, Message, TextPart, ToolCall
+from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart, ToolCall
+from voice_gateway.realtime import events as ev
 
 # Prompt cost estimates, on the generous side: the engine checks the real count.
 _TOKENS_PER_AUDIO_SECOND = 13  # Qwen3-Omni's audio encoder: 13 tokens per 100 mel frames (1 s)
 _CHARS_PER_TOKEN = 3
 _TOKENS_PER_TURN = 6  # <|im_start|>role\n ... <|im_end|>\n
+# "auto": a cut keeps three quarters of the room, so a quarter of it fills before the next cut
+AUTO_RETENTION = 0.75
 
 
 ROOT = "root"  # previous_item_id for the start of the conversation
@@ -52,6 +59,7 @@ class Item:
     name: str = ""  # function_call: the function
     arguments: str = ""  # function_call: JSON text, as the model wrote it
     transcript: str = ""  # user audio: its input transcription, when the session asks for one
+    in_context: bool = True  # False once truncation took it out of the prompt, for good
 
     def estimated_tokens(self) -> int:
         # Dropped audio still counts, so trimming stays oldest-first: an item that left the context for
@@ -64,6 +72,15 @@ class Item:
     def drop_audio(self) -> None:
         if self.audio is not None:
             self.audio, self.audio_dropped = None, True
+
+
+class ContextFull(EngineError):
+    """The history outgrew the context and the session's truncation is "disabled"."""
+
+    def __init__(self, used: int, room: int) -> None:
+        super().__init__(f"the conversation needs about {used} tokens after the instructions and tools, and the "
+                         f"context leaves {room}; truncation is disabled, so nothing was dropped: delete items "
+                         "(conversation.item.delete) or set truncation to \"auto\"", code="context_length_exceeded")
 
 
 class Conversation:
@@ -87,15 +104,16 @@ class Conversation:
         self.items.insert(index, item)
         return self.items[index - 1].id if index > 0 else None
 
-    def bound_audio(self, instructions: str) -> None:
-        """Drop the audio of the items the prompt leaves out, then of the oldest past `max_audio_samples`."""
-        start = self._context_start(instructions)
+    def bound_audio(self, config: ev.SessionConfig) -> None:
+        """Drop the audio of the items the prompt leaves out (or would leave out, unless truncation is disabled),
+        then of the oldest past `max_audio_samples`."""
+        start = 0 if config.truncation == "disabled" else self._fitting_start(config)
         room = self.max_audio_samples
         for index in range(len(self.items) - 1, -1, -1):
             item = self.items[index]
             if item.audio is None:
                 continue
-            if index < start or item.audio.size > room:
+            if index < start or not item.in_context or item.audio.size > room:
                 room = 0  # the oldest audio goes first: nothing older keeps its own
                 item.drop_audio()
             else:
@@ -143,17 +161,48 @@ class Conversation:
         item.text, item.audio_ms, item.status = cut, audio_end_ms, "incomplete"
         return item
 
-    def _context_start(self, instructions: str) -> int:
-        """Where the prompt's history begins: the items from there on fit the budget, the older ones do not."""
-        used = _TOKENS_PER_TURN + len(instructions) // _CHARS_PER_TOKEN if instructions else 0
+    def room(self, config: ev.SessionConfig) -> int:
+        """What the history may take of the context: the budget less the instructions and tools, or less."""
+        fixed = _TOKENS_PER_TURN + len(config.instructions) // _CHARS_PER_TOKEN if config.instructions else 0
+        if config.tools:
+            fixed += len(json.dumps([t.model_dump(exclude_none=True) for t in config.tools])) // _CHARS_PER_TOKEN
+        room = self.budget_tokens - fixed
+        limits = config.truncation.token_limits if isinstance(config.truncation, ev.RetentionRatio) else None
+        if limits is not None and limits.post_instructions is not None:
+            room = min(room, limits.post_instructions)
+        return room
+
+    def _fitting_start(self, config: ev.SessionConfig) -> int:
+        """The oldest index from which the items fit the room: what the prompt could hold at most."""
+        used, room = 0, self.room(config)
         for index in range(len(self.items) - 1, -1, -1):
             used += self.items[index].estimated_tokens()
-            if used > self.budget_tokens:
+            if used > room:
                 return index + 1
         return 0
 
-    def to_messages(self, instructions: str) -> tuple[Message, ...]:
-        return prompt_messages(self.items[self._context_start(instructions):], instructions)
+    def fit(self, config: ev.SessionConfig) -> None:
+        """Take the oldest items out of the prompt once the rest outgrows the room: a block at once, down to the
+        retained share of it (the newest item always stays). `ContextFull` when truncation is disabled."""
+        live = [item for item in self.items if item.in_context]
+        used, room = sum(item.estimated_tokens() for item in live), self.room(config)
+        if used <= room:
+            return
+        if config.truncation == "disabled":
+            raise ContextFull(used, room)
+        ratio = config.truncation.retention_ratio if isinstance(config.truncation, ev.RetentionRatio) else AUTO_RETENTION
+        keep = ratio * room
+        for item in live[:-1]:
+            # a tool's output goes with the call it answers: no prompt holds an answer to nothing
+            if used <= keep and item.kind != "function_call_output":
+                break
+            item.in_context = False
+            used -= item.estimated_tokens()
+
+    def prompt(self, config: ev.SessionConfig) -> tuple[Message, ...]:
+        """The conversation as the Thinker's prompt, fitted to the context first."""
+        self.fit(config)
+        return prompt_messages([item for item in self.items if item.in_context], config.instructions)
 
 
 def prompt_messages(items: list[Item], instructions: str) -> tuple[Message, ...]:

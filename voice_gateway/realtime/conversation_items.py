@@ -62,10 +62,10 @@ class ConversationItems:
         self.sender.event(ev.ConversationItemTruncated(item_id=event.item_id, content_index=event.content_index,
                                                        audio_end_ms=event.audio_end_ms))
 
-    def prompt(self, context: ResponseContext, instructions: str) -> tuple[Message, ...]:
-        """A response's prompt; the audio it leaves out goes."""
-        messages = context.messages(self.conversation, instructions)
-        self.conversation.bound_audio(instructions)
+    def prompt(self, context: ResponseContext, config: ev.SessionConfig) -> tuple[Message, ...]:
+        """A response's prompt; the audio it leaves out goes. `ContextFull` as `ResponseContext.messages`."""
+        messages = context.messages(self.conversation, config)
+        self.conversation.bound_audio(config)
         return messages
 
     def announce(self, item: Item, previous: str | None) -> None:
@@ -75,7 +75,7 @@ class ConversationItems:
 
     def bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
         """Keep the conversation's audio within its bounds; the client hears of it when its new item's own goes."""
-        self.conversation.bound_audio(self.settings.config.instructions)
+        self.conversation.bound_audio(self.settings.config)
         if added.audio_dropped:
             context_s = self.conversation.context_audio_s()
             self.reporter.error(

@@ -29,10 +29,11 @@ class ResponseContext:
     input: tuple[Item, ...] | None = None  # None: the conversation's history
     in_conversation: bool = True  # False: out of band
 
-    def messages(self, conversation: Conversation, instructions: str) -> tuple[Message, ...]:
+    def messages(self, conversation: Conversation, config: ev.SessionConfig) -> tuple[Message, ...]:
+        """`ContextFull` when the conversation outgrew the context and truncation is disabled."""
         if self.input is None:
-            return conversation.to_messages(instructions)
-        return prompt_messages(list(self.input), instructions)
+            return conversation.prompt(config)
+        return prompt_messages(list(self.input), config.instructions)
 
     def output_to(self, conversation: Conversation, sender: EventSender) -> tuple[EventSender, AddItem]:
         """The sender and `add_item` a response's runner gets (see `ResponseRunner`)."""

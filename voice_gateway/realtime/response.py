@@ -165,13 +165,16 @@ class ResponseRunner:
         delta_cls = OutputAudioTranscriptDelta if self.audio_mode else OutputTextDelta
         self.sender.event(self._content(delta_cls, delta=text))
 
-    async def run(self, messages: tuple[Message, ...]) -> None:
+    async def run(self, messages: tuple[Message, ...], refusal: EngineError | None = None) -> None:
+        """Stream the reply to `messages`; `refusal`: why no prompt could be made, which fails the response."""
         r = self.r
         self.sender.event(ResponseCreated(response=RealtimeResponse(id=r.id, metadata=r.metadata)))
         if self.calls is None:
             self._open_message()  # without tools every reply is a message: it is announced at once
         usage = Usage()
         try:
+            if refusal is not None:
+                raise refusal
             usage = await self._stream(messages)
         except asyncio.CancelledError:
             r.outcome.status = "cancelled"

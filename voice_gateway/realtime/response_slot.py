@@ -12,7 +12,7 @@ from engine import Engine, Message
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.audio_out import AudioOut
-from voice_gateway.realtime.conversation import Item, new_item_id
+from voice_gateway.realtime.conversation import ContextFull, Item, new_item_id
 from voice_gateway.realtime.conversation_items import ConversationItems
 from voice_gateway.realtime.out_of_band import ResponseContext
 from voice_gateway.realtime.outbox import Delivery
@@ -48,7 +48,12 @@ class ResponseSlot:
         """
         assert self.current is None, f"response {self.current.id} is still active"
         item = Item(new_item_id(), "assistant", status="in_progress")
-        messages = self.items.prompt(context, config.instructions)
+        refusal: ContextFull | None = None
+        try:
+            messages = self.items.prompt(context, config)
+        except ContextFull as e:
+            messages, refusal = (), e
+            log.warning("session %s: response refused: %s", self.session_id, e)
         # voices were checked when set: an engine that lost the speaker since answers the request itself
         speaker = config.voice
         if speaker is not None:
@@ -58,12 +63,13 @@ class ResponseSlot:
                                 speaker, metadata)
         self.current = response
         runner = ResponseRunner(self.engine, response, *context.output_to(self.items.conversation, self.sender))
-        response.task = asyncio.create_task(self._run(runner, messages, on_completed))
+        response.task = asyncio.create_task(self._run(runner, messages, refusal, on_completed))
 
-    async def _run(self, runner: ResponseRunner, messages: tuple[Message, ...], on_completed: OnCompleted) -> None:
+    async def _run(self, runner: ResponseRunner, messages: tuple[Message, ...], refusal: ContextFull | None,
+                   on_completed: OnCompleted) -> None:
         response = runner.r
         try:
-            await runner.run(messages)
+            await runner.run(messages, refusal)
         finally:
             if self.current is response:
                 self.current = None

@@ -117,6 +117,31 @@ def _tool_choice(value: object) -> ToolChoice:
                      "(function tools are the only kind served)")
 
 
+class TokenLimits(_FrozenSetting):
+    # what the conversation may take after the instructions and tools; the context's own room caps it
+    post_instructions: Annotated[int, Field(strict=True, ge=1)] | None = None
+
+
+class RetentionRatio(_FrozenSetting):
+    """Once the conversation outgrows its room, the oldest items leave until this share of it is used."""
+
+    type: Literal["retention_ratio"]
+    retention_ratio: Annotated[float, Field(ge=0.0, le=1.0)]
+    token_limits: TokenLimits | None = None
+
+
+Truncation = Literal["auto", "disabled"] | RetentionRatio
+
+
+def _truncation(value: object) -> Truncation:
+    """One validator rather than a union, whose errors would name union members in `param`."""
+    if value in ("auto", "disabled"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "retention_ratio":
+        return RetentionRatio.model_validate(value)
+    raise ValueError("expected 'auto', 'disabled' or {\"type\": \"retention_ratio\", \"retention_ratio\": 0.0-1.0}")
+
+
 class Transcription(_FrozenSetting):
     """Input audio transcription settings. The Thinker transcribes whatever `model` names (echoed as sent)."""
 
@@ -141,6 +166,7 @@ class SessionConfig(BaseModel, frozen=True):
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice = "auto"
     transcription: Transcription | None = None  # None: committed audio is not transcribed
+    truncation: Truncation = "auto"
 
 
 def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
@@ -178,6 +204,8 @@ def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
         "instructions": config.instructions,
         "max_output_tokens": config.max_output_tokens,
         **tools,
+        "truncation": config.truncation if isinstance(config.truncation, str)
+        else config.truncation.model_dump(exclude_none=True),
         "audio": {
             "input": {
                 "format": _ga_format(config.input_audio_format),
@@ -287,6 +315,7 @@ class SessionFields(OutputSettings):
     input_audio_transcription: Transcription | None = None  # beta; a null turns it off
     turn_detection: TurnDetectionUpdate | None = None  # beta
     audio: _SessionAudio | None = None  # GA
+    truncation: Annotated[Truncation, PlainValidator(_truncation)] | None = None  # GA
 
 
 def format_from_ga(fmt: GaInputFormat | GaOutputFormat | None) -> AudioFormat | None:

@@ -44,6 +44,8 @@ def apply_session_update(current: SessionConfig, event: SessionUpdate) -> Sessio
     input_format = _first(format_from_ga(audio_input.format if audio_input else None), beta_input_format)
     if input_format is not None:
         changes["input_audio_format"] = input_format
+    if session.truncation is not None:
+        changes["truncation"] = session.truncation
     # a present-but-null turn_detection means manual turns, so presence, not value, decides
     for holder in (audio_input, session):
         if holder is not None and "turn_detection" in holder.model_fields_set:

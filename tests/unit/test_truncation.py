@@ -1,0 +1,157 @@
+"""How a conversation leaves the prompt once it outgrows the context (voice_gateway/realtime/conversation.py):
+a block of the oldest items at once, down to the share the session's `truncation` retains, so that the
+prompt starts the same for many turns after; never the instructions or tools; an error when disabled."""
+
+from __future__ import annotations
+
+import pytest
+
+from voice_gateway.realtime import events as ev
+from voice_gateway.realtime.conversation import AUTO_RETENTION, ContextFull, Conversation, Item
+
+ROOM = 1_000  # the conversation's budget, in estimated tokens
+TOOL = ev.FunctionTool(name="set_lamp", description="Turns the lamp on or off. " * 20,
+                       parameters={"type": "object", "properties": {"on": {"type": "boolean"}}})
+
+
+def config(truncation: ev.Truncation = "auto", **settings: object) -> ev.SessionConfig:
+    return ev.SessionConfig(truncation=truncation, **settings)  # type: ignore[arg-type]
+
+
+def ratio(r: float, post_instructions: int | None = None) -> ev.RetentionRatio:
+    limits = None if post_instructions is None else ev.TokenLimits(post_instructions=post_instructions)
+    return ev.RetentionRatio(type="retention_ratio", retention_ratio=r, token_limits=limits)
+
+
+def turn(conversation: Conversation, n: int) -> None:
+    """A user's question and the assistant's answer, ~50 estimated tokens each."""
+    conversation.add(Item(f"u{n}", "user", f"question {n:03d} " * 12))
+    conversation.add(Item(f"a{n}", "assistant", f"answer {n:03d} " * 12))
+
+
+def used(conversation: Conversation) -> int:
+    return sum(item.estimated_tokens() for item in conversation.items if item.in_context)
+
+
+def first_kept(conversation: Conversation) -> str:
+    return next(item.id for item in conversation.items if item.in_context)
+
+
+def test_nothing_leaves_while_the_history_fits() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    for n in range(8):
+        turn(conversation, n)
+    assert used(conversation) <= ROOM
+    conversation.prompt(config())
+    assert all(item.in_context for item in conversation.items)
+
+
+@pytest.mark.parametrize("retention", [0.0, 0.3, 0.5, 0.8, 1.0])
+def test_a_cut_keeps_the_retained_share(retention: float) -> None:
+    """The oldest items leave until the rest fits `retention` of the room, and no more leave than that takes."""
+    conversation = Conversation(ROOM, 16_000)
+    for n in range(11):
+        turn(conversation, n)
+    assert used(conversation) > ROOM
+    conversation.prompt(config(ratio(retention)))
+    live = [item for item in conversation.items if item.in_context]
+    gone = [item for item in conversation.items if not item.in_context]
+    assert used(conversation) <= max(retention * ROOM, live[-1].estimated_tokens())
+    assert used(conversation) + gone[-1].estimated_tokens() > retention * ROOM  # the last to go had to
+    assert conversation.items[: len(gone)] == gone  # the oldest, in order
+    assert live[-1] is conversation.items[-1]  # the newest always stays
+
+
+def test_auto_cuts_a_block_and_the_prompt_then_starts_the_same_for_many_turns() -> None:
+    conversation = Conversation(4 * ROOM, 16_000)
+    instructions = config(instructions="Be brief.")
+    starts = []
+    for n in range(60):
+        turn(conversation, n)
+        prompt = conversation.prompt(instructions)
+        assert prompt[0].role == "system"
+        starts.append(prompt[1])
+        assert used(conversation) <= conversation.room(instructions)
+    cuts = [n for n in range(1, 60) if starts[n] != starts[n - 1]]
+    # each cut leaves a quarter of the room (~1,000 tokens) to fill: ~8 turns of ~120 tokens pass before the next
+    assert len(cuts) >= 3
+    assert all(b - a >= 7 for a, b in zip(cuts, cuts[1:], strict=False)), cuts
+
+
+def test_trimming_one_item_per_turn_is_what_retention_one_does() -> None:
+    """A ratio of 1 keeps as much as fits: the prompt's start moves on every turn once the room is full."""
+    conversation = Conversation(ROOM, 16_000)
+    starts = []
+    for n in range(20):
+        turn(conversation, n)
+        conversation.prompt(config(ratio(1.0)))
+        starts.append(first_kept(conversation))
+    trimmed = [n for n, start in enumerate(starts) if start != "u0"]
+    assert len(trimmed) > 5
+    assert all(starts[n] != starts[n - 1] for n in trimmed[1:])
+
+
+def test_instructions_and_tools_stay_and_take_their_room_first() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    for n in range(9):
+        turn(conversation, n)
+    plain, equipped = config(), config(instructions="You are a lamp. " * 40, tools=(TOOL,))
+    assert conversation.room(equipped) < conversation.room(plain) - 200
+    prompt = conversation.prompt(equipped)
+    assert prompt[0].role == "system" and prompt[0].content[0].text == equipped.instructions  # type: ignore[union-attr]
+    assert used(conversation) <= AUTO_RETENTION * conversation.room(equipped)
+
+
+def test_post_instructions_limits_the_room() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    limited = config(ratio(0.5, post_instructions=400))
+    assert conversation.room(limited) == 400
+    for n in range(5):
+        turn(conversation, n)
+    conversation.prompt(limited)
+    assert used(conversation) <= 200
+
+
+def test_disabled_fails_and_drops_nothing() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    for n in range(11):
+        turn(conversation, n)
+    with pytest.raises(ContextFull) as raised:
+        conversation.prompt(config("disabled"))
+    assert raised.value.code == "context_length_exceeded"
+    assert "truncation is disabled" in str(raised.value)
+    assert all(item.in_context for item in conversation.items)
+
+
+def test_a_tool_output_leaves_with_its_call() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    conversation.add(Item("u", "user", "lamp on please " * 30))
+    conversation.add(Item("c", "assistant", kind="function_call", call_id="x", name="set_lamp", arguments="{}"))
+    conversation.add(Item("o", "tool", "done " * 40, kind="function_call_output", call_id="x"))
+    for n in range(9):
+        turn(conversation, n)
+    conversation.prompt(config(ratio(0.9)))
+    assert not conversation.get("c").in_context  # type: ignore[union-attr]
+    assert not conversation.get("o").in_context  # type: ignore[union-attr]
+    assert conversation.prompt(config(ratio(0.9)))[0].role == "user"
+
+
+def test_the_newest_item_stays_even_alone_too_big() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    turn(conversation, 0)
+    conversation.add(Item("big", "user", "x" * 4 * ROOM))
+    prompt = conversation.prompt(config())
+    assert [item.id for item in conversation.items if item.in_context] == ["big"]
+    assert len(prompt) == 1  # the engine's own count refuses it, with its own error
+
+
+def test_an_item_that_left_does_not_come_back() -> None:
+    conversation = Conversation(ROOM, 16_000)
+    for n in range(11):
+        turn(conversation, n)
+    conversation.prompt(config(ratio(0.5)))
+    gone = [item.id for item in conversation.items if not item.in_context]
+    for item_id in [item.id for item in conversation.items if item.in_context][:-1]:
+        conversation.delete(item_id)  # room again, but what left stays out
+    conversation.prompt(config())
+    assert [item.id for item in conversation.items if not item.in_context] == gone
