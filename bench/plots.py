@@ -214,7 +214,8 @@ def plot_soak(result: dict[str, Any], out_png: Path) -> Path:
 # The realtime bench's figure: per turn index, one line per (mode, output format, concurrency) level.
 _VOICE_PANELS = (("first audio (s)", "input end -> first audio (p50 o, p99 x)"),
                  ("turns that underran (%)", "replies that stalled in playback"),
-                 ("input tokens", "the conversation so far (server's count)"))
+                 ("input tokens", "the conversation so far (server's count)"),
+                 ("cached (%)", "the prompt's share a cached prefix held"))
 
 
 def _percent(part: int, whole: int) -> float:
@@ -223,7 +224,7 @@ def _percent(part: int, whole: int) -> float:
 
 def plot_voice(levels: list[Level], out_png: Path, title: str) -> Path:
     """First-audio latency, underruns and conversation length against the turn's index in its conversation."""
-    fig, axes = _figure(15, 4.5, 3)
+    fig, axes = _figure(20, 4.5, 4)
     for i, lv in enumerate(levels):
         name, color = f"{lv['mode']} {lv['output_format']} C={lv['concurrency']}", f"C{i % 10}"
         turns = lv["by_turn"]
@@ -235,12 +236,17 @@ def plot_voice(levels: list[Level], out_png: Path, title: str) -> Path:
                      color=color, label=name)
         axes[2].plot(xs, [_value(t, "input_tokens_mean", None) for t in turns], _marker(i) + "-", color=color,
                      label=name)
+        axes[3].plot(xs, [100 * _value(t, "cached_share_mean", None) for t in turns], _marker(i) + "-", color=color,
+                     label=name)
     ticks = sorted({t["turn"] + 1 for lv in levels for t in lv["by_turn"]})
+    if len(ticks) > 20:  # a long call: a tick per turn would be unreadable
+        ticks = ticks[:: -(-len(ticks) // 20)]
     for ax, (ylabel, subtitle) in zip(axes, _VOICE_PANELS, strict=True):
         ax.set(xlabel="turn of the conversation", ylabel=ylabel, title=subtitle, xticks=ticks)
         ax.grid(True, alpha=0.3)
         if levels:
             ax.legend(fontsize="small")
     axes[1].set_ylim(bottom=0)
+    axes[3].set_ylim(0, 100)
     fig.suptitle(title)
     return _save(fig, out_png)

@@ -28,6 +28,7 @@ class TurnStats:
     audio_s_mean: float | None
     input_tokens_mean: float | None  # the conversation so far, as the server counted it
     cached_tokens_mean: float | None  # of those, held by a cached prefix (the rest was prefilled)
+    cached_share_mean: float | None  # per turn, cached / input tokens, averaged: how well a long call reuses its prefix
     underruns: int
     underrun_turns: int  # turns whose reply stalled at least once
     stall_ms_mean: float | None
@@ -65,6 +66,8 @@ def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
         first_audio_s=Stat.of(r.first_audio_s for r in ok), done_s=Stat.of(r.done_s for r in ok),
         vad_wait_s=Stat.of(r.vad_wait_s for r in ok), audio_s_mean=_mean(r.audio_s for r in ok),
         input_tokens_mean=_mean(r.input_tokens for r in ok), cached_tokens_mean=_mean(r.cached_tokens for r in ok),
+        cached_share_mean=_mean(r.cached_tokens / r.input_tokens for r in ok
+                                if r.cached_tokens is not None and r.input_tokens),
         underruns=sum(r.underruns for r in ok),
         underrun_turns=sum(1 for r in ok if r.underruns), stall_ms_mean=_mean(r.stall_ms for r in ok),
         offset_errors=sum(r.offset_errors for r in records),

@@ -55,6 +55,11 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
         assert all((r["vad_wait_s"] is not None) == (mode == "vad") for r in records)
         assert all(r["vad_wait_s"] > 0.05 for r in records if mode == "vad")
         assert [t["turn"] for t in lv["by_turn"]] == [0, 1]
+        # per turn, the mean share of each prompt that a cached prefix held (a first turn's prompt is too
+        # short for the cache to keep, so the second prefills too: tests/unit/test_long_call.py sees reuse)
+        for t, stats in enumerate(lv["by_turn"]):
+            shares = [r["cached_tokens"] / r["input_tokens"] for r in records if r["turn"] == t]
+            assert stats["cached_share_mean"] == pytest.approx(sum(shares) / len(shares))
         for stats in [lv["overall"], *lv["by_turn"]]:
             assert stats["failures"] == 0 and stats["first_audio_s"]["p99"] > 0
         assert (lv["server_turn_latency_mean_s"] is not None) == (mode == "vad")
