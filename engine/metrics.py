@@ -61,6 +61,23 @@ class EngineMetrics:
             ["source"], registry=r,
         )
         self.cold_work = ColdWork(r)
+        self.prefix = PrefixCacheMetrics(r)
+
+
+class PrefixCacheMetrics:
+    """The Thinker's kept prefixes (engine/runners/prefix_cache.py)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lookups = Counter(
+            "engine_prefix_lookups", "Prompts that looked for a cached prefix, by where one was found (slot, host) "
+            "or not (miss)", ["outcome"], registry=registry,
+        )
+        self.evictions = Counter(
+            "engine_prefix_evictions", "Kept prefixes whose slot was given back, by what became of them (to_host: "
+            "moved to the host pool; dropped: gone, from a slot or from the full pool)", ["fate"], registry=registry,
+        )
+        self.host_bytes = Gauge("engine_prefix_host_bytes", "Bytes the host pool of kept prefixes holds",
+                                registry=registry)
 
 
 class ProcessMetrics:

@@ -49,6 +49,8 @@ class ThinkerConfig:
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
     # tokens one step may carry, prompt pieces and a row per running reply (and the largest graph)
     max_step_tokens: int = field(default=2048, metadata=_at_least(1))
+    # host memory for kept prefixes whose slots were needed (engine/runners/prefix_cache.py); 0: none kept
+    kept_prefix_host_gib: float = field(default=1.0, metadata=_at_least(0.0))
     ignore_eos: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 

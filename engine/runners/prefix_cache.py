@@ -10,6 +10,11 @@ shared part into a free slot and leaves the entry for others. Kept slots are giv
 whenever a request needs a slot and none is free, so the cache only ever holds slots nobody else
 wants. Anything that does not match prefills in full, as it would without the cache.
 
+More conversations than slots would push one another out, so a kept slot given back moves its KV to a
+pool in host memory (at most `host_bytes`, least recently used dropped first); a prompt that matches
+there is copied back into a slot, which costs a PCIe copy (~25 GB/s) where a prefill would cost the
+whole prefix again.
+
 A position's key is its token id, except under an audio clip, where every position carries the
 clip's digest (engine/prompt.py: a negative number no token id can equal): the same placeholders over other audio do
 not match. A match never ends inside a clip, so a clip is encoded whole or not at all.
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.metrics import PrefixCacheMetrics
 from engine.runners.kv_cache import SlotKVCache
 
 
@@ -42,6 +48,22 @@ class Entry:
     hidden: torch.Tensor | None  # [p, H] its captured layer's rows; None when that request spoke no audio
 
 
+@dataclass(slots=True)
+class HostEntry:
+    """A kept prefix whose slot was given back: its KV, and the Talker's rows, in host memory."""
+
+    keys: np.ndarray
+    prompt_len: int
+    embeds: torch.Tensor | None
+    hidden: torch.Tensor | None
+    kv: list[torch.Tensor]  # per layer, [2 (keys, values), kv heads, len(keys), head dim]
+
+    @property
+    def nbytes(self) -> int:
+        rows = [t for t in (self.embeds, self.hidden) if t is not None]
+        return sum(t.numel() * t.element_size() for t in [*self.kv, *rows])
+
+
 @dataclass(frozen=True, slots=True)
 class Reuse:
     slot: int
@@ -51,12 +73,19 @@ class Reuse:
 
 
 class PrefixCache:
-    """Owns the kept slots (of `kv`, outside its free list), most recently kept or used last."""
+    """Owns the kept slots (of `kv`, outside its free list) and the host pool, each most recently kept or
+    used last."""
 
-    def __init__(self, kv: SlotKVCache, *, min_tokens: int = 64) -> None:
+    def __init__(self, kv: SlotKVCache, metrics: PrefixCacheMetrics, *, min_tokens: int = 64,
+                 host_bytes: int = 0) -> None:
         self.kv = kv
+        self.metrics = metrics
         self.min_tokens = min_tokens
+        self.host_bytes = host_bytes
         self.entries: OrderedDict[int, Entry] = OrderedDict()
+        self.host: OrderedDict[int, HostEntry] = OrderedDict()  # by a number of its own
+        self._host_ids = 0
+        self._host_used = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -68,8 +97,27 @@ class PrefixCache:
 
     def allocate(self) -> int:
         if self.kv.num_free == 0:
-            self.kv.free(self.entries.popitem(last=False)[1].slot)
+            entry = self.entries.popitem(last=False)[1]
+            self._to_host(entry)
+            self.kv.free(entry.slot)
         return self.kv.allocate()
+
+    def _to_host(self, entry: Entry) -> None:
+        n = len(entry.keys)
+        kv = [torch.stack([k[entry.slot, :, :n], v[entry.slot, :, :n]]).to("cpu", copy=True)
+              for k, v in zip(self.kv.keys, self.kv.values, strict=True)]
+        moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv)
+        if moved.nbytes > self.host_bytes:
+            self.metrics.evictions.labels("dropped").inc()
+            return
+        self.metrics.evictions.labels("to_host").inc()
+        self._host_ids += 1
+        self.host[self._host_ids] = moved
+        self._host_used += moved.nbytes
+        while self._host_used > self.host_bytes:
+            self._host_used -= self.host.popitem(last=False)[1].nbytes
+            self.metrics.evictions.labels("dropped").inc()
+        self.metrics.host_bytes.set(self._host_used)
 
     def keep(self, entry: Entry) -> None:
         self.entries[entry.slot] = entry
@@ -77,8 +125,10 @@ class PrefixCache:
     def claim(self, keys: np.ndarray, clip_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
         """A slot holding the longest cached prefix of a prompt with these keys, now the caller's; None
         when nothing long enough matches (allocate a slot and prefill it all)."""
-        best, best_length = None, 0
-        for entry in self.entries.values():
+        best: Entry | HostEntry | None = None
+        best_length = 0
+        candidates: list[Entry | HostEntry] = [*self.entries.values(), *self.host.values()]
+        for entry in candidates:
             if want_hidden and entry.hidden is None:
                 continue
             n = min(len(entry.keys), len(keys) - 1)  # the last prompt position is always prefilled: its logits
@@ -90,11 +140,14 @@ class PrefixCache:
             if a < best_length < b:
                 best_length = a
         if best is None or best_length < self.min_tokens:
+            self.metrics.lookups.labels("miss").inc()
             return None
+        if isinstance(best, HostEntry):
+            self.metrics.lookups.labels("host").inc()
+            return self._from_host(best, best_length)
+        self.metrics.lookups.labels("slot").inc()
         self.entries.move_to_end(best.slot)
-        p = min(best_length, 0 if best.embeds is None else best.embeds.shape[0])
-        embeds = None if best.embeds is None else best.embeds[:p]
-        hidden = None if best.hidden is None else best.hidden[:p]
+        embeds, hidden = _rows(best, best_length)
         # The slot moves to the new request when what it holds past the match is nobody else's: its
         # reply (a conversation's next turn re-tokenizes the reply text, which may part from the
         # tokens generated), or when no slot is free (a copy would push out another conversation's).
@@ -106,3 +159,31 @@ class PrefixCache:
             keys_[slot, :, :best_length] = keys_[best.slot, :, :best_length]
             values[slot, :, :best_length] = values[best.slot, :, :best_length]
         return Reuse(slot, best_length, embeds, hidden)
+
+    def _from_host(self, entry: HostEntry, length: int) -> Reuse:
+        """Copy a host entry's first `length` positions into a slot; the entry leaves the pool when the new
+        prompt continues it (as a slot would move), and stays for others when they only share a part."""
+        key = next(k for k, e in self.host.items() if e is entry)
+        if length >= entry.prompt_len:
+            del self.host[key]
+            self._host_used -= entry.nbytes
+            self.metrics.host_bytes.set(self._host_used)
+        else:
+            self.host.move_to_end(key)
+        slot = self.allocate()
+        for keys_, values, held in zip(self.kv.keys, self.kv.values, entry.kv, strict=True):
+            keys_[slot, :, :length] = held[0, :, :length].to(keys_.device)
+            values[slot, :, :length] = held[1, :, :length].to(values.device)
+        embeds, hidden = _rows(entry, length)
+        device = self.kv.keys[0].device
+        return Reuse(slot, length, _to(embeds, device), _to(hidden, device))
+
+
+def _rows(entry: Entry | HostEntry, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The Talker's rows of the first `length` positions that were a prompt's."""
+    p = min(length, 0 if entry.embeds is None else entry.embeds.shape[0])
+    return (None if entry.embeds is None else entry.embeds[:p]), (None if entry.hidden is None else entry.hidden[:p])
+
+
+def _to(rows: torch.Tensor | None, device: torch.device | str) -> torch.Tensor | None:
+    return None if rows is None else rows.to(device, copy=True)

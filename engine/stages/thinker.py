@@ -116,7 +116,7 @@ class ThinkerStage(Stage):
         self.eos_ids = set() if cfg.ignore_eos else eos_ids
         self.policy = policy
         self.to_talker = to_talker
-        self.cache = PrefixCache(runner.kv)
+        self.cache = PrefixCache(runner.kv, metrics.prefix, host_bytes=int(cfg.kept_prefix_host_gib * 2**30))
         self.waiting: deque[ThinkerSeq] = deque()
         self.partial: list[ThinkerSeq] = []  # holding a slot, prompt not yet all prefilled
         self.running: dict[str, ThinkerSeq] = {}

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from engine import (
@@ -83,20 +84,34 @@ async def test_turn_two_prefills_only_what_is_new_and_replies_as_a_full_prefill(
         await whole.stop()
 
 
-async def test_kept_prefixes_give_way_to_new_requests(cache_dir: Path) -> None:
-    engine = _engine(cache_dir, max_batch=2)
+@pytest.mark.parametrize("host_gib", [0.0, 1.0])
+async def test_kept_prefixes_give_way_to_new_requests(cache_dir: Path, host_gib: float) -> None:
+    """Two requests of their own take both slots, so the conversation's kept prefix gives its slot back: to the
+    host pool, whence its next turn copies it back and replies as a full prefill would; with no pool, gone."""
+    engine, whole = _engine(cache_dir, max_batch=2, kept_prefix_host_gib=host_gib), _engine(cache_dir)
     await engine.start()
+    await whole.start()
     try:
         first = await _ask(engine, "a1", FIRST)
-        # two requests of their own take both slots: the conversation's kept prefix is given back
         for i in range(2):
             await _ask(engine, f"other{i}", Message("user", (TextPart(f"an unrelated question number {i}"),)))
         history = (FIRST, Message("assistant", (TextPart(first.text),)), SECOND)
         again = await _ask(engine, "a2", *history)
-        assert again.finished.timings.cached_tokens == 0  # evicted: a full prefill, and still a reply
+        evictions = _metrics(engine).prefix.evictions
+        if host_gib:
+            assert again.finished.timings.cached_tokens >= first.finished.timings.prompt_tokens
+            assert _metrics(engine).prefix.lookups.labels("host")._value.get() == 1
+            assert evictions.labels("to_host")._value.get() >= 1 and evictions.labels("dropped")._value.get() == 0
+            expected = await _ask(whole, "a2", *history)
+            assert again.tokens == expected.tokens
+            assert np.allclose(again.audio, expected.audio, atol=1e-3)
+        else:
+            assert again.finished.timings.cached_tokens == 0  # evicted: a full prefill, and still a reply
+            assert evictions.labels("dropped")._value.get() >= 1
         assert again.finished.timings.completion_tokens == 6
     finally:
         await engine.stop()
+        await whole.stop()
 
 
 async def test_a_long_prompt_in_pieces_replies_as_one_prefill(cache_dir: Path) -> None:

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from engine import AudioPart, Message, TextPart
+from engine.metrics import PrefixCacheMetrics
 from engine.prompt import PromptBuilder
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
@@ -78,10 +80,17 @@ def test_audio_tower_batched_and_padded_equals_transformers_clip_by_clip(
     assert torch.allclose(padded, together, atol=1e-4)
 
 
-def small_cache(slots: int) -> PrefixCache:
+def small_cache(slots: int, host_bytes: int = 0) -> PrefixCache:
     kv = SlotKVCache(num_layers=2, num_slots=slots, num_kv_heads=1, head_dim=4, max_len=64, dtype=torch.float32,
                      device="cpu")
-    return PrefixCache(kv, min_tokens=4)
+    return PrefixCache(kv, PrefixCacheMetrics(CollectorRegistry()), min_tokens=4, host_bytes=host_bytes)
+
+
+def counted(cache: PrefixCache) -> dict[str, float]:
+    m = cache.metrics
+    return {**{k: m.lookups.labels(k)._value.get() for k in ("slot", "host", "miss")},
+            **{k: m.evictions.labels(k)._value.get() for k in ("to_host", "dropped")},
+            "bytes": m.host_bytes._value.get()}
 
 
 def keep(cache: PrefixCache, tokens: list[int], prompt_len: int | None = None) -> int:
@@ -133,3 +142,41 @@ def test_kept_slots_are_given_back_least_recently_used_first() -> None:
     fresh = cache.allocate()  # nothing free: the least recently kept entry goes
     assert fresh == b and set(cache.entries) == {c}
     assert cache.claim(np.asarray([2] * 8 + [5]), [], want_hidden=False) is None  # b's prefix is gone
+
+
+# one kept entry of 8 positions: 2 layers x (keys, values) x 8 positions x 4 floats
+ENTRY_BYTES = 2 * 2 * 8 * 4 * 4
+
+
+def test_a_given_back_slot_moves_to_the_host_pool_and_comes_back_whole() -> None:
+    cache = small_cache(2, host_bytes=10 * ENTRY_BYTES)
+    a, b = keep(cache, [1] * 8), keep(cache, [2] * 8)
+    held = [layer[a, :, :8].clone() for layer in cache.kv.keys]
+    cache.allocate()  # nothing free: a, the least recently kept, moves to the host
+    assert set(cache.entries) == {b} and len(cache.host) == 1
+    assert counted(cache) == {"slot": 0, "host": 0, "miss": 0, "to_host": 1, "dropped": 0, "bytes": ENTRY_BYTES}
+    reuse = cache.claim(np.asarray([1] * 8 + [5]), [], want_hidden=False)  # a's conversation goes on
+    assert reuse is not None and reuse.length == 8
+    assert all(torch.equal(layer[reuse.slot, :, :8], h) for layer, h in zip(cache.kv.keys, held, strict=True))
+    # it continued a's prompt, so the pool let a go (as a slot would move); its slot was b's, now in the pool
+    assert set(cache.entries) == set() and [e.keys[0] for e in cache.host.values()] == [2]
+    assert counted(cache) == {"slot": 0, "host": 1, "miss": 0, "to_host": 2, "dropped": 0, "bytes": ENTRY_BYTES}
+
+
+def test_a_shared_prefix_in_the_pool_is_copied_and_stays() -> None:
+    cache = small_cache(2, host_bytes=10 * ENTRY_BYTES)
+    keep(cache, [3] * 6 + [4, 4])
+    keep(cache, [5] * 8)
+    cache.allocate()
+    reuse = cache.claim(np.asarray([3] * 6 + [9, 9]), [], want_hidden=False)
+    assert reuse is not None and reuse.length == 6 and len(cache.host) == 2  # the first stays for others
+
+
+def test_the_pool_drops_its_least_recently_used_past_its_bytes() -> None:
+    cache = small_cache(1, host_bytes=ENTRY_BYTES)
+    keep(cache, [1] * 8)
+    keep(cache, [2] * 8)  # 1 goes to the pool
+    keep(cache, [3] * 8)  # 2 goes to the pool, and 1 out of it
+    assert counted(cache)["dropped"] == 1 and counted(cache)["bytes"] == ENTRY_BYTES
+    assert cache.claim(np.asarray([1] * 8 + [5]), [], want_hidden=False) is None
+    assert cache.claim(np.asarray([2] * 8 + [5]), [], want_hidden=False) is not None
