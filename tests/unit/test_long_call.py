@@ -9,12 +9,12 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from engine import Engine, EngineRequest, Finished, SamplingParams, TextDelta, create_engine, load_profile
+from tests.session_events import drain, send
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime.events import Dialect
@@ -45,18 +45,6 @@ async def engines(tiny_checkpoint: Path, cache_dir: Path) -> AsyncIterator[tuple
     await served.stop()
     await fresh.stop()
 
-
-def drain(session: Session) -> list[dict[str, Any]]:
-    out = []
-    while (payload := session.outbox.get_nowait()) is not None:
-        assert isinstance(payload, str)
-        out.append(json.loads(payload))
-    return out
-
-
-async def send(to: Session, **event: Any) -> list[dict[str, Any]]:
-    await deliver(to, json.dumps(event))
-    return drain(to)
 
 
 def spoken(turn: int) -> str:

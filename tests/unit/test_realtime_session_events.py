@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from engine import Engine, create_engine, load_profile
+from tests.session_events import drain, send
 from voice_gateway.audio.semantic_vad import SemanticVad
 from voice_gateway.audio.vad import ServerVad
 from voice_gateway.config import GatewayConfig
@@ -40,18 +41,6 @@ def new_session(engine: Engine, dialect: Dialect = Dialect.GA) -> Session:
     drain(session)
     return session
 
-
-def drain(session: Session) -> list[dict[str, Any]]:
-    out = []
-    while (payload := session.outbox.get_nowait()) is not None:
-        assert isinstance(payload, str)
-        out.append(json.loads(payload))
-    return out
-
-
-async def send(to: Session, **event: Any) -> list[dict[str, Any]]:
-    await deliver(to, json.dumps(event))
-    return drain(to)
 
 
 def text_item(item_id: str, text: str, role: str = "user") -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine import Engine, Message, TextPart, ToolCall, create_engine, load_profile
+from tests.session_events import drain, send
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
@@ -48,18 +49,6 @@ async def engine(tiny_checkpoint: Path, cache_dir: Path) -> AsyncIterator[Engine
     yield engine
     await engine.stop()
 
-
-def drain(session: Session) -> list[dict[str, Any]]:
-    out = []
-    while (payload := session.outbox.get_nowait()) is not None:
-        assert isinstance(payload, str)
-        out.append(json.loads(payload))
-    return out
-
-
-async def send(to: Session, **event: Any) -> list[dict[str, Any]]:
-    await deliver(to, json.dumps(event))
-    return drain(to)
 
 
 async def new_session(engine: Engine, dialect: Dialect = Dialect.GA, **settings: Any) -> Session:
