@@ -104,12 +104,14 @@ class PrefixCache:
 
     def _to_host(self, entry: Entry) -> None:
         n = len(entry.keys)
+        per_position = sum(2 * k[0, :, 0].numel() * k.element_size() for k in self.kv.keys)
+        rows = sum(t.numel() * t.element_size() for t in (entry.embeds, entry.hidden) if t is not None)
+        if n * per_position + rows > self.host_bytes:  # the pool could not hold it: no copy at all
+            self.metrics.evictions.labels("dropped").inc()
+            return
         kv = [torch.stack([k[entry.slot, :, :n], v[entry.slot, :, :n]]).to("cpu", copy=True)
               for k, v in zip(self.kv.keys, self.kv.values, strict=True)]
         moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv)
-        if moved.nbytes > self.host_bytes:
-            self.metrics.evictions.labels("dropped").inc()
-            return
         self.metrics.evictions.labels("to_host").inc()
         self._host_ids += 1
         self.host[self._host_ids] = moved
