@@ -127,4 +127,5 @@ class Admission:
             seed=sp.seed,
             grammar=grammar,
             tool_call_ids=self.tool_call_ids if request.tools else None,
+            conversation=request.conversation,
         )

@@ -108,6 +108,9 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     tools: tuple[Tool, ...] = ()  # described in the prompt; calls come back as `<tool_call>` text
     output: OutputConstraint | None = None
+    # the client's name for the conversation (chat's `prompt_cache_key` or `user`, a realtime session's id):
+    # every server process sends its turns to the same replica, where their prefix is kept
+    conversation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

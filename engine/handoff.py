@@ -47,6 +47,7 @@ class AdmittedRequest:
     # the ids that open and close a tool call, when the request has tools: what lies between them
     # (they included) is for the client, never spoken
     tool_call_ids: tuple[int, int] | None = None
+    conversation: str | None = None  # EngineRequest.conversation: which replica keeps its prefix
 
 
 @dataclass(frozen=True, slots=True)

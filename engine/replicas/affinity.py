@@ -6,6 +6,11 @@ finished request's KV for exactly that (engine/runners/prefix_cache.py), but onl
 ran it. So the router looks for the longest kept prompt that the new one begins with, and sends the
 turn to that replica. A prompt that merely shares a beginning with others (one system prompt, many
 users) begins with no whole kept prompt of theirs, and goes to the least loaded replica.
+
+What one server process kept, the others do not know: a chat client's turns may reach any of them.
+A request that names its conversation (`EngineRequest.conversation`) therefore goes where every
+process sends that name, by rendezvous hashing over the replicas that serve: the same one each time,
+and when a replica leaves, only its conversations move.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from engine.handoff import AdmittedRequest
 class _Kept:
     replica: int
     audio_keys: tuple[int, ...]  # the clips inside the prompt: a turn that begins with it holds them first
+
+
+def rendezvous(conversation: str, serving: list[int]) -> int:
+    """The replica of `serving` that every process picks for this conversation: the highest hash of the pair."""
+    def weight(replica: int) -> bytes:
+        return hashlib.blake2b(f"{replica}:{conversation}".encode(), digest_size=8).digest()
+
+    return max(serving, key=weight)
 
 
 class ConversationAffinity:

@@ -1,11 +1,13 @@
 """Several engine replicas as one `EngineCore`, each a `RemoteCore` that keeps its replica serving: a
-request goes to the least loaded replica that serves, or to the one that ran its conversation's last turn
-(engine/replicas/affinity.py); health, stage load and metrics are the replicas' together.
+request goes to the replica that ran its conversation's last turn, else to the one every process sends
+the conversation it names, else to the least loaded that serves (engine/replicas/affinity.py); health,
+stage load and metrics are the replicas' together.
 
 One server process launches the replicas (given their `spec`), or attaches to those the parent of
 `serve --http-workers N` launched (engine/replicas/cluster.py). Load is the replicas' own
-count of what they run for every process, so least loaded holds across processes; affinity is each
-process's own (a realtime session's turns all reach the process that holds its socket). A lost replica
+count of what they run for every process, so least loaded holds across processes; the kept prompts
+are each process's own (a realtime session's turns all reach the process that holds its socket), the
+named conversations every process's alike. A lost replica
 leaves the rotation until it serves again: while one serves the engine is `degraded`, not down. Every
 replica's engine families are exposed once, labelled with its `replica`, next to `engine_replica_up`
 and `engine_replica_restarts`.
@@ -25,7 +27,7 @@ from engine.core import Sink
 from engine.handoff import AdmittedRequest
 from engine.remote.client import PushedFamilies, RemoteCore
 from engine.remote.messages import EngineSpec
-from engine.replicas.affinity import ConversationAffinity
+from engine.replicas.affinity import ConversationAffinity, rendezvous
 from engine.replicas.cluster import RayCluster
 from engine.replicas.replica import ReachReplica
 
@@ -122,6 +124,8 @@ class ReplicaSet:
         if not serving:
             return None
         index = self.affinity.replica_for(request)
+        if index not in serving and request.conversation is not None:
+            index = rendezvous(request.conversation, serving)
         if index not in serving:
             index = min(serving, key=lambda i: self.replicas[i].load)  # a tie: the first
         return index

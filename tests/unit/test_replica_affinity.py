@@ -7,7 +7,7 @@ import pytest
 
 from engine import ProfileError, load_profile
 from engine.handoff import AdmittedRequest
-from engine.replicas.affinity import ConversationAffinity
+from engine.replicas.affinity import ConversationAffinity, rendezvous
 
 
 def _request(ids: list[int], audio_keys: tuple[int, ...] = ()) -> AdmittedRequest:
@@ -39,6 +39,19 @@ def test_the_oldest_prompts_are_forgotten_first() -> None:
     assert len(affinity) == 2
     assert affinity.replica_for(_request([1, 9])) is None
     assert affinity.replica_for(_request([1, 2, 9])) == 1
+
+
+def test_a_named_conversation_goes_to_one_replica_from_every_process() -> None:
+    """Rendezvous hashing: the pick is a function of the name and the serving replicas alone (so every
+    server process makes it alike), spreads names evenly, and a replica that leaves moves only its own."""
+    names = [f"conversation-{i}" for i in range(3000)]
+    picks = {name: rendezvous(name, [0, 1, 2, 3]) for name in names}
+    assert all(rendezvous(name, [0, 1, 2, 3]) == pick for name, pick in picks.items())
+    counts = [list(picks.values()).count(r) for r in range(4)]
+    assert min(counts) > 0.8 * len(names) / 4, counts
+    without_two = {name: rendezvous(name, [0, 1, 3]) for name in names}
+    moved = [name for name in names if without_two[name] != picks[name]]
+    assert moved and all(picks[name] == 2 for name in moved)
 
 
 def test_the_replicas_section_is_checked() -> None:

@@ -78,6 +78,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         ),
         tools=tools,
         output=output,
+        conversation=body.prompt_cache_key or body.user,
     )
     # calls are parsed out of the text wherever the prompt offers tools
     parser = ToolCallParser(max_calls(body)) if tools else None

@@ -143,6 +143,9 @@ class ChatCompletionRequest(_Open):
     temperature: Annotated[StrictFloat, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0.0, le=1.0)] | None = None
     seed: StrictInt | None = None
+    # either names the conversation, so that its turns reach the replica that keeps its prefix
+    prompt_cache_key: Annotated[CleanText, Field(max_length=512)] | None = None
+    user: Annotated[CleanText, Field(max_length=512)] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None

@@ -195,6 +195,7 @@ class ResponseRunner:
             sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
             tools=self.tools,
             output=output_constraint(cfg),
+            conversation=cfg.id,  # the session's
         )
         stream = await self.engine.submit(request)
         sink, usage = self.r.sink, Usage()
