@@ -218,3 +218,38 @@ async def test_committed_audio_is_transcribed(engine: Engine, dialect: Dialect) 
     assert not session.transcriber.tasks
     await session.close()
 
+
+
+async def test_an_async_tool_result_after_a_barge_in_joins_the_conversation(engine: Engine) -> None:
+    """A slow tool: its call completes, the user speaks again and cuts the next reply off, and only then
+    does the result come. It is taken, and the reply after hears the call, the later turn and the result."""
+    session = await new_session(engine, output_modalities=["text"], tools=TOOLS, tool_choice="required",
+                                max_output_tokens=120)
+    await send(session, type="conversation.item.create", item=user_text("What is the weather in Oslo?"))
+    [call] = (await reply(session))[-1]["response"]["output"]
+    assert call["type"] == "function_call" and call["status"] == "completed"
+    await send(session, type="conversation.item.create", item=user_text("Also, switch the lamp off."))
+    await deliver(session, json.dumps({"type": "response.create", "response": {"tool_choice": "none",
+                                                                               "max_output_tokens": 400}}))
+    assert session.response is not None and session.response.task is not None
+    task = session.response.task
+    events: list[dict[str, Any]] = []
+    async with asyncio.timeout(60):
+        while not any(e["type"] == "response.created" for e in events):
+            await asyncio.sleep(0.01)
+            events += drain(session)
+    events += await send(session, type="response.cancel")  # the user talks over it
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 60)
+    done = [e for e in [*events, *drain(session)] if e["type"] == "response.done"]
+    assert [d["response"]["status"] for d in done] == ["cancelled"], [e["type"] for e in events]
+    added = await send(session, type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": call["call_id"], "output": '{"forecast": "rain"}'})
+    assert [e["type"] for e in added] == ["conversation.item.added", "conversation.item.done"], added
+    prompt = session.conversation.prompt(session.settings.config)
+    roles = [m.role for m in prompt]
+    assert roles[:3] == ["user", "assistant", "user"] and roles[-1] == "tool", roles
+    assert prompt[1].tool_calls == (ToolCall(call["name"], call["arguments"]),)
+    assert prompt[-1] == Message("tool", (TextPart('{"forecast": "rain"}'),))
+    done = (await reply(session, tool_choice="none", max_output_tokens=8))[-1]["response"]
+    assert done["status"] == "completed", done
+    await session.close()
