@@ -221,3 +221,20 @@ async def test_a_bad_response_context_refuses_the_response(engine: Engine, respo
     events = await respond(session)
     assert events[-1]["response"]["status"] == "completed"
     await session.close()
+
+
+async def test_a_response_cancelled_at_once_is_still_created_and_done(engine: Engine) -> None:
+    """A client that sends response.create and response.cancel in one breath (one read of the socket, so the
+    response's task has not run yet) hears of the response all the same: created, then done, cancelled."""
+    session = new_session(engine)
+    await send(session, type="conversation.item.create", item=text_item("q", "hello"))
+    await deliver(session, json.dumps({"type": "response.create"}))
+    assert session.response is not None and session.response.task is not None
+    task = session.response.task
+    events = await send(session, type="response.cancel")
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 60)
+    events += drain(session)
+    types = [e["type"] for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.done", types
+    assert events[-1]["response"]["status"] == "cancelled"
+    assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"

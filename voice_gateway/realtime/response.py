@@ -107,6 +107,7 @@ class Response:
     first_audio_at: float | None = None
     outcome: ResponseOutcome = field(default_factory=ResponseOutcome)
     task: asyncio.Task | None = None
+    announced: bool = False  # response.created went out
     output: list[Item] = field(default_factory=list)  # its announced output items, by output_index
 
     @staticmethod
@@ -169,6 +170,7 @@ class ResponseRunner:
         """Stream the reply to `messages`; `refusal`: why no prompt could be made, which fails the response."""
         r = self.r
         self.sender.event(ResponseCreated(response=RealtimeResponse(id=r.id, metadata=r.metadata)))
+        r.announced = True
         if self.calls is None:
             self._open_message()  # without tools every reply is a message: it is announced at once
         usage = Usage()

@@ -90,6 +90,10 @@ class ResponseSlot:
         response = self.current
         if response is None or response.task is None:
             return
+        if not response.announced:
+            # a task cancelled before its first step never runs a line, so its client, who asked for it,
+            # would hear neither response.created nor response.done: one turn of the loop announces it
+            await asyncio.sleep(0)
         self.current = None
         response.outcome.reason = reason
         if self.audio_out.track is not None:
