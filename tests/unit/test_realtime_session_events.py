@@ -238,3 +238,59 @@ async def test_a_response_cancelled_at_once_is_still_created_and_done(engine: En
     assert types[0] == "response.created" and types[-1] == "response.done", types
     assert events[-1]["response"]["status"] == "cancelled"
     assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+
+
+async def _until_done(session: Session, ids: set[str], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every event until each of `ids` has its response.done."""
+    async with asyncio.timeout(60):
+        while not ids <= {e["response"]["id"] for e in events if e["type"] == "response.done"}:
+            await asyncio.sleep(0.01)
+            events += drain(session)
+    return events
+
+
+async def test_out_of_band_responses_run_beside_the_current_one(engine: Engine) -> None:
+    """Two out-of-band responses (one speaking PCM16, one in text) beside the conversation's own: all three run
+    at once, each delta names its response, each ends with its own response.done; cancelling one by id
+    leaves the others, and a second in-band response is still refused."""
+    session = new_session(engine)
+    await send(session, type="conversation.item.create", item=text_item("u", "Tell me about the sea."))
+    events = await send(session, type="response.create", response={"max_output_tokens": 40})
+    current = session.response
+    assert current is not None
+    for topic, modalities in (("audio", ["audio"]), ("text", ["text"]), ("cancelled", ["text"])):
+        events += await send(session, type="response.create", response={
+            "conversation": "none", "metadata": {"topic": topic}, "output_modalities": modalities,
+            "max_output_tokens": 400 if topic == "cancelled" else 8, "input": [text_item(f"in_{topic}", "Hello.")]})
+    assert session.response is current and len(session.responses.aside) == 3
+    refused = await send(session, type="response.create")
+    assert [e["error"]["code"] for e in refused if e["type"] == "error"] == ["conversation_already_has_active_response"]
+    aside = {r.metadata["topic"]: r.id for r in session.responses.aside.values() if r.metadata}
+    events += await send(session, type="response.cancel", response_id=aside["cancelled"])
+    events = await _until_done(session, {current.id, *aside.values()}, events)
+    done = {e["response"]["id"]: e["response"] for e in events if e["type"] == "response.done"}
+    assert done[current.id]["status"] == "completed"
+    assert done[aside["audio"]]["status"] == "completed" and done[aside["text"]]["status"] == "completed"
+    assert done[aside["cancelled"]]["status"] == "cancelled"
+    deltas = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert {d["response_id"] for d in deltas} == {current.id, aside["audio"]}
+    assert {e["response_id"] for e in events if e["type"] == "response.output_text.delta"} <= {aside["text"],
+                                                                                               aside["cancelled"]}
+    assert [item.id for item in session.conversation.items] == ["u", done[current.id]["output"][0]["id"]]
+    assert not session.responses.aside and session.response is None
+    await session.close()
+
+
+async def test_beside_an_opus_reply_an_out_of_band_one_must_answer_in_text(engine: Engine) -> None:
+    session = new_session(engine)
+    await send(session, type="session.update", session={"audio": {"output": {"format": {"type": "audio/opus"}}}})
+    await send(session, type="conversation.item.create", item=text_item("u", "Tell me about the sea."))
+    await send(session, type="response.create", response={"max_output_tokens": 40})
+    refused = await send(session, type="response.create", response={"conversation": "none", "input": []})
+    [error] = [e["error"] for e in refused if e["type"] == "error"]
+    assert error["code"] == "conversation_already_has_active_response" and "Opus" in error["message"]
+    text = await send(session, type="response.create", response={"conversation": "none", "input": [],
+                                                                 "output_modalities": ["text"]})
+    assert not [e for e in text if e["type"] == "error"] and len(session.responses.aside) == 1
+    await session.close()
+    assert not session.responses.aside and session.response is None

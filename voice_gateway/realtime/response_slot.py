@@ -1,5 +1,10 @@
-"""A session's response in flight: starting it, cancelling it (barge-in, `response.cancel`, close), and what its
-end means to the session (a slow reader told so, the metrics counted, the caller told it completed)."""
+"""A session's responses in flight: starting them, cancelling them (barge-in, `response.cancel`, close), and what
+their end means to the session (a slow reader told so, the metrics counted, the caller told it completed).
+
+One response at a time is the session's `current` (the one a barge-in cuts off). Out-of-band responses
+(`conversation: "none"`) may run beside it, as many as the client asks for: each writes its audio into a
+sink of its own, which event audio (PCM16, G.711) allows; Opus packets and a WebRTC track carry one
+reply's audio at a time, so there a second response must answer in text."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from engine import Engine, Message
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.audio_out import AudioOut
+from voice_gateway.realtime.audio_sinks import AudioSink, event_sink
 from voice_gateway.realtime.conversation import ContextFull, Item, new_item_id
 from voice_gateway.realtime.conversation_items import ConversationItems
 from voice_gateway.realtime.out_of_band import ResponseContext
@@ -24,6 +30,10 @@ from voice_gateway.realtime.voices import UnknownVoice, resolve_voice
 log = logging.getLogger(__name__)
 
 OnCompleted = Callable[[Response], None]
+
+
+def _unheard(response: Response) -> None:
+    """An out-of-band response beside another: its end arms nothing (the idle timeout follows the current one)."""
 
 
 class ResponseSlot:
@@ -39,6 +49,7 @@ class ResponseSlot:
         self.metrics = metrics
         self.session_id = session_id
         self.current: Response | None = None
+        self.aside: dict[str, Response] = {}  # out-of-band responses running beside `current`, by id
 
     def start(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
               metadata: dict[str, str] | None, on_completed: OnCompleted) -> None:
@@ -47,6 +58,26 @@ class ResponseSlot:
         `on_completed` lives only as long as the response's task: a closed session is no cycle's hostage.
         """
         assert self.current is None, f"response {self.current.id} is still active"
+        self.current = self._launch(config, context, speech_stopped_at, metadata, on_completed,
+                                    self.audio_out.sink_for(config.output_audio_format))
+
+    def aside_refusal(self, config: ev.SessionConfig) -> str | None:
+        """Why an out-of-band response cannot run beside the current one now, or None."""
+        if config.output_modality == "audio" and (self.audio_out.track is not None
+                                                   or config.output_audio_format is ev.AudioFormat.OPUS):
+            return ("a response is in progress, and an out-of-band response beside it must answer in text, or in "
+                    "pcm16 or g711 audio over a WebSocket: Opus packets and a WebRTC track carry one reply at a time")
+        return None
+
+    def start_aside(self, config: ev.SessionConfig, context: ResponseContext, metadata: dict[str, str] | None) -> None:
+        """Run an out-of-band response beside the current one (see `aside_refusal`)."""
+        assert not context.in_conversation and self.aside_refusal(config) is None
+        sink = event_sink(config.output_audio_format, self.sender, self.audio_out.opus_bitrate_bps)
+        response = self._launch(config, context, None, metadata, _unheard, sink)
+        self.aside[response.id] = response
+
+    def _launch(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
+                metadata: dict[str, str] | None, on_completed: OnCompleted, sink: AudioSink) -> Response:
         item = Item(new_item_id(), "assistant", status="in_progress")
         refusal: ContextFull | None = None
         try:
@@ -59,11 +90,10 @@ class ResponseSlot:
         if speaker is not None:
             with contextlib.suppress(UnknownVoice):
                 speaker = resolve_voice(speaker, self.engine.info.speakers)
-        response = Response.new(item, config, self.audio_out.sink_for(config.output_audio_format), speech_stopped_at,
-                                speaker, metadata)
-        self.current = response
+        response = Response.new(item, config, sink, speech_stopped_at, speaker, metadata)
         runner = ResponseRunner(self.engine, response, *context.output_to(self.items.conversation, self.sender))
         response.task = asyncio.create_task(self._run(runner, messages, refusal, on_completed))
+        return response
 
     async def _run(self, runner: ResponseRunner, messages: tuple[Message, ...], refusal: ContextFull | None,
                    on_completed: OnCompleted) -> None:
@@ -73,6 +103,7 @@ class ResponseSlot:
         finally:
             if self.current is response:
                 self.current = None
+            self.aside.pop(response.id, None)
             if response.outcome.delivery is Delivery.SLOW_CONSUMER:
                 response.sink.cancel()
                 self.reporter.error(Delivery.SLOW_CONSUMER.value,
@@ -85,18 +116,31 @@ class ResponseSlot:
                 if self.current is None:
                     on_completed(response)
 
-    async def cancel(self, reason: CancelReason) -> None:
-        """Stop the active response now: no more of its audio leaves, the engine frees it."""
-        response = self.current
+    def find(self, response_id: str) -> Response | None:
+        """The current response or one beside it, by id."""
+        if self.current is not None and self.current.id == response_id:
+            return self.current
+        return self.aside.get(response_id)
+
+    async def cancel_all(self, reason: CancelReason) -> None:
+        for response in [*self.aside.values(), self.current]:
+            if response is not None:
+                await self.cancel(reason, response)
+
+    async def cancel(self, reason: CancelReason, response: Response | None = None) -> None:
+        """Stop a response now (the current one unless named): no more of its audio leaves, the engine frees it."""
+        response = response or self.current
         if response is None or response.task is None:
             return
         if not response.announced:
             # a task cancelled before its first step never runs a line, so its client, who asked for it,
             # would hear neither response.created nor response.done: one turn of the loop announces it
             await asyncio.sleep(0)
-        self.current = None
+        if response is self.current:
+            self.current = None
+        self.aside.pop(response.id, None)
         response.outcome.reason = reason
-        if self.audio_out.track is not None:
+        if response.sink is self.audio_out.track:
             dropped = 0
             self.audio_out.clear_playback(response.id)
         else:

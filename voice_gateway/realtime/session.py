@@ -6,7 +6,7 @@ change means to another (speech started: the reply stops; speech stopped: a user
     settings        SessionSettings     the SessionConfig
     audio_input     AudioInput          the input buffer and turn detection
     items           ConversationItems   the conversation and its transcriptions
-    responses       ResponseSlot        the response in flight and its cancellation
+    responses       ResponseSlot        the responses in flight (one current, out-of-band ones beside it)
     audio_out       AudioOut            the reply sinks (a WebRTC call's track)
     outbox          Outbox              what the transport writes out, through `sender` and `reporter`
     idle            IdleTimer           server VAD's idle timeout
@@ -131,7 +131,7 @@ class Session:
 
     async def close(self) -> None:
         self.idle.disarm()
-        await self.responses.cancel("client_cancelled")
+        await self.responses.cancel_all("client_cancelled")
         # A transport may keep the session until the cyclic GC runs (aiortc's peer connection and its
         # handlers form cycles): the audio goes now, whoever still holds the session.
         await self.items.close()
@@ -235,14 +235,21 @@ class Session:
 
     # -- responses
     async def _response_create(self, event: ev.ResponseCreate) -> None:
-        if self.response is not None:
-            self.error("conversation_already_has_active_response",
-                       f"Conversation already has an active response in progress: {self.response.id}. Wait until the "
-                       "response is finished before creating a new one.", event_id=event.event_id)
-            return
         request = read_response_create(event, self.config, self.checks, self.reader, self.conversation)
-        if request is not None:
+        if request is None:
+            return
+        if self.response is None:
             self._start_response(request.config, request.context, None, request.metadata)
+            return
+        why = "Wait until the response is finished before creating a new one."
+        if not request.context.in_conversation:
+            if (refusal := self.responses.aside_refusal(request.config)) is None:
+                self.responses.start_aside(request.config, request.context, request.metadata)
+                return
+            why = f"An out-of-band response may run beside it, but {refusal}."
+        self.error("conversation_already_has_active_response",
+                   f"Conversation already has an active response in progress: {self.response.id}. {why}",
+                   event_id=event.event_id)
 
     def _start_response(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
                         metadata: dict[str, str] | None = None) -> None:
@@ -250,10 +257,11 @@ class Session:
         self.responses.start(config, context, speech_stopped_at, metadata, self._arm_idle_timeout)
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
-        if self.response is None or (event.response_id and event.response_id != self.response.id):
+        response = self.responses.find(event.response_id) if event.response_id else self.response
+        if response is None:
             self.error("response_cancel_not_active", CANCEL_NOT_ACTIVE, event_id=event.event_id)
             return
-        await self.cancel_response("client_cancelled")
+        await self.responses.cancel("client_cancelled", response)
 
     async def _output_clear(self, event: ev.OutputAudioBufferClear) -> None:
         if self.track is None:
