@@ -57,11 +57,7 @@ class HostEntry:
     embeds: torch.Tensor | None
     hidden: torch.Tensor | None
     kv: list[torch.Tensor]  # per layer, [2 (keys, values), kv heads, len(keys), head dim]
-
-    @property
-    def nbytes(self) -> int:
-        rows = [t for t in (self.embeds, self.hidden) if t is not None]
-        return sum(t.numel() * t.element_size() for t in [*self.kv, *rows])
+    nbytes: int  # what it holds, KV and rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +79,8 @@ class PrefixCache:
         self.min_tokens = min_tokens
         self.host_bytes = host_bytes
         self.entries: OrderedDict[int, Entry] = OrderedDict()
-        self.host: OrderedDict[int, HostEntry] = OrderedDict()  # by a number of its own
-        self._host_ids = 0
+        self.host: OrderedDict[int, HostEntry] = OrderedDict()  # by the count of moves there
+        self._moves = 0
         self._host_used = 0
 
     def __len__(self) -> int:
@@ -106,15 +102,16 @@ class PrefixCache:
         n = len(entry.keys)
         per_position = sum(2 * k[0, :, 0].numel() * k.element_size() for k in self.kv.keys)
         rows = sum(t.numel() * t.element_size() for t in (entry.embeds, entry.hidden) if t is not None)
-        if n * per_position + rows > self.host_bytes:  # the pool could not hold it: no copy at all
+        nbytes = n * per_position + rows
+        if nbytes > self.host_bytes:  # the pool could not hold it: no copy at all
             self.metrics.evictions.labels("dropped").inc()
             return
         kv = [torch.stack([k[entry.slot, :, :n], v[entry.slot, :, :n]]).to("cpu", copy=True)
               for k, v in zip(self.kv.keys, self.kv.values, strict=True)]
-        moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv)
+        moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv, nbytes)
         self.metrics.evictions.labels("to_host").inc()
-        self._host_ids += 1
-        self.host[self._host_ids] = moved
+        self._moves += 1
+        self.host[self._moves] = moved
         self._host_used += moved.nbytes
         while self._host_used > self.host_bytes:
             self._host_used -= self.host.popitem(last=False)[1].nbytes
@@ -128,16 +125,16 @@ class PrefixCache:
         """A slot holding the longest cached prefix of a prompt with these keys, now the caller's; None
         when nothing long enough matches (allocate a slot and prefill it all)."""
         best: Entry | HostEntry | None = None
-        best_length = 0
-        candidates: list[Entry | HostEntry] = [*self.entries.values(), *self.host.values()]
-        for entry in candidates:
+        best_key, best_length = 0, 0
+        candidates: list[tuple[int, Entry | HostEntry]] = [*self.entries.items(), *self.host.items()]
+        for key, entry in candidates:
             if want_hidden and entry.hidden is None:
                 continue
             n = min(len(entry.keys), len(keys) - 1)  # the last prompt position is always prefilled: its logits
             same = entry.keys[:n] == keys[:n]
             length = n if same.all() else int(np.argmin(same))
             if length > best_length:
-                best, best_length = entry, length
+                best, best_key, best_length = entry, key, length
         for a, b in clip_spans:  # never inside a clip
             if a < best_length < b:
                 best_length = a
@@ -146,7 +143,7 @@ class PrefixCache:
             return None
         if isinstance(best, HostEntry):
             self.metrics.lookups.labels("host").inc()
-            return self._from_host(best, best_length)
+            return self._from_host(best_key, best, best_length)
         self.metrics.lookups.labels("slot").inc()
         self.entries.move_to_end(best.slot)
         embeds, hidden = _rows(best, best_length)
@@ -162,10 +159,9 @@ class PrefixCache:
             values[slot, :, :best_length] = values[best.slot, :, :best_length]
         return Reuse(slot, best_length, embeds, hidden)
 
-    def _from_host(self, entry: HostEntry, length: int) -> Reuse:
+    def _from_host(self, key: int, entry: HostEntry, length: int) -> Reuse:
         """Copy a host entry's first `length` positions into a slot; the entry leaves the pool when the new
         prompt continues it (as a slot would move), and stays for others when they only share a part."""
-        key = next(k for k, e in self.host.items() if e is entry)
         if length >= entry.prompt_len:
             del self.host[key]
             self._host_used -= entry.nbytes
