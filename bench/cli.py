@@ -129,7 +129,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
          help=f"a 16-bit PCM WAV or a folder of them (default {_VOICE.questions})")
     vopt("--chunk-ms", type=_at_least(10), help=f"audio per append (default {_VOICE.chunk_ms})")
     vopt("--input-speed", type=float,
-         help=f"how many times real time the questions are sent (default {_VOICE.input_speed:g}: a microphone)")
+         help=f"how many times real time the questions are sent and the replies listened to before the next "
+              f"question (default {_VOICE.input_speed:g}: a microphone and a listener)")
     modes = parser.add_subparsers(dest="mode", metavar="soak")
     add_soak_arguments(modes.add_parser("soak", help="mixed traffic for a long while, sampling the server's memory "
                                         "and open files"))

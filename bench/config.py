@@ -70,7 +70,7 @@ class VoiceConfig:
     voice: str = "ethan"
     questions: Path = DEFAULT_QUESTIONS  # 16-bit PCM WAVs; turn t of session s asks question (s + t) % count
     chunk_ms: int = 40  # audio per input_audio_buffer.append, as the browser demo sends
-    input_speed: float = 1.0  # 1: the audio leaves in real time, as from a microphone; 4: four times faster
+    input_speed: float = 1.0  # 1: a user speaks and listens in real time; 4: four times faster, both
     label: str = "voice"
     out_dir: Path = Path("benchmarks/local")
     timeout: float = 300.0  # per turn

@@ -1,6 +1,7 @@
 """One conversation over WS /v1/realtime: a session set up for a turn mode and an output format, then spoken turns,
 each measured by a TurnTimer. A question leaves in `chunk_ms` appends at `input_speed` times real time; the next
-question starts once the reply has played out, as for a user who listens to it before asking again."""
+question starts once the reply has played out, as for a user who listens to it before asking again, at the same
+speed (a long call at 4x plays out in a quarter of its time; each reply is still judged against real-time playback)."""
 
 from __future__ import annotations
 
@@ -126,7 +127,8 @@ async def run_session(config: VoiceConfig, model: str, mode: str, output_format:
                 async with asyncio.timeout(config.timeout):
                     await _turn(ws, timer, ask(turn), config)
                 assert timer.input_end is not None, records[-1]
-                await asyncio.sleep(max(0.0, timer.input_end + records[-1].played_out_s - time.perf_counter()))
+                listened_s = records[-1].played_out_s / config.input_speed
+                await asyncio.sleep(max(0.0, timer.input_end + listened_s - time.perf_counter()))
     except TurnError as exc:
         records[-1].error, records[-1].refused = str(exc), exc.code in REFUSAL_CODES
     except TimeoutError:
