@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 
@@ -56,6 +57,7 @@ class ThinkerPrompt:
     token_ids: list[int]
     speaker: str
     seed: int | None
+    keys: np.ndarray  # per prompt position, its key (engine/runners/prefix_cache.py): what a kept prefix matches
 
 
 @dataclass(frozen=True, slots=True)

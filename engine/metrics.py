@@ -60,6 +60,10 @@ class EngineMetrics:
             "engine_prompt_tokens", "Prompt tokens of finished Thinker requests, by whether a cached prefix held them",
             ["source"], registry=r,
         )
+        self.talker_prompt_rows = Counter(
+            "engine_talker_prompt_rows", "Talker prompt rows, by whether a slot kept from the conversation's last "
+            "reply held them (cached) or a step prefilled them", ["source"], registry=r,
+        )
         self.cold_work = ColdWork(r)
         self.prefix = PrefixCacheMetrics(r)
 

@@ -6,7 +6,9 @@ out) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, 
 served. A prompt's user turns are prefilled as the Thinker prefills them (`PromptRows`, piece by
 piece), its assistant part once the first text token is here, so at that token a few rows are left;
 its last piece samples the reply's first codebook-0 id. No step is a prefill alone while anyone
-speaks, and a long conversation's prompt never holds the GPU at once.
+speaks, and a long conversation's prompt never holds the GPU at once. A conversation's next turn
+takes the slot its last reply left, with the user rows it holds (engine/runners/talker_prefix.py),
+and prefills only the new ones.
 When the Thinker paces its text (engine/stages/policy.py), each step tells it which replies
 consumed a row.
 """
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.handoff import (
@@ -36,6 +39,7 @@ from engine.metrics import EngineMetrics
 from engine.profile import TalkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.talker import PromptLayout, TalkerRow, TalkerRunner
+from engine.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
 from engine.stages.base import Stage
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,8 @@ class TalkerSeq:
     slot: int = -1
     position: int = 0  # rows in its slot
     layout: PromptLayout | None = None
+    row_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per user row (talker_prefix)
+    held_until: int = 0  # Thinker positions before it: their user rows are in its slot already (a kept prefix)
     arrived: list[PromptRows] = field(default_factory=list)  # the Thinker's rows not yet turned into talker rows
     received: int = 0  # Thinker prompt rows turned into talker rows
     header: list[torch.Tensor] = field(default_factory=list)  # the Thinker's rows of the assistant header
@@ -101,6 +107,7 @@ class TalkerStage(Stage):
         self.cfg = cfg
         self.to_code2wav = to_code2wav
         self.to_thinker = to_thinker
+        self.cache = TalkerPrefixCache(runner.kv, metrics.talker_prompt_rows)
         self.pending: dict[str, TalkerSeq] = {}
         self.running: dict[str, TalkerSeq] = {}
         self._consumed: list[str] = []  # this step's, for the next SpeechProgress
@@ -110,13 +117,19 @@ class TalkerStage(Stage):
         if isinstance(item, ThinkerPrompt):
             seed = new_seed(item.seed)
             s, c = self.cfg.sampling, self.cfg.code_sampling
-            self.pending[item.request_id] = TalkerSeq(
+            layout = self.runner.layout(item.token_ids)
+            prompt = self.pending[item.request_id] = TalkerSeq(
                 prompt=item,
-                layout=self.runner.layout(item.token_ids),
+                layout=layout,
+                row_ends=user_row_ends(layout.user_spans),
                 sampling=RowSampling(s.temperature, s.top_p, s.top_k, seed),
                 # its own stream: the same seed and counters would repeat codebook 0's noise
                 code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, new_seed(seed + 1)),
             )
+            if (reuse := self.cache.claim(item.keys, prompt.row_ends)) is not None:
+                prompt.slot, prompt.position = reuse.slot, reuse.rows
+                prompt.held_until = int(prompt.row_ends[reuse.rows - 1])
+                self.runner.forget_codes([prompt.slot])
             return
         seq = self.pending.get(item.request_id) or self.running.get(item.request_id)
         if seq is None:  # aborted meanwhile
@@ -136,13 +149,15 @@ class TalkerStage(Stage):
     def release(self, request_id: str) -> None:
         seq = self.pending.pop(request_id, None) or self.running.pop(request_id, None)
         if seq is not None and seq.slot >= 0:
-            self.runner.kv.free(seq.slot)
+            # its user rows stay for the conversation's next turn; a step that failed wrote none before `position`
+            held = min(len(seq.row_ends), seq.position)
+            self.cache.keep(KeptRows(seq.slot, seq.prompt.keys, seq.row_ends[:held]))
 
     def _ready(self) -> list[TalkerSeq]:
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
 
     def _may_prefill(self, seq: TalkerSeq) -> bool:
-        if seq.slot < 0 and not self.runner.kv.num_free:
+        if seq.slot < 0 and not self.cache.num_free:
             return False
         return bool(seq.arrived) or (seq.todo is not None and bool(seq.todo.shape[0])) or self._header_ready(seq)
 
@@ -186,11 +201,12 @@ class TalkerStage(Stage):
             if seq.todo is None or not seq.todo.shape[0]:
                 continue  # nothing of it to prefill yet (rows with no user turn, or its first text token to come)
             if seq.slot < 0:
-                seq.slot = self.runner.kv.allocate()
+                seq.slot = self.cache.allocate()
                 self.runner.forget_codes([seq.slot])
             rows, seq.todo = seq.todo[:room], seq.todo[room:]
             pieces.append((seq, rows))
             room -= rows.shape[0]
+            self.metrics.talker_prompt_rows.labels("prefilled").inc(rows.shape[0])
         return pieces
 
     def _queue_rows(self, seq: TalkerSeq) -> None:
@@ -200,7 +216,8 @@ class TalkerStage(Stage):
         queued = [] if seq.todo is None else [seq.todo]
         header_at = seq.layout.header
         for rows in seq.arrived:
-            queued.append(self.runner.user_rows(seq.layout, rows.embeds, rows.hidden, seq.received))
+            held = max(0, min(seq.held_until - seq.received, rows.embeds.shape[0]))  # its slot has their user rows
+            queued.append(self.runner.user_rows(seq.layout, rows.embeds[held:], rows.hidden[held:], seq.received + held))
             end = seq.received + rows.embeds.shape[0]
             if end > header_at:
                 seq.header.append(rows.embeds[max(0, header_at - seq.received) :])

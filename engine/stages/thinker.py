@@ -242,7 +242,7 @@ class ThinkerStage(Stage):
         """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
         job = seq.job
         if job.want_audio:  # its Talker prefills the prompt's rows as they come
-            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed))
+            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys))
         reuse = self.cache.claim(seq.keys, seq.clips, want_hidden=job.want_audio)
         if reuse is None:
             seq.slot = self.cache.allocate()

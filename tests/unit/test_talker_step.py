@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -134,7 +135,7 @@ def test_repetition_history_on_the_device_follows_each_slots_reply(loaded: objec
 
 def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
     """Codec EOS is the likeliest code: a reply with no frame yet takes the next best, one with frames ends."""
-    from engine.handoff import Inbox
+    from engine.handoff import Inbox, ThinkerPrompt
     from engine.metrics import EngineMetrics
     from engine.profile import TalkerConfig
     from engine.runners.sampler import RowSampling
@@ -148,7 +149,7 @@ def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
         seqs = [TalkerSeq(prompt=None, sampling=greedy, code_sampling=greedy,  # type: ignore[arg-type]
                           slot=runner.kv.allocate(), frames=frames) for frames in (0, 3)]
         for seq, rid in zip(seqs, ("new", "speaking"), strict=True):
-            seq.prompt = type("P", (), {"request_id": rid})()  # type: ignore[assignment]
+            seq.prompt = ThinkerPrompt(rid, [], "ethan", None, np.zeros(0, dtype=np.int64))
             stage.running[rid] = seq
         vocab = runner.seen_codes.shape[1]
         logits = torch.zeros(2, vocab)

@@ -1,0 +1,89 @@
+"""Finished replies' Talker KV kept in their slots, so that a conversation's next turn prefills only its new rows.
+
+The Talker's prompt is every user turn's rows of the Thinker's prompt, then the assistant part
+(engine/runners/talker.py). A conversation's next Thinker prompt begins with its last one, so the user rows
+the Talker prefilled last turn are this turn's first rows: a long call would otherwise prefill its whole
+history in the Talker on every turn. A Talker row at Thinker position p depends on the Thinker's prompt up to
+p alone (its token, or the Thinker's causal hidden row there), so a kept slot's first rows hold for a new
+prompt as far as the two Thinker prompts agree: the rows that end at or before their longest common prefix.
+
+Kept slots are given back, least recently used first, whenever a reply needs a slot and none is free; a match
+moves the slot to the new reply (what it holds past the match is the old reply's assistant part and frames,
+which the new prompt overwrites).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client import Counter
+
+from engine.runners.kv_cache import SlotKVCache
+
+
+@dataclass(slots=True)
+class KeptRows:
+    slot: int
+    keys: np.ndarray  # the Thinker prompt's position keys (engine/runners/prefix_cache.py) that made it
+    row_ends: np.ndarray  # per user row the slot holds, in order: the Thinker position just past it
+
+
+@dataclass(frozen=True, slots=True)
+class TalkerReuse:
+    slot: int
+    rows: int  # of the new prompt's user rows, those the slot holds already
+
+
+def user_row_ends(user_spans: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Per user row of a Talker prompt, the Thinker position just past it."""
+    if not user_spans:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.arange(a + 1, b + 1, dtype=np.int64) for a, b in user_spans])
+
+
+class TalkerPrefixCache:
+    """Owns the kept slots (of `kv`, outside its free list), most recently kept or used last. `rows`: the
+    Talker's prompt rows, by whether a kept slot held them (cached) or a step prefilled them."""
+
+    def __init__(self, kv: SlotKVCache, rows: Counter, *, min_rows: int = 32) -> None:
+        self.kv = kv
+        self.rows = rows
+        self.min_rows = min_rows
+        self.entries: OrderedDict[int, KeptRows] = OrderedDict()
+
+    @property
+    def num_free(self) -> int:
+        """Slots a reply can have now: free ones and kept ones."""
+        return self.kv.num_free + len(self.entries)
+
+    def allocate(self) -> int:
+        if self.kv.num_free == 0:
+            self.kv.free(self.entries.popitem(last=False)[1].slot)
+        return self.kv.allocate()
+
+    def keep(self, entry: KeptRows) -> None:
+        if len(entry.row_ends) < self.min_rows:
+            self.kv.free(entry.slot)
+            return
+        self.entries[entry.slot] = entry
+
+    def claim(self, keys: np.ndarray, row_ends: np.ndarray) -> TalkerReuse | None:
+        """The kept slot holding the most of a new prompt's user rows, now the caller's; None when no slot
+        holds `min_rows` of them. The prompt's last user row is always prefilled (so is its assistant part)."""
+        best: KeptRows | None = None
+        best_rows = 0
+        for entry in self.entries.values():
+            n = min(len(entry.keys), len(keys))
+            same = entry.keys[:n] == keys[:n]
+            agree = n if same.all() else int(np.argmin(same))
+            rows = int(np.searchsorted(entry.row_ends, agree, side="right"))
+            rows = min(rows, len(row_ends) - 1)
+            if rows > best_rows:
+                best, best_rows = entry, rows
+        if best is None or best_rows < self.min_rows:
+            return None
+        del self.entries[best.slot]
+        self.rows.labels("cached").inc(best_rows)
+        return TalkerReuse(best.slot, best_rows)
