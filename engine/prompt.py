@@ -97,8 +97,10 @@ class PromptBuilder:
         keys: list[int] = []
         audio_tokens = 0
         if tools:
-            ids += self._tools_turn(messages[0] if messages[0].role == "system" else None, tools)
-            messages = messages[1:] if messages[0].role == "system" else messages
+            # a response may be asked for before anything was said and with no instructions: no messages at all
+            system = messages[0] if messages and messages[0].role == "system" else None
+            ids += self._tools_turn(system, tools)
+            messages = messages[1:] if system is not None else messages
         for i, message in enumerate(messages):
             if message.role == "tool":  # a run of results is one user turn
                 if i == 0 or messages[i - 1].role != "tool":

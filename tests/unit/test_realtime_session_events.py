@@ -294,3 +294,45 @@ async def test_beside_an_opus_reply_an_out_of_band_one_must_answer_in_text(engin
     assert not [e for e in text if e["type"] == "error"] and len(session.responses.aside) == 1
     await session.close()
     assert not session.responses.aside and session.response is None
+
+
+async def test_a_response_with_tools_on_an_empty_conversation_is_answered(engine: Engine) -> None:
+    """What LiveKit's `generate_reply` sends first: tools, no instructions, nothing said yet."""
+    session = new_session(engine)
+    tool = {"type": "function", "name": "lookup", "description": "Look it up",
+            "parameters": {"type": "object", "properties": {}}}
+    await send(session, type="session.update", session={"instructions": "", "tools": [tool],
+                                                         "output_modalities": ["text"], "max_output_tokens": 4})
+    await deliver(session, json.dumps({"type": "response.create"}))
+    assert session.response is not None and session.response.task is not None
+    await asyncio.wait_for(session.response.task, 60)
+    done = drain(session)[-1]
+    assert done["type"] == "response.done" and done["response"]["status"] == "completed", done
+
+
+class _Broken:
+    """An engine whose submit fails with an exception no engine should raise: a stand-in for a bug of ours,
+    which a real engine gives no way to cause on demand."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def submit(self, request: Any) -> Any:
+        raise RuntimeError("a bug")
+
+
+async def test_a_bug_in_a_response_still_ends_it_with_an_error(engine: Engine) -> None:
+    session = Session(_Broken(engine), GatewayConfig(), Dialect.GA, GatewayMetrics(), "test")  # type: ignore[arg-type]
+    session.open()
+    drain(session)
+    await send(session, type="conversation.item.create", item=text_item("q", "hello"))
+    await deliver(session, json.dumps({"type": "response.create"}))
+    assert session.response is not None and session.response.task is not None
+    await asyncio.wait_for(session.response.task, 60)
+    done = drain(session)[-1]
+    assert done["type"] == "response.done" and done["response"]["status"] == "failed", done
+    assert done["response"]["status_details"]["error"]["code"] == "internal_error"
+    await send(session, type="conversation.item.create", item=text_item("q2", "still there?"))  # the session lives on

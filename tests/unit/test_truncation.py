@@ -24,9 +24,9 @@ def ratio(r: float, post_instructions: int | None = None) -> ev.RetentionRatio:
 
 
 def turn(conversation: Conversation, n: int) -> None:
-    """A user's question and the assistant's answer, ~50 estimated tokens each."""
-    conversation.add(Item(f"u{n}", "user", f"question {n:03d} " * 12))
-    conversation.add(Item(f"a{n}", "assistant", f"answer {n:03d} " * 12))
+    """A user's question and the assistant's answer, ~50 estimated tokens each (letters: a digit is a token)."""
+    conversation.add(Item(f"u{n}", "user", f"question {chr(97 + n)}xy " * 12))
+    conversation.add(Item(f"a{n}", "assistant", f"answer {chr(97 + n)}xyz " * 12))
 
 
 def used(conversation: Conversation) -> int:
@@ -133,7 +133,29 @@ def test_a_tool_output_leaves_with_its_call() -> None:
     conversation.prompt(config(ratio(0.9)))
     assert not conversation.get("c").in_context  # type: ignore[union-attr]
     assert not conversation.get("o").in_context  # type: ignore[union-attr]
-    assert conversation.prompt(config(ratio(0.9)))[0].role == "user"
+    assert conversation.prompt(config(ratio(0.9)))[0].role != "tool"
+
+
+def test_a_late_tool_output_leaves_with_its_call() -> None:
+    """An async tool's result arrives turns after its call: when the call leaves, the result goes with it."""
+    conversation = Conversation(ROOM, 16_000)
+    conversation.add(Item("c", "assistant", kind="function_call", call_id="x", name="set_lamp", arguments="{}"))
+    for n in range(4):
+        turn(conversation, n)
+    conversation.add(Item("o", "tool", "done", kind="function_call_output", call_id="x"))
+    for n in range(4, 11):
+        turn(conversation, n)
+    prompt = conversation.prompt(config(ratio(0.9)))
+    assert not conversation.get("c").in_context  # type: ignore[union-attr]
+    assert not conversation.get("o").in_context  # type: ignore[union-attr]
+    assert all(message.role != "tool" for message in prompt)
+
+
+def test_digits_and_other_scripts_count_a_token_each() -> None:
+    """Qwen's tokenizer makes each digit a token: a history of readings must not pass for a third of its size."""
+    assert Item("r", "user", "4711 " * 50).estimated_tokens() >= 200
+    assert Item("z", "user", "你好" * 50).estimated_tokens() >= 100
+    assert Item("e", "user", "hello there " * 25).estimated_tokens() < 120
 
 
 def test_the_newest_item_stays_even_alone_too_big() -> None:

@@ -29,13 +29,19 @@ from voice_gateway.realtime import events as ev
 
 # Prompt cost estimates, on the generous side: the engine checks the real count.
 _TOKENS_PER_AUDIO_SECOND = 13  # Qwen3-Omni's audio encoder: 13 tokens per 100 mel frames (1 s)
-_CHARS_PER_TOKEN = 3
+_CHARS_PER_TOKEN = 3  # English text and JSON; a digit or a character outside ASCII is a token of its own
 _TOKENS_PER_TURN = 6  # <|im_start|>role\n ... <|im_end|>\n
 # "auto": a cut keeps three quarters of the room, so a quarter of it fills before the next cut
 AUTO_RETENTION = 0.75
 
 
 ROOT = "root"  # previous_item_id for the start of the conversation
+
+
+def estimated_text_tokens(text: str) -> int:
+    """Qwen's tokenizer makes each digit a token, and most characters outside ASCII (Chinese) one or more."""
+    dense = sum(1 for c in text if c.isdigit() or not c.isascii())
+    return dense + (len(text) - dense) // _CHARS_PER_TOKEN
 
 
 def new_item_id() -> str:
@@ -66,8 +72,7 @@ class Item:
         # its audio does not come back as text while newer items are left out.
         has_audio = self.audio is not None or self.audio_dropped
         audio_tokens = int(self.audio_ms / 1000 * _TOKENS_PER_AUDIO_SECOND) + 3 if has_audio else 0
-        text_chars = len(self.text) + len(self.name) + len(self.arguments)
-        return _TOKENS_PER_TURN + text_chars // _CHARS_PER_TOKEN + 1 + audio_tokens
+        return _TOKENS_PER_TURN + estimated_text_tokens(self.text + self.name + self.arguments) + 1 + audio_tokens
 
     def drop_audio(self) -> None:
         if self.audio is not None:
@@ -163,9 +168,9 @@ class Conversation:
 
     def room(self, config: ev.SessionConfig) -> int:
         """What the history may take of the context: the budget less the instructions and tools, or less."""
-        fixed = _TOKENS_PER_TURN + len(config.instructions) // _CHARS_PER_TOKEN if config.instructions else 0
+        fixed = _TOKENS_PER_TURN + estimated_text_tokens(config.instructions) if config.instructions else 0
         if config.tools:
-            fixed += len(json.dumps([t.model_dump(exclude_none=True) for t in config.tools])) // _CHARS_PER_TOKEN
+            fixed += estimated_text_tokens(json.dumps([t.model_dump(exclude_none=True) for t in config.tools]))
         room = self.budget_tokens - fixed
         limits = config.truncation.token_limits if isinstance(config.truncation, ev.RetentionRatio) else None
         if limits is not None and limits.post_instructions is not None:
@@ -198,6 +203,11 @@ class Conversation:
                 break
             item.in_context = False
             used -= item.estimated_tokens()
+        # an async tool's output can come turns after its call, past the items that stay
+        gone = {item.call_id for item in live if item.kind == "function_call" and not item.in_context}
+        for item in live:
+            if item.kind == "function_call_output" and item.call_id in gone:
+                item.in_context = False
 
     def prompt(self, config: ev.SessionConfig) -> tuple[Message, ...]:
         """The conversation as the Thinker's prompt, fitted to the context first."""

@@ -184,6 +184,10 @@ class ResponseRunner:
             kind = "server_error" if e.code in (OVERLOADED, UNAVAILABLE) else "invalid_request_error"
             r.outcome = ResponseOutcome("failed", None, ErrorDetail(type=kind, code=e.code or "invalid_request",
                                                                     message=str(e)))
+        except Exception as e:  # a bug of ours must still end the response, or its client waits for ever
+            log.exception("response %s failed", r.id)
+            r.outcome = ResponseOutcome("failed", None, ErrorDetail(type="server_error", code="internal_error",
+                                                                    message=f"internal error: {type(e).__name__}"))
         self._finish(usage)
 
     async def _stream(self, messages: tuple[Message, ...]) -> Usage:
