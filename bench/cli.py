@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _DEFAULTS = BenchConfig()
 _VOICE = VoiceConfig()
 # the sweep flags that mean the same for --realtime (its own defaults: VoiceConfig's)
-_VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes"}
+_VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes", "spread_s"}
 _VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed")
 _DEFAULT_OUT = Path("benchmarks/local")
 

@@ -71,6 +71,9 @@ class VoiceConfig:
     questions: Path = DEFAULT_QUESTIONS  # 16-bit PCM WAVs; turn t of session s asks question (s + t) % count
     chunk_ms: int = 40  # audio per input_audio_buffer.append, as the browser demo sends
     input_speed: float = 1.0  # 1: a user speaks and listens in real time; 4: four times faster, both
+    # each worker's first conversation starts a random 0-S s late, so that conversations do not speak (and cut
+    # their histories) in step
+    spread_s: float = 0.0
     label: str = "voice"
     out_dir: Path = Path("benchmarks/local")
     timeout: float = 300.0  # per turn
@@ -83,9 +86,9 @@ class VoiceConfig:
             raise BenchError(f"turn_mode: unknown {sorted(unknown)} (expected {', '.join(VOICE_MODES)})")
         if unknown := set(self.output_format) - set(OUTPUT_FORMATS):
             raise BenchError(f"output_format: unknown {sorted(unknown)} (expected {', '.join(OUTPUT_FORMATS)})")
-        if self.turns < 1 or self.chunk_ms < 10 or self.input_speed <= 0:
-            raise BenchError(f"need turns >= 1, chunk_ms >= 10, input_speed > 0; got {self.turns}, "
-                             f"{self.chunk_ms}, {self.input_speed}")
+        if self.turns < 1 or self.chunk_ms < 10 or self.input_speed <= 0 or self.spread_s < 0:
+            raise BenchError(f"need turns >= 1, chunk_ms >= 10, input_speed > 0, spread_s >= 0; got {self.turns}, "
+                             f"{self.chunk_ms}, {self.input_speed}, {self.spread_s}")
 
     def levels(self) -> list[tuple[str, str, int]]:
         """(mode, output format, concurrency) in run order: each is one level with its own warm-up."""

@@ -24,7 +24,7 @@ from bench.processes import Started, run_in_processes
 from bench.realtime_session import run_session
 from bench.speech import Question, load_questions
 from bench.stats import Stat
-from bench.sweep import server_latency_sums, target_model, watch_loop_lag, write_json
+from bench.sweep import first_send_delays, server_latency_sums, target_model, watch_loop_lag, write_json
 from bench.turn import TurnRecord
 from bench.voice_stats import VoiceLevelResult, summarize_voice_level
 
@@ -60,17 +60,21 @@ class _Level:
 
 async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, turns: int,
                         on_done: Callable[[], None]) -> list[TurnRecord]:
-    """`workers` conversations at a time; each worker starts the next session when its last one ends."""
+    """`workers` conversations at a time; each worker starts the next session when its last one ends, its first
+    a random 0-`spread_s` s late."""
+    indices = list(indices)
     pending = iter(indices)
     records: list[TurnRecord] = []
 
-    async def worker() -> None:
+    async def worker(delay: float) -> None:
+        await asyncio.sleep(delay)
         for index in pending:
             records.extend(await run_session(level.config, level.model, level.mode, level.output_format,
                                              level.questions, index, turns))
             on_done()
 
-    await asyncio.gather(*(worker() for _ in range(workers)))
+    delays = first_send_delays(f"voice:{indices[:1]}", workers, level.config.spread_s)
+    await asyncio.gather(*(worker(delay) for delay in delays))
     return records
 
 

@@ -155,8 +155,10 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_realtime_flags_make_a_voice_config() -> None:
     args = _parse("--realtime", "--concurrency", "1,16,64", "--turns", "6", "--turn-mode", "commit,vad",
-                  "--output-format", "opus", "--max-tokens", "12", "--input-speed", "2", "--client-processes", "4")
+                  "--output-format", "opus", "--max-tokens", "12", "--input-speed", "2", "--client-processes", "4",
+                  "--spread-s", "3.5")
     cfg = voice_config_from_args(args, ["voice-gateway", "bench", "--realtime"])
+    assert cfg.spread_s == 3.5
     assert (cfg.concurrency, cfg.turns, cfg.turn_mode, cfg.output_format) == ([1, 16, 64], 6, ["commit", "vad"], ["opus"])
     assert (cfg.max_tokens, cfg.input_speed, cfg.client_processes, cfg.chunk_ms) == (12, 2.0, 4, 40)
     assert cfg.levels()[:2] == [("commit", "opus", 1), ("commit", "opus", 16)] and len(cfg.levels()) == 6
@@ -170,6 +172,8 @@ def test_realtime_flags_make_a_voice_config() -> None:
         _parse("--realtime", "--turn-mode", "semantic")
     with pytest.raises(bench.BenchError, match="input_speed"):
         VoiceConfig(input_speed=0)
+    with pytest.raises(bench.BenchError, match="spread_s"):
+        VoiceConfig(spread_s=-1)
 
 
 def test_realtime_only_flags_without_realtime_are_refused(tmp_path: Path) -> None:
