@@ -15,7 +15,7 @@ from engine.api import AudioPart, EngineError, EngineRequest, ModelInfo
 from engine.constraints import grammar_for
 from engine.handoff import AdmittedRequest
 from engine.profile import DeployProfile, ThinkerConfig
-from engine.prompt import TOOL_CALL_END, TOOL_CALL_START, PromptBuilder
+from engine.prompt import TOOL_CALL_END, TOOL_CALL_START, PromptBuilder, Prompts
 from engine.weights.source import ModelSource
 
 
@@ -74,7 +74,7 @@ class Admission:
     back every response (docs/performance.md). Audio features always go to a thread.
     """
 
-    def __init__(self, info: ModelInfo, profile: DeployProfile, prompts: PromptBuilder, *, text_on_loop: bool) -> None:
+    def __init__(self, info: ModelInfo, profile: DeployProfile, prompts: Prompts, *, text_on_loop: bool) -> None:
         self.info = info
         self.thinker = profile.stages.thinker
         self.default_speaker = profile.stages.talker.default_speaker

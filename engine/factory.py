@@ -26,6 +26,11 @@ def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = N
 
     In process, the stages' weights load now; in a child of its own they load there at start(), and on
     Ray in each replica's actor at start()."""
+    if profile.backend == "cascade":
+        # imported here: only the assistant's server loads its models and their runtimes
+        from engine.cascade.assemble import assistant_engine
+
+        return assistant_engine(profile, cache_dir)
     source = ModelSource.open(model, profile.load_format, cache_dir)
     spec = EngineSpec(model, profile.in_one_process(), cache_dir)
     if profile.engine.where == "ray":

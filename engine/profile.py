@@ -209,8 +209,9 @@ class DeployProfile:
     name: str
     model: str = "tiny"
     load_format: Literal["auto", "dummy"] = "auto"
-    # staged: our engine; transformers_generate: the library's generate(return_audio=True), the benchmark baseline
-    backend: Literal["staged", "transformers_generate"] = "staged"
+    # staged: our engine; transformers_generate: the library's generate(return_audio=True), the benchmark baseline;
+    # cascade: the assistant's small listen -> think -> speak models (engine/cascade/), in process, on the CPU
+    backend: Literal["staged", "transformers_generate", "cascade"] = "staged"
     engine: TopologyConfig = field(default_factory=TopologyConfig)
     # on CUDA stages: decode steps, prefills, the code predictor and Code2Wav replayed from CUDA graphs,
     # decoder layers and the code predictor through torch.compile (all at start-up, never while serving)
@@ -252,7 +253,7 @@ def detect_platform() -> str:
 
 
 def default_profile_path(model: str) -> Path:
-    return CONFIG_DIR / ("tiny.yaml" if model == "tiny" else "qwen3_omni_moe.yaml")
+    return CONFIG_DIR / {"tiny": "tiny.yaml", "assistant": "assistant.yaml"}.get(model, "qwen3_omni_moe.yaml")
 
 
 def load_profile(

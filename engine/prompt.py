@@ -20,6 +20,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -63,6 +64,15 @@ class Prompt:
     # per clip, its identity for prefix reuse (engine/runners/prefix_cache.py): a digest of its samples,
     # negative, so that no token id equals it
     audio_keys: list[int] = field(default_factory=list)
+
+class Prompts(Protocol):
+    """What the front door builds prompts with: a `PromptBuilder`, or one that hears speech first (the cascade's)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt: ...
+
 
 # Clips whose features were computed lately: a conversation sends its earlier turns' audio with every
 # new turn, and each 4 s clip costs ~10 ms of a CPU core to turn into features again.

@@ -41,6 +41,7 @@ fi
 # torch 2.13.0 first keeps pip on the CPU wheel.
 pip install torch==2.13.0
 pip install -e '.[dev]'
+pip install --no-deps --require-hashes -r requirements-assistant.txt
 checks
 bash scripts/docker_ci.sh  # builds the CPU image that tests/integration/test_docker_image.py starts
 exec python -m pytest "$@"

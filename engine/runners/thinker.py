@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -37,6 +37,19 @@ class RowOut:
     logits: torch.Tensor  # [V] for the row's last position
     embeds: torch.Tensor  # [n, H] layer-0 rows (audio merged in)
     hidden: torch.Tensor  # [n, H] rows of `capture_layer`
+
+
+class StepRunner(Protocol):
+    """What the Thinker stage steps: this module's `ThinkerRunner`, or another language model behind the same face
+    (the cascade's, engine/cascade/brain.py)."""
+
+    device: torch.device
+    kv: SlotKVCache
+    audio_token_id: int
+
+    def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor: ...
+
+    def step(self, rows: list[StepRow]) -> list[RowOut]: ...
 
 
 class ThinkerRunner:

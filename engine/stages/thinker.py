@@ -36,7 +36,7 @@ from engine.metrics import EngineMetrics
 from engine.profile import ThinkerConfig
 from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
 from engine.runners.sampler import RowSampling, new_seed, sample
-from engine.runners.thinker import StepRow, ThinkerRunner
+from engine.runners.thinker import StepRow, StepRunner
 from engine.stages.base import Stage
 from engine.stages.policy import FirstPacketPolicy
 
@@ -99,7 +99,7 @@ class ThinkerStage(Stage):
 
     def __init__(
         self,
-        runner: ThinkerRunner,
+        runner: StepRunner,
         cfg: ThinkerConfig,
         tokenizer: Any,
         eos_ids: set[int],

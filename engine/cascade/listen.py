@@ -1,0 +1,67 @@
+"""The cascade's listening, at the front door: chat messages -> the language model's prompt, each clip of user
+speech turned into its words by the ears first; owns the transcripts of recent clips.
+
+The language model reads text only, so a clip is transcribed where a Qwen3-Omni prompt would hold its audio
+placeholders, and the prompt is then built as any text prompt is (engine/prompt.py: SmolLM2 speaks the same
+ChatML turns as Qwen). A conversation sends its earlier turns' audio with every new turn: each clip's transcript
+is kept by the clip's digest, so only the new turn is heard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any
+
+from engine.api import AudioPart, EngineError, Message, TextPart, Tool
+from engine.cascade.ears import WhisperEars
+from engine.prompt import Prompt, PromptBuilder
+
+RECENT_CLIPS = 256
+# what a reply of a small model sounds best as: short, and words a voice can say
+VOICE_SYSTEM_PROMPT = ("You are a helpful voice assistant. Answer in one or two short sentences of plain spoken "
+                       "English, with no lists, markup or emoji.")
+
+
+class ListeningPrompts:
+    """`builder`: the text prompt builder over the language model's tokenizer; `ears`: who transcribes."""
+
+    def __init__(self, builder: PromptBuilder, ears: WhisperEars, system: str = VOICE_SYSTEM_PROMPT) -> None:
+        self.builder = builder
+        self.ears = ears
+        self.system = system
+        self._recent: OrderedDict[bytes, str] = OrderedDict()
+        self._lock = threading.Lock()  # builds run in threads
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.builder.tokenizer
+
+    def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt:
+        if tools:
+            raise EngineError("this model takes no tools yet", code="unsupported_tools")
+        heard = tuple(self._heard(m) for m in messages)
+        if not heard or heard[0].role != "system":
+            heard = (Message("system", (TextPart(self.system),)), *heard)
+        return self.builder.build(heard)
+
+    def transcript(self, clip: AudioPart) -> str:
+        key = hashlib.blake2b(clip.samples.tobytes(), digest_size=16).digest()
+        with self._lock:
+            if (text := self._recent.get(key)) is not None:
+                self._recent.move_to_end(key)
+                return text
+        text = self.ears.transcribe(clip.samples)
+        with self._lock:
+            self._recent[key] = text
+            if len(self._recent) > RECENT_CLIPS:
+                self._recent.popitem(last=False)
+        return text
+
+    def _heard(self, message: Message) -> Message:
+        if not any(isinstance(p, AudioPart) for p in message.content):
+            return message
+        parts = tuple(TextPart(self.transcript(p)) if isinstance(p, AudioPart) else p for p in message.content)
+        return replace(message, content=parts)

@@ -1,0 +1,116 @@
+"""The cascade's speaking stage: each reply's text, as the Thinker stage decodes it, cut into clauses and spoken by
+the voice; owns each speaking reply's text so far, its clause cutter and how much of its audio has left.
+
+It takes the Thinker stage's payloads for a speaking reply as a Talker does (`ThinkerPrompt`, then `PromptRows`,
+which it ignores, a `ThinkerToken` per token, `ThinkerDone`) and reports `AudioChunk`s and `AudioFinished` to the
+orchestrator as Code2Wav does: a clause's audio is one chunk. A step speaks one clause: of a reply that has no audio
+yet if there is one (its first clause is short, engine/cascade/clauses.py), else of the reply whose listener holds
+the least audio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.api import SAMPLE_RATE_HZ, AudioChunk
+from engine.cascade.clauses import ClauseCutter
+from engine.cascade.voice import PiperVoice
+from engine.handoff import AudioFinished, Inbox, Report, ThinkerDone, ThinkerPrompt, ThinkerToken
+from engine.metrics import EngineMetrics
+from engine.runners.sampler import new_seed
+from engine.stages.base import Stage
+
+
+@dataclass(slots=True)
+class Speech:
+    request_id: str
+    seed: int
+    cutter: ClauseCutter = field(default_factory=ClauseCutter)
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""  # of `tokens`, what went to the cutter
+    clauses: deque[str] = field(default_factory=deque)  # cut, not yet spoken
+    spoken: int = 0  # clauses spoken: the next one's seed is `seed + spoken`
+    samples: int = 0  # sent so far
+    first_audio_at: float = 0.0  # perf_counter() of its first chunk
+    text_done: bool = False
+    ended: bool = False  # its last chunk went out, marked last
+
+    def buffered_s(self, now: float) -> float:
+        """Audio its listener holds now, if playback began with the first chunk."""
+        return self.samples / SAMPLE_RATE_HZ - (now - self.first_audio_at)
+
+
+class SpeakStage(Stage):
+    """Owns the speaking replies; the voice owns its model. `tokenizer` decodes the Thinker's tokens."""
+
+    kind = "speak"
+
+    def __init__(self, voice: PiperVoice, tokenizer: Any, inbox: Inbox, report: Report, metrics: EngineMetrics,
+                 device: Any) -> None:
+        super().__init__(inbox, report, metrics, device)
+        self.voice = voice
+        self.tokenizer = tokenizer
+        self.speeches: dict[str, Speech] = {}
+
+    def accept(self, item: Any) -> None:
+        if isinstance(item, ThinkerPrompt):
+            self.speeches[item.request_id] = Speech(item.request_id, new_seed(item.seed))
+            return
+        speech = self.speeches.get(item.request_id)
+        if speech is None:  # aborted meanwhile, or rows this stage has no use for
+            return
+        if isinstance(item, ThinkerToken):
+            speech.tokens.append(item.token_id)
+            text = self.tokenizer.decode(speech.tokens, skip_special_tokens=True)
+            if not text.endswith("\ufffd"):  # a character still split across tokens waits for the rest
+                speech.clauses.extend(speech.cutter.feed(text[len(speech.text) :]))
+                speech.text = text
+        elif isinstance(item, ThinkerDone):
+            speech.clauses.extend(speech.cutter.flush())
+            speech.text_done = True
+
+    def release(self, request_id: str) -> None:
+        self.speeches.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return any(s.clauses or s.text_done for s in self.speeches.values())
+
+    def num_waiting(self) -> int:
+        return sum(1 for s in self.speeches.values() if not s.samples)
+
+    def num_running(self) -> int:
+        return len(self.speeches)
+
+    def step(self) -> list[str]:
+        now = time.perf_counter()
+        for speech in [s for s in self.speeches.values() if s.text_done and not s.clauses]:
+            self._finish(speech)  # its last clause is out (or it said nothing speakable)
+        ready = [s for s in self.speeches.values() if s.clauses]
+        if not ready:
+            self.last_batch = []
+            return []
+        speech = min(ready, key=lambda s: (s.samples > 0, s.buffered_s(now)))
+        self.last_batch, self.last_phase = [speech.request_id], "decode"
+        audio = self.voice.synthesize(speech.clauses.popleft(), seed=speech.seed + speech.spoken)
+        speech.spoken += 1
+        last = speech.text_done and not speech.clauses
+        if audio.size:
+            if not speech.samples:
+                speech.first_audio_at = time.perf_counter()
+            self.report(AudioChunk(speech.request_id, audio, speech.samples, is_last=last))
+            speech.samples += audio.size
+            speech.ended = last
+        if last:
+            self._finish(speech)
+        return self.last_batch
+
+    def _finish(self, speech: Speech) -> None:
+        self.speeches.pop(speech.request_id, None)
+        if not speech.ended:  # its last clause had nothing speakable, or it said nothing at all
+            self.report(AudioChunk(speech.request_id, np.zeros(0, np.float32), speech.samples, is_last=True))
+        self.report(AudioFinished(speech.request_id, codec_frames=0))
