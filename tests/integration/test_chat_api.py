@@ -63,6 +63,13 @@ def test_text_only(client: openai.OpenAI, server: Server) -> None:
     )
 
 
+def test_openai_voice_names_speak_in_chat_too(client: openai.OpenAI) -> None:
+    """A client written for OpenAI's chat audio asks for `alloy`: it is mapped as realtime maps it."""
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, modalities=["text", "audio"],
+                                           audio={"voice": "alloy", "format": "wav"}, max_tokens=2)
+    assert reply.choices[0].message.audio is not None and reply.choices[0].message.audio.data
+
+
 def test_audio_wav_matches_the_codec_frames(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
         model="tiny", messages=MESSAGES, modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"}, seed=3
@@ -190,7 +197,7 @@ def test_audio_input_goes_through_the_audio_encoder(client: openai.OpenAI) -> No
         ({"modalities": ["audio"]}, 400, "modalities"),
         ({"max_tokens": 0}, 400, "max_tokens"),
         ({"max_tokens": -3}, 400, "max_tokens"),
-        ({"audio": {"voice": "nobody", "format": "wav"}, "modalities": ["text", "audio"]}, 400, None),
+        ({"audio": {"voice": "nobody", "format": "wav"}, "modalities": ["text", "audio"]}, 400, "audio.voice"),
         ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "@@not base64@@", "format": "wav"}}]}]}, 400, None),
         ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF garbage that is no wav").decode(), "format": "wav"}}]}]}, 400, None),
         ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, None),

@@ -85,7 +85,7 @@ from voice_gateway.realtime.events import (
     serialize,
     session_payload,
 )
-from voice_gateway.realtime.voices import OPENAI_VOICES, UnknownVoice, resolve_voice
+from voice_gateway.voices import OPENAI_VOICES, UnknownVoice, resolve_voice
 
 PCM = bytes(range(256)) * 4
 PCM_B64 = base64.b64encode(PCM).decode()
@@ -729,3 +729,9 @@ async def test_official_clients_talk_to_it(dialect: Dialect) -> None:
             await connection.send(cast(Any, {**TRUNCATE, "audio_end_ms": -1}))
             error: Any = await asyncio.wait_for(connection.recv(), 5)
             assert error.type == "error" and error.error.param == "audio_end_ms"
+
+
+def test_on_a_model_of_one_voice_every_openai_name_is_that_voice() -> None:
+    assert {resolve_voice(name, ("joe",)) for name in OPENAI_VOICES} == {"joe"}
+    with pytest.raises(UnknownVoice, match="joe.*alloy"):
+        resolve_voice("nova", ("joe",))

@@ -41,6 +41,7 @@ from voice_gateway.openai.tool_parser import Content, ToolCallParser
 from voice_gateway.openai.tools import max_calls, output_constraint, tools_of
 from voice_gateway.openai.usage import chat_usage
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
+from voice_gateway.voices import UnknownVoice, resolve_voice
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -69,7 +70,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         request_id=request_id,
         messages=tuple([await _message(m, i, max_audio_s) for i, m in enumerate(body.messages)]),
         want_audio=want_audio,
-        speaker=body.audio.voice if body.audio else None,
+        speaker=_speaker(body, engine.info.speakers) if want_audio else None,
         sampling=SamplingParams(
             max_tokens=body.max_completion_tokens or body.max_tokens,
             temperature=body.temperature,
@@ -121,6 +122,16 @@ async def _abort_on_disconnect(request: Request, stream: RequestStream) -> None:
         await asyncio.sleep(0.1)
     log.info("client of %s went away", stream.request_id)
     await stream.aclose()
+
+
+def _speaker(body: ChatCompletionRequest, speakers: tuple[str, ...]) -> str | None:
+    """The speaker `audio.voice` names (a model's own, or OpenAI's mapped onto them); None: the model's default."""
+    if body.audio is None or body.audio.voice is None:
+        return None
+    try:
+        return resolve_voice(body.audio.voice, speakers)
+    except UnknownVoice as e:
+        raise APIError(400, str(e), param="audio.voice") from None
 
 
 def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from engine import Engine
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.reporter import ErrorReporter
-from voice_gateway.realtime.voices import UnknownVoice, resolve_voice
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
+from voice_gateway.voices import UnknownVoice, resolve_voice
 
 
 class RequestChecks:

@@ -25,7 +25,7 @@ from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.reporter import ErrorReporter
 from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner
 from voice_gateway.realtime.sender import EventSender
-from voice_gateway.realtime.voices import UnknownVoice, resolve_voice
+from voice_gateway.voices import UnknownVoice, resolve_voice
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,10 @@
-"""Voice names a realtime client may ask for: the model's own speakers, and OpenAI's names mapped onto them.
+"""Voice names a client may ask for, in chat completions and realtime alike: the model's own speakers, and
+OpenAI's names mapped onto them.
 
-Clients written for OpenAI send its voice names (LiveKit's default is `marin`), so each is mapped to the
-nearest of Qwen3-Omni's three speakers by register; docs/realtime.md's voices table shows it. A name
-that is neither is refused with the names that exist.
+Clients written for OpenAI send its voice names (LiveKit's default is `marin`, the SDKs' examples `alloy`), so
+each is mapped to the nearest of Qwen3-Omni's three speakers by register (docs/realtime.md's voices table), and
+on a model of one voice (the assistant's) every one of them is that voice. A name that is neither is refused
+with the names that exist.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ def resolve_voice(name: str, speakers: tuple[str, ...]) -> str:
     mapped = OPENAI_VOICES.get(wanted)
     if mapped is not None and mapped in speakers:
         return mapped
+    if mapped is not None and len(speakers) == 1:
+        return speakers[0]
     if not speakers:
         raise UnknownVoice(f"voice {name!r}: this model has no talker, so it speaks no voice at all")
-    aliases = sorted(alias for alias, speaker in OPENAI_VOICES.items() if speaker in speakers)
+    aliases = sorted(alias for alias, speaker in OPENAI_VOICES.items() if speaker in speakers or len(speakers) == 1)
     raise UnknownVoice(f"unknown voice {name!r}; this model's speakers: {', '.join(speakers)}; "
                        f"OpenAI names mapped onto them: {', '.join(aliases)}")
