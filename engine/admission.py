@@ -10,6 +10,7 @@ response starts without a round trip.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from engine.api import AudioPart, EngineError, EngineRequest, ModelInfo
 from engine.constraints import grammar_for
@@ -74,8 +75,10 @@ class Admission:
     back every response (docs/performance.md). Audio features always go to a thread.
     """
 
-    def __init__(self, info: ModelInfo, profile: DeployProfile, prompts: Prompts, *, text_on_loop: bool) -> None:
+    def __init__(self, info: ModelInfo, profile: DeployProfile, prompts: Prompts, *, text_on_loop: bool,
+                 hear: Callable[[AudioPart], str] | None = None) -> None:
         self.info = info
+        self.hear = hear  # speech -> its words, where the engine hears before it thinks: `transcribe` requests
         self.thinker = profile.stages.thinker
         self.default_speaker = profile.stages.talker.default_speaker
         self.prompts = prompts

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from engine.admission import Admission
-from engine.api import EngineError, EngineHealth, EngineRequest, Failed, Finished, ModelInfo, OutputEvent
+from engine.api import (
+    AudioPart,
+    EngineError,
+    EngineHealth,
+    EngineRequest,
+    Failed,
+    Finished,
+    ModelInfo,
+    OutputEvent,
+    TextDelta,
+    Timings,
+)
 from engine.core import EngineCore
 
 
@@ -85,6 +97,8 @@ class Frontend:
         rid = request.request_id
         if rid in self._streams:
             raise EngineError(f"request id {rid} is already in use")
+        if request.task == "transcribe" and self.admission.hear is not None:
+            return await self._heard(request, self.admission.hear)
         admitted = await self.admission.admit(request)
         if rid in self._streams:  # checked again: admission may have awaited
             raise EngineError(f"request id {rid} is already in use")
@@ -95,6 +109,28 @@ class Frontend:
         except BaseException:
             self._streams.pop(rid, None)
             raise
+        return RequestStream(rid, events, self.abort)
+
+    async def _heard(self, request: EngineRequest, hear: Callable[[AudioPart], str]) -> RequestStream:
+        """A transcription the ears give: the last message's clips, heard in a thread; no core runs."""
+        rid, started = request.request_id, time.perf_counter()
+        clips = [p for p in request.messages[-1].content if isinstance(p, AudioPart)] if request.messages else []
+        if not clips:
+            raise EngineError("a transcription needs audio in its last message")
+        events: asyncio.Queue[OutputEvent] = asyncio.Queue()
+        self._streams[rid] = events
+        try:
+            text = " ".join(filter(None, [await asyncio.to_thread(hear, clip) for clip in clips]))
+        except BaseException:
+            self._streams.pop(rid, None)
+            raise
+        took = time.perf_counter() - started
+        words = len(self.admission.prompts.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+        if text:
+            self._deliver(rid, TextDelta(rid, text, ()))
+        self._deliver(rid, Finished(rid, "stop", Timings(ttft_s=took, ttfp_s=None, total_s=took, prompt_tokens=0,
+                                                         prompt_audio_tokens=0, completion_tokens=words,
+                                                         codec_frames=0, audio_samples=0)))
         return RequestStream(rid, events, self.abort)
 
     def abort(self, request_id: str) -> None:

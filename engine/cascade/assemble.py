@@ -77,6 +77,6 @@ def assistant_engine(profile: DeployProfile, cache_dir: Path | None = None) -> E
     core = Orchestrator(thinker_inbox=thinker_inbox, stages={"thinker": thinker, "speak": speak}, reports=reports,
                         metrics=metrics, has_talker=True)
     prompts = ListeningPrompts(PromptBuilder(tokenizer, None, n_window=0), ears)
-    admission = Admission(model_info(profile), profile, prompts, text_on_loop=False)
+    admission = Admission(model_info(profile), profile, prompts, text_on_loop=False, hear=prompts.transcript)
     log.info("assistant cascade loaded in %.1f s", time.perf_counter() - started)
     return Frontend(Gate.for_profile(core, profile), admission)

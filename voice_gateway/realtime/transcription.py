@@ -95,6 +95,7 @@ class Transcriber:
             messages=(Message("system", (TextPart(instruction(settings)),)), Message("user", (AudioPart(samples),))),
             want_audio=False,
             sampling=SamplingParams(max_tokens=max_tokens(samples.size), temperature=0.0),
+            task="transcribe",
         )
         try:
             stream = await self.engine.submit(request)

@@ -1,0 +1,84 @@
+"""`voice-gateway serve assistant` on loopback, driven by the official openai SDK: a spoken question over chat
+completions and over a realtime session is heard (the session's input transcription is the ears' words) and
+answered, in the voice an OpenAI name asks for."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+
+from tests.conftest import Server, start_server, stop_server
+from tests.integration.test_realtime import append_audio, client_for, events_until, silence
+from voice_gateway.audio.resample import resample
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def assistant_server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    proc, server = start_server(cache_dir, tmp_path_factory.mktemp("assistant") / "server.log", "assistant")
+    yield server
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def question_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("question") / "question.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), QUESTION], check=True)
+    return path
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def test_models_name_the_cascade(assistant_server: Server) -> None:
+    model = assistant_server.get("/v1/models").json()["data"][0]
+    assert model["id"] == "assistant" and model["random_weights"] is False and model["voices"] == ["joe"]
+    assert "Whisper" in model["description"] and "SmolLM2" in model["description"]
+
+
+def test_a_spoken_question_over_chat_is_answered(assistant_server: Server, question_wav: Path) -> None:
+    client = openai.OpenAI(base_url=assistant_server.base_url + "/v1", api_key="unused", max_retries=0)
+    data = base64.b64encode(question_wav.read_bytes()).decode()
+    reply = client.chat.completions.create(
+        model="assistant", modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}, seed=1,
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}])
+    audio = reply.choices[0].message.audio
+    assert audio is not None and "paris" in words(audio.transcript), audio.transcript
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)))
+    assert rate == 24_000 and len(samples) / rate > 0.5
+
+
+async def test_a_spoken_turn_over_realtime_is_heard_and_answered(assistant_server: Server, question_wav: Path) -> None:
+    samples, rate = sf.read(question_wav, dtype="float32")
+    speech = resample(samples, rate, 24_000)
+    async with client_for(assistant_server) as client:
+        async with client.realtime.connect(model="assistant") as conn:
+            assert (await conn.recv()).type == "session.created"
+            await conn.session.update(session={
+                "type": "realtime", "audio": {"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}},
+                                              "output": {"voice": "marin"}}})
+            await append_audio(conn, np.concatenate([speech, silence(0.3)]))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            events = await events_until(conn, "response.done", timeout_s=120)
+            heard = [e for e in events if e.type == "conversation.item.input_audio_transcription.completed"]
+            if not heard:  # the transcription may finish after the reply
+                heard = [e for e in await events_until(conn, "conversation.item.input_audio_transcription.completed")
+                         if e.type == "conversation.item.input_audio_transcription.completed"]
+    assert {"capital", "france"} <= set(words(heard[0].transcript)), heard[0].transcript
+    done = events[-1].response
+    assert done.status == "completed", done
+    said = done.output[0].content[0].transcript  # sampled at the session's temperature: English, not always right
+    assert len([w for w in words(said) if w.isalpha()]) >= 3, said
+    assert any(e.type == "response.output_audio.delta" for e in events)
