@@ -85,8 +85,9 @@ class Admission:
         self.text_on_loop = text_on_loop
         self.constrains = profile.backend != "transformers_generate"  # generate() takes no grammar
         tokenizer = prompts.tokenizer
-        self.tool_call_ids = (tokenizer.convert_tokens_to_ids(TOOL_CALL_START),
-                              tokenizer.convert_tokens_to_ids(TOOL_CALL_END))
+        tags = (tokenizer.convert_tokens_to_ids(TOOL_CALL_START), tokenizer.convert_tokens_to_ids(TOOL_CALL_END))
+        # a vocabulary without them as tokens (the assistant's) writes the tags as text: its voice drops the calls
+        self.tool_call_ids = None if getattr(tokenizer, "unk_token_id", None) in tags or None in tags else tags
 
     @classmethod
     def open(cls, source: ModelSource, profile: DeployProfile, *, text_on_loop: bool) -> Admission:
@@ -101,7 +102,7 @@ class Admission:
         if not self.constrains:
             raise EngineError("this engine's transformers generate() baseline cannot constrain a reply")
         try:
-            return grammar_for(request.output, request.tools)
+            return grammar_for(request.output, request.tools, tags_are_tokens=self.tool_call_ids is not None)
         except ValueError as e:
             raise EngineError(f"cannot constrain the reply: {e}", code="invalid_schema") from e
 

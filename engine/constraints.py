@@ -45,15 +45,16 @@ def schema_error(schema: dict[str, Any]) -> str | None:
     return llguidance.LLMatcher.validate_grammar(grammar) or None
 
 
-def grammar_for(constraint: OutputConstraint, tools: tuple[Tool, ...]) -> str:
-    """The grammar of a reply under `constraint`; `tools`: the request's, for a tool-call constraint.
+def grammar_for(constraint: OutputConstraint, tools: tuple[Tool, ...], *, tags_are_tokens: bool = True) -> str:
+    """The grammar of a reply under `constraint`; `tools`: the request's, for a tool-call constraint;
+    `tags_are_tokens`: the vocabulary has `<tool_call>` and `</tool_call>` as tokens (Qwen's), else they are text.
     Raises ValueError when it cannot be decoded (a schema the engine does not support, an unknown tool)."""
     if isinstance(constraint, JsonOutput):
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             constraint.schema if constraint.schema is not None else ANY_OBJECT, overrides=_JSON_STYLE  # type: ignore[arg-type]
         )
     else:
-        grammar = llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(constraint, tools))
+        grammar = llguidance.LLMatcher.grammar_from_lark(_tool_calls_lark(constraint, tools, tags_are_tokens))
     if error := llguidance.LLMatcher.validate_grammar(grammar):
         raise ValueError(error)
     return grammar
@@ -86,17 +87,18 @@ def closed(schema: Any) -> Any:
     return out
 
 
-def _tool_calls_lark(constraint: ToolCallOutput, tools: tuple[Tool, ...]) -> str:
+def _tool_calls_lark(constraint: ToolCallOutput, tools: tuple[Tool, ...], tags_are_tokens: bool) -> str:
     chosen = [t for t in tools if constraint.name is None or t.name == constraint.name]
     if not chosen:
         raise ValueError(f"no tool named {constraint.name!r}" if constraint.name else "no tools to call")
     # each tool's arguments are a grammar of their own: its schema stays a root, so its `$ref`s resolve
     more = ' ("\\n" call)*' if constraint.parallel else ""
+    start, end = ("<tool_call>", "</tool_call>") if tags_are_tokens else ('"<tool_call>"', '"</tool_call>"')
     rules = [f"start: call{more}",
              "call: " + " | ".join(f"call_{i}" for i in range(len(chosen)))]
     for i, tool in enumerate(chosen):
         head = json.dumps('\n{"name": ' + json.dumps(tool.name) + ', "arguments": ')
         schema = {**closed(tool.parameters if tool.parameters is not None else ANY_OBJECT), "x-guidance": _JSON_STYLE}
-        rules.append(f'call_{i}: <tool_call> {head} args_{i} "}}\\n" </tool_call>')
+        rules.append(f'call_{i}: {start} {head} args_{i} "}}\\n" {end}')
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
     return "\n".join(rules) + "\n"

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
-from engine.api import AudioPart, EngineError, Message, TextPart, Tool
+from engine.api import AudioPart, Message, TextPart, Tool
 from engine.cascade.ears import WhisperEars
 from engine.prompt import Prompt, PromptBuilder
 
@@ -40,12 +40,12 @@ class ListeningPrompts:
         return self.builder.tokenizer
 
     def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt:
-        if tools:
-            raise EngineError("this model takes no tools yet", code="unsupported_tools")
+        """Tools are described as Qwen describes them (engine/prompt.py); a 135M model rarely calls one unasked,
+        and a `tool_choice` that requires a call is kept to by its grammar."""
         heard = tuple(self._heard(m) for m in messages)
         if not heard or heard[0].role != "system":
             heard = (Message("system", (TextPart(self.system),)), *heard)
-        return self.builder.build(heard)
+        return self.builder.build(heard, tools)
 
     def transcript(self, clip: AudioPart) -> str:
         key = hashlib.blake2b(clip.samples.tobytes(), digest_size=16).digest()

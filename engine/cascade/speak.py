@@ -3,13 +3,15 @@ the voice; owns each speaking reply's text so far, its clause cutter and how muc
 
 It takes the Thinker stage's payloads for a speaking reply as a Talker does (`ThinkerPrompt`, then `PromptRows`,
 which it ignores, a `ThinkerToken` per token, `ThinkerDone`) and reports `AudioChunk`s and `AudioFinished` to the
-orchestrator as Code2Wav does: a clause's audio is one chunk. A step speaks one clause: of a reply that has no audio
+orchestrator as Code2Wav does: a clause's audio is one chunk. A tool call the model writes (`<tool_call>...</tool_call>`,
+as text: its vocabulary has no such tokens) is for the client, never spoken. A step speaks one clause: of a reply that has no audio
 yet if there is one (its first clause is short, engine/cascade/clauses.py), else of the reply whose listener holds
 the least audio.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,8 +24,20 @@ from engine.cascade.clauses import ClauseCutter
 from engine.cascade.voice import PiperVoice
 from engine.handoff import AudioFinished, Inbox, Report, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
+from engine.prompt import TOOL_CALL_END, TOOL_CALL_START
 from engine.runners.sampler import new_seed
 from engine.stages.base import Stage
+
+_CALL = re.compile(re.escape(TOOL_CALL_START) + r".*?(?:" + re.escape(TOOL_CALL_END) + r"\s*|\Z)", re.S)
+
+
+def speakable(text: str) -> str:
+    """A reply's text so far without its tool calls, and without what may yet open one (a trailing `<tool_c`)."""
+    text = _CALL.sub("", text)
+    for cut in range(min(len(TOOL_CALL_START) - 1, len(text)), 0, -1):
+        if TOOL_CALL_START.startswith(text[-cut:]):
+            return text[:-cut]
+    return text
 
 
 @dataclass(slots=True)
@@ -68,8 +82,9 @@ class SpeakStage(Stage):
             speech.tokens.append(item.token_id)
             text = self.tokenizer.decode(speech.tokens, skip_special_tokens=True)
             if not text.endswith("\ufffd"):  # a character still split across tokens waits for the rest
-                speech.clauses.extend(speech.cutter.feed(text[len(speech.text) :]))
-                speech.text = text
+                said = speakable(text)
+                speech.clauses.extend(speech.cutter.feed(said[len(speech.text) :]))
+                speech.text = said
         elif isinstance(item, ThinkerDone):
             speech.clauses.extend(speech.cutter.flush())
             speech.text_done = True

@@ -25,7 +25,7 @@ QUESTION = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def assistant_server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc, server = start_server(cache_dir, tmp_path_factory.mktemp("assistant") / "server.log", "assistant")
+    proc, server = start_server(cache_dir, tmp_path_factory.mktemp("assistant") / "server.log", model="assistant")
     yield server
     stop_server(proc)
 
@@ -82,3 +82,21 @@ async def test_a_spoken_turn_over_realtime_is_heard_and_answered(assistant_serve
     said = done.output[0].content[0].transcript  # sampled at the session's temperature: English, not always right
     assert len([w for w in words(said) if w.isalpha()]) >= 3, said
     assert any(e.type == "response.output_audio.delta" for e in events)
+
+
+def test_a_required_tool_call_is_made_and_not_spoken(assistant_server: Server) -> None:
+    """Constrained decoding works on any model: asked for the lamp, the 135M model calls it with valid arguments,
+    and its voice says nothing of the call."""
+    client = openai.OpenAI(base_url=assistant_server.base_url + "/v1", api_key="unused", max_retries=0)
+    lamp = {"type": "function", "function": {"name": "set_lamp", "description": "Switch the lamp on or off.",
+                                             "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}},
+                                                            "required": ["on"]}}}
+    reply = client.chat.completions.create(
+        model="assistant", messages=[{"role": "user", "content": "Switch the lamp on, please."}], tools=[lamp],
+        tool_choice={"type": "function", "function": {"name": "set_lamp"}}, modalities=["text", "audio"],
+        audio={"voice": "joe", "format": "wav"})
+    message = reply.choices[0].message
+    assert message.tool_calls and message.tool_calls[0].function.name == "set_lamp", message
+    assert isinstance(__import__("json").loads(message.tool_calls[0].function.arguments)["on"], bool)
+    spoken = message.audio.transcript if message.audio else ""
+    assert "set_lamp" not in spoken and "tool_call" not in spoken, spoken
