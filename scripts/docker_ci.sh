@@ -55,10 +55,10 @@ if [ -z "$base_image" ]; then
   if ! $sudo "$docker" image inspect "$base_image" >/dev/null 2>&1 \
       && ! timeout 60 $sudo "$docker" pull -q "$base_image" >"$work/pull.log" 2>&1; then
     # no registry: bookworm's python3 is 3.11
-    base_image=voice-gateway-base:bookworm
+    base_image=voice-gateway-base:bookworm-espeak  # with the assistant voice's espeak-ng library
     if ! $sudo "$docker" image inspect "$base_image" >/dev/null 2>&1; then
       step "no image registry: making $base_image with mmdebstrap"
-      $sudo mmdebstrap --variant=apt --include=python3,python3-venv,python3-pip,ca-certificates \
+      $sudo mmdebstrap --variant=apt --include=python3,python3-venv,python3-pip,ca-certificates,libespeak-ng1 \
           bookworm - 2>"$work/mmdebstrap.log" | $sudo "$docker" import - "$base_image" >/dev/null \
         || fail "mmdebstrap | docker import failed (see $work/mmdebstrap.log)"
     fi

@@ -95,9 +95,10 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(cache_dir: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen, Server]:
+def start_server(cache_dir: Path, log_path: Path, *extra: str, model: str = "tiny") -> tuple[subprocess.Popen, Server]:
     port = free_port()
-    cmd = [sys.executable, "-m", "voice_gateway.cli", "serve", "--port", str(port), "--cache-dir", str(cache_dir), *extra]
+    cmd = [sys.executable, "-m", "voice_gateway.cli", "serve", model, "--port", str(port), "--cache-dir", str(cache_dir),
+           *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)

@@ -21,9 +21,10 @@ log = logging.getLogger("voice_gateway")
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", nargs="?", default="tiny",
-        help="'tiny' (built-in random weights, the default), a local checkpoint directory, "
-        "or a Hugging Face id already in the local cache (nothing is downloaded)",
+        "model", nargs="?", default="assistant",
+        help="'assistant' (the default: small real models on the CPU that hear, answer and speak; "
+        "docs/deployment.md), 'tiny' (Qwen3-Omni's architecture with random weights, for tests), a local "
+        "Qwen3-Omni checkpoint directory, or a Hugging Face id already in the local cache (nothing is downloaded)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -40,9 +40,9 @@ KEY_STORAGE = "voice-gateway.api-key"  # web/page-options.js
 STATS_JS = "() => JSON.parse(JSON.stringify({state: voiceDemo.state, stats: voiceDemo.stats, replies: voiceDemo.replies()}))"
 
 
-def start_web_server(cache_dir: Path, log_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_web_server(cache_dir: Path, log_path: Path, *extra: str, model: str) -> tuple[subprocess.Popen, str]:
     # ICE candidates on loopback: aioice skips it unless told
-    proc, server = start_server(cache_dir, log_path, "--webrtc-host-address", "127.0.0.1", *extra)
+    proc, server = start_server(cache_dir, log_path, "--webrtc-host-address", "127.0.0.1", *extra, model=model)
     return proc, server.base_url
 
 
@@ -93,6 +93,7 @@ def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad
     result["console"] = console = []
     page = open_page(browser, url, transport, console, options, watch)
     result["random_notice_visible"] = page.is_visible("#random-notice")
+    result["model_pill"] = page.inner_text("#model")
     page.evaluate("(m) => voiceDemo.setMode(m)", mode)
     result["connect_error"] = connect(page, transport)
     return page
@@ -291,6 +292,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="the JSON result (default: OUT_DIR/result.json)")
     parser.add_argument("--cache-dir", type=Path, help="the tiny checkpoint's cache dir (to start a server)")
     parser.add_argument("--url", help="drive this running server instead of starting one")
+    parser.add_argument("--model", default="tiny", help="the model the started server serves")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out or args.out_dir / "result.json"
@@ -303,7 +305,7 @@ def main() -> int:
             url = args.url
         else:
             proc, url = start_web_server(args.cache_dir, args.out_dir / "server.log",
-                                         *SERVER_ARGS.get(args.scenario, ()))
+                                         *SERVER_ARGS.get(args.scenario, ()), model=args.model)
         result["url"] = url
         fn, transport = SCENARIOS[args.scenario]
         with sync_playwright() as p:

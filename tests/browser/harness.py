@@ -67,10 +67,11 @@ def write_fake_mic(path: Path, lead_s: float, tail_s: float) -> Path:
 
 
 
-def run_driver(scenario: str, wav: Path, cache_dir: Path, out_dir: Path) -> dict:
+def run_driver(scenario: str, wav: Path, cache_dir: Path, out_dir: Path, model: str = "tiny") -> dict:
     """Run one driver scenario in a fresh network namespace; its result, or a test failure that says why."""
     cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, str(DRIVER),
-           "--scenario", scenario, "--wav", str(wav), "--cache-dir", str(cache_dir), "--out-dir", str(out_dir)]
+           "--scenario", scenario, "--wav", str(wav), "--cache-dir", str(cache_dir), "--out-dir", str(out_dir),
+           "--model", model]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
     result_path = out_dir / "result.json"

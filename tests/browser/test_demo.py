@@ -49,6 +49,20 @@ def test_a_turn_over_websocket_opus(tiny_checkpoint: Path, cache_dir: Path, fake
     assert (tmp_path / "ws-opus-turn.png").stat().st_size > 0
 
 
+def test_the_assistant_answers_a_spoken_turn_in_words(cache_dir: Path, fake_mic_wav: Path, tmp_path: Path) -> None:
+    """The default model in the page: it names the assistant, shows no random-weights notice, and its reply to
+    the microphone's question is English text, spoken."""
+    result = run_driver("ws-opus-turn", fake_mic_wav, cache_dir, tmp_path, model="assistant")
+    why = explain(result, tmp_path)
+    assert result["connect_error"] is None and "wait_error" not in result, why
+    assert result["model_pill"] == "assistant" and not result["random_notice_visible"], why
+    stats = result["page"]["stats"]
+    assert stats["errors"] == [] and stats["lastResponseStatus"] == "completed", why
+    assert stats["audioSamplesPlayed"] > 0, why
+    reply = result["page"]["replies"][0]["text"]
+    assert len([w for w in reply.split() if w.strip(".,!?'\"").isalpha()]) >= 3, why
+
+
 def test_a_turn_over_webrtc(tiny_checkpoint: Path, cache_dir: Path, fake_mic_wav: Path, tmp_path: Path) -> None:
     result = run_driver("webrtc-turn", fake_mic_wav, cache_dir, tmp_path)
     stats = _assert_turn(result, tmp_path, "webrtc")

@@ -1,7 +1,8 @@
-"""The CPU image (docker/Dockerfile.cpu), as scripts/docker_ci.sh built it: started as a container, driven
-over /health, a chat request with audio, a realtime turn over WebSocket and a spoken turn that `semantic_vad`
-ends on the Smart Turn model the image installs (its log names the model file and its first decision), then
-stopped and removed. Skips, with the script's reason, where docker cannot run; fails where it runs and the
+"""The CPU image (docker/Dockerfile.cpu), as scripts/docker_ci.sh built it: started as a container serving the
+tiny model, driven over /health, a chat request with audio, a realtime turn over WebSocket and a spoken turn that
+`semantic_vad` ends on the Smart Turn model the image installs (its log names the model file and its first
+decision); and started on its default, the assistant, which answers a spoken question. Each is then stopped and
+removed. Skips, with the script's reason, where docker cannot run; fails where it runs and the
 image does not build."""
 
 from __future__ import annotations
@@ -59,8 +60,17 @@ class Container:
 
 @pytest.fixture(scope="module")
 def container() -> Iterator[Container]:
+    yield from _serving("tiny")
+
+
+@pytest.fixture(scope="module")
+def assistant_container() -> Iterator[Container]:
+    yield from _serving()  # the image's default
+
+
+def _serving(*model: str) -> Iterator[Container]:
     image = _built_image()
-    container = _docker("run", "--detach", "--publish", "127.0.0.1::8000", image)
+    container = _docker("run", "--detach", "--publish", "127.0.0.1::8000", image, *model)
     try:
         port = _docker("port", container, "8000/tcp").splitlines()[0].rsplit(":", 1)[1]
         url = f"http://127.0.0.1:{port}"
@@ -169,3 +179,17 @@ async def _read_to_response_done(ws: websockets.ClientConnection, events: list[d
             message = await ws.recv()
             if isinstance(message, str):
                 events.append(json.loads(message))
+
+
+def test_the_image_serves_the_assistant_by_default(assistant_container: Container) -> None:
+    model = httpx.get(assistant_container.url + "/v1/models", timeout=10).json()["data"][0]
+    assert model["id"] == "assistant" and model["random_weights"] is False, model
+    with tempfile.TemporaryDirectory() as folder:
+        wav = Path(folder) / "question.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(wav), "What is the capital of France?"], check=True)
+        data = base64.b64encode(wav.read_bytes()).decode()
+    client = openai.OpenAI(base_url=assistant_container.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(
+        model="assistant", modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"}, seed=1,
+        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}])
+    assert "paris" in reply.choices[0].message.audio.transcript.lower(), reply.choices[0].message.audio.transcript
