@@ -96,7 +96,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     opt("--warmup", type=_at_least(0), help=f"unrecorded warm-up requests per level (default {_DEFAULTS.warmup})")
     opt("--max-tokens", type=_at_least(1), help=f"text tokens per reply, sent as max_tokens (default {_DEFAULTS.max_tokens})")
     opt("--modalities", type=_csv(str, {"text", "audio"}), help="text,audio (default) or text")
-    opt("--voice", help=f"default {_DEFAULTS.voice}")
+    opt("--voice", help="the voice replies speak in (default: the server's default voice)")
     opt("--seed", type=_at_least(0), help=f"default {_DEFAULTS.seed}")
     opt("--timeout", type=float, help=f"per-request timeout in seconds (default {_DEFAULTS.timeout:.0f})")
     opt("--client-processes", type=_at_least(1),

@@ -24,7 +24,7 @@ class BenchConfig:
     warmup: int = 1  # unrecorded requests before each level
     max_tokens: int = 40
     modalities: list[str] = field(default_factory=lambda: ["text", "audio"])
-    voice: str = "ethan"
+    voice: str | None = None  # None: the server's default voice
     seed: int | None = 0  # fixed seed keeps outputs identical across runs being compared
     label: str = "bench"
     out_dir: Path = Path("benchmarks/local")
@@ -67,7 +67,7 @@ class VoiceConfig:
     num_sessions: int | None = None  # None: C per level, one conversation per worker
     warmup: int = 1  # unrecorded one-turn sessions before each level
     max_tokens: int = 40  # the session's max_output_tokens: text tokens per reply
-    voice: str = "ethan"
+    voice: str | None = None  # None: the server's default voice
     questions: Path = DEFAULT_QUESTIONS  # 16-bit PCM WAVs; turn t of session s asks question (s + t) % count
     chunk_ms: int = 40  # audio per input_audio_buffer.append, as the browser demo sends
     input_speed: float = 1.0  # 1: a user speaks and listens in real time; 4: four times faster, both

@@ -30,7 +30,11 @@ def session_update(config: VoiceConfig, mode: str, output_format: str) -> dict[s
     return {"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["audio"], "max_output_tokens": config.max_tokens,
         "audio": {"input": {"format": _GA_FORMATS["pcm16"], "turn_detection": turn_detection},
-                  "output": {"format": _GA_FORMATS[output_format], "voice": config.voice}}}}
+                  "output": {"format": _GA_FORMATS[output_format]} | _voice(config)}}}
+
+
+def _voice(config: VoiceConfig) -> dict[str, str]:
+    return {"voice": config.voice} if config.voice else {}  # none named: the server's default
 
 
 def realtime_url(base_url: str, model: str) -> str:

@@ -70,7 +70,7 @@ def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int
         "stream_options": {"include_usage": True},
     }
     if "audio" in config.modalities:
-        body["audio"] = {"voice": config.voice, "format": "pcm16"}
+        body["audio"] = {"format": "pcm16"} | ({"voice": config.voice} if config.voice else {})
     if config.seed is not None:
         body["seed"] = config.seed
     return body

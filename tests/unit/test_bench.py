@@ -176,7 +176,8 @@ def test_build_payload_shapes() -> None:
     body = bench.build_payload(cfg, "m", 3, prompt_words=5)
     assert body["model"] == "m" and body["stream"] is True and body["max_tokens"] == 33
     assert body["modalities"] == ["text", "audio"] and body["seed"] == 7
-    assert body["audio"] == {"voice": "ethan", "format": "pcm16"}
+    assert body["audio"] == {"format": "pcm16"}  # the server's default voice
+    assert bench.build_payload(BenchConfig(voice="alloy"), "m", 0, prompt_words=1)["audio"]["voice"] == "alloy"
     assert body["stream_options"] == {"include_usage": True}
     assert len(body["messages"][0]["content"].split()) == 5
     assert body["messages"][0]["content"].startswith("#3 ")
