@@ -9,6 +9,7 @@ VAD cuts them, so Whisper's own VAD filter is not used.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 from collections.abc import Sequence
@@ -67,6 +68,9 @@ class WhisperEars:
             raise ValueError(f"cpu_threads ({cpu_threads}) and workers ({workers}) must be >= 1")
         self._model = WhisperModel(str(model_dir), device="cpu", compute_type=_COMPUTE_TYPE,
                                    cpu_threads=cpu_threads, num_workers=workers)
+        # CTranslate2's workers end before the interpreter tears its modules down, not during it: a model freed
+        # in that teardown, beside other native runtimes (torch's, Ray's), is a crash on the way out
+        atexit.register(self._model.model.unload_model)
         self._vocab = self._model.hf_tokenizer
         # tiny.en: no language or task token
         self._prompt = [self._token("<|startoftranscript|>"), self._token("<|notimestamps|>")]
