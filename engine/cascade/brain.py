@@ -77,18 +77,10 @@ class BrainRunner:
         self.text_model = model.model
         use_packed_attention(self.text_model)
         self.attention = attention or ReferenceAttention()
-        config = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kv = SlotKVCache(
-            num_layers=config.num_hidden_layers,
-            num_slots=max_batch,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
-            max_len=max_len,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        self.kv = SlotKVCache.for_decoder(model.config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
+                                          device=self.device)
         self._cache_kw = cache_kwarg(self.text_model)
 
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:

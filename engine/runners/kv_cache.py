@@ -8,6 +8,7 @@ finish. A forward over any set of slots, each at its own position, goes through 
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -39,6 +40,14 @@ class SlotKVCache:
         self.num_slots = num_slots
         self.scratch_slot = num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))
+
+    @classmethod
+    def for_decoder(cls, config: Any, *, num_slots: int, max_len: int, dtype: torch.dtype,
+                    device: torch.device | str) -> SlotKVCache:
+        """The cache of a transformers decoder with `config` (its layers, KV heads and head size)."""
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(num_layers=config.num_hidden_layers, num_slots=num_slots, num_kv_heads=config.num_key_value_heads,
+                   head_dim=head_dim, max_len=max_len, dtype=dtype, device=device)
 
     @property
     def num_free(self) -> int:

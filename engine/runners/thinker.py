@@ -80,15 +80,8 @@ class ThinkerRunner:
         text_config = config.thinker_config.text_config
         param = next(thinker.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kv = SlotKVCache(
-            num_layers=text_config.num_hidden_layers,
-            num_slots=max_batch,
-            num_kv_heads=text_config.num_key_value_heads,
-            head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads,
-            max_len=max_len,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        self.kv = SlotKVCache.for_decoder(text_config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
+                                          device=self.device)
         self._cache_kw = cache_kwarg(self.text_model)
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
