@@ -198,6 +198,16 @@ class TopologyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CascadeConfig:
+    """Which model plays each role of the assistant cascade (engine/cascade/): the pinned registry packages'
+    (the defaults), or the fallbacks (pocketsphinx's own wheel, Debian's festival), which keep the profile
+    serving if a package disappears. The language model has no fallback."""
+
+    ears: Literal["whisper", "pocketsphinx"] = "whisper"
+    voice: Literal["piper", "festival"] = "piper"
+
+
+@dataclass(frozen=True, slots=True)
 class StagesConfig:
     thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
     talker: TalkerConfig = field(default_factory=TalkerConfig)
@@ -223,6 +233,7 @@ class DeployProfile:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     async_chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    cascade: CascadeConfig = field(default_factory=CascadeConfig)
 
     def __post_init__(self) -> None:
         devices = (self.stages.thinker.device, self.stages.talker.device, self.stages.code2wav.device)
@@ -230,6 +241,8 @@ class DeployProfile:
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
         if self.backend == "transformers_generate" and self.engine.where != "in_process":
             raise ProfileError(f"engine.where: the transformers_generate baseline runs in_process, got {self.engine.where}")
+        if self.backend != "cascade" and self.cascade != CascadeConfig():
+            raise ProfileError(f"cascade: only with backend: cascade, got backend: {self.backend}")
 
     @property
     def runs_in_process(self) -> bool:

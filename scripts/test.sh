@@ -29,9 +29,11 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 
 # espeak-ng speaks the test utterances; chromium runs the demo page (Playwright drives it,
-# its own browser download is never used).
+# its own browser download is never used); festival and its slt voice are the assistant's fallback voice.
 missing=()
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+command -v text2wave >/dev/null || missing+=(festival)
+[ -d /usr/share/festival/voices/us/cmu_us_slt_arctic_hts ] || missing+=(festvox-us-slt-hts)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""

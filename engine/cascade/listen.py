@@ -13,10 +13,11 @@ import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from engine.api import AudioPart, Message, TextPart, Tool
-from engine.cascade.ears import WhisperEars
 from engine.prompt import Prompt, PromptBuilder
 
 RECENT_CLIPS = 256
@@ -25,10 +26,18 @@ VOICE_SYSTEM_PROMPT = ("You are a helpful voice assistant. Answer in one or two 
                        "English, with no lists, markup or emoji.")
 
 
+class Ears(Protocol):
+    """What hears a clip: Whisper (engine/cascade/ears.py), or pocketsphinx (engine/cascade/sphinx.py)."""
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        """One utterance, float32 mono at 16 kHz -> its words, or "" for silence."""
+        ...
+
+
 class ListeningPrompts:
     """`builder`: the text prompt builder over the language model's tokenizer; `ears`: who transcribes."""
 
-    def __init__(self, builder: PromptBuilder, ears: WhisperEars, system: str = VOICE_SYSTEM_PROMPT) -> None:
+    def __init__(self, builder: PromptBuilder, ears: Ears, system: str = VOICE_SYSTEM_PROMPT) -> None:
         self.builder = builder
         self.ears = ears
         self.system = system

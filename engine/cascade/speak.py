@@ -15,13 +15,12 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from engine.api import SAMPLE_RATE_HZ, AudioChunk
 from engine.cascade.clauses import ClauseCutter
-from engine.cascade.voice import PiperVoice
 from engine.handoff import AudioFinished, Inbox, Report, ThinkerDone, ThinkerPrompt, ThinkerToken
 from engine.metrics import EngineMetrics
 from engine.prompt import TOOL_CALL_END, TOOL_CALL_START
@@ -38,6 +37,14 @@ def speakable(text: str) -> str:
         if TOOL_CALL_START.startswith(text[-cut:]):
             return text[:-cut]
     return text
+
+
+class Voice(Protocol):
+    """What speaks a clause: Piper's voice (engine/cascade/voice.py), or festival's (engine/cascade/festival.py)."""
+
+    def synthesize(self, text: str, seed: int = 0) -> np.ndarray:
+        """float32 mono samples at 24 kHz; empty when `text` has nothing speakable."""
+        ...
 
 
 @dataclass(slots=True)
@@ -64,7 +71,7 @@ class SpeakStage(Stage):
 
     kind = "speak"
 
-    def __init__(self, voice: PiperVoice, tokenizer: Any, inbox: Inbox, report: Report, metrics: EngineMetrics,
+    def __init__(self, voice: Voice, tokenizer: Any, inbox: Inbox, report: Report, metrics: EngineMetrics,
                  device: Any) -> None:
         super().__init__(inbox, report, metrics, device)
         self.voice = voice
