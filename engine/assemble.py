@@ -73,16 +73,30 @@ def _code2wav(model: Any, profile: DeployProfile) -> StreamingCode2Wav:
     if not cfg.device.startswith("cuda"):
         return StreamingCode2Wav(model, cfg.max_streams)
     batches = sorted({b for b in _CODE2WAV_BATCHES if b < cfg.max_batch} | {cfg.max_batch})
-    decoder = StreamingCode2Wav(model, cfg.max_streams, batch_buckets=tuple(batches), frame_buckets=chunks.sizes())
+    decoder = StreamingCode2Wav(model, cfg.max_streams, batch_buckets=tuple(batches), frame_buckets=chunks.sizes(),
+                                max_step_frames=cfg.max_step_frames)
     started = time.perf_counter()
     count = decoder.warm_up()
     log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)
     if profile.cuda_graphs:
+        # the graphs' pool cannot reuse blocks the warm-up left cached, and after the KV caches little is free
+        torch.cuda.empty_cache()
         try:
             log.info("code2wav: %d step shapes captured as CUDA graphs", decoder.capture_graphs())
         except Exception:
             log.exception("code2wav: CUDA graph capture failed; steps run eagerly")
     return decoder
+
+
+def _log_memory(what: str, device: str) -> None:
+    """What a part of the engine left allocated on its GPU: the memory plan in the log, one line a part."""
+    if not device.startswith("cuda"):
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    gib = 1 << 30
+    log.info("GPU memory after %s: %.1f GiB allocated, %.1f GiB reserved, %.1f of %.1f GiB free", what,
+             torch.cuda.memory_allocated(device) / gib, torch.cuda.memory_reserved(device) / gib, free / gib,
+             total / gib)
 
 
 def _code_predictor(talker: Any, compiled: bool) -> CodePredictor:
@@ -163,6 +177,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
             started = time.perf_counter()
             count = thinker_runner.audio.warm_up()
             log.info("thinker: audio tower warmed at %d chunk counts in %.1f s", count, time.perf_counter() - started)
+    _log_memory("the thinker (weights, KV, graphs)", tk.device)
     stages: list[Stage] = []
     to_talker = _route(talker_inboxes, lambda item: isinstance(item, ThinkerDone), routers) if has_talker else _no_talker
     if has_talker:
@@ -184,10 +199,12 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                     capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
                                       _name("talker", i, tl.replicas)))
+            _log_memory(f"{_name('talker', i, tl.replicas)} (weights, KV, graphs)", tl.device)
         # replicas share the stage's weights; each has its own state, graphs and thread
         for i, inbox in enumerate(code2wav_inboxes):
             stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, clock, inbox,
                                         reports.put, metrics, _name("code2wav", i, cw.replicas)))
+            _log_memory(_name("code2wav", i, cw.replicas), cw.device)
     tokenizer = source.tokenizer()
     eos_ids = {config.im_end_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")}
     thinker_stage = ThinkerStage(thinker_runner, tk, tokenizer, eos_ids, policy, thinker_inbox, to_talker, reports.put,

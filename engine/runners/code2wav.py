@@ -51,11 +51,12 @@ class StreamingCode2Wav:
 
     def __init__(
         self, code2wav: Any, num_slots: int, *, batch_buckets: tuple[int, ...] = (),
-        frame_buckets: tuple[int, ...] = (),
+        frame_buckets: tuple[int, ...] = (), max_step_frames: int | None = None,
     ) -> None:
         self.model = code2wav
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.frame_buckets = tuple(sorted(frame_buckets))
+        self.max_step_frames = max_step_frames  # rows x widest chunk a step of several rows holds at most
         cfg = code2wav.config
         param = next(code2wav.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -129,7 +130,7 @@ class StreamingCode2Wav:
         pool = None
         capture_stream = torch.cuda.Stream(self.device)
         quantizers = self.model.config.num_quantizers
-        for rows, frames in sorted(((b, f) for b in self.batch_buckets for f in self.frame_buckets), reverse=True):
+        for rows, frames in sorted(self.step_shapes(), reverse=True):
             slots, lengths, starts = (torch.full((rows,), value, dtype=torch.long, device=self.device)
                                       for value in (self.scratch_slot, frames, 0))
             static = StreamBatch(torch.zeros(rows, quantizers, frames, dtype=torch.long, device=self.device),
@@ -142,12 +143,15 @@ class StreamingCode2Wav:
     @torch.inference_mode()
     def warm_up(self) -> int:
         """Decode one step of every bucket shape (into the scratch slot); returns how many."""
-        shapes = [(b, f) for b in self.batch_buckets for f in self.frame_buckets]
+        shapes = self.step_shapes()
         for rows, frames in shapes:
             codes = torch.zeros(rows, self.model.config.num_quantizers, frames, dtype=torch.long)
             scratch = torch.full((rows,), self.scratch_slot)
             self._decode(StreamBatch(codes, scratch, torch.full((rows,), frames), torch.zeros(rows, dtype=torch.long)))
         return len(shapes)
+
+    def step_shapes(self) -> list[tuple[int, int]]:
+        return step_shapes(self.batch_buckets, self.frame_buckets, self.max_step_frames)
 
     def _pad(self, batch: StreamBatch, rows: int, frames: int) -> StreamBatch:
         n, quantizers, t = batch.codes.shape
@@ -256,6 +260,21 @@ class StreamingCode2Wav:
             hidden = residual + layer.self_attn_layer_scale(attn.o_proj(out.transpose(1, 2).flatten(2)))
             hidden = hidden + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
         return transformer.norm(hidden)
+
+
+def step_shapes(batch_buckets: tuple[int, ...], frame_buckets: tuple[int, ...],
+                max_step_frames: int | None) -> list[tuple[int, int]]:
+    """The padded (rows, frames) a step can take: a step of several rows holds at most `max_step_frames`
+    (rows x its widest chunk), so the widest buckets of many rows never occur and are neither warmed nor
+    captured (their graphs would hold the most memory of all)."""
+    shapes = []
+    for i, frames in enumerate(frame_buckets):
+        narrowest = frame_buckets[i - 1] + 1 if i else 1  # the least a chunk padded to `frames` holds
+        most = batch_buckets[-1] if batch_buckets else 1
+        if max_step_frames is not None:
+            most = min(most, max(1, max_step_frames // narrowest))
+        shapes += [(rows, frames) for rows in batch_buckets if rows <= _bucket(most, batch_buckets)]
+    return shapes
 
 
 def _bucket(size: int, buckets: tuple[int, ...]) -> int:

@@ -66,3 +66,27 @@ def test_a_step_holds_no_more_than_its_frames(decoder_model: object) -> None:
         tight, _ = stage_of(decoder_model, max_batch=8, max_step_frames=1)
         frames(tight, "alone", 4)
         assert tight.step() == ["alone"]  # a chunk wider than the cap still goes, alone
+
+
+def test_every_step_takes_a_shape_the_decoder_warmed(decoder_model: object) -> None:
+    """Under random chunk sizes and arrivals, each step's padded (rows, frames) is one of `step_shapes()`:
+    the shapes beyond `max_step_frames` that start-up no longer warms or captures never occur."""
+    decoder = StreamingCode2Wav(decoder_model, 32, batch_buckets=(1, 2, 4, 8), frame_buckets=(4, 6, 8),
+                                max_step_frames=20)
+    shapes = set(decoder.step_shapes())
+    assert (4, 8) not in shapes and (2, 8) in shapes  # 3 rows of 7 or 8 frames hold more than 20: never
+    stage = Code2WavStage(decoder, Code2WavConfig(max_batch=8, max_step_frames=20),
+                          ChunkConfig(enabled=True, initial_chunk_frames=4, ramp_frames=(6,), chunk_frames=8),
+                          PlaybackClock(), Inbox(), lambda _: None, EngineMetrics())
+    taken: list[tuple[int, int]] = []
+    decode = decoder._decode
+    decoder._decode = lambda batch: (taken.append(tuple(batch.codes.shape[::2])), decode(batch))[1]  # type: ignore[method-assign]
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for step in range(40):
+            for rid in range(int(torch.randint(0, 4, (1,), generator=gen))):
+                n = int(torch.randint(1, 9, (1,), generator=gen))
+                codes = torch.randint(0, 64, (decoder.num_quantizers, n), generator=gen)
+                stage.accept(CodecFrames(f"r{(step * 4 + rid) % 12}", codes, is_final=False))
+            stage.step()
+    assert len(taken) > 20 and set(taken) <= shapes, set(taken) - shapes
