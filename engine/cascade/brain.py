@@ -87,6 +87,9 @@ class BrainRunner:
         """Zero-wide rows, one per token: what the voice needs of them is their text."""
         return torch.empty(len(token_ids), 0, device=self.device, dtype=self.dtype)
 
+    def audio_chunks(self, clip: torch.Tensor) -> int:
+        raise AssertionError("the cascade's prompts hold no audio: the ears heard it first")
+
     def step(self, rows: list[StepRow]) -> list[RowOut]:
         """Every row's tokens in one packed forward -> per row the logits at its last position."""
         ids = torch.tensor([t for row in rows for t in row.token_ids], device=self.device)

@@ -56,10 +56,14 @@ class AudioEncoder:
         self.cold = cold
         self.timed = timed
 
+    def chunks(self, clip: torch.Tensor) -> int:
+        """The chunks the tower cuts a clip's log-mel [mel, frames] into."""
+        return -(-clip.shape[-1] // self.chunk_frames)
+
     def __call__(self, clips: list[torch.Tensor], rows: int) -> torch.Tensor:
         """Log-mels [mel, frames] -> the tower's rows for them (their `rows` placeholders), in clip order [rows, H]."""
         started = time.perf_counter()
-        chunks = sum(-(-clip.shape[-1] // self.chunk_frames) for clip in clips)
+        chunks = sum(self.chunks(clip) for clip in clips)
         bucket = min((b for b in self.buckets if b >= chunks), default=None)
         if bucket is None and self.buckets and self.cold is not None:
             self.cold.record(UNWARMED_SHAPE, f"audio tower over {chunks} chunks (largest warmed: {self.buckets[-1]})")

@@ -49,6 +49,10 @@ class StepRunner(Protocol):
 
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor: ...
 
+    def audio_chunks(self, clip: torch.Tensor) -> int:
+        """The chunks of audio a clip's log-mel costs a step."""
+        ...
+
     def step(self, rows: list[StepRow]) -> list[RowOut]: ...
 
 
@@ -92,6 +96,9 @@ class ThinkerRunner:
 
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         return self.text_model.embed_tokens(torch.as_tensor(token_ids, device=self.device))
+
+    def audio_chunks(self, clip: torch.Tensor) -> int:
+        return self.audio.chunks(clip)
 
     def step(self, rows: list[StepRow]) -> list[RowOut]:
         """Every row's tokens in one packed forward (replayed when a graph's bucket fits) -> per row the logits

@@ -34,6 +34,7 @@ from engine.handoff import (
 )
 from engine.metrics import EngineMetrics
 from engine.profile import ThinkerConfig
+from engine.runners.audio_encoder import DENSE_CHUNKS
 from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import StepRow, StepRunner
@@ -202,14 +203,22 @@ class ThinkerStage(Stage):
         self.metrics.step_tokens.labels("decode").observe(len(replies))
         return self.last_batch
 
-    def _piece_end(self, seq: ThinkerSeq, room: int, first: bool) -> int:
-        """Where the next piece of `seq` ends with `room` tokens left in the step: never inside a clip. A clip
-        that starts the step's first piece goes whole, whatever the room (a prompt always progresses); a
-        later piece stops before it."""
+    def _piece_end(self, seq: ThinkerSeq, room: int, audio_room: int, first: bool) -> int:
+        """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the
+        step: never inside a clip, nor past a clip that would take the step's audio beyond the tower's dense,
+        graphed layout (a long history prefilled again would otherwise run it eagerly, allocating as it goes).
+        A clip that starts the step's first piece goes whole, whatever the room (a prompt always progresses);
+        a later piece stops before it."""
         end = min(seq.prompt_len, seq.position + room)
-        for a, b in seq.clips:
-            if a < end < b:
+        for (a, b), features in zip(seq.clips, seq.job.audio_features, strict=True):
+            if a < seq.position:
+                continue
+            if a >= end:
+                break
+            audio_room -= self.runner.audio_chunks(features)
+            if b > end or audio_room < 0:
                 end = a if a > seq.position else (b if first else seq.position)
+                break
         return end
 
     def _take_pieces(self, room: int) -> list[tuple[ThinkerSeq, int]]:
@@ -217,6 +226,7 @@ class ThinkerStage(Stage):
         then waiting ones while slots are free, until the step's `room` is used. Nothing goes behind a prompt
         that this step does not finish, so prompts begin their replies in the order they came."""
         pieces: list[tuple[ThinkerSeq, int]] = []
+        audio_room = DENSE_CHUNKS
         while room > 0:
             if len(pieces) < len(self.partial):
                 seq = self.partial[len(pieces)]
@@ -225,11 +235,13 @@ class ThinkerStage(Stage):
                 self.partial.append(seq)
             else:
                 break
-            end = self._piece_end(seq, room, first=not pieces)
+            end = self._piece_end(seq, room, audio_room, first=not pieces)
             if end == seq.position:
                 break  # its next clip does not fit what is left of this step
             pieces.append((seq, end))
             room -= end - seq.position
+            audio_room -= sum(self.runner.audio_chunks(f) for (a, _), f in
+                              zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
             if end < seq.prompt_len:
                 break
         return pieces

@@ -18,6 +18,7 @@ import torch
 from engine.handoff import AdmittedRequest
 from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, FirstPacketConfig, ThinkerConfig
+from engine.runners.audio_encoder import DENSE_CHUNKS
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.thinker import RowOut, StepRow
 from engine.stages.policy import FirstPacketPolicy
@@ -50,6 +51,9 @@ class FakeRunner:
 
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(token_ids), HIDDEN)
+
+    def audio_chunks(self, clip: torch.Tensor) -> int:
+        return clip.shape[-1]  # a frame of these features is a chunk
 
     def step(self, rows: list[StepRow]) -> list[RowOut]:
         self.steps.append(list(rows))
@@ -273,3 +277,23 @@ def test_only_the_first_piece_runs_past_the_room() -> None:
     for step in pieces:
         assert sum(n for _, n in step[1:]) <= SMALL_STEP_TOKENS, step  # past the first piece, the room holds
     assert (10, 300) in [piece for step in pieces for piece in step[:1]]  # B's clip, whole, first in its step
+
+
+def test_a_step_holds_no_more_audio_than_the_dense_tower_takes() -> None:
+    """A history of many clips prefilled again goes in steps of at most `DENSE_CHUNKS` chunks of audio (the
+    tower's graphed layout), whatever the token room; a single clip larger than that goes whole, alone."""
+    stage, runner = make_stage(max_step_tokens=4096)
+    widths = [30, 30, 30, 10, 100, 5]  # chunks per clip
+    ids: list[int] = []
+    for _ in widths:
+        ids += [11] * 5 + [AUDIO] * 20
+    ids += [12]
+    features = [torch.full((128, w), float(i)) for i, w in enumerate(widths)]
+    keys = [-(i + 1) for i in range(len(widths))]
+    stage.accept(AdmittedRequest("a", ids, features, ids.count(AUDIO), keys, False, "ethan", 4, 0.0, 1.0, 0, None))
+    for _ in range(6):
+        stage.step()
+    per_step = [[int(f[0, 0]) for row in rows for f in row.audio] for rows in runner.steps]
+    assert [clips for clips in per_step if clips] == [[0, 1], [2, 3], [4], [5]]
+    for clips in per_step:
+        assert sum(widths[i] for i in clips) <= DENSE_CHUNKS or len(clips) == 1
