@@ -74,9 +74,12 @@ class Prompts(Protocol):
     def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt: ...
 
 
-# Clips whose features were computed lately: a conversation sends its earlier turns' audio with every
-# new turn, and each 4 s clip costs ~10 ms of a CPU core to turn into features again.
-RECENT_CLIPS = 128
+# Features of the clips seen lately, up to this many bytes (a 4 s clip's are 200 KiB): a conversation sends
+# its earlier turns' audio with every new turn, and each 4 s clip costs ~10 ms of a CPU core to turn into
+# features again, on the server process that serves the call's audio. Held by count (128 clips), 32 long calls
+# recomputed every clip of their histories each turn: first audio grew with the history, 1.3-1.7 s by turn 50
+# (docs/performance.md, "Long calls"). 512 MiB holds 80 turns of ~30 calls per server process.
+RECENT_FEATURE_BYTES = 512 << 20
 
 
 class PromptBuilder:
@@ -90,16 +93,17 @@ class PromptBuilder:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._content = _plain_text_copy(self._backend)
         self._recent: OrderedDict[int, torch.Tensor] = OrderedDict()  # clip key -> features; builds run in threads
+        self._recent_bytes = 0
         self._lock = threading.Lock()
 
     # the copy's setting does not survive pickling (the engine process sends this builder to its server)
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_content", "_recent", "_lock")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_content", "_recent", "_recent_bytes", "_lock")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._content = _plain_text_copy(self._backend)
-        self._recent, self._lock = OrderedDict(), threading.Lock()
+        self._recent, self._recent_bytes, self._lock = OrderedDict(), 0, threading.Lock()
 
     def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt:
         ids: list[int] = []
@@ -185,9 +189,11 @@ class PromptBuilder:
                 return key, mel
         mel = self._features(samples)
         with self._lock:
-            self._recent[key] = mel
-            while len(self._recent) > RECENT_CLIPS:
-                self._recent.popitem(last=False)
+            if key not in self._recent:
+                self._recent[key] = mel
+                self._recent_bytes += mel.nbytes
+            while self._recent_bytes > RECENT_FEATURE_BYTES:
+                self._recent_bytes -= self._recent.popitem(last=False)[1].nbytes
         return key, mel
 
     def _features(self, samples: np.ndarray) -> torch.Tensor:
