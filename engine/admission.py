@@ -29,6 +29,7 @@ def model_info(source: ModelSource, profile: DeployProfile) -> ModelInfo:
         max_model_len=profile.stages.thinker.max_model_len,
         speakers=source.speakers,
         codec_frame_samples=source.frame_samples,
+        temperature=profile.stages.thinker.sampling.temperature,
     )
 
 

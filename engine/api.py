@@ -197,6 +197,7 @@ class ModelInfo:
     max_model_len: int
     speakers: tuple[str, ...]
     codec_frame_samples: int
+    temperature: float  # what a request that names none samples at (its profile's): realtime sessions start at it
 
 
 class RequestStream(Protocol):

@@ -55,7 +55,8 @@ def description(cascade: CascadeConfig) -> str:
 def model_info(profile: DeployProfile) -> ModelInfo:
     return ModelInfo(model_id=MODEL_ID, is_random_weights=False, description=description(profile.cascade),
                      max_model_len=profile.stages.thinker.max_model_len,
-                     speakers=(SPEAKERS[profile.cascade.voice],), codec_frame_samples=SAMPLE_RATE_HZ // 25)
+                     speakers=(SPEAKERS[profile.cascade.voice],), codec_frame_samples=SAMPLE_RATE_HZ // 25,
+                     temperature=profile.stages.thinker.sampling.temperature)
 
 
 def assistant_engine(profile: DeployProfile, cache_dir: Path | None = None) -> Engine:

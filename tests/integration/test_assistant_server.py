@@ -84,6 +84,14 @@ async def test_a_spoken_turn_over_realtime_is_heard_and_answered(assistant_serve
     assert any(e.type == "response.output_audio.delta" for e in events)
 
 
+async def test_a_session_starts_at_the_models_own_temperature(assistant_server: Server) -> None:
+    """Not OpenAI's 0.8: the assistant's profile samples at 0.3, and its sessions start there."""
+    async with client_for(assistant_server) as client:
+        async with client.beta.realtime.connect(model="assistant") as conn:
+            created = await conn.recv()
+    assert created.type == "session.created" and created.session.temperature == 0.3, created
+
+
 def test_a_required_tool_call_is_made_and_not_spoken(assistant_server: Server) -> None:
     """Constrained decoding works on any model: asked for the lamp, the 135M model calls it with valid arguments,
     and its voice says nothing of the call."""

@@ -26,7 +26,7 @@ from voice_gateway.realtime.transcription import Transcriber
 from voice_gateway.realtime.turns import TurnTaking
 
 INFO = ModelInfo(model_id="tiny", is_random_weights=True, description="", max_model_len=4096, speakers=("ethan",),
-                 codec_frame_samples=1920)
+                 codec_frame_samples=1920, temperature=0.7)
 
 
 def _parts() -> tuple[ClientItemReader, ConversationItems, AudioInput, Outbox]:

@@ -68,7 +68,9 @@ class Session:
         self.gateway = gateway
         self.dialect = dialect
         self.transport = transport
-        config = ev.SessionConfig(model=engine.info.model_id)
+        # the model's own temperature, not OpenAI's 0.8: a small model is told apart from noise at its own
+        # (the assistant's 135M model, at 0.8, begins about half its answers in French)
+        config = ev.SessionConfig(model=engine.info.model_id, temperature=engine.info.temperature)
         self.id = config.id
         self.outbox = Outbox(gateway.send_queue_messages)
         self.sender = EventSender(self.outbox, dialect)
