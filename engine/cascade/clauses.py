@@ -1,5 +1,6 @@
-"""Cuts a reply's streamed text into clauses to speak: a short first one, so that the first audio comes early, then
-whole sentences; owns the text not yet cut.
+"""Cuts a reply's streamed text into clauses to speak: a short first one, so that the first audio comes early, a
+few that grow after it, so that each is made while the one before plays, then whole sentences; owns the text not
+yet cut.
 
 A cut falls only after a whole word, once the next word's first character is seen: "3.5", "1,000" and "10:30" have no
 space after their marks, and that character tells a sentence's end from an abbreviation's dot ("e.g. this", "U.S. law":
@@ -31,20 +32,26 @@ class ClauseCutter:
     """Owns the reply's text that is not a clause yet. `feed(delta)` returns the clauses that delta completes,
     `flush()` the rest at the reply's end; the cutter then starts a new reply.
 
-    The first clause ends at its first mark (, ; : . ? !) or after `first_words` words (up to 3 more while the
-    last one leans on the next, "the", "to", "Mr."); later ones at a sentence's end or a line break, at a comma once
-    `comma_words` long, and after `max_words` at the latest. A clause holds at least one letter: "1." of a list
-    stays with its item, and text with none (emoji, dashes) is dropped."""
+    The first clause ends at its first mark (, ; : . ? !) or after `first_words` words, the next ones (the ramp) at
+    their first mark or after `ramp_words` words each (each word count up to 3 more while the last word leans on
+    the next, "the", "to", "Mr."); later ones at a sentence's end or a line break, at a comma once `comma_words`
+    long, and after `max_words` at the latest. A clause holds at least one letter: "1." of a list stays with its
+    item, and text with none (emoji, dashes) is dropped.
+
+    The ramp is for a CPU shared by a few users: a whole sentence after a five-word first clause took longer to
+    write and speak than the first clause played (docs/performance.md, "CPU: the assistant")."""
 
     first_words: int = 5
+    ramp_words: tuple[int, ...] = (10, 16)
     comma_words: int = 8
     max_words: int = 25
     _pending: str = field(default="", init=False)
-    _first: bool = field(default=True, init=False)
+    _cut: int = field(default=0, init=False)  # clauses of this reply cut so far
 
     def __post_init__(self) -> None:
-        if not 1 <= self.first_words <= self.max_words or not 1 <= self.comma_words:
-            raise ValueError(f"need 1 <= first_words <= max_words and comma_words >= 1: {self}")
+        limits = (self.first_words, *self.ramp_words)
+        if not all(1 <= n <= self.max_words for n in limits) or not 1 <= self.comma_words:
+            raise ValueError(f"need 1 <= first_words, ramp_words <= max_words and comma_words >= 1: {self}")
 
     def feed(self, delta: str) -> list[str]:
         self._pending += delta
@@ -53,12 +60,12 @@ class ClauseCutter:
             end, resume = cut
             clauses.append(self._pending[:end].strip())
             self._pending = self._pending[resume:]
-            self._first = False
+            self._cut += 1
         return clauses
 
     def flush(self) -> list[str]:
         rest = self._pending.strip()
-        self._pending, self._first = "", True
+        self._pending, self._cut = "", 0
         return [rest] if any(c.isalpha() for c in rest) else []
 
     def _next_cut(self) -> tuple[int, int] | None:
@@ -84,9 +91,13 @@ class ClauseCutter:
             bare[:-1].lower() in _ABBREVIATIONS or _INITIALS.fullmatch(bare) is not None)
         if line_break or mark in ("?", "!") or (mark == "." and not abbreviation and not next_char.islower()):
             return True
+        ramping = self._cut <= len(self.ramp_words)
         if mark in (",", ";", ":"):
-            return self._first or words >= self.comma_words
-        if self._first and words >= self.first_words:
-            leans = abbreviation or word.strip(_CLOSERS + ".,;:").lower() in _LEANS_ON_NEXT
-            return not leans or words >= self.first_words + 3
+            return ramping or words >= self.comma_words
+        if ramping:
+            limit = (self.first_words, *self.ramp_words)[self._cut]
+            if words >= limit:
+                leans = abbreviation or word.strip(_CLOSERS + ".,;:").lower() in _LEANS_ON_NEXT
+                return not leans or words >= limit + 3
+            return False
         return words >= self.max_words

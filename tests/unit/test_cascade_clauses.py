@@ -1,4 +1,4 @@
-"""The clause cutter: a short first clause, whole sentences after it, numbers and abbreviations never split, and the
+"""The clause cutter: a short first clause, a few growing ones, whole sentences after them, numbers and abbreviations never split, and the
 same clauses however the reply's text is split into deltas."""
 
 from __future__ import annotations
@@ -47,14 +47,27 @@ def test_first_clause_does_not_end_on_a_word_that_leans_on_the_next(text: str, f
 def test_later_clauses_end_at_sentences_and_at_commas_once_long() -> None:
     text = ("Hi. The train, which is late, leaves at nine. We could take the bus or the tram from the station, "
             "or walk there.")
-    assert cut(text) == ["Hi.", "The train, which is late, leaves at nine.",
-                         "We could take the bus or the tram from the station,", "or walk there."]
+    assert cut(text, ClauseCutter(ramp_words=())) == [
+        "Hi.", "The train, which is late, leaves at nine.", "We could take the bus or the tram from the station,",
+        "or walk there."]
+
+
+def test_the_clauses_after_the_first_grow_before_whole_sentences() -> None:
+    """The ramp: the second and third clauses end at their first mark or after 10 and 16 words, never on a word
+    that leans on the next; from the fourth, sentences."""
+    text = ("Paris is the capital and largest city of France and it lies on the river Seine in the north of the "
+            "country where about two million people live today in its twenty districts. It is old. Very old, "
+            "they say.")
+    assert cut(text) == [
+        "Paris is the capital and largest", "city of France and it lies on the river Seine",
+        "in the north of the country where about two million people live today in its twenty", "districts.",
+        "It is old.", "Very old, they say."]
 
 
 def test_a_run_on_clause_ends_after_max_words() -> None:
     words = " ".join(f"W{i}" for i in range(60))
-    clauses = cut(f"Okay. {words}")
-    assert [len(c.split()) for c in clauses] == [1, 25, 25, 10]
+    assert [len(c.split()) for c in cut(f"Okay. {words}", ClauseCutter(ramp_words=()))] == [1, 25, 25, 10]
+    assert [len(c.split()) for c in cut(f"Okay. {words}")] == [1, 10, 16, 25, 9]
 
 
 @pytest.mark.parametrize(("text", "whole"), [
@@ -104,3 +117,5 @@ def test_bad_settings_are_refused() -> None:
         ClauseCutter(first_words=0)
     with pytest.raises(ValueError, match="first_words"):
         ClauseCutter(first_words=30, max_words=25)
+    with pytest.raises(ValueError, match="ramp_words"):
+        ClauseCutter(ramp_words=(10, 40))

@@ -62,7 +62,7 @@ def test_a_streamed_reply_equals_the_one_shot_reply_clause_for_clause(voice: Pip
     streamed += [voice.synthesize(c, seed=1) for c in cutter.flush()]
     whole = ClauseCutter()
     one_shot = [voice.synthesize(c, seed=1) for c in whole.feed(reply) + whole.flush()]
-    assert len(streamed) == len(one_shot) == 4
+    assert len(streamed) == len(one_shot) == 5
     for a, b in zip(streamed, one_shot, strict=True):
         np.testing.assert_array_equal(a, b)
 
