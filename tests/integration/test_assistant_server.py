@@ -4,10 +4,12 @@ answered, in the voice an OpenAI name asks for."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +92,39 @@ async def test_a_session_starts_at_the_models_own_temperature(assistant_server: 
         async with client.beta.realtime.connect(model="assistant") as conn:
             created = await conn.recv()
     assert created.type == "session.created" and created.session.temperature == 0.3, created
+
+
+async def test_barge_in_cancels_the_reply_in_every_stage(assistant_server: Server, tmp_path: Path) -> None:
+    """The user speaks over a long answer: server VAD cancels it (`turn_detected`), no audio of it follows, and the
+    engine lets go of it in the ears, the language model and the voice alike."""
+    story = tmp_path / "story.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(story), "Tell me a long story about a dragon and a knight."],
+                   check=True)
+    samples, rate = sf.read(story, dtype="float32")
+    speech = resample(samples, rate, 24_000)
+    async with client_for(assistant_server) as client, client.realtime.connect(model="assistant") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 300})
+        await append_audio(conn, np.concatenate([silence(0.3), speech, silence(1.0)]))
+        async with asyncio.timeout(120):
+            async for event in conn:
+                if event.type == "response.output_audio.delta":
+                    response_id = event.response_id
+                    break
+        await append_audio(conn, speech)  # the user talks over the reply
+        after = await events_until(conn, "response.done", timeout_s=120)
+    done = after[-1].response
+    assert done.id == response_id and done.status == "cancelled", done
+    assert done.status_details.reason == "turn_detected"
+    cut = next(i for i, e in enumerate(after) if e.type == "input_audio_buffer.speech_started")
+    assert not [e for e in after[cut:] if e.type == "response.output_audio.delta" and e.response_id == response_id]
+    deadline = time.monotonic() + 10
+    while (health := assistant_server.get("/health").json())["active_requests"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert health["active_requests"] == 0, health
+    metrics = assistant_server.get("/metrics").text
+    assert re.search(r'^engine_stage_running\{stage="speak"\} 0\.0$', metrics, re.M), metrics[-2000:]
+    assert re.search(r'^engine_stage_running\{stage="thinker"\} 0\.0$', metrics, re.M)
 
 
 def test_a_required_tool_call_is_made_and_not_spoken(assistant_server: Server) -> None:
