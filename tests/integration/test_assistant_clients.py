@@ -19,7 +19,6 @@ import soundfile as sf
 from livekit.agents import llm
 from livekit.plugins.openai.realtime import RealtimeModel
 from pipecat.frames.frames import (
-    EndFrame,
     LLMFullResponseEndFrame,
     LLMRunFrame,
     TranscriptionFrame,
@@ -46,7 +45,7 @@ from tests.conftest import Server
 from tests.integration.test_assistant_server import assistant_server, question_wav, words  # noqa: F401 (fixtures)
 from tests.integration.test_chat_api import _delta_audio
 from tests.integration.test_livekit_agents import heard, push_speech
-from tests.integration.test_pipecat import Microphone, Seen, Speaker
+from tests.integration.test_pipecat import Microphone, Seen, Speaker, end_pipeline
 from tests.integration.test_realtime import RATE, append_audio, client_for, events_until, first, silence
 from tests.unit.test_assistant import edits
 from voice_gateway.audio.resample import resample
@@ -260,11 +259,7 @@ async def test_a_pipecat_pipeline_answers_a_spoken_question(assistant_server: Se
             while len(replies.replies) < 2 or not replies.transcripts:
                 await asyncio.sleep(0.05)
     finally:
-        await worker.queue_frame(EndFrame())
-        try:
-            await asyncio.wait_for(running, 20)
-        except TimeoutError:
-            await worker.cancel()
+        await end_pipeline(worker, running)
     (_, greeting_frames), (answer, answer_frames) = replies.replies[:2]
     assert greeting_frames > 0 and answer_frames > 0, replies.replies
     assert len(alphabetic(answer)) >= 3, replies.replies

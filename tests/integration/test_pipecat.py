@@ -88,6 +88,15 @@ def _tool_settings() -> OpenAIRealtimeLLMService.Settings:
 SETTINGS = {"defaults": _default_settings, "example": _example_settings, "tool_required": _tool_settings}
 
 
+async def end_pipeline(worker: PipelineWorker, running: asyncio.Task) -> None:
+    """End a pipeline the way a call ends, and cancel it if it does not finish within 20 s."""
+    await worker.queue_frame(EndFrame())
+    try:
+        await asyncio.wait_for(running, 20)
+    except TimeoutError:
+        await worker.cancel()
+
+
 class Microphone(FrameProcessor):
     """The pipeline's source: speech pushed as the input audio frames a transport would make."""
 
@@ -191,11 +200,7 @@ async def bot(server: Server, request: pytest.FixtureRequest) -> AsyncIterator[B
     try:
         yield Bot(llm, context, microphone, speaker, seen, items, calls)
     finally:
-        await worker.queue_frame(EndFrame())
-        try:
-            await asyncio.wait_for(running, 20)
-        except TimeoutError:
-            await worker.cancel()
+        await end_pipeline(worker, running)
 
 
 def session_errors(server: Server, log_from: int, *expected: str) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
-from pipecat.frames.frames import EndFrame, LLMMessagesAppendFrame, LLMRunFrame, LLMUpdateSettingsFrame, MetricsFrame
+from pipecat.frames.frames import LLMMessagesAppendFrame, LLMRunFrame, LLMUpdateSettingsFrame, MetricsFrame
 from pipecat.metrics.metrics import LLMTokenUsage, LLMUsageMetricsData
 from pipecat.observers.base_observer import FramePushed
 from pipecat.pipeline.pipeline import Pipeline
@@ -35,7 +35,15 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from pipecat.workers.runner import WorkerRunner
 
 from tests.conftest import Server
-from tests.integration.test_pipecat import _LAMP, AFTER_SPEECH_S, Microphone, Seen, Speaker, session_errors
+from tests.integration.test_pipecat import (
+    _LAMP,
+    AFTER_SPEECH_S,
+    Microphone,
+    Seen,
+    Speaker,
+    end_pipeline,
+    session_errors,
+)
 from tests.integration.test_realtime import silence, speech  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -92,11 +100,7 @@ async def call_on(llm: OpenAIRealtimeLLMService, context: LLMContext) -> AsyncIt
     try:
         yield call
     finally:
-        await worker.queue_frame(EndFrame())
-        try:
-            await asyncio.wait_for(running, 20)
-        except TimeoutError:
-            await worker.cancel()
+        await end_pipeline(worker, running)
 
 
 def _text_tokens(usage: LLMTokenUsage) -> int:
