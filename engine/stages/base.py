@@ -129,10 +129,13 @@ class Stage(ABC):
                 self.metrics.step_seconds.labels(self.name, self.last_phase).observe(time.perf_counter() - started)
         except Exception as e:  # a bad batch must not take the stage down
             log.exception("%s step failed", self.name)
-            failed = batch or self._current_batch()
-            for request_id in failed:
-                self._forget(request_id)
-                self.report(StageFailed(request_id, f"{self.name} failed: {type(e).__name__}: {e}"))
+            self.fail(batch or self._current_batch(), e)
+
+    def fail(self, request_ids: list[str], error: Exception) -> None:
+        """These requests end here, with `error`; the stage goes on with the rest."""
+        for request_id in request_ids:
+            self._forget(request_id)
+            self.report(StageFailed(request_id, f"{self.name} failed: {type(error).__name__}: {error}"))
 
     def _current_batch(self) -> list[str]:
         return list(self.last_batch)

@@ -175,7 +175,19 @@ class ThinkerStage(Stage):
         rows += [StepRow(seq.slot, [seq.generated[-1]], seq.position) for seq in replies]
         self.last_phase = "prefill" if pieces else "decode"
         self.last_batch = [s.job.request_id for s, _ in pieces] + [s.job.request_id for s in replies]
-        outs = self.runner.step(rows)
+        try:
+            outs = self.runner.step(rows)
+        except Exception as e:
+            if not pieces or not replies:
+                raise
+            # a prompt's piece can fail a step that the replies beside it did nothing to (memory for a long clip):
+            # the pieces' requests fail alone, and the speaking replies take their step without them
+            log.exception("thinker step with prompt pieces failed; its %d replies step again without them", len(replies))
+            self.fail([seq.job.request_id for seq, _ in pieces], e)
+            rows = rows[len(pieces) :]
+            pieces = []
+            self.last_phase, self.last_batch = "decode", [seq.job.request_id for seq in replies]
+            outs = self.runner.step(rows)
         finishing = []
         for (seq, end), out in zip(pieces, outs, strict=False):
             seq.position = end

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine.handoff import AdmittedRequest
+from engine.handoff import AdmittedRequest, StageFailed
 from engine.metrics import EngineMetrics
 from engine.profile import ChunkConfig, FirstPacketConfig, ThinkerConfig
 from engine.runners.audio_encoder import DENSE_CHUNKS
@@ -297,3 +297,36 @@ def test_a_step_holds_no_more_audio_than_the_dense_tower_takes() -> None:
     assert [clips for clips in per_step if clips] == [[0, 1], [2, 3], [4], [5]]
     for clips in per_step:
         assert sum(widths[i] for i in clips) <= DENSE_CHUNKS or len(clips) == 1
+
+
+class PoisonedRunner(FakeRunner):
+    """A step fails whenever a prompt piece holds `POISON` (as a clip too long for the memory left would)."""
+
+    def step(self, rows: list[StepRow]) -> list[RowOut]:
+        if any(POISON in r.token_ids for r in rows):
+            raise torch.OutOfMemoryError("no room for that clip")
+        return super().step(rows)
+
+
+POISON = 9
+
+
+def test_a_prompt_that_fails_its_step_fails_alone() -> None:
+    """The speaking replies beside a failing prompt piece take their step without it: only its request fails."""
+    cfg = ThinkerConfig(max_batch=MAX_BATCH, max_model_len=1024, max_step_tokens=STEP_TOKENS)
+    runner = PoisonedRunner(MAX_BATCH, max_len=1024)
+    reports: list[object] = []
+    stage = ThinkerStage(runner, cfg, FakeTokenizer(), {EOS}, FirstPacketPolicy(FirstPacketConfig(0), ChunkConfig()),
+                         inbox=None, to_talker=lambda _: None, report=reports.append,
+                         metrics=EngineMetrics())  # type: ignore[arg-type]
+    for name in ("a", "b"):
+        stage.accept(Prompt(name, [11, 12, 13], 0, 10).admitted(False))
+    stage._step_safely()
+    assert list(stage.running) == ["a", "b"]
+    stage.accept(Prompt("bad", [14, POISON, 15], 0, 10).admitted(False))
+    stage._step_safely()
+    failed = [r for r in reports if isinstance(r, StageFailed)]
+    assert [r.request_id for r in failed] == ["bad"] and "OutOfMemoryError" in failed[0].reason
+    assert list(stage.running) == ["a", "b"] and not stage.partial and not stage.waiting
+    assert [len(s.generated) for s in stage.running.values()] == [2, 2]  # the replies stepped all the same
+    assert len(runner.steps[-1]) == 2
