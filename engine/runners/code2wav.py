@@ -268,11 +268,10 @@ def step_shapes(batch_buckets: tuple[int, ...], frame_buckets: tuple[int, ...],
     (rows x its widest chunk), so the widest buckets of many rows never occur and are neither warmed nor
     captured (their graphs would hold the most memory of all)."""
     shapes = []
+    largest = batch_buckets[-1] if batch_buckets else 1
     for i, frames in enumerate(frame_buckets):
         narrowest = frame_buckets[i - 1] + 1 if i else 1  # the least a chunk padded to `frames` holds
-        most = batch_buckets[-1] if batch_buckets else 1
-        if max_step_frames is not None:
-            most = min(most, max(1, max_step_frames // narrowest))
+        most = largest if max_step_frames is None else min(largest, max(1, max_step_frames // narrowest))
         shapes += [(rows, frames) for rows in batch_buckets if rows <= _bucket(most, batch_buckets)]
     return shapes
 

@@ -215,23 +215,24 @@ class ThinkerStage(Stage):
         self.metrics.step_tokens.labels("decode").observe(len(replies))
         return self.last_batch
 
-    def _piece_end(self, seq: ThinkerSeq, room: int, audio_room: int, first: bool) -> int:
+    def _piece_end(self, seq: ThinkerSeq, room: int, audio_room: int, first: bool) -> tuple[int, int]:
         """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the
-        step: never inside a clip, nor past a clip that would take the step's audio beyond the tower's dense,
-        graphed layout (a long history prefilled again would otherwise run it eagerly, allocating as it goes).
-        A clip that starts the step's first piece goes whole, whatever the room (a prompt always progresses);
-        a later piece stops before it."""
-        end = min(seq.prompt_len, seq.position + room)
+        step, and the chunks its clips take: never inside a clip, nor past a clip that would take the step's audio
+        beyond the tower's dense, graphed layout (a long history prefilled again would otherwise run it eagerly,
+        allocating as it goes). A clip that starts the step's first piece goes whole, whatever the room (a prompt
+        always progresses); a later piece stops before it."""
+        end, taken = min(seq.prompt_len, seq.position + room), 0
         for (a, b), features in zip(seq.clips, seq.job.audio_features, strict=True):
             if a < seq.position:
                 continue
             if a >= end:
                 break
-            audio_room -= self.runner.audio_chunks(features)
-            if b > end or audio_room < 0:
+            chunks = self.runner.audio_chunks(features)
+            if b > end or taken + chunks > audio_room:
                 end = a if a > seq.position else (b if first else seq.position)
-                break
-        return end
+                return end, taken + chunks if end == b else taken
+            taken += chunks
+        return end, taken
 
     def _take_pieces(self, room: int) -> list[tuple[ThinkerSeq, int]]:
         """Prompt pieces for one step, first come first served: the prompts under way in the order they came,
@@ -247,13 +248,12 @@ class ThinkerStage(Stage):
                 self.partial.append(seq)
             else:
                 break
-            end = self._piece_end(seq, room, audio_room, first=not pieces)
+            end, chunks = self._piece_end(seq, room, audio_room, first=not pieces)
             if end == seq.position:
                 break  # its next clip does not fit what is left of this step
             pieces.append((seq, end))
             room -= end - seq.position
-            audio_room -= sum(self.runner.audio_chunks(f) for (a, _), f in
-                              zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
+            audio_room -= chunks
             if end < seq.prompt_len:
                 break
         return pieces
