@@ -40,7 +40,14 @@ class AudioPart:
     samples: np.ndarray
 
 
-ContentPart = TextPart | AudioPart
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An RGB image, [height, width, 3] uint8, decoded and bounded by the edge (voice_gateway/images.py)."""
+
+    pixels: np.ndarray
+
+
+ContentPart = TextPart | AudioPart | ImagePart
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +154,7 @@ class Timings:
     codec_frames: int
     audio_samples: int
     cached_tokens: int = 0  # of prompt_tokens, those reused from a cached prefix rather than prefilled
+    prompt_image_tokens: int = 0  # of prompt_tokens, those standing for input images
 
 
 @dataclass(frozen=True, slots=True)
