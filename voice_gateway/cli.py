@@ -55,6 +55,15 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-stored-audio-seconds", type=float, default=600.0,
                         help="committed audio one realtime session keeps for its prompts (64 KB per second; "
                         "default 600, about what an 8192-token context holds)")
+    parser.add_argument("--image-fetch-hosts", type=_comma_list, default=(), metavar="HOSTS",
+                        help="comma list of host names whose http(s) image URLs the server may fetch (default: "
+                        "none; images then come as data URLs)")
+    parser.add_argument("--max-image-bytes", type=int, default=10 * 1024 * 1024, metavar="BYTES",
+                        help="one input image, encoded (default 10 MiB); a realtime message holds at most "
+                        "about 15 MiB of them")
+    parser.add_argument("--max-image-pixels", type=int, default=4096 * 4096, metavar="PIXELS",
+                        help="one input image's width x height, read from its header before decoding "
+                        "(default 4096 x 4096)")
     parser.add_argument("--opus-bitrate", type=int, default=96_000, help="bits/s of Opus output (our extension)")
     parser.add_argument("--webrtc-host-address", action="append", default=[], metavar="IP",
                         help="offer WebRTC ICE candidates on this address only (repeatable; "
@@ -85,6 +94,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from voice_gateway.app import create_app
     from voice_gateway.config import GatewayConfig
+    from voice_gateway.images import ImageLimits
     from voice_gateway.read_deadline import ReadTimeouts, http_protocol
     from voice_gateway.webrtc import WebRTCConfig
 
@@ -107,6 +117,8 @@ def serve(args: argparse.Namespace) -> int:
             public_metrics=args.public_metrics,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,
+            images=ImageLimits(max_image_bytes=args.max_image_bytes, max_image_pixels=args.max_image_pixels,
+                               fetch_hosts=args.image_fetch_hosts),
         )
     except ValueError as e:
         log.error("%s", e)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from voice_gateway.images import ImageLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class GatewayConfig:
     # a request's head, from its start or its last response, or that pauses longer than this inside a body.
     header_timeout_s: float = 15.0
     body_timeout_s: float = 30.0
+    images: ImageLimits = field(default_factory=ImageLimits)  # input images, in chat and realtime
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16 \

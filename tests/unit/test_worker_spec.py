@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from engine.deploy import RayAddress
 from voice_gateway.app import WORKER_ENV, WorkerSpec
 from voice_gateway.config import GatewayConfig
+from voice_gateway.images import ImageLimits
 from voice_gateway.webrtc_config import WebRTCConfig
 
 
@@ -19,8 +20,8 @@ from voice_gateway.webrtc_config import WebRTCConfig
                                        RayAddress("10.0.0.1:6379", "voice-gateway-1-ab", 2)])
 def test_a_published_spec_reads_back_equal(monkeypatch: pytest.MonkeyPatch, engine_at) -> None:
     monkeypatch.delenv(WORKER_ENV, raising=False)
-    spec = WorkerSpec(engine_at, "INFO", Path("/tmp/metrics"), GatewayConfig(allowed_origins=("https://a.example",)),
-                      WebRTCConfig(host_addresses=("10.0.0.2",)))
+    gateway = GatewayConfig(allowed_origins=("https://a.example",), images=ImageLimits(fetch_hosts=("img.example",)))
+    spec = WorkerSpec(engine_at, "INFO", Path("/tmp/metrics"), gateway, WebRTCConfig(host_addresses=("10.0.0.2",)))
     spec.publish()
     assert WorkerSpec.read() == spec
 
