@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from engine.api import AudioPart, EngineError, EngineRequest, ModelInfo
+from engine.api import AudioPart, EngineError, EngineRequest, ImagePart, ModelInfo
 from engine.constraints import grammar_for
 from engine.handoff import AdmittedRequest
 from engine.profile import DeployProfile, ThinkerConfig
 from engine.prompt import TOOL_CALL_END, TOOL_CALL_START, PromptBuilder, Prompts
+from engine.vision import ImagePreprocessor
 from engine.weights.source import ModelSource
 
 
@@ -92,8 +93,11 @@ class Admission:
 
     @classmethod
     def open(cls, source: ModelSource, profile: DeployProfile, *, text_on_loop: bool) -> Admission:
+        thinker, vision = profile.stages.thinker, source.config.thinker_config.vision_config
+        images = ImagePreprocessor.for_checkpoint(source.path, vision, min_pixels=thinker.image_min_pixels,
+                                                  max_pixels=thinker.image_max_pixels)
         prompts = PromptBuilder(source.tokenizer(), source.feature_extractor(),
-                                n_window=source.config.thinker_config.audio_config.n_window)
+                                n_window=source.config.thinker_config.audio_config.n_window, images=images)
         return cls(model_info(source, profile), profile, prompts, text_on_loop=text_on_loop)
 
     def grammar(self, request: EngineRequest) -> str | None:
@@ -110,8 +114,8 @@ class Admission:
     async def admit(self, request: EngineRequest) -> AdmittedRequest:
         speaker = resolve_speaker(request, self.default_speaker, self.info.speakers)
         grammar = self.grammar(request)
-        has_audio = any(isinstance(p, AudioPart) for m in request.messages for p in m.content)
-        if self.text_on_loop and not has_audio:
+        has_media = any(isinstance(p, AudioPart | ImagePart) for m in request.messages for p in m.content)
+        if self.text_on_loop and not has_media:
             prompt = self.prompts.build(request.messages, request.tools)
         else:
             prompt = await asyncio.to_thread(self.prompts.build, request.messages, request.tools)
@@ -133,4 +137,7 @@ class Admission:
             grammar=grammar,
             tool_call_ids=self.tool_call_ids if request.tools else None,
             conversation=request.conversation,
+            images=prompt.images,
+            image_tokens=prompt.image_tokens,
+            positions=prompt.positions,
         )

@@ -19,18 +19,20 @@ import queue
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from engine.vision import ImageInput
 
 
 @dataclass(frozen=True, slots=True)
 class AdmittedRequest:
     """Front door -> Thinker: a request checked, tokenised and bounded; nothing about it is left to decide.
 
-    It is what crosses to an engine in another process, so it holds no raw audio, only its features."""
+    It is what crosses to an engine in another process, so it holds no raw audio or pixels, only their features."""
 
     request_id: str
     token_ids: list[int]
@@ -49,6 +51,9 @@ class AdmittedRequest:
     # (they included) is for the client, never spoken
     tool_call_ids: tuple[int, int] | None = None
     conversation: str | None = None  # EngineRequest.conversation: which replica keeps its prefix
+    images: list[ImageInput] = field(default_factory=list)  # the vision tower's input per image, in prompt order
+    image_tokens: int = 0  # of token_ids, the <|image_pad|> placeholders
+    positions: np.ndarray | None = None  # [3, n] M-RoPE rows when the prompt holds images (engine/vision.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class ThinkerPrompt:
     speaker: str
     seed: int | None
     keys: np.ndarray  # per prompt position, its key (engine/runners/prefix_cache.py): what a kept prefix matches
+    image_grids: tuple[tuple[int, int, int], ...] = ()  # per image, its patch grid: the Talker's M-RoPE rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,6 +178,7 @@ class Orchestrator:
             total_s=now - t0,
             prompt_tokens=len(record.request.token_ids),
             prompt_audio_tokens=record.request.audio_tokens,
+            prompt_image_tokens=record.request.image_tokens,
             completion_tokens=record.thinker.completion_tokens,
             codec_frames=record.audio.codec_frames if record.audio else 0,
             audio_samples=record.audio_samples,

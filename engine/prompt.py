@@ -5,6 +5,8 @@ processor computes (its WhisperFeatureExtractor, with the processor's settings),
 and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
 frame + `<|audio_end|>`.
 
+Images become vision placeholders and M-RoPE positions (engine/vision.py).
+
 Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
 the control token, so no message can open a turn of its own.
 
@@ -26,7 +28,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart, Tool
+from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, ImagePart, Message, TextPart, Tool
+from engine.vision import IMAGE_PAD, VISION_END, VISION_START, ImageInput, ImagePreprocessor, mrope_positions
 
 AUDIO_START = "<|audio_start|>"
 AUDIO_PAD = "<|audio_pad|>"
@@ -64,6 +67,10 @@ class Prompt:
     # per clip, its identity for prefix reuse (engine/runners/prefix_cache.py): a digest of its samples,
     # negative, so that no token id equals it
     audio_keys: list[int] = field(default_factory=list)
+    images: list[ImageInput] = field(default_factory=list)  # in prompt order
+    image_tokens: int = 0  # of token_ids, the <|image_pad|> placeholders
+    # [3, n] M-RoPE rows when the prompt holds images (engine/vision.py); None: every row is the token's index
+    positions: np.ndarray | None = None
 
 class Prompts(Protocol):
     """What the front door builds prompts with: a `PromptBuilder`, or one that hears speech first (the cascade's)."""
@@ -83,16 +90,20 @@ RECENT_FEATURE_BYTES = 512 << 20
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, feature_extractor, *, n_window: int) -> None:
+    """`images`: how images become the vision tower's input; None for a model that takes none."""
+
+    def __init__(self, tokenizer, feature_extractor, *, n_window: int, images: ImagePreprocessor | None = None) -> None:
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
         self.n_window = n_window
+        self.images = images
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         # the Rust tokenizer itself when there is one: the same ids without transformers' Python around
         # each call (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst)
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._content = _plain_text_copy(self._backend)
-        self._recent: OrderedDict[int, torch.Tensor] = OrderedDict()  # clip key -> features; builds run in threads
+        # clip or image key -> features; builds run in threads
+        self._recent: OrderedDict[int, torch.Tensor | ImageInput] = OrderedDict()
         self._recent_bytes = 0
         self._lock = threading.Lock()
 
@@ -109,6 +120,8 @@ class PromptBuilder:
         ids: list[int] = []
         features: list[torch.Tensor] = []
         keys: list[int] = []
+        images: list[ImageInput] = []
+        image_spans: list[tuple[int, int]] = []
         audio_tokens = 0
         if tools:
             # a response may be asked for before anything was said and with no instructions: no messages at all
@@ -132,6 +145,14 @@ class PromptBuilder:
                     num_pads = audio_output_frames(mel.shape[-1], self.n_window)
                     audio_tokens += num_pads
                     ids += self._encode(AUDIO_START + AUDIO_PAD * num_pads + AUDIO_END)
+                elif isinstance(part, ImagePart):
+                    if message.role != "user":  # the Talker reads images from user turns only, as the model does
+                        raise EngineError(f"images go in user messages, not in a {message.role} message")
+                    image = self._image(part.pixels)
+                    ids += self._encode(VISION_START)
+                    image_spans.append((len(ids), len(ids) + image.tokens))
+                    ids += self._encode(IMAGE_PAD * image.tokens + VISION_END)
+                    images.append(image)
             has_text = any(isinstance(p, TextPart) and p.text for p in message.content)
             for k, call in enumerate(message.tool_calls):
                 if k or has_text:
@@ -146,7 +167,11 @@ class PromptBuilder:
                 if i + 1 == len(messages) or messages[i + 1].role != "tool":
                     ids += self._encode("<|im_end|>\n")
         ids += self._encode("<|im_start|>assistant\n")
-        return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens, audio_keys=keys)
+        positions = None
+        if images:
+            positions = mrope_positions(len(ids), image_spans, [i.grid_thw for i in images], images[0].merge)
+        return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens, audio_keys=keys, images=images,
+                      image_tokens=sum(i.tokens for i in images), positions=positions)
 
     def _tools_turn(self, system: Message | None, tools: tuple[Tool, ...]) -> list[int]:
         """The system turn with the tools in it (and the request's own system text first)."""
@@ -183,18 +208,39 @@ class PromptBuilder:
         """A clip's key and features, computed once for clips seen lately."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         key = -1 - int.from_bytes(hashlib.blake2b(samples.tobytes(), digest_size=7).digest(), "little")
-        with self._lock:
-            if (mel := self._recent.get(key)) is not None:
-                self._recent.move_to_end(key)
-                return key, mel
+        if (mel := self._seen(key)) is not None:
+            assert isinstance(mel, torch.Tensor)
+            return key, mel
         mel = self._features(samples)
+        self._remember(key, mel)
+        return key, mel
+
+    def _image(self, pixels: np.ndarray) -> ImageInput:
+        """An image's vision input, computed once for images seen lately (a conversation resends its images)."""
+        if self.images is None:
+            raise EngineError("this model takes no images", code="images_not_supported")
+        pixels = np.ascontiguousarray(pixels)
+        key = -1 - int.from_bytes(hashlib.blake2b(pixels.tobytes(), digest_size=7, person=b"image").digest(), "little")
+        if (image := self._seen(key)) is not None:
+            assert isinstance(image, ImageInput)
+            return image
+        image = self.images(pixels, key)
+        self._remember(key, image)
+        return image
+
+    def _seen(self, key: int) -> torch.Tensor | ImageInput | None:
+        with self._lock:
+            if (value := self._recent.get(key)) is not None:
+                self._recent.move_to_end(key)
+            return value
+
+    def _remember(self, key: int, value: torch.Tensor | ImageInput) -> None:
         with self._lock:
             if key not in self._recent:
-                self._recent[key] = mel
-                self._recent_bytes += mel.nbytes
+                self._recent[key] = value
+                self._recent_bytes += _nbytes(value)
             while self._recent_bytes > RECENT_FEATURE_BYTES:
-                self._recent_bytes -= self._recent.popitem(last=False)[1].nbytes
-        return key, mel
+                self._recent_bytes -= _nbytes(self._recent.popitem(last=False)[1])
 
     def _features(self, samples: np.ndarray) -> torch.Tensor:
         if samples.ndim != 1 or samples.size < INPUT_SAMPLE_RATE_HZ // 100:
@@ -216,6 +262,10 @@ class PromptBuilder:
         )
         valid = int(out["attention_mask"][0].sum())
         return out["input_features"][0, :, :valid]
+
+
+def _nbytes(value: torch.Tensor | ImageInput) -> int:
+    return value.pixel_values.nbytes if isinstance(value, ImageInput) else value.nbytes
 
 
 def _plain_text_copy(backend: Tokenizer | None) -> Tokenizer | None:

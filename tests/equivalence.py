@@ -85,8 +85,9 @@ def check_engine_equals_generate(
 
 
 def assert_equals_generate(reference, device: str, prompt_ids: list[int], tokens: list[int],
-                           chunks: list[np.ndarray]) -> None:
-    """A reply of TEXT_TOKENS tokens and FRAMES frames equals greedy `generate(return_audio=True)` on its prompt."""
+                           chunks: list[np.ndarray], **inputs) -> None:
+    """A reply of TEXT_TOKENS tokens and FRAMES frames equals greedy `generate(return_audio=True)` on its prompt
+    (and `inputs`: its images' pixel_values and image_grid_thw)."""
     audio = np.concatenate(chunks)
     with torch.inference_mode():
         # transformers never feeds a reply's last token back, so it speaks one token less:
@@ -99,6 +100,7 @@ def assert_equals_generate(reference, device: str, prompt_ids: list[int], tokens
             talker_do_sample=False,
             talker_max_new_tokens=FRAMES + 1,
             return_audio=True,
+            **inputs,
         )
     assert tokens == sequences[0, len(prompt_ids) : len(prompt_ids) + TEXT_TOKENS].tolist()
     expected = wav.reshape(-1).cpu().numpy()

@@ -36,11 +36,14 @@ SMALL_Q = 2
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """One sequence's rows in a step: `length` tokens written from `start`, the positions its slot holds."""
+    """One sequence's rows in a step: `length` tokens written from `start`, the positions its slot holds.
+    `rope`: their M-RoPE rows [3, length] where they are not the slot's positions (a prompt with images,
+    and its reply after it: engine/vision.py)."""
 
     slot: int
     start: int
     length: int
+    rope: np.ndarray | None = None
 
 
 class PackedAttention(Protocol):
@@ -90,7 +93,7 @@ def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tu
 class PackedBatch:
     """The view one forward takes as its cache: per token its slot and position, per sequence its slot,
     start, first token and length and the index of its last token, the kernel's two block tables
-    (`small_seq`; `block_seq`, `block_q`); all views of `meta`. `pieces`: the host's copy (None in a graph's
+    (`small_seq`; `block_seq`, `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`. `pieces`: the host's copy (None in a graph's
     static batch, whose contents change per replay)."""
 
     def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
@@ -102,9 +105,9 @@ class PackedBatch:
         self.meta = meta
         self.pieces = pieces
         small = seqs if attention.block_q else 0
-        sizes = [tokens, tokens, seqs, seqs, seqs, seqs, seqs, small, self.blocks, self.blocks]
+        sizes = [tokens, tokens, seqs, seqs, seqs, seqs, seqs, small, self.blocks, self.blocks, 3 * tokens]
         (self.token_slot, self.token_pos, self.seq_slot, self.seq_start, self.seq_q0, self.seq_len, self.last,
-         self.small_seq, self.block_seq, self.block_q) = meta.split(sizes)
+         self.small_seq, self.block_seq, self.block_q, self.rope) = meta.split(sizes)
 
     @classmethod
     def static(cls, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int) -> PackedBatch:
@@ -123,15 +126,15 @@ class PackedBatch:
 
     @staticmethod
     def meta_size(tokens: int, seqs: int, block_q: int) -> int:
-        return 2 * tokens + 5 * seqs + (seqs + 2 * num_blocks(tokens, seqs, block_q) if block_q else 0)
+        return 5 * tokens + 5 * seqs + (seqs + 2 * num_blocks(tokens, seqs, block_q) if block_q else 0)
 
     def layout(self, pieces: list[Piece]) -> np.ndarray:
         """`meta`'s contents for these pieces, padded to this batch's tokens and sequences."""
         return _layout(self.cache, self.attention.block_q, self.tokens, self.seqs, pieces)
 
     def rope_positions(self) -> torch.Tensor:
-        """[3, 1, T]: M-RoPE's temporal, height and width rows; text and audio use each token's position in all three."""
-        return self.token_pos.view(1, 1, -1).expand(3, 1, -1)
+        """[3, 1, T]: M-RoPE's temporal, height and width rows (text and audio: the token's position in all three)."""
+        return self.rope.view(3, 1, -1)
 
     # transformers' attention layers call `update`; the rest of the Cache API is unused (no mask is built
     # for a custom attention function). Never compiled: `layer_idx` picks a Python list item, which would
@@ -207,4 +210,9 @@ def _layout(cache: SlotKVCache, block_q: int, tokens: int, seqs: int, pieces: li
              np.concatenate([lengths, fill]), last]
     if block_q:
         parts += [np.asarray(table, dtype=np.int64) for table in block_tables(lengths.tolist(), block_q, tokens, seqs)]
+    rope = np.broadcast_to(token_pos, (3, tokens)).copy()
+    for p, q in zip(pieces, q0.tolist(), strict=True):
+        if p.rope is not None:
+            rope[:, q : q + p.length] = p.rope
+    parts.append(rope.reshape(-1))
     return np.concatenate(parts).astype(np.int64)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.cold_work import ColdWork
@@ -21,6 +22,9 @@ from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
+from engine.vision import mrope_positions, placeholder_spans
+
+ASSISTANT_ROWS = 9  # the assistant header, four pads, tts_bos and the first text token (`assistant_rows`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class TalkerRow:
     slot: int
     start: int
     embeds: torch.Tensor  # [n, H]
+    rope: np.ndarray | None = None  # [3, n] M-RoPE rows where they are not the positions (a prompt with images)
 
 
 class TalkerRunner:
@@ -78,6 +83,8 @@ class TalkerRunner:
         self.codec_eos_id = tc.codec_eos_token_id
         tk = config.thinker_config
         self._multimodal_id_set = frozenset((tk.audio_token_id, tk.image_token_id, tk.video_token_id))
+        self.image_token_id = tk.image_token_id
+        self.merge = tk.vision_config.spatial_merge_size
         self._codec_tracks: dict[str, torch.Tensor] = {}
         self.user_token_id = config.user_token_id
         self.im_start_id = config.im_start_token_id
@@ -151,8 +158,15 @@ class TalkerRunner:
             rows = torch.where(multimodal.unsqueeze(-1), self.talker.hidden_projection(user_hidden), rows)
         return rows
 
+    def positions(self, layout: PromptLayout, token_ids: list[int], image_grids: list[tuple[int, int, int]]) -> np.ndarray:
+        """[3, L]: the M-RoPE rows of a talker prompt whose user turns hold images of these patch grids; transformers
+        places them as the Thinker does, over the talker prompt's own rows (its user rows, then the assistant's)."""
+        ids = [token_ids[i] for a, b in layout.user_spans for i in range(a, b)]
+        spans = placeholder_spans(ids, self.image_token_id)
+        return mrope_positions(len(ids) + ASSISTANT_ROWS, spans, image_grids, self.merge)
+
     def assistant_rows(self, header: torch.Tensor, first_text: torch.Tensor, speaker: str) -> torch.Tensor:
-        """The talker prompt's last rows [9, H]: the assistant header (the Thinker's input embeddings of the
+        """The talker prompt's last rows [ASSISTANT_ROWS, H]: the assistant header (the Thinker's input embeddings of the
         prompt's last `<|im_start|>assistant` and its newline) and the reply's first text token on the text
         track, the speaker's codec prefix under them."""
         header = header.to(self.device, self.dtype)
@@ -172,7 +186,7 @@ class TalkerRunner:
         """Every row's embeds in one packed forward (replayed when a graph's bucket fits) -> per row the logits
         [N, V] and hidden [N, H] at its last position."""
         embeds = torch.cat([row.embeds for row in rows]).to(self.dtype)
-        pieces = [Piece(row.slot, row.start, row.embeds.shape[0]) for row in rows]
+        pieces = [Piece(row.slot, row.start, row.embeds.shape[0], row.rope) for row in rows]
         logits, hidden = run_packed(self.graphs, embeds, pieces,
                                     lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces)),
                                     self.cold, f"talker step of {embeds.shape[0]} rows in {len(rows)} replies")

@@ -1,5 +1,8 @@
-"""The Thinker's tensor work: one packed step over any mix of prompt pieces (text + audio; whole, or after
-what their slot holds) and replies' next tokens (engine/runners/packed_batch.py).
+"""The Thinker's tensor work: one packed step over any mix of prompt pieces (text, audio and images; whole, or
+after what their slot holds) and replies' next tokens (engine/runners/packed_batch.py).
+
+A step with images in it runs eagerly: the vision tower's "deepstack" rows are added inside the first decoder
+layers at the images' places, which the captured steps have no input for.
 
 Owns the Thinker model and its KV cache. Scheduling lives in `engine/stages/thinker.py`.
 The Thinker stays behind this small interface (a step of rows in, rows out) so another
@@ -12,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from engine.cold_work import ColdWork
@@ -19,6 +23,8 @@ from engine.runners.audio_encoder import AudioEncoder
 from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.replay import EAGER, StepGraphs, run_packed
+from engine.runners.vision_tower import VisionRows, VisionTower
+from engine.vision import ImageInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +36,8 @@ class StepRow:
     token_ids: list[int]
     start: int = 0
     audio: tuple[torch.Tensor, ...] = ()  # log-mels of the clips whose placeholders are in `token_ids`, in order
+    images: tuple[ImageInput, ...] = ()  # the images whose placeholders are in `token_ids`, in order
+    rope: np.ndarray | None = None  # [3, n] M-RoPE rows, where they are not the positions (engine/vision.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +54,7 @@ class StepRunner(Protocol):
     device: torch.device
     kv: SlotKVCache
     audio_token_id: int
+    image_token_id: int
 
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor: ...
 
@@ -77,7 +86,9 @@ class ThinkerRunner:
         use_packed_attention(self.text_model)
         self.attention = attention or ReferenceAttention()
         self.audio_token_id = config.thinker_config.audio_token_id
+        self.image_token_id = config.thinker_config.image_token_id
         self.audio = AudioEncoder(thinker, buckets=audio_buckets, graphed=audio_graphed, cold=cold, timed=audio_timed)
+        self.vision = VisionTower(thinker)
         self.cold = cold
         # hidden_states[k] is the output of decoder layer k-1 (index 0 is the embedding).
         self.capture_layer = config.talker_config.accept_hidden_layer - 1
@@ -110,10 +121,17 @@ class ThinkerRunner:
         if clips:
             at_audio = host_ids == self.audio_token_id
             embeds[at_audio.to(self.device, non_blocking=True)] = self.audio(clips, int(at_audio.sum())).to(embeds.dtype)
-        pieces = [Piece(r.slot, r.start, len(r.token_ids)) for r in rows]
-        logits, hidden = run_packed(self.graphs, embeds, pieces,
-                                    lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces)),
-                                    self.cold, f"thinker step of {len(ids)} tokens in {len(rows)} rows")
+        pieces = [Piece(r.slot, r.start, len(r.token_ids), r.rope) for r in rows]
+        images = [image for row in rows for image in row.images]
+        if images:
+            at_image = (host_ids == self.image_token_id).to(self.device, non_blocking=True)
+            vision = self.vision(images)
+            embeds[at_image] = vision.embeds.to(embeds.dtype)
+            logits, hidden = self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces), (at_image, vision))
+        else:
+            logits, hidden = run_packed(
+                self.graphs, embeds, pieces, lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces)),
+                self.cold, f"thinker step of {len(ids)} tokens in {len(rows)} rows")
         outs, first = [], 0
         for b, row in enumerate(rows):
             end = first + len(row.token_ids)
@@ -121,11 +139,17 @@ class ThinkerRunner:
             first = end
         return outs
 
-    def packed_step(self, embeds: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def packed_step(self, embeds: torch.Tensor, batch: PackedBatch,
+                    vision: tuple[torch.Tensor, VisionRows] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed rows, embeds [T, H] -> (logits at each sequence's last token [N, V], the captured layer's rows
-        [T, H]); device work only (a CUDA graph captures this)."""
+        [T, H]); device work only (a CUDA graph captures this). `vision`: where the images' rows are [T], and
+        their deepstack rows, added inside the first decoder layers."""
         self._captured = []
-        kwargs = {self._cache_kw: batch, "packed": batch}
+        kwargs: dict[str, Any] = {self._cache_kw: batch, "packed": batch}
+        if vision is not None:
+            at_image, rows = vision
+            kwargs.update(visual_pos_masks=at_image[None],
+                          deepstack_visual_embeds=[d.to(embeds.dtype) for d in rows.deepstack])
         out = self.text_model(inputs_embeds=embeds[None], position_ids=batch.rope_positions(), use_cache=True, **kwargs)
         hidden = out.last_hidden_state[0]
         return self.thinker.lm_head(hidden[batch.last]), self._captured[0][0]

@@ -40,6 +40,7 @@ from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import StepRow, StepRunner
 from engine.stages.base import Stage
 from engine.stages.policy import FirstPacketPolicy
+from engine.vision import placeholder_spans, rope_delta
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class ThinkerSeq:
     sampling: RowSampling
     keys: np.ndarray  # per prompt position, what a cached prefix must hold there (engine/runners/prefix_cache.py)
     clips: list[tuple[int, int]]  # [start, end) of each audio clip's placeholders, in prompt order
+    images: list[tuple[int, int]]  # and of each image's
+    # with images, a reply's M-RoPE position minus its KV position (engine/vision.py); None: they are the same
+    rope_delta: int | None = None
     slot: int = -1
     position: int = 0  # tokens in the KV cache
     cached: int = 0  # of the prompt, tokens a cached prefix held
@@ -83,13 +87,7 @@ class ThinkerSeq:
 
 def clip_spans(token_ids: list[int], audio_token_id: int) -> list[tuple[int, int]]:
     """Each run of audio placeholders, [start, end), in order: one per clip."""
-    at = np.flatnonzero(np.asarray(token_ids) == audio_token_id)
-    if not at.size:
-        return []
-    breaks = np.flatnonzero(np.diff(at) > 1)
-    starts = np.concatenate([[at[0]], at[breaks + 1]])
-    ends = np.concatenate([at[breaks] + 1, [at[-1] + 1]])
-    return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
+    return placeholder_spans(token_ids, audio_token_id)
 
 
 class ThinkerStage(Stage):
@@ -134,9 +132,12 @@ class ThinkerStage(Stage):
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
         clips = clip_spans(item.token_ids, self.runner.audio_token_id)
-        keys = position_keys(item.token_ids, clips, item.audio_keys)
+        images = placeholder_spans(item.token_ids, self.runner.image_token_id) if item.images else []
+        keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
         grammar = None if item.grammar is None else self.grammars.start(item.grammar)
-        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips, grammar=grammar))
+        delta = None if item.positions is None else rope_delta(item.positions)
+        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips, images=images,
+                                       rope_delta=delta, grammar=grammar))
 
     def release(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
@@ -172,7 +173,7 @@ class ThinkerStage(Stage):
         if not pieces and not self._wants_decode():
             return []
         rows = [self._piece_row(seq, end) for seq, end in pieces]
-        rows += [StepRow(seq.slot, [seq.generated[-1]], seq.position) for seq in replies]
+        rows += [self._reply_row(seq) for seq in replies]
         self.last_phase = "prefill" if pieces else "decode"
         self.last_batch = [s.job.request_id for s, _ in pieces] + [s.job.request_id for s in replies]
         try:
@@ -220,8 +221,12 @@ class ThinkerStage(Stage):
         step, and the chunks its clips take: never inside a clip, nor past a clip that would take the step's audio
         beyond the tower's dense, graphed layout (a long history prefilled again would otherwise run it eagerly,
         allocating as it goes). A clip that starts the step's first piece goes whole, whatever the room (a prompt
-        always progresses); a later piece stops before it."""
+        always progresses); a later piece stops before it. Images go whole too."""
         end, taken = min(seq.prompt_len, seq.position + room), 0
+        for a, b in seq.images:
+            if seq.position <= a < end < b:
+                end = a if a > seq.position else (b if first else seq.position)
+                break
         for (a, b), features in zip(seq.clips, seq.job.audio_features, strict=True):
             if a < seq.position:
                 continue
@@ -260,14 +265,22 @@ class ThinkerStage(Stage):
 
     def _piece_row(self, seq: ThinkerSeq, end: int) -> StepRow:
         clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
-        return StepRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips)
+        images = tuple(i for (a, _), i in zip(seq.images, seq.job.images, strict=True) if seq.position <= a < end)
+        positions = seq.job.positions
+        rope = None if positions is None else positions[:, seq.position : end]
+        return StepRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips, images, rope)
+
+    def _reply_row(self, seq: ThinkerSeq) -> StepRow:
+        rope = None if seq.rope_delta is None else np.full((3, 1), seq.position + seq.rope_delta, dtype=np.int64)
+        return StepRow(seq.slot, [seq.generated[-1]], seq.position, rope=rope)
 
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
         """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
         job = seq.job
         if job.want_audio:  # its Talker prefills the prompt's rows as they come
-            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys))
-        reuse = self.cache.claim(seq.keys, seq.clips, want_hidden=job.want_audio)
+            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,
+                                         tuple(i.grid_thw for i in job.images)))
+        reuse = self.cache.claim(seq.keys, seq.clips + seq.images, want_hidden=job.want_audio)
         if reuse is None:
             seq.slot = self.cache.allocate()
             return seq

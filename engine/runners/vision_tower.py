@@ -1,0 +1,46 @@
+"""The Thinker's vision tower over every image of a step at once.
+
+The tower attends within each image (transformers lays the images end to end and separates them by their
+sequence lengths), so one call over the step's images equals a call per image. It returns the merged rows
+that take the images' placeholders, and the "deepstack" rows that the first decoder layers add at those
+same places (engine/runners/thinker.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.vision import ImageInput
+
+
+@dataclass(frozen=True, slots=True)
+class VisionRows:
+    embeds: torch.Tensor  # [tokens, H]: the placeholders' rows, image after image
+    deepstack: list[torch.Tensor]  # per deepstack layer, [tokens, H]: added after decoder layer k
+
+
+class VisionTower:
+    """`timed`: told the host time of each call."""
+
+    def __init__(self, thinker: Any, *, timed: Callable[[float], None] | None = None) -> None:
+        # transformers 5.2x keeps the towers under `thinker.model`
+        self.tower = getattr(thinker, "visual", None) or thinker.model.visual
+        param = next(self.tower.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.timed = timed
+
+    def __call__(self, images: list[ImageInput]) -> VisionRows:
+        started = time.perf_counter()
+        pixels = torch.cat([image.pixel_values for image in images]).to(self.device, self.dtype, non_blocking=True)
+        grid = torch.tensor([image.grid_thw for image in images], device=self.device)
+        out = self.tower(pixels, grid_thw=grid)
+        # transformers before 5.2x returns (merged rows, deepstack rows)
+        embeds, deepstack = (out[0], out[1]) if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
+        if self.timed is not None:
+            self.timed(time.perf_counter() - started)
+        return VisionRows(embeds, list(deepstack))

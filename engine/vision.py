@@ -1,0 +1,128 @@
+"""Images -> what the Thinker takes: pixel patches, the prompt's placeholders, and M-RoPE's 3-D positions.
+
+Pixels go through transformers' own Qwen2-VL image processor (the one Qwen3-Omni's processor holds), resized
+so that the image's pixels lie within the profile's budget (`min_pixels`, `max_pixels`): each placeholder
+stands for a 2x2 merge of 16x16 patches, 32x32 pixels. An image becomes `<|vision_start|>`, one
+`<|image_pad|>` per merged patch, `<|vision_end|>`.
+
+Positions: text and audio advance M-RoPE's three rows together, one per token. An image's placeholders take
+(t, h, w) = (start, start + row, start + column) over its merged grid, and what follows the image starts
+after the largest of them (transformers' `get_rope_index`): a prompt with images takes fewer positions than
+tokens, and its reply continues from there (`rope_delta`). A prompt's positions depend only on what comes
+before them, so a kept prefix holds the same positions in every turn that begins with it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.api import EngineError
+
+VISION_START = "<|vision_start|>"
+IMAGE_PAD = "<|image_pad|>"
+VISION_END = "<|vision_end|>"
+# Qwen3-Omni's vision tower normalises pixels to [-1, 1] (Qwen3-VL's processor settings)
+_MEAN_STD = (0.5, 0.5, 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image as the vision tower takes it: `pixel_values` [patches, 3 * 2 * 16 * 16] and its patch grid
+    (t, h, w); `key`: a digest of its pixels, negative so that no token id equals it (prefix reuse)."""
+
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    key: int
+    merge: int = 2
+
+    @property
+    def tokens(self) -> int:
+        t, h, w = self.grid_thw
+        return t * h * w // (self.merge * self.merge)
+
+
+class ImagePreprocessor:
+    """Pixels -> `ImageInput`, within a pixel budget, by transformers' Qwen2-VL image processor (its PIL backend
+    where transformers has one: no torchvision needed)."""
+
+    def __init__(self, vision_config: Any, *, min_pixels: int, max_pixels: int,
+                 mean_std: tuple[tuple[float, ...], tuple[float, ...]] = (_MEAN_STD, _MEAN_STD)) -> None:
+        self.merge = vision_config.spatial_merge_size
+        try:
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Cls
+        except ImportError:  # transformers before the PIL backends: the torchvision one
+            from transformers import Qwen2VLImageProcessor as Cls  # type: ignore[assignment]
+        self.processor = Cls(patch_size=vision_config.patch_size, temporal_patch_size=vision_config.temporal_patch_size,
+                             merge_size=self.merge, min_pixels=min_pixels, max_pixels=max_pixels,
+                             image_mean=list(mean_std[0]), image_std=list(mean_std[1]))
+
+    @classmethod
+    def for_checkpoint(cls, path: Path, vision_config: Any, *, min_pixels: int, max_pixels: int) -> ImagePreprocessor:
+        """With the normalisation the checkpoint's `preprocessor_config.json` names, where it names one."""
+        mean_std = (_MEAN_STD, _MEAN_STD)
+        config = path / "preprocessor_config.json"
+        if config.exists():
+            saved = json.loads(config.read_text())
+            if "image_mean" in saved and "image_std" in saved:
+                mean_std = (tuple(saved["image_mean"]), tuple(saved["image_std"]))
+        return cls(vision_config, min_pixels=min_pixels, max_pixels=max_pixels, mean_std=mean_std)
+
+    def __call__(self, pixels: np.ndarray, key: int) -> ImageInput:
+        """`key`: the image's digest (negative, so that no token id equals it)."""
+        if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8:
+            raise EngineError(f"an image must be RGB uint8 [height, width, 3], got {pixels.dtype} {list(pixels.shape)}")
+        if min(pixels.shape[:2]) < 2:
+            raise EngineError(f"an image must be at least 2x2 pixels, got {pixels.shape[1]}x{pixels.shape[0]}")
+        try:
+            out = self.processor(images=[pixels], return_tensors="pt")
+        except ValueError as e:  # e.g. an aspect ratio past 200:1
+            raise EngineError(f"cannot use this image: {e}") from e
+        t, h, w = (int(v) for v in out["image_grid_thw"][0])
+        return ImageInput(out["pixel_values"], (t, h, w), key, self.merge)
+
+
+def image_positions(start: int, grid_thw: tuple[int, int, int], merge: int) -> np.ndarray:
+    """[3, tokens]: the (t, h, w) rows of an image's placeholders that begin at position `start`."""
+    t, h, w = grid_thw
+    gh, gw = h // merge, w // merge
+    rows = np.stack([np.zeros((t, gh, gw), np.int64),  # an image is one moment: t is 0 for all its frames
+                     np.broadcast_to(np.arange(gh)[None, :, None], (t, gh, gw)),
+                     np.broadcast_to(np.arange(gw)[None, None, :], (t, gh, gw))]).reshape(3, -1)
+    return rows + start
+
+
+def mrope_positions(length: int, image_spans: list[tuple[int, int]], grids: list[tuple[int, int, int]],
+                    merge: int) -> np.ndarray:
+    """[3, length]: M-RoPE's rows for a prompt whose images (of these patch grids) lie at `image_spans`."""
+    parts, at, next_pos = [], 0, 0
+    for (a, b), grid in zip(image_spans, grids, strict=True):
+        parts.append(np.broadcast_to(np.arange(next_pos, next_pos + a - at), (3, a - at)))
+        next_pos += a - at
+        rows = image_positions(next_pos, grid, merge)
+        assert rows.shape[1] == b - a, (a, b, grid)
+        parts.append(rows)
+        next_pos, at = int(rows.max()) + 1, b
+    parts.append(np.broadcast_to(np.arange(next_pos, next_pos + length - at), (3, length - at)))
+    return np.concatenate(parts, axis=1)
+
+
+def rope_delta(positions: np.ndarray) -> int:
+    """What a reply's M-RoPE position is ahead of its place in the cache, after a prompt of these rows."""
+    return int(positions.max()) + 1 - positions.shape[1]
+
+
+def placeholder_spans(token_ids: list[int], placeholder: int) -> list[tuple[int, int]]:
+    """Each run of a placeholder id, [start, end), in order: one per clip or image."""
+    at = np.flatnonzero(np.asarray(token_ids) == placeholder)
+    if not at.size:
+        return []
+    breaks = np.flatnonzero(np.diff(at) > 1)
+    starts = np.concatenate([[at[0]], at[breaks + 1]])
+    ends = np.concatenate([at[breaks] + 1, [at[-1] + 1]])
+    return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]

@@ -1,0 +1,207 @@
+"""Images through the staged engine: the same text and speech as transformers' own generate(), M-RoPE positions
+as transformers places them, the vision tower batched, kept prefixes that hold an image, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine import (
+    AudioChunk,
+    AudioPart,
+    EngineError,
+    EngineRequest,
+    Finished,
+    ImagePart,
+    Message,
+    SamplingParams,
+    TextDelta,
+    TextPart,
+    create_engine,
+)
+from engine.profile import load_profile
+from engine.runners.vision_tower import VisionTower
+from engine.vision import placeholder_spans
+from tests.equivalence import FRAMES, TEXT_TOKENS, assert_equals_generate
+
+GREEDY = {"temperature": 0}
+# generate() given image grids says, for its talker, that it applies the repetition penalty to new codes only:
+# so does the engine (a greedy talker has no penalty to apply)
+pytestmark = pytest.mark.filterwarnings("ignore:Passing `repetition_penalty`:UserWarning")
+
+
+def _image(height: int, width: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
+
+
+def _engine(cache_dir: Path):
+    profile = load_profile(model="tiny", platform="cpu", stage_overrides={
+        "talker": {"max_frames": FRAMES, "sampling": GREEDY, "code_sampling": GREEDY}})
+    return create_engine("tiny", profile, cache_dir)
+
+
+async def _reply(engine, rid: str, messages: tuple[Message, ...]) -> tuple[list[int], list[np.ndarray], Finished]:
+    stream = await engine.submit(EngineRequest(rid, messages, True, "ethan",
+                                               SamplingParams(max_tokens=TEXT_TOKENS, temperature=0)))
+    tokens, audio, finished = [], [], None
+    async for event in stream:
+        if isinstance(event, TextDelta):
+            tokens += event.token_ids
+        elif isinstance(event, AudioChunk):
+            audio.append(event.samples)
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None, f"{rid} did not finish"
+    return tokens, audio, finished
+
+
+def _generate_inputs(prompt) -> dict:
+    """A prompt's images and speech as generate() takes them."""
+    inputs: dict = {}
+    if prompt.images:
+        inputs.update(pixel_values=torch.cat([i.pixel_values for i in prompt.images]),
+                      image_grid_thw=torch.tensor([i.grid_thw for i in prompt.images]))
+    if prompt.audio_features:
+        longest = max(f.shape[-1] for f in prompt.audio_features)
+        features = torch.zeros(len(prompt.audio_features), prompt.audio_features[0].shape[0], longest)
+        mask = torch.zeros(len(prompt.audio_features), longest, dtype=torch.long)
+        for i, f in enumerate(prompt.audio_features):
+            features[i, :, : f.shape[-1]], mask[i, : f.shape[-1]] = f, 1
+        inputs.update(input_features=features, feature_attention_mask=mask)
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint: Path):
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).eval()
+
+
+CONVERSATIONS = {
+    "one image": (Message("user", (TextPart("What is in this picture?"), ImagePart(_image(100, 150, 1)))),),
+    "two images": (
+        Message("system", (TextPart("You describe pictures."),)),
+        Message("user", (ImagePart(_image(64, 64, 2)), TextPart("and"), ImagePart(_image(90, 40, 3)))),
+    ),
+    "text only": (Message("user", (TextPart("Hello there"),)),),
+}
+# generate() cannot be the reference with speech and images together: its talker then reads an `audio_config`
+# that the talker's config does not have. Positions are checked with both (`get_rope_index`).
+WITH_SPEECH = (*CONVERSATIONS["two images"][:1], Message("user", (
+    *CONVERSATIONS["two images"][1].content, AudioPart(np.random.default_rng(4).standard_normal(16_000).astype(np.float32) * 0.1),
+    ImagePart(_image(48, 80, 5)))))
+
+
+def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
+    """Replies with images, beside one without, in shared steps: the tokens and speech generate() makes."""
+    async def run():
+        engine = _engine(cache_dir)
+        await engine.start()
+        try:
+            results = await asyncio.gather(*(_reply(engine, name, m) for name, m in CONVERSATIONS.items()))
+            return [engine.admission.prompts.build(m) for m in CONVERSATIONS.values()], results
+        finally:
+            await engine.stop()
+
+    prompts, results = asyncio.run(run())
+    for prompt, (tokens, audio, finished) in zip(prompts, results, strict=True):
+        assert finished.timings.prompt_image_tokens == sum(i.tokens for i in prompt.images)
+        assert_equals_generate(reference, "cpu", prompt.token_ids, tokens, audio, **_generate_inputs(prompt))
+    assert len(prompts[1].images) == 2
+
+
+def test_the_image_changes_the_reply(cache_dir: Path) -> None:
+    """The pixels reach the model: another picture, with the same words, gives another reply."""
+    async def run():
+        engine = _engine(cache_dir)
+        await engine.start()
+        try:
+            return [await _reply(engine, f"r{seed}", (Message("user", (TextPart("Look"), ImagePart(_image(64, 96, seed)))),))
+                    for seed in (10, 11)]
+        finally:
+            await engine.stop()
+
+    (_, first, _), (_, second, _) = asyncio.run(run())
+    assert not np.allclose(np.concatenate(first), np.concatenate(second))
+
+
+def test_positions_are_transformers_rope_index(cache_dir: Path, reference) -> None:
+    """Text, speech and two images: the M-RoPE rows transformers' get_rope_index gives the whole prompt."""
+    async def build():
+        engine = _engine(cache_dir)
+        return engine.admission.prompts.build(WITH_SPEECH)
+
+    prompt = asyncio.run(build())
+    assert prompt.audio_tokens and len(prompt.images) == 3
+    ids = torch.tensor([prompt.token_ids])
+    thinker = reference.thinker
+    rope_index = getattr(thinker, "get_rope_index", None) or thinker.model.get_rope_index
+    expected, delta = rope_index(ids, torch.tensor([i.grid_thw for i in prompt.images]), None, torch.ones_like(ids),
+                                 False, torch.tensor([f.shape[-1] for f in prompt.audio_features]))
+    assert prompt.positions is not None
+    np.testing.assert_array_equal(prompt.positions, expected[:, 0].long().numpy())
+    assert int(prompt.positions.max()) + 1 - len(prompt.token_ids) == int(delta)
+
+
+def test_vision_tower_batched_equals_one_by_one(cache_dir: Path, reference) -> None:
+    async def build():
+        return _engine(cache_dir).admission.prompts.build(WITH_SPEECH)
+
+    images = asyncio.run(build()).images
+    tower = VisionTower(reference.thinker)
+    with torch.inference_mode():
+        together = tower(images)
+        alone = [tower([image]) for image in images]
+    torch.testing.assert_close(together.embeds, torch.cat([a.embeds for a in alone]), rtol=1e-5, atol=1e-5)
+    for k, rows in enumerate(together.deepstack):
+        torch.testing.assert_close(rows, torch.cat([a.deepstack[k] for a in alone]), rtol=1e-5, atol=1e-5)
+    assert together.embeds.shape[0] == sum(i.tokens for i in images)
+
+
+def test_next_turn_reuses_the_prefix_that_holds_the_image(cache_dir: Path, reference) -> None:
+    """A conversation's second turn resends its picture: the kept prefix holds it (the image's placeholders are
+    not prefilled again), and the reply is what a full prefill gives."""
+    picture = ImagePart(_image(256, 288, 7))  # 72 placeholders: a kept prefix is at least 64 tokens
+    first = (Message("user", (TextPart("What colour is it?"), picture)),)
+
+    async def run():
+        engine = _engine(cache_dir)
+        await engine.start()
+        try:
+            tokens, _, _ = await _reply(engine, "turn1", first)
+            text = engine.admission.prompts.tokenizer.decode(tokens)
+            second = (*first, Message("assistant", (TextPart(text),)), Message("user", (TextPart("Are you sure?"),)))
+            return engine.admission.prompts.build(second), await _reply(engine, "turn2", second)
+        finally:
+            await engine.stop()
+
+    prompt, (tokens, audio, finished) = asyncio.run(run())
+    image_end = placeholder_spans(prompt.token_ids, 151655)[0][1]
+    assert finished.timings.cached_tokens > image_end
+    assert_equals_generate(reference, "cpu", prompt.token_ids, tokens, audio, **_generate_inputs(prompt))
+
+
+@pytest.mark.parametrize("messages, message", [
+    ((Message("user", (ImagePart(np.zeros((8, 8), np.uint8)),)),), "RGB uint8"),
+    ((Message("user", (ImagePart(np.zeros((8, 8, 3), np.float32)),)),), "RGB uint8"),
+    ((Message("user", (ImagePart(np.zeros((1, 64, 3), np.uint8)),)),), "at least 2x2"),
+    ((Message("user", (ImagePart(np.zeros((2, 900, 3), np.uint8)),)),), "cannot use this image"),
+    ((Message("user", (TextPart("hi"),)), Message("assistant", (ImagePart(_image(32, 32, 0)),))), "user messages"),
+])
+def test_images_the_engine_refuses(cache_dir: Path, messages, message: str) -> None:
+    async def run():
+        engine = _engine(cache_dir)
+        await engine.start()
+        try:
+            with pytest.raises(EngineError, match=message):
+                await engine.submit(EngineRequest("bad", messages, True, "ethan"))
+            await _reply(engine, "after", CONVERSATIONS["text only"])  # the engine serves on
+        finally:
+            await engine.stop()
+
+    asyncio.run(run())
