@@ -24,6 +24,7 @@ from engine import (
     EngineRequest,
     Failed,
     Finished,
+    ImagePart,
     Message,
     OutputEvent,
     RequestStream,
@@ -34,8 +35,16 @@ from engine import (
 )
 from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
+from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import APIError, engine_error
-from voice_gateway.openai.schemas import ChatCompletionRequest, ChatMessage, InputAudioContent, TextContent
+from voice_gateway.images import TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
+from voice_gateway.openai.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ImageURLContent,
+    InputAudioContent,
+    TextContent,
+)
 from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, finish_reason, stream_chunks
 from voice_gateway.openai.tool_parser import Content, ToolCallParser
 from voice_gateway.openai.tools import max_calls, output_constraint, tools_of
@@ -61,14 +70,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     audio_format = body.audio.format if body.audio else ("pcm16" if body.stream else "wav")
     if want_audio and body.stream and audio_format != "pcm16":
         raise APIError(400, "streamed audio is always pcm16: set audio.format to \"pcm16\"", param="audio.format")
+    gateway: GatewayConfig = request.app.state.gateway
     _check_text_fits(body, engine.info.max_model_len)
+    _check_images(body, gateway.images)
     output = output_constraint(body)
     tools = tools_of(body)
-    max_audio_s = request.app.state.gateway.max_input_audio_s
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = EngineRequest(
         request_id=request_id,
-        messages=tuple([await _message(m, i, max_audio_s) for i, m in enumerate(body.messages)]),
+        messages=tuple([await _message(m, i, gateway) for i, m in enumerate(body.messages)]),
         want_audio=want_audio,
         speaker=_speaker(body, engine.info.speakers) if want_audio else None,
         sampling=SamplingParams(
@@ -147,18 +157,38 @@ def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
                        param="messages", code="context_length_exceeded")
 
 
-async def _message(message: ChatMessage, index: int, max_audio_s: float) -> Message:
+def _check_images(body: ChatCompletionRequest, limits: ImageLimits) -> None:
+    """Images in user messages only, as OpenAI has them, and not too many: checked before any is decoded."""
+    count = 0
+    for i, message in enumerate(body.messages):
+        for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+            if not isinstance(part, ImageURLContent):
+                continue
+            if message.role != "user":
+                raise APIError(400, f"messages.{i}.content.{j}: image_url parts are only for messages with role "
+                               f"'user', and this message's role is '{message.role}'",
+                               param=f"messages.{i}.content.{j}.type", code="invalid_value")
+            count += 1
+    if count > limits.max_images_per_request:
+        raise APIError(400, f"the messages hold {count} images; a request may hold at most "
+                       f"{limits.max_images_per_request}", param="messages", code=TOO_MANY_IMAGES)
+
+
+async def _message(message: ChatMessage, index: int, gateway: GatewayConfig) -> Message:
     role = {"developer": "system"}.get(message.role, message.role)
     calls = tuple(ToolCall(c.function.name, c.function.arguments) for c in message.tool_calls or ())
     if message.content is None:
         return Message(role, (), calls)  # type: ignore[arg-type]
     if isinstance(message.content, str):
         return Message(role, (TextPart(message.content),), calls)  # type: ignore[arg-type]
-    parts: list[TextPart | AudioPart] = []
+    parts: list[TextPart | AudioPart | ImagePart] = []
     for j, part in enumerate(message.content):
         if isinstance(part, InputAudioContent):
             param = f"messages.{index}.content.{j}.input_audio"
-            parts.append(AudioPart(await _decode_input_audio(part, param, max_audio_s)))
+            parts.append(AudioPart(await _decode_input_audio(part, param, gateway.max_input_audio_s)))
+        elif isinstance(part, ImageURLContent):
+            param = f"messages.{index}.content.{j}.image_url"
+            parts.append(ImagePart(await _decode_image_url(part, param, gateway.images)))
         else:
             parts.append(TextPart(part.text))
     return Message(role, tuple(parts), calls)  # type: ignore[arg-type]
@@ -174,6 +204,13 @@ async def _decode_input_audio(part: InputAudioContent, param: str, max_audio_s: 
         return await asyncio.to_thread(decode_audio, raw, part.input_audio.format,
                                        to_hz=INPUT_SAMPLE_RATE_HZ, max_seconds=max_audio_s)
     except AudioDecodeError as e:
+        raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
+
+
+async def _decode_image_url(part: ImageURLContent, param: str, limits: ImageLimits) -> np.ndarray:
+    try:
+        return await image_from_url(part.image_url.url, limits)
+    except ImageError as e:  # logged with the other refusals, by the error handler
         raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 
 

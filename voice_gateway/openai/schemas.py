@@ -36,9 +36,19 @@ class InputAudioContent(_Open):
     input_audio: InputAudio
 
 
+class ImageURL(_Open):
+    url: CleanText  # a data:image/...;base64 URL, or an http(s) URL on a host the server fetches from
+    detail: Literal["auto", "low", "high"] = "auto"  # accepted; the engine sizes every image by its own budget
+
+
+class ImageURLContent(_Open):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 def _part_tag(part: Any) -> str | None:
     kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-    return f"${kind}" if kind in ("text", "input_audio") else None
+    return f"${kind}" if kind in ("text", "image_url", "input_audio") else None
 
 
 def _content_tag(content: Any) -> str | None:
@@ -46,9 +56,10 @@ def _content_tag(content: Any) -> str | None:
 
 
 ContentPart = Annotated[
-    Annotated[TextContent, Tag("$text")] | Annotated[InputAudioContent, Tag("$input_audio")],
+    Annotated[TextContent, Tag("$text")] | Annotated[ImageURLContent, Tag("$image_url")]
+    | Annotated[InputAudioContent, Tag("$input_audio")],
     Discriminator(_part_tag, custom_error_type="invalid_content_part",
-                  custom_error_message="a content part's type must be 'text' or 'input_audio'"),
+                  custom_error_message="a content part's type must be 'text', 'image_url' or 'input_audio'"),
 ]
 Content = Annotated[
     Annotated[CleanText, Tag("$text")] | Annotated[list[ContentPart], Tag("$parts")],
