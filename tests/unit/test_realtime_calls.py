@@ -70,7 +70,7 @@ def test_a_call_cut_off_ends_incomplete() -> None:
 
 
 def test_calls_join_the_assistant_turn_before_them() -> None:
-    conversation = Conversation(10_000, 16_000)
+    conversation = Conversation(10_000, 16_000, 16)
     conversation.add(Item("u", "user", "lamp and weather?"))
     conversation.add(Item("a", "assistant", "Sure."))
     conversation.add(Item("c1", "assistant", kind="function_call", call_id="x", name="set_lamp", arguments="{}"))

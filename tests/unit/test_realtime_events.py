@@ -295,7 +295,7 @@ def user_item(**fields: Any) -> dict[str, Any]:
         ({"type": "input_audio_buffer.append"}, "invalid_value", "audio", None, "required"),
         ({**TRUNCATE, "audio_end_ms": "soon", "event_id": "e3"}, "invalid_value", "audio_end_ms", "e3", "integer"),
         ({**TRUNCATE, "audio_end_ms": 5, "event_id": 5}, "invalid_value", "event_id", None, "string"),
-        (user_item(content=[{"type": "input_image"}]), "invalid_value", "item.content.0.type", None, "input_text"),
+        (user_item(content=[{"type": "input_file"}]), "invalid_value", "item.content.0.type", None, "input_image"),
         (user_item(type="mcp_call"), "invalid_value", "item.type", None, "message"),
         (user_item(type="function_call_output"), "invalid_value", "item.call_id", None, "required"),
         ({"type": "conversation.item.create", "item": {"type": "function_call", "arguments": "{}"}}, "invalid_value",

@@ -9,6 +9,7 @@ from typing import Any, cast
 import numpy as np
 
 from engine import Engine, ModelInfo
+from voice_gateway.images import ImageLimits
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime import item_events
@@ -38,9 +39,9 @@ def _parts() -> tuple[ClientItemReader, ConversationItems, AudioInput, Outbox]:
     config = ev.SessionConfig(model="tiny", turn_detection=None)
     settings = SessionSettings(config, checks, reporter, sender)
     audio_input = AudioInput(InputAudioBuffer(10.0), TurnTaking(config.turn_detection))
-    items = ConversationItems(Conversation(4096, 16_000 * 60), Transcriber(engine, sender, "sess_test"), settings,
+    items = ConversationItems(Conversation(4096, 16_000 * 60, 16), Transcriber(engine, sender, "sess_test"), settings,
                               sender, reporter, 60.0)
-    return ClientItemReader(settings, checks, reporter), items, audio_input, outbox
+    return ClientItemReader(settings, checks, reporter, ImageLimits()), items, audio_input, outbox
 
 
 def _events(outbox: Outbox) -> list[dict[str, Any]]:

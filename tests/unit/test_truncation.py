@@ -38,7 +38,7 @@ def first_kept(conversation: Conversation) -> str:
 
 
 def test_nothing_leaves_while_the_history_fits() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     for n in range(8):
         turn(conversation, n)
     assert used(conversation) <= ROOM
@@ -49,7 +49,7 @@ def test_nothing_leaves_while_the_history_fits() -> None:
 @pytest.mark.parametrize("retention", [0.0, 0.3, 0.5, 0.8, 1.0])
 def test_a_cut_keeps_the_retained_share(retention: float) -> None:
     """The oldest items leave until the rest fits `retention` of the room, and no more leave than that takes."""
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     for n in range(11):
         turn(conversation, n)
     assert used(conversation) > ROOM
@@ -63,7 +63,7 @@ def test_a_cut_keeps_the_retained_share(retention: float) -> None:
 
 
 def test_auto_cuts_a_block_and_the_prompt_then_starts_the_same_for_many_turns() -> None:
-    conversation = Conversation(4 * ROOM, 16_000)
+    conversation = Conversation(4 * ROOM, 16_000, 16)
     instructions = config(instructions="Be brief.")
     starts = []
     for n in range(60):
@@ -80,7 +80,7 @@ def test_auto_cuts_a_block_and_the_prompt_then_starts_the_same_for_many_turns() 
 
 def test_trimming_one_item_per_turn_is_what_retention_one_does() -> None:
     """A ratio of 1 keeps as much as fits: the prompt's start moves on every turn once the room is full."""
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     starts = []
     for n in range(20):
         turn(conversation, n)
@@ -92,7 +92,7 @@ def test_trimming_one_item_per_turn_is_what_retention_one_does() -> None:
 
 
 def test_instructions_and_tools_stay_and_take_their_room_first() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     for n in range(9):
         turn(conversation, n)
     plain, equipped = config(), config(instructions="You are a lamp. " * 40, tools=(TOOL,))
@@ -103,7 +103,7 @@ def test_instructions_and_tools_stay_and_take_their_room_first() -> None:
 
 
 def test_post_instructions_limits_the_room() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     limited = config(ratio(0.5, post_instructions=400))
     assert conversation.room(limited) == 400
     for n in range(5):
@@ -113,7 +113,7 @@ def test_post_instructions_limits_the_room() -> None:
 
 
 def test_disabled_fails_and_drops_nothing() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     for n in range(11):
         turn(conversation, n)
     with pytest.raises(ContextFull) as raised:
@@ -124,7 +124,7 @@ def test_disabled_fails_and_drops_nothing() -> None:
 
 
 def test_a_tool_output_leaves_with_its_call() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     conversation.add(Item("u", "user", "lamp on please " * 30))
     conversation.add(Item("c", "assistant", kind="function_call", call_id="x", name="set_lamp", arguments="{}"))
     conversation.add(Item("o", "tool", "done " * 40, kind="function_call_output", call_id="x"))
@@ -138,7 +138,7 @@ def test_a_tool_output_leaves_with_its_call() -> None:
 
 def test_a_late_tool_output_leaves_with_its_call() -> None:
     """An async tool's result arrives turns after its call: when the call leaves, the result goes with it."""
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     conversation.add(Item("c", "assistant", kind="function_call", call_id="x", name="set_lamp", arguments="{}"))
     for n in range(4):
         turn(conversation, n)
@@ -159,7 +159,7 @@ def test_digits_and_other_scripts_count_a_token_each() -> None:
 
 
 def test_the_newest_item_stays_even_alone_too_big() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     turn(conversation, 0)
     conversation.add(Item("big", "user", "x" * 4 * ROOM))
     prompt = conversation.prompt(config())
@@ -168,7 +168,7 @@ def test_the_newest_item_stays_even_alone_too_big() -> None:
 
 
 def test_an_item_that_left_does_not_come_back() -> None:
-    conversation = Conversation(ROOM, 16_000)
+    conversation = Conversation(ROOM, 16_000, 16)
     for n in range(11):
         turn(conversation, n)
     conversation.prompt(config(ratio(0.5)))

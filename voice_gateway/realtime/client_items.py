@@ -5,6 +5,8 @@ Error codes and texts are OpenAI's where clients match on them.
 
 from __future__ import annotations
 
+from engine import ImagePart
+from voice_gateway.images import TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.calls import is_json
 from voice_gateway.realtime.checks import RequestChecks
@@ -17,15 +19,18 @@ from voice_gateway.realtime.settings import SessionSettings
 class ClientItemReader:
     """Reads client items for one session: its input audio format, its limits; owns no state."""
 
-    def __init__(self, settings: SessionSettings, checks: RequestChecks, reporter: ErrorReporter) -> None:
+    def __init__(self, settings: SessionSettings, checks: RequestChecks, reporter: ErrorReporter,
+                 images: ImageLimits) -> None:
         self.settings = settings
         self.checks = checks
         self.reporter = reporter
+        self.images = images
 
-    def read(self, src: ev.ConversationItem, event_id: str | None, where: str = "item") -> Item | None:
-        """`src` as an `Item`; None where it cannot be one, the client told why (`where`: the item's param)."""
+    async def read(self, src: ev.ConversationItem, event_id: str | None, where: str = "item") -> Item | None:
+        """`src` as an `Item`; None where it cannot be one, the client told why (`where`: the item's param).
+        Its images are decoded off the event loop, and fetched where their URL is http(s)."""
         if isinstance(src, ev.MessageItem):
-            return self._message_item(src, event_id, where)
+            return await self._message_item(src, event_id, where)
         return self._function_item(src, event_id, where)
 
     def _function_item(self, src: ev.FunctionCallItem | ev.FunctionCallOutputItem, event_id: str | None,
@@ -42,7 +47,7 @@ class ClientItemReader:
             return None
         return Item(src.id or new_item_id(), "tool", src.output, kind="function_call_output", call_id=src.call_id)
 
-    def _message_item(self, src: ev.MessageItem, event_id: str | None, where: str) -> Item | None:
+    async def _message_item(self, src: ev.MessageItem, event_id: str | None, where: str) -> Item | None:
         text = "".join(p.text or p.transcript or "" for p in src.content)
         if not self.checks.text_fits(text, "item text", event_id, f"{where}.content"):
             return None
@@ -53,5 +58,39 @@ class ClientItemReader:
         except ValueError as e:
             self.reporter.error("invalid_audio", str(e), event_id=event_id, param=f"{where}.content")
             return None
+        images = await self._images(src, event_id, where)
+        if images is None:
+            return None
         return Item(src.id or new_item_id(), src.role, text=text, audio=samples,
-                    audio_ms=audio_ms(samples) if samples is not None else 0)
+                    audio_ms=audio_ms(samples) if samples is not None else 0, images=images,
+                    image_sizes=tuple((p.pixels.shape[0], p.pixels.shape[1]) for p in images))
+
+    async def _images(self, src: ev.MessageItem, event_id: str | None, where: str) -> tuple[ImagePart, ...] | None:
+        """The message's `input_image` parts decoded, in order; None where one cannot be (the client told why).
+        Images are the user's alone, and at most `max_images_per_request` of them: checked before any decodes."""
+        parts = [(j, p) for j, p in enumerate(src.content) if p.type == "input_image"]
+        for j, part in parts:
+            if src.role != "user":
+                self.reporter.error("invalid_value", f"{where}.content.{j}: input_image parts are only for messages "
+                                    f"with role 'user', and this message's role is '{src.role}'",
+                                    event_id=event_id, param=f"{where}.content.{j}.type")
+                return None
+            if part.image_url is None:
+                self.reporter.error("missing_required_parameter", f"Missing required parameter: "
+                                    f"'{where}.content.{j}.image_url'.", event_id=event_id,
+                                    param=f"{where}.content.{j}.image_url")
+                return None
+        if len(parts) > self.images.max_images_per_request:
+            self.reporter.error(TOO_MANY_IMAGES, f"the item holds {len(parts)} images; an item may hold at most "
+                                f"{self.images.max_images_per_request}", event_id=event_id, param=f"{where}.content")
+            return None
+        images = []
+        for j, part in parts:
+            assert part.image_url is not None, j  # checked above
+            try:
+                images.append(ImagePart(await image_from_url(part.image_url, self.images)))
+            except ImageError as e:
+                param = f"{where}.content.{j}.image_url"
+                self.reporter.error(e.code, f"{param}: {e}", event_id=event_id, param=param)
+                return None
+        return tuple(images)

@@ -10,6 +10,9 @@ of its transcript the user heard.
 Audio is what makes a conversation big (64 KB a second), so only the items the
 prompt can still use keep theirs, and at most `max_audio_samples` of it: the
 oldest goes first. An item without its audio stays listed, with its text.
+Images (megabytes of pixels each) are kept the same way, at most
+`max_images` of them. A user item's prompt holds its audio, then its images,
+then its text.
 
 Function calls and their outputs go to the prompt as chat's `tool_calls` and `role: "tool"` messages
 do: a run of calls joins the assistant message before it, and each output is a tool message.
@@ -24,13 +27,17 @@ from typing import Literal
 
 import numpy as np
 
-from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, Message, TextPart, ToolCall
+from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, ImagePart, Message, TextPart, ToolCall
 from voice_gateway.realtime import events as ev
 
 # Prompt cost estimates, on the generous side: the engine checks the real count.
 _TOKENS_PER_AUDIO_SECOND = 13  # Qwen3-Omni's audio encoder: 13 tokens per 100 mel frames (1 s)
 _CHARS_PER_TOKEN = 3  # English text and JSON; a digit or a character outside ASCII is a token of its own
 _TOKENS_PER_TURN = 6  # <|im_start|>role\n ... <|im_end|>\n
+# An image is one token per 32 x 32 pixels (Qwen3-Omni's 2 x 2 merged 16 x 16 patches) once the engine resized
+# it to within its budget, by default 400 tokens (a 1280 x 720 frame); then <|vision_start|> and <|vision_end|>.
+_IMAGE_TOKEN_PIXELS = 32 * 32
+_MAX_TOKENS_PER_IMAGE = 400
 # "auto": a cut keeps three quarters of the room, so a quarter of it fills before the next cut
 AUTO_RETENTION = 0.75
 
@@ -42,6 +49,10 @@ def estimated_text_tokens(text: str) -> int:
     """Qwen's tokenizer makes each digit a token, and most characters outside ASCII (Chinese) one or more."""
     dense = sum(1 for c in text if c.isdigit() or not c.isascii())
     return dense + (len(text) - dense) // _CHARS_PER_TOKEN
+
+
+def estimated_image_tokens(height: int, width: int) -> int:
+    return min(max(-(-height * width // _IMAGE_TOKEN_PIXELS), 4), _MAX_TOKENS_PER_IMAGE) + 2
 
 
 def new_item_id() -> str:
@@ -60,6 +71,9 @@ class Item:
     audio_ms: int = 0  # how much audio the item holds (user) or was generated (assistant)
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
     audio_dropped: bool = False  # the conversation let go of `audio`: the prompt gets the text alone
+    images: tuple[ImagePart, ...] = ()  # user images, RGB
+    image_sizes: tuple[tuple[int, int], ...] = ()  # (height, width) of each image the item holds or held
+    images_dropped: bool = False  # the conversation let go of `images`
     kind: ItemKind = "message"
     call_id: str = ""  # function_call, function_call_output
     name: str = ""  # function_call: the function
@@ -72,11 +86,17 @@ class Item:
         # its audio does not come back as text while newer items are left out.
         has_audio = self.audio is not None or self.audio_dropped
         audio_tokens = int(self.audio_ms / 1000 * _TOKENS_PER_AUDIO_SECOND) + 3 if has_audio else 0
-        return _TOKENS_PER_TURN + estimated_text_tokens(self.text + self.name + self.arguments) + 1 + audio_tokens
+        image_tokens = sum(estimated_image_tokens(height, width) for height, width in self.image_sizes)
+        text_tokens = estimated_text_tokens(self.text + self.name + self.arguments) + 1
+        return _TOKENS_PER_TURN + text_tokens + audio_tokens + image_tokens
 
     def drop_audio(self) -> None:
         if self.audio is not None:
             self.audio, self.audio_dropped = None, True
+
+    def drop_images(self) -> None:
+        if self.images:
+            self.images, self.images_dropped = (), True
 
 
 class ContextFull(EngineError):
@@ -89,12 +109,13 @@ class ContextFull(EngineError):
 
 
 class Conversation:
-    """Owns the items, in order, and which of them keep their audio."""
+    """Owns the items, in order, and which of them keep their audio and images."""
 
-    def __init__(self, budget_tokens: int, max_audio_samples: int) -> None:
+    def __init__(self, budget_tokens: int, max_audio_samples: int, max_images: int) -> None:
         self.items: list[Item] = []
         self.budget_tokens = budget_tokens  # what the prompt may take of the context
         self.max_audio_samples = max_audio_samples  # 16 kHz samples the items' audio may hold in all
+        self.max_images = max_images  # images the items may hold in all
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (at the end when None, first when "root"); returns the id before it."""
@@ -109,20 +130,27 @@ class Conversation:
         self.items.insert(index, item)
         return self.items[index - 1].id if index > 0 else None
 
-    def bound_audio(self, config: ev.SessionConfig) -> None:
-        """Drop the audio of the items the prompt leaves out (or would leave out, unless truncation is disabled),
-        then of the oldest past `max_audio_samples`."""
+    def bound_media(self, config: ev.SessionConfig) -> None:
+        """Drop the audio and images of the items the prompt leaves out (or would leave out, unless truncation is
+        disabled), then the oldest audio past `max_audio_samples` and the oldest images past `max_images`."""
         start = 0 if config.truncation == "disabled" else self._fitting_start(config)
-        room = self.max_audio_samples
+        audio_room, image_room = self.max_audio_samples, self.max_images
         for index in range(len(self.items) - 1, -1, -1):
             item = self.items[index]
-            if item.audio is None:
-                continue
-            if index < start or not item.in_context or item.audio.size > room:
-                room = 0  # the oldest audio goes first: nothing older keeps its own
-                item.drop_audio()
-            else:
-                room -= item.audio.size
+            left_out = index < start or not item.in_context
+            # the oldest go first: once one item's cannot be kept, nothing older keeps its own
+            if item.audio is not None:
+                if left_out or item.audio.size > audio_room:
+                    audio_room = 0
+                    item.drop_audio()
+                else:
+                    audio_room -= item.audio.size
+            if item.images:
+                if left_out or len(item.images) > image_room:
+                    image_room = 0
+                    item.drop_images()
+                else:
+                    image_room -= len(item.images)
 
     def context_audio_s(self) -> int:
         """About how much audio, in seconds, the prompt can hold with nothing else in it."""
@@ -131,10 +159,15 @@ class Conversation:
     def audio_samples(self) -> int:
         return sum(item.audio.size for item in self.items if item.audio is not None)
 
-    def release_audio(self) -> None:
-        """The session is over: every item lets go of its audio."""
+    def image_count(self) -> int:
+        """The images the items keep."""
+        return sum(len(item.images) for item in self.items)
+
+    def release_media(self) -> None:
+        """The session is over: every item lets go of its audio and images."""
         for item in self.items:
             item.drop_audio()
+            item.drop_images()
 
     def delete(self, item_id: str) -> Item:
         item = self.get(item_id)
@@ -226,9 +259,10 @@ def prompt_messages(items: list[Item], instructions: str) -> tuple[Message, ...]
         if item.kind == "function_call_output":
             messages.append(Message("tool", (TextPart(item.text),)))
             continue
-        parts: list[TextPart | AudioPart] = []
+        parts: list[TextPart | AudioPart | ImagePart] = []
         if item.audio is not None and item.audio.size:
             parts.append(AudioPart(item.audio))
+        parts.extend(item.images)
         if item.text:
             parts.append(TextPart(item.text))
         if parts:

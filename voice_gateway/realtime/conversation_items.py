@@ -1,5 +1,5 @@
 """A session's conversation as the client sees it change: items committed, created, deleted and truncated,
-each announced, its audio kept within bounds, and user audio transcribed when the session asks for it."""
+each announced, its audio and images kept within bounds, and user audio transcribed when the session asks for it."""
 
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ class ConversationItems:
         self.announce(item, previous)
         if (transcription := self.settings.config.transcription) is not None:
             self.transcriber.start(item, transcription)  # before bounding may drop the audio
-        self.bound_audio(item, event_id, None)
+        self.bound_media(item, event_id, None)
 
     def add(self, item: Item, previous_item_id: str | None, event_id: str | None) -> None:
         """A client's item after `previous_item_id` (KeyError if there is no such item)."""
         previous = self.conversation.add(item, previous_item_id)
         self.announce(item, previous)
-        self.bound_audio(item, event_id, "item.content")
+        self.bound_media(item, event_id, "item.content")
 
     def delete(self, item_id: str) -> None:
         """KeyError if there is no such item; its transcription in flight stops too."""
@@ -63,9 +63,9 @@ class ConversationItems:
                                                        audio_end_ms=event.audio_end_ms))
 
     def prompt(self, context: ResponseContext, config: ev.SessionConfig) -> tuple[Message, ...]:
-        """A response's prompt; the audio it leaves out goes. `ContextFull` as `ResponseContext.messages`."""
+        """A response's prompt; the audio and images it leaves out go. `ContextFull` as `ResponseContext.messages`."""
         messages = context.messages(self.conversation, config)
-        self.conversation.bound_audio(config)
+        self.conversation.bound_media(config)
         return messages
 
     def announce(self, item: Item, previous: str | None) -> None:
@@ -73,9 +73,17 @@ class ConversationItems:
         self.sender.event(ev.ConversationItemAdded(item=message, previous_item_id=previous))
         self.sender.event(ev.ConversationItemDone(item=message, previous_item_id=previous))
 
-    def bound_audio(self, added: Item, event_id: str | None, param: str | None) -> None:
-        """Keep the conversation's audio within its bounds; the client hears of it when its new item's own goes."""
-        self.conversation.bound_audio(self.settings.config)
+    def bound_media(self, added: Item, event_id: str | None, param: str | None) -> None:
+        """Keep the conversation's audio and images within their bounds; the client hears of it when its new
+        item's own go."""
+        self.conversation.bound_media(self.settings.config)
+        if added.images_dropped:
+            self.reporter.error(
+                "input_image_dropped",
+                f"item {added.id} holds {len(added.image_sizes)} images; a session keeps at most "
+                f"{self.conversation.max_images}, and only those of the items this model's context holds: the item "
+                "stays in the conversation without its images, which replies will not see",
+                event_id=event_id, param=param)
         if added.audio_dropped:
             context_s = self.conversation.context_audio_s()
             self.reporter.error(
@@ -86,6 +94,6 @@ class ConversationItems:
                 event_id=event_id, param=param)
 
     async def close(self) -> None:
-        """The session ends: transcriptions stop and the audio goes now, whoever still holds the session."""
+        """The session ends: transcriptions stop and the audio and images go now, whoever still holds the session."""
         await self.transcriber.close()
-        self.conversation.release_audio()
+        self.conversation.release_media()

@@ -13,7 +13,7 @@ from voice_gateway.realtime.item_shapes import protocol_item
 
 
 async def create(reader: ClientItemReader, items: ConversationItems, event: ev.ConversationItemCreate) -> None:
-    item = reader.read(event.item, event.event_id)
+    item = await reader.read(event.item, event.event_id)
     if item is None:
         return
     if items.get(item.id) is not None:

@@ -55,7 +55,7 @@ class OutOfBandSender(EventSender):
         return super().event(event, response_id)
 
 
-def response_context(reader: ClientItemReader, conversation: Conversation, overrides: ev.ResponseOverrides | None,
+async def response_context(reader: ClientItemReader, conversation: Conversation, overrides: ev.ResponseOverrides | None,
                      event_id: str | None) -> ResponseContext | None:
     """`response.create`'s context, or None where an `input` item cannot be used (the client told why)."""
     if overrides is None:
@@ -73,7 +73,7 @@ def response_context(reader: ClientItemReader, conversation: Conversation, overr
                                       event_id=event_id, param=f"{where}.id")
                 return None
         else:
-            item = reader.read(src, event_id, where)
+            item = await reader.read(src, event_id, where)
             if item is None:
                 return None
         items.append(item)

@@ -290,8 +290,8 @@ def _usage(t: Timings) -> Usage:
         input_tokens=t.prompt_tokens,
         output_tokens=t.completion_tokens + t.codec_frames,
         input_token_details=InputTokenDetails(
-            text_tokens=t.prompt_tokens - t.prompt_audio_tokens, audio_tokens=t.prompt_audio_tokens,
-            cached_tokens=t.cached_tokens,
+            text_tokens=t.prompt_tokens - t.prompt_audio_tokens - t.prompt_image_tokens,
+            audio_tokens=t.prompt_audio_tokens, image_tokens=t.prompt_image_tokens, cached_tokens=t.cached_tokens,
         ),
         output_token_details=OutputTokenDetails(text_tokens=t.completion_tokens, audio_tokens=t.codec_frames),
     )

@@ -22,8 +22,8 @@ class ResponseRequest:
     metadata: dict[str, str] | None  # echoed in response.created and response.done
 
 
-def read_response_create(event: ev.ResponseCreate, session_config: ev.SessionConfig, checks: RequestChecks,
-                         reader: ClientItemReader, conversation: Conversation) -> ResponseRequest | None:
+async def read_response_create(event: ev.ResponseCreate, session_config: ev.SessionConfig, checks: RequestChecks,
+                               reader: ClientItemReader, conversation: Conversation) -> ResponseRequest | None:
     """The response `event` asks for, or None where it cannot be had (the client told why)."""
     overrides = event.response
     instructions = overrides.instructions if overrides is not None else None
@@ -39,6 +39,6 @@ def read_response_create(event: ev.ResponseCreate, session_config: ev.SessionCon
     if (tool_error := response_tool_error(config, event.event_id)) is not None:
         checks.reporter.report(tool_error)
         return None
-    if (context := response_context(reader, conversation, overrides, event.event_id)) is None:
+    if (context := await response_context(reader, conversation, overrides, event.event_id)) is None:
         return None
     return ResponseRequest(config, context, overrides.metadata if overrides is not None else None)

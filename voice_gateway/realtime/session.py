@@ -79,9 +79,10 @@ class Session:
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
         self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s),
                                       TurnTaking(config.turn_detection))
-        self.reader = ClientItemReader(self.settings, self.checks, self.reporter)
+        self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
-                                    int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ))
+                                    int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ),
+                                    gateway.images.max_images_per_session)
         self.items = ConversationItems(conversation, Transcriber(engine, self.sender, self.id), self.settings,
                                        self.sender, self.reporter, gateway.max_stored_audio_s)
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
@@ -237,7 +238,7 @@ class Session:
 
     # -- responses
     async def _response_create(self, event: ev.ResponseCreate) -> None:
-        request = read_response_create(event, self.config, self.checks, self.reader, self.conversation)
+        request = await read_response_create(event, self.config, self.checks, self.reader, self.conversation)
         if request is None:
             return
         if self.response is None:

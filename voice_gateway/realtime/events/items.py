@@ -14,12 +14,15 @@ from voice_gateway.text import CleanText
 
 
 class ContentPart(EventModel):
-    """One part of a message item; `type` holds the GA name, whichever dialect sent it."""
+    """One part of a message item; `type` holds the GA name, whichever dialect sent it. An `input_image` comes
+    with its `image_url`, and goes back out without it, as audio parts go without their audio."""
 
-    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
     text: CleanText | None = None
     audio: AudioBytes | None = None
     transcript: CleanText | None = None
+    image_url: CleanText | None = None  # a data:image/...;base64 URL, or an http(s) URL the server may fetch
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the engine sizes every image by its own budget
 
     @field_validator("type", mode="before")
     @classmethod

@@ -6,10 +6,10 @@ import json
 import uuid
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 from voice_gateway.realtime.events.client import ProtocolError
-from voice_gateway.realtime.events.dialect import BETA_EVENT_TYPES, Dialect
+from voice_gateway.realtime.events.dialect import BETA_EVENT_TYPES, Dialect, dialect_in
 from voice_gateway.realtime.events.items import ConversationItem
 from voice_gateway.realtime.events.session import SessionConfig, session_payload
 from voice_gateway.realtime.events.wire import AudioBytes, EventModel
@@ -121,7 +121,15 @@ class ErrorDetail(EventModel):
 class InputTokenDetails(EventModel):
     text_tokens: int = 0
     audio_tokens: int = 0
+    image_tokens: int = 0  # GA's: beta has no images
     cached_tokens: int = 0
+
+    @model_serializer(mode="wrap")
+    def _to_dialect(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        payload: dict[str, Any] = handler(self)
+        if dialect_in(info) is Dialect.BETA:
+            del payload["image_tokens"]
+        return payload
 
 
 class OutputTokenDetails(EventModel):
