@@ -302,7 +302,7 @@ async def test_a_slow_server_is_given_up_on_at_the_timeout(image_host: str) -> N
     code, message = await _url_code(f"{image_host}/slow", SERVED)
     elapsed_s = time.perf_counter() - started
     assert code == "invalid_image_url" and "longer than 1 s" in message
-    assert 0.9 < elapsed_s < 2.0
+    assert 0.9 < elapsed_s < 3.0  # the timeout, not the 80 s the body would take
 
 
 async def test_redirects_elsewhere_and_failures_are_refused(image_host: str) -> None:
