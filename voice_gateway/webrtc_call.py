@@ -4,8 +4,9 @@ its SDP offer.
 SDP offer in, SDP answer out. The browser's microphone arrives as an Opus RTP
 track and feeds the session's VAD and input buffer; replies leave on an Opus
 track paced in real time; the `oai-events` data channel carries the same JSON
-events as the WebSocket. The session logic is the WebSocket's: one
-implementation, two transports.
+events as the WebSocket. A video track (a camera or a shared screen), when the
+offer has one, is received: its newest frame joins each user turn as an image.
+The session logic is the WebSocket's: one implementation, two transports.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import Session
 from voice_gateway.webrtc_config import WebRTCConfig
 from voice_gateway.webrtc_ice import gather_on
-from voice_gateway.webrtc_media import Microphone, ReplyTrack
+from voice_gateway.webrtc_media import Camera, Microphone, ReplyTrack
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class Call:
     """One peer connection and its session: owns the tasks that move audio and events, and the session's slot."""
 
     def __init__(self, calls: set[Call], pc: RTCPeerConnection, session: Session, slot: SessionSlot,
-                 cfg: WebRTCConfig) -> None:
+                 cfg: WebRTCConfig, camera: Camera) -> None:
         assert session.track is not None, "a call's session plays audio on a track"
         self.calls = calls
         self.pc = pc
@@ -45,6 +46,7 @@ class Call:
         self.cfg = cfg
         self.reply = ReplyTrack(session.track)
         self.microphone = Microphone(session)
+        self.camera = camera
         self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue()  # one reader keeps the events in order
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed = asyncio.Event()
@@ -106,8 +108,10 @@ async def answer(request: Request, slot: SessionSlot) -> Response:
 
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     dialect = ev.dialect_for(request.headers.get("openai-beta"))
-    session = Session(state.engine, state.gateway, dialect, state.gateway_metrics, "webrtc", audio_on_track=True)
-    call = Call(state.calls, pc, session, slot, cfg)
+    camera = Camera()
+    session = Session(state.engine, state.gateway, dialect, state.gateway_metrics, "webrtc", audio_on_track=True,
+                      camera=camera.latest)
+    call = Call(state.calls, pc, session, slot, cfg, camera)
     pc.addTrack(call.reply)
     session.open()  # session.created waits in the outbox until the data channel opens
 
@@ -115,6 +119,9 @@ async def answer(request: Request, slot: SessionSlot) -> Response:
     def on_track(track: MediaStreamTrack) -> None:
         if track.kind == "audio":
             call.spawn(call.microphone.consume(track))
+        elif track.kind == "video":
+            log.info("call %s: receiving video; its newest frame joins each turn", session.id)
+            call.spawn(call.camera.consume(track))
 
     @pc.on("datachannel")
     def on_datachannel(channel: RTCDataChannel) -> None:

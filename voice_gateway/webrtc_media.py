@@ -1,4 +1,5 @@
-"""A WebRTC call's audio: the reply as a paced media track (aiortc encodes it to Opus), the microphone into the session."""
+"""A WebRTC call's media: the reply as a paced audio track (aiortc encodes it to Opus), the microphone into the session,
+and the camera (or a shared screen), whose latest frame joins each of the user's turns as an image."""
 
 from __future__ import annotations
 
@@ -78,3 +79,36 @@ def _to_mono_float(frame: av.AudioFrame) -> np.ndarray:
     samples = samples.reshape(-1, channels).T if frame.format.is_packed else samples
     mono = samples.astype(np.float32).mean(axis=0)
     return mono / 32768.0 if samples.dtype == np.int16 else mono
+
+
+# a camera frame is kept at most this large (the model sees 400 tokens' worth of pixels at most: 1280x720 is plenty)
+CAMERA_MAX_SIDE = 1280
+# a frame older than this when a turn ends is not what the user is showing any more (a frozen or stopped track)
+CAMERA_STALE_S = 5.0
+
+
+class Camera:
+    """Keeps the latest frame of one incoming video track, decoded to RGB only when a turn asks for it."""
+
+    def __init__(self) -> None:
+        self._frame: av.VideoFrame | None = None
+        self._at = 0.0
+        self.frames = 0
+
+    async def consume(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                if isinstance(frame, av.VideoFrame):
+                    self._frame, self._at = frame, time.monotonic()
+                    self.frames += 1
+
+    def latest(self) -> np.ndarray | None:
+        """The newest frame as RGB uint8 [height, width, 3], its longer side at most CAMERA_MAX_SIDE; None when no
+        frame came in the last CAMERA_STALE_S seconds."""
+        frame = self._frame
+        if frame is None or time.monotonic() - self._at > CAMERA_STALE_S:
+            return None
+        scale = min(1.0, CAMERA_MAX_SIDE / max(frame.width, frame.height))
+        width, height = max(2, round(frame.width * scale)), max(2, round(frame.height * scale))
+        return frame.reformat(width=width, height=height, format="rgb24").to_ndarray()

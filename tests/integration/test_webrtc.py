@@ -34,14 +34,17 @@ def spoken_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_an_aiortc_peer_completes_a_spoken_turn(tiny_checkpoint: Path, cache_dir: Path, spoken_wav: Path,
-                                                tmp_path: Path) -> None:
-    out = tmp_path / "call.json"
+def _call(cache_dir: Path, wav: Path, out: Path, *extra: str) -> dict:
     driver = (f"ip link set lo up && exec {sys.executable} -m tests.integration.webrtc_peer "
-              f"--cache-dir {cache_dir} --wav {spoken_wav} --out {out}")
+              f"--cache-dir {cache_dir} --wav {wav} --out {out} {' '.join(extra)}")
     subprocess.run(["unshare", "-n", "sh", "-c", driver], cwd=REPO, check=True, timeout=400,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_an_aiortc_peer_completes_a_spoken_turn(tiny_checkpoint: Path, cache_dir: Path, spoken_wav: Path,
+                                                tmp_path: Path) -> None:
+    result = _call(cache_dir, spoken_wav, tmp_path / "call.json")
     assert result["answer_status"] == 201 and result["answer_has_loopback_candidate"]
     events = result["events"]
     assert events[0] == "session.created"
@@ -52,5 +55,19 @@ def test_an_aiortc_peer_completes_a_spoken_turn(tiny_checkpoint: Path, cache_dir
     assert result["response_status"] == "completed"
     assert result["received_seconds"] > 1.0 and result["received_peak"] > 0.01
     assert result["health_during"]["active_sessions"] == 1
+    after = result["health_after_close"]
+    assert after["active_sessions"] == 0 and after["active_requests"] == 0, after
+    assert result["user_content"] == [["input_audio"]] and result["image_tokens"] == 0
+
+
+def test_a_peer_with_a_camera_gets_a_reply_that_used_a_frame(tiny_checkpoint: Path, cache_dir: Path, spoken_wav: Path,
+                                                            tmp_path: Path) -> None:
+    """The offer's video is accepted (the answer receives it), and the turn's item carries the newest frame, which
+    the reply's prompt counted."""
+    result = _call(cache_dir, spoken_wav, tmp_path / "call.json", "--video")
+    assert result["answer_status"] == 201 and result["answer_video"] == "recvonly"
+    assert result["response_status"] == "completed", result["events"]
+    assert result["user_content"] == [["input_audio", "input_image"]], result["user_content"]
+    assert result["image_tokens"] > 0
     after = result["health_after_close"]
     assert after["active_sessions"] == 0 and after["active_requests"] == 0, after

@@ -1,4 +1,5 @@
-"""An aiortc peer that makes one call to a fresh server, speaks a WAV, and reports what came back as JSON.
+"""An aiortc peer that makes one call to a fresh server, speaks a WAV (and, with --video, shows a camera's test
+pattern), and reports what came back as JSON.
 
 Run inside its own network namespace (see test_webrtc.py) so every packet stays on loopback.
 """
@@ -12,9 +13,10 @@ import time
 from pathlib import Path
 
 import aioice.ice
+import av
 import httpx
 import numpy as np
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription, VideoStreamTrack
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
@@ -25,12 +27,27 @@ def _loopback_only(use_ipv4: bool, use_ipv6: bool) -> list[str]:
     return ["127.0.0.1"]
 
 
-async def call(base_url: str, wav: Path, timeout_s: float) -> dict:
+class TestPattern(VideoStreamTrack):
+    """A camera that shows colour bars, 320x240."""
+
+    async def recv(self) -> av.VideoFrame:
+        pts, time_base = await self.next_timestamp()
+        bars = np.repeat(np.array([[255, 255, 255], [255, 255, 0], [0, 255, 255], [0, 255, 0], [255, 0, 255],
+                                   [255, 0, 0], [0, 0, 255], [0, 0, 0]], np.uint8), 40, axis=0)
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(np.broadcast_to(bars[None], (240, 320, 3))),
+                                           format="rgb24")
+        frame.pts, frame.time_base = pts, time_base
+        return frame
+
+
+async def call(base_url: str, wav: Path, timeout_s: float, video: bool = False) -> dict:
     # This test peer's candidates must be on loopback too; the server is told by its own setting.
     aioice.ice.get_host_addresses = _loopback_only
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     player = MediaPlayer(str(wav))
     pc.addTrack(player.audio)
+    if video:
+        pc.addTrack(TestPattern())
     channel = pc.createDataChannel("oai-events")
     events: list[dict] = []
     done = asyncio.Event()
@@ -75,7 +92,15 @@ async def call(base_url: str, wav: Path, timeout_s: float) -> dict:
                 break
             await asyncio.sleep(0.1)
     audio = np.concatenate(received) if received else np.zeros(0, np.float32)
+    done_event = next((e for e in events if e["type"] == "response.done"), None)
+    user_items = [e["item"] for e in events if e["type"] == "conversation.item.done" and e["item"]["role"] == "user"]
+    video_section = answer.text.split("m=video")[1].split("m=")[0] if "m=video" in answer.text else ""
     return {
+        "answer_video": next((d for d in ("recvonly", "sendrecv", "sendonly", "inactive") if f"a={d}" in video_section),
+                             None),
+        "user_content": [[c["type"] for c in item["content"]] for item in user_items],
+        "image_tokens": (done_event["response"]["usage"]["input_token_details"].get("image_tokens", 0)
+                         if done_event and done_event["response"].get("usage") else 0),
         "answer_status": answer.status_code,
         "answer_has_loopback_candidate": "127.0.0.1" in answer.text,
         "events": [e["type"] for e in events],
@@ -93,10 +118,11 @@ def main() -> None:
     parser.add_argument("--wav", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--video", action="store_true", help="send a camera track too")
     args = parser.parse_args()
     proc, server = start_server(args.cache_dir, args.out.with_suffix(".server.log"), "--webrtc-host-address", "127.0.0.1")
     try:
-        result = asyncio.run(call(server.base_url, args.wav, args.timeout))
+        result = asyncio.run(call(server.base_url, args.wav, args.timeout, args.video))
     finally:
         stop_server(proc)
     args.out.write_text(json.dumps(result, indent=2))

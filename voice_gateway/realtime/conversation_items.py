@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import Message
+from engine import ImagePart, Message
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.conversation import Conversation, Item, audio_ms
 from voice_gateway.realtime.item_shapes import protocol_item
@@ -34,9 +34,13 @@ class ConversationItems:
     def get(self, item_id: str) -> Item | None:
         return self.conversation.get(item_id)
 
-    def commit_audio(self, samples: np.ndarray, item_id: str, event_id: str | None = None) -> None:
-        """The user's audio becomes an item at the conversation's end (`input_audio_buffer.committed`)."""
-        item = Item(item_id, "user", audio=samples, audio_ms=audio_ms(samples))
+    def commit_audio(self, samples: np.ndarray, item_id: str, event_id: str | None = None,
+                     frame: np.ndarray | None = None) -> None:
+        """The user's audio becomes an item at the conversation's end (`input_audio_buffer.committed`), with what
+        their camera showed as the turn ended (`frame`, RGB), when a call sends video."""
+        images = () if frame is None else (ImagePart(frame),)
+        sizes = () if frame is None else ((frame.shape[0], frame.shape[1]),)
+        item = Item(item_id, "user", audio=samples, audio_ms=audio_ms(samples), images=images, image_sizes=sizes)
         previous = self.conversation.add(item)
         self.sender.event(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
         self.announce(item, previous)

@@ -63,8 +63,9 @@ class Session:
 
     def __init__(
         self, engine: Engine, gateway: GatewayConfig, dialect: ev.Dialect, metrics: GatewayMetrics, transport: str,
-        *, audio_on_track: bool = False,
+        *, audio_on_track: bool = False, camera: Callable[[], np.ndarray | None] | None = None,
     ) -> None:
+        """`camera`: the newest frame of a call's video (RGB), which joins each user turn its audio commits."""
         self.gateway = gateway
         self.dialect = dialect
         self.transport = transport
@@ -90,6 +91,7 @@ class Session:
         self.audio_out = AudioOut(self.sender, gateway.opus_bitrate_bps, track)
         self.responses = ResponseSlot(engine, self.items, self.audio_out, self.sender, self.reporter, metrics, self.id)
         self.idle = IdleTimer()
+        self.camera = camera
 
     # -- what tests and transports read of the parts
     @property
@@ -199,7 +201,8 @@ class Session:
         td = self.config.turn_detection
         assert td is not None, "speech detected without turn detection"
         stopped_at = time.perf_counter()
-        self.items.commit_audio(self.audio_input.take_turn(stopped, td.prefix_padding_ms), stopped.item_id)
+        self.items.commit_audio(self.audio_input.take_turn(stopped, td.prefix_padding_ms), stopped.item_id,
+                                frame=self._frame())
         if td.create_response and self.response is None:
             self._start_response(self.config, ResponseContext(), stopped_at)
 
@@ -210,7 +213,7 @@ class Session:
                        "needed", event_id=event.event_id)
             return
         samples, item_id = self.audio_input.take_all()
-        self.items.commit_audio(samples, item_id, event.event_id)
+        self.items.commit_audio(samples, item_id, event.event_id, self._frame())
 
     async def _clear(self, event: ev.InputAudioClear) -> None:
         self.audio_input.clear()
@@ -224,8 +227,11 @@ class Session:
         samples, item_id = self.audio_input.take_all()
         self.sender.event(ev.InputAudioTimeoutTriggered(audio_start_ms=start_ms, audio_end_ms=end_ms, item_id=item_id))
         log.info("session %s: idle timeout, asking for a reply", self.id)
-        self.items.commit_audio(samples, item_id)
+        self.items.commit_audio(samples, item_id, frame=self._frame())
         self._start_response(self.config, ResponseContext(), None)
+
+    def _frame(self) -> np.ndarray | None:
+        return None if self.camera is None else self.camera()
 
     def _arm_idle_timeout(self, response: Response) -> None:
         """After a reply, once its audio has played out (as far as the server can tell) and the timeout passed."""
