@@ -11,6 +11,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     sweep.py     the levels, warm-up, the request pool, {label}.json and .png
     processes.py a level spread over client processes, each with its own event loop
     speech.py    the spoken questions (benchmarks/voice/*.wav) as realtime PCM16 and chat input_audio
+    image.py     the picture --image sends: a file, or a synthetic camera-like JPEG of a given size
     turn.py      one spoken turn: its record, the realtime events and Opus packets folded into it
     realtime_session.py  one conversation over WS /v1/realtime: session.update, paced audio, N turns
     voice_stats.py  per turn index and overall: first-audio latency, VAD wait, underruns

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.config import OUTPUT_FORMATS, SWEEP_KEYS, VOICE_MODES, BenchConfig, BenchError, VoiceConfig
+from bench.image import ImageInfo, check_image_spec
 from bench.ladder import load_ladder, replot_ladder, run_ladder
 from bench.plots import plot_compare
 from bench.rounds import summarize_rounds
@@ -29,8 +30,9 @@ log = logging.getLogger(__name__)
 _DEFAULTS = BenchConfig()
 _VOICE = VoiceConfig()
 # the sweep flags that mean the same for --realtime (its own defaults: VoiceConfig's)
-_VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes", "spread_s"}
-_VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed")
+_VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes", "spread_s", "image"}
+_VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed",
+               "image_every")
 _DEFAULT_OUT = Path("benchmarks/local")
 
 
@@ -57,6 +59,14 @@ def _at_least(lo: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
         return value
     return parse
+
+
+def _image(text: str) -> str:
+    """argparse type for --image: a missing file or a malformed size is a usage error, not a traceback later."""
+    try:
+        return check_image_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _list(values: list[Any]) -> str:
@@ -109,12 +119,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="a 16-bit PCM WAV, or a folder of them (e.g. benchmarks/voice): each request's user message is its "
              "--prompt-tokens text and then one of them as input_audio, in turn (--prompt-tokens 1: the text is "
              "only the request's index)")
-
+    opt("--image", type=_image, metavar="PATH|WxH",
+        help="a PNG, JPEG or WebP file, or WxH (e.g. 1280x720) for a synthetic camera-like JPEG (quality 85, the "
+             "same for the same size): each request's user message carries it as an image_url part before its "
+             "text; with --realtime each turn sends it as an input_image user item before its question")
 
     voice = parser.add_argument_group(
         "realtime (--realtime: spoken turns over WS /v1/realtime; it also takes --concurrency, default "
         f"{_list(_VOICE.concurrency)}, and --warmup (one-turn sessions), --max-tokens, --voice, --timeout (per "
-        "turn), --client-processes)")
+        "turn), --client-processes, --image)")
     add("--realtime", action="store_true",
         help="run the realtime voice benchmark: C conversations at a time, each of --turns spoken questions")
     vopt = lambda *a, **k: voice.add_argument(*a, default=argparse.SUPPRESS, **k)  # noqa: E731
@@ -131,6 +144,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     vopt("--input-speed", type=float,
          help=f"how many times real time the questions are sent and the replies listened to before the next "
               f"question (default {_VOICE.input_speed:g}: a microphone and a listener)")
+    vopt("--image-every", type=_at_least(1), metavar="N",
+         help="with --image: turn t of a conversation sends the picture when t %% N == 0 (default 1: every turn, "
+              "a camera frame with each question)")
     modes = parser.add_subparsers(dest="mode", metavar="soak")
     add_soak_arguments(modes.add_parser("soak", help="mixed traffic for a long while, sampling the server's memory "
                                         "and open files"))
@@ -247,6 +263,14 @@ def print_summary(result: BenchResult, console: Console) -> None:
                       _fmt(lv.audio_s_mean, ".2f"), f"{lv.underruns} ({lv.underrun_requests} req)",
                       _fmt(lv.client_lag_ms.p99, ".1f"))
     console.print(table)
+    if result.image is not None:
+        means = "; ".join(f"P={lv.prompt_words} C={lv.concurrency} {_fmt(lv.image_tokens_mean, '.0f')} of "
+                          f"{_fmt(lv.prompt_tokens_mean, '.0f')}" for lv in result.levels)
+        console.print(f"{_picture(result.image)} in each request: image tokens of prompt tokens (mean): {means}")
+
+
+def _picture(image: ImageInfo) -> str:
+    return f"the {image.width}x{image.height} {image.format.upper()} of {image.size_bytes / 1024:.0f} KiB"
 
 
 def _turn_row(lv_label: list[str], t: TurnStats) -> list[str]:
@@ -271,10 +295,14 @@ def print_voice_summary(result: VoiceResult, console: Console) -> None:
     for lv in result.levels:
         ratio = lv.later_turn_ratio
         opus = f"; {lv.overall.offset_errors} Opus packets out of place" if lv.output_format == "opus" else ""
+        picture = "" if result.image is None else (
+            f"; the conversation's pictures ({_picture(result.image)} each) took "
+            f"{_fmt(lv.overall.image_tokens_mean, '.0f')} of {_fmt(lv.overall.input_tokens_mean, '.0f')} input "
+            "tokens (mean)")
         console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency}: {lv.turns_per_s:.2f} turns/s; slowest later "
                       f"turn / first turn p50 {_fmt(ratio.p50, '.2f')}, p99 {_fmt(ratio.p99, '.2f')}; server "
                       f"speech_stopped -> first audio mean {_fmt(lv.server_turn_latency_mean_s)} s; client lag p99 "
-                      f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}")
+                      f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}{picture}")
 
 
 def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:

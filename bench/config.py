@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from bench.image import check_image_spec
+
 
 class BenchError(RuntimeError):
     """Setup problem that makes a run meaningless (no model to target, a bad ladder file)."""
@@ -34,6 +36,9 @@ class BenchConfig:
     client_processes: int = 1
     # a WAV file, or a folder of them: each request's user message carries one as `input_audio` after its text
     input_audio: Path | None = None
+    # a PNG/JPEG/WebP file, or WxH for a synthetic camera-like JPEG: each request's user message carries it as
+    # an `image_url` part before its text (bench/image.py)
+    image: str | None = None
     # 0: every worker sends its first request at once, and replies of one length keep them in waves;
     # S: each worker's first send waits a random [0, S) s, and the closed loop keeps those phases
     # (steady arrivals, as independent users make them)
@@ -74,6 +79,10 @@ class VoiceConfig:
     # each worker's first conversation starts a random 0-S s late, so that conversations do not speak (and cut
     # their histories) in step
     spread_s: float = 0.0
+    # as BenchConfig.image: a turn that carries it sends it as an `input_image` user item before its question,
+    # as a camera would send a frame; turn t carries it when t % image_every == 0
+    image: str | None = None
+    image_every: int = 1
     label: str = "voice"
     out_dir: Path = Path("benchmarks/local")
     timeout: float = 300.0  # per turn
@@ -89,6 +98,10 @@ class VoiceConfig:
         if self.turns < 1 or self.chunk_ms < 10 or self.input_speed <= 0 or self.spread_s < 0:
             raise BenchError(f"need turns >= 1, chunk_ms >= 10, input_speed > 0, spread_s >= 0; got {self.turns}, "
                              f"{self.chunk_ms}, {self.input_speed}, {self.spread_s}")
+        if self.image_every < 1:
+            raise BenchError(f"image_every: must be >= 1, got {self.image_every}")
+        if self.image_every > 1 and self.image is None:
+            raise BenchError("image_every: says which turns send the image, but there is none (--image)")
 
     def levels(self) -> list[tuple[str, str, int]]:
         """(mode, output format, concurrency) in run order: each is one level with its own warm-up."""
@@ -132,6 +145,12 @@ def _seed(value: Any) -> int | None:
     return None if value is None else _int_at_least(0)(value)
 
 
+def _image(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a PNG/JPEG/WebP path or WxH such as 1280x720")
+    return check_image_spec(value)
+
+
 SWEEP_KEYS = {
     "concurrency": _positive_ints,
     "prompt_tokens": _positive_ints,
@@ -144,6 +163,7 @@ SWEEP_KEYS = {
     "timeout": _seconds,
     "client_processes": _int_at_least(1),
     "input_audio": Path,
+    "image": _image,
     "spread_s": _seconds_or_zero,
 }
 assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}

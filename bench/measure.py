@@ -35,6 +35,7 @@ class RequestRecord:
     audio_s: float = 0.0
     finish_reason: str | None = None
     prompt_tokens: int | None = None  # usage.prompt_tokens: what the server counted
+    image_tokens: int | None = None  # of those, the picture's: usage.prompt_tokens_details.image_tokens
     completion_tokens: int | None = None
     audio_frames: int | None = None  # usage.completion_tokens_details.audio_tokens
     chunk_gaps_ms: list[float] = field(default_factory=list)  # between consecutive audio chunks
@@ -124,6 +125,7 @@ class StreamTimer:
         rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
         if usage := chunk.get("usage"):
             rec.prompt_tokens = usage.get("prompt_tokens")
+            rec.image_tokens = (usage.get("prompt_tokens_details") or {}).get("image_tokens")
             rec.completion_tokens = usage.get("completion_tokens")
             rec.audio_frames = (usage.get("completion_tokens_details") or {}).get("audio_tokens")
 

@@ -37,6 +37,12 @@ def _voice(config: VoiceConfig) -> dict[str, str]:
     return {"voice": config.voice} if config.voice else {}  # none named: the server's default
 
 
+def image_item(image_url: str) -> dict[str, Any]:
+    """The GA `conversation.item.create` of a user message whose one part is the picture (a data URL)."""
+    return {"type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": image_url}]}}
+
+
 def realtime_url(base_url: str, model: str) -> str:
     return base_url.rstrip("/").replace("https://", "wss://").replace("http://", "ws://") + f"/v1/realtime?model={model}"
 
@@ -59,7 +65,9 @@ class _Pacer:
                                            "audio": base64.b64encode(chunk).decode()}))
 
 
-async def _speak(ws: Any, timer: TurnTimer, question: Question, config: VoiceConfig) -> None:
+async def _speak(ws: Any, timer: TurnTimer, question: Question, config: VoiceConfig, image_url: str | None) -> None:
+    if image_url:  # the frame goes first, so that the question's audio is asked about it
+        await ws.send(json.dumps(image_item(image_url)))
     pacer = _Pacer(ws, config)
     await pacer.send(question.pcm16)
     if not timer.vad:
@@ -81,9 +89,11 @@ async def _listen(ws: Any, timer: TurnTimer) -> None:
         timer.on_message(message, time.perf_counter())
 
 
-async def _turn(ws: Any, timer: TurnTimer, question: Question, config: VoiceConfig) -> None:
-    """Speak and listen at once until response.done; the first error of either ends both."""
-    tasks = [asyncio.create_task(_speak(ws, timer, question, config)), asyncio.create_task(_listen(ws, timer))]
+async def _turn(ws: Any, timer: TurnTimer, question: Question, config: VoiceConfig, image_url: str | None) -> None:
+    """Speak (after the picture, if any) and listen at once until response.done; the first error of either ends
+    both: an `error` event for a picture the server refused fails the turn."""
+    tasks = [asyncio.create_task(_speak(ws, timer, question, config, image_url)),
+             asyncio.create_task(_listen(ws, timer))]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
@@ -107,13 +117,18 @@ async def _expect(ws: Any, kind: str) -> None:
 
 
 async def run_session(config: VoiceConfig, model: str, mode: str, output_format: str,
-                      questions: Sequence[Question], index: int, turns: int) -> list[TurnRecord]:
-    """Session `index`'s turns (turn t asks question (index + t) % count); one that fails ends the session."""
+                      questions: Sequence[Question], index: int, turns: int,
+                      image_url: str | None = None) -> list[TurnRecord]:
+    """Session `index`'s turns (turn t asks question (index + t) % count, after the picture `image_url` when
+    t % config.image_every == 0); one that fails ends the session."""
     def ask(turn: int) -> Question:
         return questions[(index + turn) % len(questions)]
 
+    def shows(turn: int) -> str | None:
+        return image_url if turn % config.image_every == 0 else None
+
     def record(turn: int) -> TurnRecord:
-        return TurnRecord(index, turn, ask(turn).name, ask(turn).duration_s)
+        return TurnRecord(index, turn, ask(turn).name, ask(turn).duration_s, image=shows(turn) is not None)
 
     records = [record(0)]  # a session that cannot start fails its first turn
     try:
@@ -129,7 +144,7 @@ async def run_session(config: VoiceConfig, model: str, mode: str, output_format:
                     records.append(record(turn))
                 timer = TurnTimer(records[-1], vad=mode == "vad")
                 async with asyncio.timeout(config.timeout):
-                    await _turn(ws, timer, ask(turn), config)
+                    await _turn(ws, timer, ask(turn), config, shows(turn))
                 assert timer.input_end is not None, records[-1]
                 listened_s = records[-1].played_out_s / config.input_speed
                 await asyncio.sleep(max(0.0, timer.input_end + listened_s - time.perf_counter()))

@@ -44,6 +44,7 @@ class LevelResult:
     chunk_gap_ms: Stat  # between consecutive audio chunks of one reply
     audio_s_mean: float | None
     prompt_tokens_mean: float | None
+    image_tokens_mean: float | None  # of those, the picture's (--image): what one picture costs in the prompt
     completion_tokens_mean: float | None  # text tokens + codec frames, as usage reports them
     audio_frames_mean: float | None
     underruns: int  # total over the level's replies
@@ -83,6 +84,7 @@ def summarize_level(concurrency: int, records: list[RequestRecord], wall_s: floa
         chunk_gap_ms=Stat.of(g for r in ok for g in r.chunk_gaps_ms),
         audio_s_mean=_mean(r.audio_s for r in ok),
         prompt_tokens_mean=_mean(r.prompt_tokens for r in ok),
+        image_tokens_mean=_mean(r.image_tokens for r in ok),
         completion_tokens_mean=_mean(r.completion_tokens for r in ok),
         audio_frames_mean=_mean(r.audio_frames for r in ok),
         underruns=sum(r.underruns for r in ok),

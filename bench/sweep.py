@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.config import BenchConfig, BenchError
+from bench.image import BenchImage, ImageInfo, load_image
 from bench.machine import machine_info
 from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
@@ -46,6 +47,23 @@ class BenchResult:  # serialized as-is (plus schema_version) to {label}.json
     machine: dict[str, Any]
     server_models: dict[str, Any] | None
     levels: list[LevelResult]
+    image: ImageInfo | None = None  # the picture every request carried (--image)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMedia:
+    """What a request's user message carries besides its text; read or made once, before any clock starts."""
+
+    input_audio: tuple[str, ...] = ()  # base64 WAV files: request i carries file i % count
+    image_url: str | None = None  # one data URL, the same in every request
+
+
+def read_image(spec: str | None) -> BenchImage | None:
+    """The run's --image, once; BenchError (the run cannot start) if it cannot be read."""
+    try:
+        return None if spec is None else load_image(spec)
+    except ValueError as exc:
+        raise BenchError(f"--image {exc}") from exc
 
 
 def make_prompt(n_words: int, index: int) -> str:
@@ -54,13 +72,18 @@ def make_prompt(n_words: int, index: int) -> str:
 
 
 def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int,
-                  input_audio: Sequence[str] = ()) -> dict[str, Any]:
+                  input_audio: Sequence[str] = (), image_url: str | None = None) -> dict[str, Any]:
     """The request body; with `input_audio` (base64 WAV files) the user message is the prompt's text, then
-    file `index % len(input_audio)` as an `input_audio` part."""
-    content: str | list[dict[str, Any]] = make_prompt(prompt_words, index)
+    file `index % len(input_audio)` as an `input_audio` part; with `image_url` (a data URL) an `image_url` part
+    comes first, as a user shows a picture and asks about it."""
+    text = make_prompt(prompt_words, index)
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if image_url:
+        parts.insert(0, {"type": "image_url", "image_url": {"url": image_url}})
     if input_audio:
         audio = {"data": input_audio[index % len(input_audio)], "format": "wav"}
-        content = [{"type": "text", "text": content}, {"type": "input_audio", "input_audio": audio}]
+        parts.append({"type": "input_audio", "input_audio": audio})
+    content = parts if len(parts) > 1 else text  # text alone stays a plain string, as most clients send it
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -77,10 +100,10 @@ def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int
 
 
 async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str, index: int, concurrency: int,
-                      prompt_words: int, input_audio: Sequence[str]) -> RequestRecord:
+                      prompt_words: int, media: RequestMedia) -> RequestRecord:
     rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
     decoder = SSEDecoder()
-    payload = build_payload(config, model, index, prompt_words, input_audio)
+    payload = build_payload(config, model, index, prompt_words, media.input_audio, media.image_url)
     t_send = time.perf_counter()
     timer = StreamTimer(rec, t_send)
     try:
@@ -115,7 +138,7 @@ def _seconds(retry_after: str | None) -> float:
 
 
 async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model: str,
-                    indices: Iterable[int], concurrency: int, prompt_words: int, input_audio: Sequence[str],
+                    indices: Iterable[int], concurrency: int, prompt_words: int, media: RequestMedia,
                     on_done: Callable[[], None], spread_s: float = 0.0) -> list[RequestRecord]:
     """One worker per client; each sends its next request when its last one ends, the first one after a
     random wait of up to `spread_s`."""
@@ -126,7 +149,7 @@ async def _run_pool(clients: list[httpx.AsyncClient], config: BenchConfig, model
     async def worker(client: httpx.AsyncClient, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         for index in pending:
-            record = await one_request(client, config, model, index, concurrency, prompt_words, input_audio)
+            record = await one_request(client, config, model, index, concurrency, prompt_words, media)
             records.append(record)
             on_done()
             if record.retry_after_s is not None:  # refused: a well-behaved client waits as told
@@ -156,21 +179,20 @@ def own_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
 
 
 async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, prompt_words: int,
-                    concurrency: int, input_audio: Sequence[str], progress: Progress) -> LevelResult:
+                    concurrency: int, media: RequestMedia, progress: Progress) -> LevelResult:
     n = config.num_requests or max(2 * concurrency, 4)
     task = progress.add_task(f"P={prompt_words} C={concurrency}", total=config.warmup + n)
     advance = lambda: progress.advance(task)  # noqa: E731
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(own_client(client)) for _ in range(concurrency)]
-        return await _measure_level(client, clients, config, model, prompt_words, concurrency, input_audio, n,
-                                    advance)
+        return await _measure_level(client, clients, config, model, prompt_words, concurrency, media, n, advance)
 
 
 async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncClient], config: BenchConfig,
-                         model: str, prompt_words: int, concurrency: int, input_audio: Sequence[str], n: int,
+                         model: str, prompt_words: int, concurrency: int, media: RequestMedia, n: int,
                          advance: Callable[[], None]) -> LevelResult:
     warm = await _run_pool(clients[:max(min(concurrency, config.warmup), 1)], config, model,
-                           range(-config.warmup, 0), concurrency, prompt_words, input_audio, advance)
+                           range(-config.warmup, 0), concurrency, prompt_words, media, advance)
     if failed := [r.error for r in warm if not r.ok]:
         log.warning("%d warm-up request(s) failed at P=%d C=%d: %s", len(failed), prompt_words, concurrency,
                     failed[0])
@@ -180,14 +202,14 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
     t0 = time.perf_counter()
     try:
         if config.client_processes > 1:
-            job = (config, model, prompt_words, concurrency, input_audio)
+            job = (config, model, prompt_words, concurrency, media)
             records, wall_s = await asyncio.to_thread(run_in_processes, _pool_work, job, n, concurrency,
                                                       config.client_processes)
             records.sort(key=lambda r: r.index)
             for _ in records:
                 advance()
         else:
-            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, input_audio,
+            records = await _run_pool(clients, config, model, range(n), concurrency, prompt_words, media,
                                       advance, config.spread_s)
             wall_s = time.perf_counter() - t0
     finally:
@@ -202,16 +224,16 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
 
 
-async def _pool_work(job: tuple[BenchConfig, str, int, int, Sequence[str]], indices: list[int], workers: int,
+async def _pool_work(job: tuple[BenchConfig, str, int, int, RequestMedia], indices: list[int], workers: int,
                      started: Started) -> list[RequestRecord]:
     """One client process's share of a level (`processes.run_in_processes` runs it)."""
-    config, model, prompt_words, concurrency, input_audio = job
+    config, model, prompt_words, concurrency, media = job
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(httpx.AsyncClient(
             base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False,
             limits=httpx.Limits(max_connections=1))) for _ in range(workers)]
         await started()
-        return await _run_pool(clients, config, model, indices, concurrency, prompt_words, input_audio,
+        return await _run_pool(clients, config, model, indices, concurrency, prompt_words, media,
                                lambda: None, config.spread_s)
 
 
@@ -268,25 +290,26 @@ async def target_model(client: httpx.AsyncClient, model: str | None, url: str) -
 
 async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
     """Run every level against the server at config.url; writes nothing."""
+    image = read_image(config.image)  # before the server is asked anything: a bad picture ends the run at once
     # trust_env=False: proxies from the environment would distort latency numbers.
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
                                  limits=httpx.Limits(max_connections=max(config.concurrency)),
                                  trust_env=False) as client:
         model, models = await target_model(client, config.model, config.url)
         # read once, before any clock starts: each request sends one of these as it is
-        input_audio = [base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)] \
-            if config.input_audio else []
+        input_audio = tuple(base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)) \
+            if config.input_audio else ()
+        media = RequestMedia(input_audio, image.data_url if image else None)
         levels = []
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
             for prompt_words, concurrency in config.levels():
-                levels.append(await run_level(client, config, model, prompt_words, concurrency, input_audio,
-                                              progress))
+                levels.append(await run_level(client, config, model, prompt_words, concurrency, media, progress))
     cfg = asdict(replace(config, model=model))
     for key in ("argv", "show_progress"):
         cfg.pop(key)
     return BenchResult(label=config.label, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        command=shlex.join(config.argv), config=cfg, machine=machine_info(),
-                       server_models=models, levels=levels)
+                       server_models=models, levels=levels, image=image.info if image else None)
 
 
 async def run_bench(config: BenchConfig) -> BenchResult:

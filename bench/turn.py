@@ -34,6 +34,7 @@ class TurnRecord:
     turn: int  # 0-based place in it: its history is this many earlier turns
     question: str
     speech_s: float  # the question's audio
+    image: bool = False  # the turn sent the picture (--image) as a user item before its question
     ok: bool = False
     refused: bool = False  # see REFUSAL_CODES
     error: str | None = None
@@ -48,6 +49,7 @@ class TurnRecord:
     stall_ms: float = 0.0
     input_tokens: int | None = None  # response.done usage: the conversation so far, as the server counted it
     cached_tokens: int | None = None  # of those, the ones a cached prefix held (not prefilled again)
+    image_tokens: int | None = None  # of those, the pictures': every image the conversation still holds
     audio_frames: int | None = None  # usage.output_token_details.audio_tokens: codec frames
 
     @property
@@ -122,7 +124,8 @@ class TurnTimer:
         rec.status = response.get("status")
         usage = response.get("usage") or {}
         rec.input_tokens = usage.get("input_tokens")
-        rec.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")
+        details = usage.get("input_token_details") or {}
+        rec.cached_tokens, rec.image_tokens = details.get("cached_tokens"), details.get("image_tokens")
         rec.audio_frames = (usage.get("output_token_details") or {}).get("audio_tokens")
         if rec.status != "completed":
             error = ((response.get("status_details") or {}).get("error")) or {}

@@ -18,13 +18,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.config import VoiceConfig
+from bench.image import ImageInfo
 from bench.machine import machine_info
 from bench.plots import plot_voice
 from bench.processes import Started, run_in_processes
 from bench.realtime_session import run_session
 from bench.speech import Question, load_questions
 from bench.stats import Stat
-from bench.sweep import first_send_delays, server_latency_sums, target_model, watch_loop_lag, write_json
+from bench.sweep import first_send_delays, read_image, server_latency_sums, target_model, watch_loop_lag, write_json
 from bench.turn import TurnRecord
 from bench.voice_stats import VoiceLevelResult, summarize_voice_level
 
@@ -45,6 +46,7 @@ class VoiceResult:  # serialized as-is (plus schema_version) to {label}.json
     server_models: dict[str, Any] | None
     questions: dict[str, float]  # name -> seconds of speech
     levels: list[VoiceLevelResult]
+    image: ImageInfo | None = None  # the picture the turns sent (--image)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class _Level:
     mode: str
     output_format: str
     questions: tuple[Question, ...]
+    image_url: str | None = None  # the picture's data URL (--image), made once per run
 
 
 async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, turns: int,
@@ -70,7 +73,7 @@ async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, tur
         await asyncio.sleep(delay)
         for index in pending:
             records.extend(await run_session(level.config, level.model, level.mode, level.output_format,
-                                             level.questions, index, turns))
+                                             level.questions, index, turns, level.image_url))
             on_done()
 
     delays = first_send_delays(f"voice:{indices[:1]}", workers, level.config.spread_s)
@@ -120,12 +123,13 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
 async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:
     """Run every level against the server at config.url; writes nothing."""
     questions: Sequence[Question] = load_questions(config.questions)
+    image = read_image(config.image)
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False) as client:
         model, models = await target_model(client, config.model, config.url)
         levels = []
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
             for mode, output_format, concurrency in config.levels():
-                level = _Level(config, model, mode, output_format, tuple(questions))
+                level = _Level(config, model, mode, output_format, tuple(questions), image.data_url if image else None)
                 levels.append(await run_level(client, level, concurrency, progress))
     cfg = asdict(replace(config, model=model))
     for key in ("argv", "show_progress"):
@@ -133,7 +137,8 @@ async def measure_voice(config: VoiceConfig, console: Console | None = None) -> 
     return VoiceResult(label=config.label, benchmark="realtime",
                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=shlex.join(config.argv),
                        config=cfg, machine=machine_info(), server_models=models,
-                       questions={q.name: round(q.duration_s, 3) for q in questions}, levels=levels)
+                       questions={q.name: round(q.duration_s, 3) for q in questions}, levels=levels,
+                       image=image.info if image else None)
 
 
 async def run_voice_bench(config: VoiceConfig) -> VoiceResult:

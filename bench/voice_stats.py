@@ -29,6 +29,7 @@ class TurnStats:
     input_tokens_mean: float | None  # the conversation so far, as the server counted it
     cached_tokens_mean: float | None  # of those, held by a cached prefix (the rest was prefilled)
     cached_share_mean: float | None  # per turn, cached / input tokens, averaged: how well a long call reuses its prefix
+    image_tokens_mean: float | None  # of the input tokens, the pictures' (--image): every one the conversation holds
     underruns: int
     underrun_turns: int  # turns whose reply stalled at least once
     stall_ms_mean: float | None
@@ -68,6 +69,7 @@ def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
         input_tokens_mean=_mean(r.input_tokens for r in ok), cached_tokens_mean=_mean(r.cached_tokens for r in ok),
         cached_share_mean=_mean(r.cached_tokens / r.input_tokens for r in ok
                                 if r.cached_tokens is not None and r.input_tokens),
+        image_tokens_mean=_mean(r.image_tokens for r in ok),
         underruns=sum(r.underruns for r in ok),
         underrun_turns=sum(1 for r in ok if r.underruns), stall_ms_mean=_mean(r.stall_ms for r in ok),
         offset_errors=sum(r.offset_errors for r in records),
