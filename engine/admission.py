@@ -31,6 +31,7 @@ def model_info(source: ModelSource, profile: DeployProfile) -> ModelInfo:
         speakers=source.speakers,
         codec_frame_samples=source.frame_samples,
         temperature=profile.stages.thinker.sampling.temperature,
+        max_image_pixels=profile.stages.thinker.image_max_pixels,
     )
 
 

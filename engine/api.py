@@ -206,6 +206,8 @@ class ModelInfo:
     speakers: tuple[str, ...]
     codec_frame_samples: int
     temperature: float  # what a request that names none samples at (its profile's): realtime sessions start at it
+    # an image is resized to at most this many pixels (one prompt token per 32 x 32); 0: the model takes no images
+    max_image_pixels: int = 0
 
 
 class RequestStream(Protocol):

@@ -23,6 +23,7 @@ INVALID_IMAGE_URL = "invalid_image_url"  # a URL that names no image we can read
 IMAGE_TOO_LARGE = "image_too_large"
 IMAGE_URL_NOT_ALLOWED = "image_url_not_allowed"
 TOO_MANY_IMAGES = "too_many_images"  # the callers count: a request's or an item's images
+IMAGES_NOT_SUPPORTED = "images_not_supported"  # the model has no vision tower (the engine's own code for it)
 
 _MAX_REDIRECTS = 3
 _DATA_URL_PREFIX = "data:"

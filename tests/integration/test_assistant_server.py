@@ -47,6 +47,7 @@ def test_models_name_the_cascade(assistant_server: Server) -> None:
     model = assistant_server.get("/v1/models").json()["data"][0]
     assert model["id"] == "assistant" and model["random_weights"] is False and model["voices"] == ["joe"]
     assert "Whisper" in model["description"] and "SmolLM2" in model["description"]
+    assert model["input_modalities"] == ["text", "audio"]
 
 
 def test_a_spoken_question_over_chat_is_answered(assistant_server: Server, question_wav: Path) -> None:
@@ -84,6 +85,29 @@ async def test_a_spoken_turn_over_realtime_is_heard_and_answered(assistant_serve
     said = done.output[0].content[0].transcript  # sampled at the session's temperature: English, not always right
     assert len([w for w in words(said) if w.isalpha()]) >= 3, said
     assert any(e.type == "response.output_audio.delta" for e in events)
+
+
+PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJ"
+       "RU5ErkJggg==")
+
+
+async def test_the_assistant_says_it_takes_no_images(assistant_server: Server) -> None:
+    """Its language model has no eyes: an image is refused with its own code, in chat and in realtime, and the
+    session goes on."""
+    client = openai.OpenAI(base_url=assistant_server.base_url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="assistant", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": PNG}}]}])
+    assert refused.value.code == "images_not_supported" and "takes no images" in refused.value.message
+    async with client_for(assistant_server) as realtime:
+        async with realtime.realtime.connect(model="assistant") as conn:
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_image", "image_url": PNG}]})
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Hello"}]})
+            seen = await events_until(conn, "conversation.item.done")
+    errors = [e for e in seen if e.type == "error"]
+    assert [e.error.code for e in errors] == ["images_not_supported"], seen
 
 
 async def test_a_session_starts_at_the_models_own_temperature(assistant_server: Server) -> None:

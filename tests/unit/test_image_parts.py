@@ -36,7 +36,7 @@ from voice_gateway.realtime.settings import SessionSettings
 from voice_gateway.realtime.transcription import Transcriber
 
 INFO = ModelInfo(model_id="tiny", is_random_weights=True, description="", max_model_len=4096, speakers=("ethan",),
-                 codec_frame_samples=1920, temperature=0.7)
+                 codec_frame_samples=1920, temperature=0.7, max_image_pixels=400 * 32 * 32)
 PIXELS = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
 LIMITS = ImageLimits()
 

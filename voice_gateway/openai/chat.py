@@ -26,6 +26,7 @@ from engine import (
     Finished,
     ImagePart,
     Message,
+    ModelInfo,
     OutputEvent,
     RequestStream,
     SamplingParams,
@@ -37,7 +38,7 @@ from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
 from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import APIError, engine_error
-from voice_gateway.images import TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
+from voice_gateway.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
 from voice_gateway.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -72,7 +73,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         raise APIError(400, "streamed audio is always pcm16: set audio.format to \"pcm16\"", param="audio.format")
     gateway: GatewayConfig = request.app.state.gateway
     _check_text_fits(body, engine.info.max_model_len)
-    _check_images(body, gateway.images)
+    _check_images(body, gateway.images, engine.info)
     output = output_constraint(body)
     tools = tools_of(body)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -157,13 +158,17 @@ def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
                        param="messages", code="context_length_exceeded")
 
 
-def _check_images(body: ChatCompletionRequest, limits: ImageLimits) -> None:
-    """Images in user messages only, as OpenAI has them, and not too many: checked before any is decoded."""
+def _check_images(body: ChatCompletionRequest, limits: ImageLimits, model: ModelInfo) -> None:
+    """Images for a model that takes them, in user messages only, as OpenAI has them, and not too many: checked
+    before any is decoded."""
     count = 0
     for i, message in enumerate(body.messages):
         for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
             if not isinstance(part, ImageURLContent):
                 continue
+            if not model.max_image_pixels:
+                raise APIError(400, f"this model ({model.model_id}) takes no images: serve one that does (tiny, or a "
+                               "Qwen3-Omni checkpoint)", param=f"messages.{i}.content.{j}", code=IMAGES_NOT_SUPPORTED)
             if message.role != "user":
                 raise APIError(400, f"messages.{i}.content.{j}: image_url parts are only for messages with role "
                                f"'user', and this message's role is '{message.role}'",

@@ -24,6 +24,8 @@ async def list_models(request: Request) -> dict[str, Any]:
                 "random_weights": info.is_random_weights,
                 "max_model_len": info.max_model_len,
                 "voices": list(info.speakers),
+                # what input the model takes besides text: speech always; images where it has a vision tower
+                "input_modalities": ["text", "audio", *(["image"] if info.max_image_pixels else [])],
             }
         ],
     }

@@ -6,7 +6,7 @@ Error codes and texts are OpenAI's where clients match on them.
 from __future__ import annotations
 
 from engine import ImagePart
-from voice_gateway.images import TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
+from voice_gateway.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.calls import is_json
 from voice_gateway.realtime.checks import RequestChecks
@@ -20,11 +20,12 @@ class ClientItemReader:
     """Reads client items for one session: its input audio format, its limits; owns no state."""
 
     def __init__(self, settings: SessionSettings, checks: RequestChecks, reporter: ErrorReporter,
-                 images: ImageLimits) -> None:
+                 images: ImageLimits, *, takes_images: bool = True) -> None:
         self.settings = settings
         self.checks = checks
         self.reporter = reporter
         self.images = images
+        self.takes_images = takes_images  # the model has eyes (ModelInfo.max_image_pixels)
 
     async def read(self, src: ev.ConversationItem, event_id: str | None, where: str = "item") -> Item | None:
         """`src` as an `Item`; None where it cannot be one, the client told why (`where`: the item's param).
@@ -69,6 +70,11 @@ class ClientItemReader:
         """The message's `input_image` parts decoded, in order; None where one cannot be (the client told why).
         Images are the user's alone, and at most `max_images_per_request` of them: checked before any decodes."""
         parts = [(j, p) for j, p in enumerate(src.content) if p.type == "input_image"]
+        if parts and not self.takes_images:
+            self.reporter.error(IMAGES_NOT_SUPPORTED, f"this model ({self.settings.config.model}) takes no images: "
+                                "serve one that does (tiny, or a Qwen3-Omni checkpoint)", event_id=event_id,
+                                param=f"{where}.content.{parts[0][0]}")
+            return None
         for j, part in parts:
             if src.role != "user":
                 self.reporter.error("invalid_value", f"{where}.content.{j}: input_image parts are only for messages "

@@ -35,9 +35,9 @@ _TOKENS_PER_AUDIO_SECOND = 13  # Qwen3-Omni's audio encoder: 13 tokens per 100 m
 _CHARS_PER_TOKEN = 3  # English text and JSON; a digit or a character outside ASCII is a token of its own
 _TOKENS_PER_TURN = 6  # <|im_start|>role\n ... <|im_end|>\n
 # An image is one token per 32 x 32 pixels (Qwen3-Omni's 2 x 2 merged 16 x 16 patches) once the engine resized
-# it to within its budget, by default 400 tokens (a 1280 x 720 frame); then <|vision_start|> and <|vision_end|>.
+# it to within its budget (`ModelInfo.max_image_pixels`); then <|vision_start|> and <|vision_end|>.
 _IMAGE_TOKEN_PIXELS = 32 * 32
-_MAX_TOKENS_PER_IMAGE = 400
+DEFAULT_MAX_IMAGE_PIXELS = 400 * _IMAGE_TOKEN_PIXELS  # the engine's default budget: a 1280 x 720 frame
 # "auto": a cut keeps three quarters of the room, so a quarter of it fills before the next cut
 AUTO_RETENTION = 0.75
 
@@ -51,8 +51,8 @@ def estimated_text_tokens(text: str) -> int:
     return dense + (len(text) - dense) // _CHARS_PER_TOKEN
 
 
-def estimated_image_tokens(height: int, width: int) -> int:
-    return min(max(-(-height * width // _IMAGE_TOKEN_PIXELS), 4), _MAX_TOKENS_PER_IMAGE) + 2
+def estimated_image_tokens(height: int, width: int, max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> int:
+    return max(-(-min(height * width, max_pixels) // _IMAGE_TOKEN_PIXELS), 4) + 2
 
 
 def new_item_id() -> str:
@@ -81,12 +81,12 @@ class Item:
     transcript: str = ""  # user audio: its input transcription, when the session asks for one
     in_context: bool = True  # False once truncation took it out of the prompt, for good
 
-    def estimated_tokens(self) -> int:
+    def estimated_tokens(self, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> int:
         # Dropped audio still counts, so trimming stays oldest-first: an item that left the context for
         # its audio does not come back as text while newer items are left out.
         has_audio = self.audio is not None or self.audio_dropped
         audio_tokens = int(self.audio_ms / 1000 * _TOKENS_PER_AUDIO_SECOND) + 3 if has_audio else 0
-        image_tokens = sum(estimated_image_tokens(height, width) for height, width in self.image_sizes)
+        image_tokens = sum(estimated_image_tokens(h, w, max_image_pixels) for h, w in self.image_sizes)
         text_tokens = estimated_text_tokens(self.text + self.name + self.arguments) + 1
         return _TOKENS_PER_TURN + text_tokens + audio_tokens + image_tokens
 
@@ -111,11 +111,13 @@ class ContextFull(EngineError):
 class Conversation:
     """Owns the items, in order, and which of them keep their audio and images."""
 
-    def __init__(self, budget_tokens: int, max_audio_samples: int, max_images: int) -> None:
+    def __init__(self, budget_tokens: int, max_audio_samples: int, max_images: int,
+                 max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> None:
         self.items: list[Item] = []
         self.budget_tokens = budget_tokens  # what the prompt may take of the context
         self.max_audio_samples = max_audio_samples  # 16 kHz samples the items' audio may hold in all
         self.max_images = max_images  # images the items may hold in all
+        self.max_image_pixels = max_image_pixels  # the model's budget for one image (ModelInfo.max_image_pixels)
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (at the end when None, first when "root"); returns the id before it."""
@@ -214,7 +216,7 @@ class Conversation:
         """The oldest index from which the items fit the room: what the prompt could hold at most."""
         used, room = 0, self.room(config)
         for index in range(len(self.items) - 1, -1, -1):
-            used += self.items[index].estimated_tokens()
+            used += self.items[index].estimated_tokens(self.max_image_pixels)
             if used > room:
                 return index + 1
         return 0
@@ -223,7 +225,7 @@ class Conversation:
         """Take the oldest items out of the prompt once the rest outgrows the room: a block at once, down to the
         retained share of it (the newest item always stays). `ContextFull` when truncation is disabled."""
         live = [item for item in self.items if item.in_context]
-        used, room = sum(item.estimated_tokens() for item in live), self.room(config)
+        used, room = sum(item.estimated_tokens(self.max_image_pixels) for item in live), self.room(config)
         if used <= room:
             return
         if config.truncation == "disabled":
@@ -235,7 +237,7 @@ class Conversation:
             if used <= keep and item.kind != "function_call_output":
                 break
             item.in_context = False
-            used -= item.estimated_tokens()
+            used -= item.estimated_tokens(self.max_image_pixels)
         # an async tool's output can come turns after its call, past the items that stay
         gone = {item.call_id for item in live if item.kind == "function_call" and not item.in_context}
         for item in live:

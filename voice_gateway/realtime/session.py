@@ -80,10 +80,11 @@ class Session:
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
         self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s),
                                       TurnTaking(config.turn_detection))
-        self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images)
+        self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images,
+                                       takes_images=engine.info.max_image_pixels > 0)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                     int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ),
-                                    gateway.images.max_images_per_session)
+                                    gateway.images.max_images_per_session, engine.info.max_image_pixels)
         self.items = ConversationItems(conversation, Transcriber(engine, self.sender, self.id), self.settings,
                                        self.sender, self.reporter, gateway.max_stored_audio_s)
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
@@ -231,7 +232,10 @@ class Session:
         self._start_response(self.config, ResponseContext(), None)
 
     def _frame(self) -> np.ndarray | None:
-        return None if self.camera is None else self.camera()
+        """The call's camera frame for a turn, where the model takes images."""
+        if self.camera is None or not self.conversation.max_image_pixels:
+            return None
+        return self.camera()
 
     def _arm_idle_timeout(self, response: Response) -> None:
         """After a reply, once its audio has played out (as far as the server can tell) and the timeout passed."""
