@@ -51,8 +51,8 @@ class ThinkerConfig:
     max_step_tokens: int = field(default=2048, metadata=_at_least(1))
     # host memory for kept prefixes whose slots were needed (engine/runners/prefix_cache.py); 0: none kept
     kept_prefix_host_gib: float = field(default=1.0, metadata=_at_least(0.0))
-    # an image is resized to within these pixels (each prompt token stands for 32x32 of them): 400 tokens for a
-    # 1280x720 camera frame at most, 4 at least
+    # an image is resized to within these pixels (each prompt token stands for 32x32 of them): at most 400 tokens
+    # (a 1280x720 camera frame takes 390), at least 4
     image_min_pixels: int = field(default=4 * 32 * 32, metadata=_at_least(4 * 32 * 32))
     image_max_pixels: int = field(default=400 * 32 * 32, metadata=_at_least(4 * 32 * 32))
     ignore_eos: bool = False
