@@ -34,6 +34,7 @@ from engine.api import (
     Tool,
     ToolCall,
     ToolCallOutput,
+    VideoPart,
 )
 from engine.constraints import schema_error
 from engine.factory import create_engine
@@ -69,6 +70,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolCallOutput",
+    "VideoPart",
     "create_engine",
     "load_profile",
     "schema_error",

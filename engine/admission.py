@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from engine.api import AudioPart, EngineError, EngineRequest, ImagePart, ModelInfo
+from engine.api import AudioPart, EngineError, EngineRequest, ImagePart, ModelInfo, VideoPart
 from engine.constraints import grammar_for
 from engine.handoff import AdmittedRequest
 from engine.profile import DeployProfile, ThinkerConfig
@@ -97,8 +97,11 @@ class Admission:
         thinker, vision = profile.stages.thinker, source.config.thinker_config.vision_config
         images = ImagePreprocessor.for_checkpoint(source.path, vision, min_pixels=thinker.image_min_pixels,
                                                   max_pixels=thinker.image_max_pixels)
-        prompts = PromptBuilder(source.tokenizer(), source.feature_extractor(),
-                                n_window=source.config.thinker_config.audio_config.n_window, images=images)
+        videos = ImagePreprocessor.for_checkpoint(source.path, vision, min_pixels=thinker.image_min_pixels,
+                                                  max_pixels=thinker.video_frame_max_pixels)
+        tc = source.config.thinker_config
+        prompts = PromptBuilder(source.tokenizer(), source.feature_extractor(), n_window=tc.audio_config.n_window,
+                                images=images, videos=videos, positions_per_second=int(tc.position_id_per_seconds))
         return cls(model_info(source, profile), profile, prompts, text_on_loop=text_on_loop)
 
     def grammar(self, request: EngineRequest) -> str | None:
@@ -115,7 +118,7 @@ class Admission:
     async def admit(self, request: EngineRequest) -> AdmittedRequest:
         speaker = resolve_speaker(request, self.default_speaker, self.info.speakers)
         grammar = self.grammar(request)
-        has_media = any(isinstance(p, AudioPart | ImagePart) for m in request.messages for p in m.content)
+        has_media = any(isinstance(p, AudioPart | ImagePart | VideoPart) for m in request.messages for p in m.content)
         if self.text_on_loop and not has_media:
             prompt = self.prompts.build(request.messages, request.tools)
         else:

@@ -47,7 +47,16 @@ class ImagePart:
     pixels: np.ndarray
 
 
-ContentPart = TextPart | AudioPart | ImagePart
+@dataclass(frozen=True, slots=True)
+class VideoPart:
+    """A video's frames, RGB uint8 [n, height, width, 3], sampled `fps` a second by the edge (its audio, when it
+    has any, comes as an AudioPart of its own)."""
+
+    frames: np.ndarray
+    fps: float
+
+
+ContentPart = TextPart | AudioPart | ImagePart | VideoPart
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from engine.vision import ImageInput
+from engine.vision import Grid, ImageInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +51,8 @@ class AdmittedRequest:
     # (they included) is for the client, never spoken
     tool_call_ids: tuple[int, int] | None = None
     conversation: str | None = None  # EngineRequest.conversation: which replica keeps its prefix
-    images: list[ImageInput] = field(default_factory=list)  # the vision tower's input per image, in prompt order
-    image_tokens: int = 0  # of token_ids, the <|image_pad|> placeholders
+    images: list[ImageInput] = field(default_factory=list)  # the vision tower's input per image or video, in order
+    image_tokens: int = 0  # of token_ids, the <|image_pad|> and <|video_pad|> placeholders
     positions: np.ndarray | None = None  # [3, n] M-RoPE rows when the prompt holds images (engine/vision.py)
 
 
@@ -63,7 +63,7 @@ class ThinkerPrompt:
     speaker: str
     seed: int | None
     keys: np.ndarray  # per prompt position, its key (engine/runners/prefix_cache.py): what a kept prefix matches
-    image_grids: tuple[tuple[int, int, int], ...] = ()  # per image, its patch grid: the Talker's M-RoPE rows
+    grids: tuple[Grid, ...] = ()  # per image or video, its patch grid: the Talker's M-RoPE rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,9 @@ class ThinkerConfig:
     # (a 1280x720 camera frame takes 390), at least 4
     image_min_pixels: int = field(default=4 * 32 * 32, metadata=_at_least(4 * 32 * 32))
     image_max_pixels: int = field(default=400 * 32 * 32, metadata=_at_least(4 * 32 * 32))
+    # a video's frames, each resized to within this many pixels: 64 tokens for each pair of frames, one a second
+    # at the edge's 2 frames a second (a 16-frame, 8 s clip takes 512 tokens)
+    video_frame_max_pixels: int = field(default=64 * 32 * 32, metadata=_at_least(4 * 32 * 32))
     ignore_eos: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 

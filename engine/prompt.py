@@ -5,7 +5,7 @@ processor computes (its WhisperFeatureExtractor, with the processor's settings),
 and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
 frame + `<|audio_end|>`.
 
-Images become vision placeholders and M-RoPE positions (engine/vision.py).
+Images and videos become vision placeholders and M-RoPE positions (engine/vision.py).
 
 Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
 the control token, so no message can open a turn of its own.
@@ -28,8 +28,16 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, ImagePart, Message, TextPart, Tool
-from engine.vision import IMAGE_PAD, VISION_END, VISION_START, ImageInput, ImagePreprocessor, mrope_positions
+from engine.api import INPUT_SAMPLE_RATE_HZ, AudioPart, EngineError, ImagePart, Message, TextPart, Tool, VideoPart
+from engine.vision import (
+    IMAGE_PAD,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+    ImageInput,
+    ImagePreprocessor,
+    mrope_positions,
+)
 
 AUDIO_START = "<|audio_start|>"
 AUDIO_PAD = "<|audio_pad|>"
@@ -67,8 +75,8 @@ class Prompt:
     # per clip, its identity for prefix reuse (engine/runners/prefix_cache.py): a digest of its samples,
     # negative, so that no token id equals it
     audio_keys: list[int] = field(default_factory=list)
-    images: list[ImageInput] = field(default_factory=list)  # in prompt order
-    image_tokens: int = 0  # of token_ids, the <|image_pad|> placeholders
+    images: list[ImageInput] = field(default_factory=list)  # images and videos, in prompt order
+    image_tokens: int = 0  # of token_ids, the <|image_pad|> and <|video_pad|> placeholders
     # [3, n] M-RoPE rows when the prompt holds images (engine/vision.py); None: every row is the token's index
     positions: np.ndarray | None = None
 
@@ -90,13 +98,17 @@ RECENT_FEATURE_BYTES = 512 << 20
 
 
 class PromptBuilder:
-    """`images`: how images become the vision tower's input; None for a model that takes none."""
+    """`images`: how images become the vision tower's input, `videos` how a video's frames do (its budget is per
+    frame), None for a model that takes none; `positions_per_second`: M-RoPE's time positions a second of video."""
 
-    def __init__(self, tokenizer, feature_extractor, *, n_window: int, images: ImagePreprocessor | None = None) -> None:
+    def __init__(self, tokenizer, feature_extractor, *, n_window: int, images: ImagePreprocessor | None = None,
+                 videos: ImagePreprocessor | None = None, positions_per_second: int = 13) -> None:
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
         self.n_window = n_window
         self.images = images
+        self.videos = videos
+        self.positions_per_second = positions_per_second
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         # the Rust tokenizer itself when there is one: the same ids without transformers' Python around
         # each call (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst)
@@ -145,13 +157,13 @@ class PromptBuilder:
                     num_pads = audio_output_frames(mel.shape[-1], self.n_window)
                     audio_tokens += num_pads
                     ids += self._encode(AUDIO_START + AUDIO_PAD * num_pads + AUDIO_END)
-                elif isinstance(part, ImagePart):
+                elif isinstance(part, ImagePart | VideoPart):
                     if message.role != "user":  # the Talker reads images from user turns only, as the model does
-                        raise EngineError(f"images go in user messages, not in a {message.role} message")
-                    image = self._image(part.pixels)
+                        raise EngineError(f"images and videos go in user messages, not in a {message.role} message")
+                    image = self._image(part.pixels) if isinstance(part, ImagePart) else self._video(part)
                     ids += self._encode(VISION_START)
                     image_spans.append((len(ids), len(ids) + image.tokens))
-                    ids += self._encode(IMAGE_PAD * image.tokens + VISION_END)
+                    ids += self._encode((VIDEO_PAD if image.is_video else IMAGE_PAD) * image.tokens + VISION_END)
                     images.append(image)
             has_text = any(isinstance(p, TextPart) and p.text for p in message.content)
             for k, call in enumerate(message.tool_calls):
@@ -169,7 +181,7 @@ class PromptBuilder:
         ids += self._encode("<|im_start|>assistant\n")
         positions = None
         if images:
-            positions = mrope_positions(len(ids), image_spans, [i.grid_thw for i in images], images[0].merge)
+            positions = mrope_positions(len(ids), image_spans, [i.grid for i in images], images[0].merge)
         return Prompt(token_ids=ids, audio_features=features, audio_tokens=audio_tokens, audio_keys=keys, images=images,
                       image_tokens=sum(i.tokens for i in images), positions=positions)
 
@@ -227,6 +239,21 @@ class PromptBuilder:
         image = self.images(pixels, key)
         self._remember(key, image)
         return image
+
+    def _video(self, video: VideoPart) -> ImageInput:
+        """A video's vision input, computed once for videos seen lately."""
+        if self.videos is None:
+            raise EngineError("this model takes no videos", code="images_not_supported")
+        frames = np.ascontiguousarray(video.frames)
+        digest = hashlib.blake2b(frames.tobytes(), digest_size=7, person=b"video")
+        digest.update(repr((frames.shape, video.fps)).encode())
+        key = -1 - int.from_bytes(digest.digest(), "little")
+        if (seen := self._seen(key)) is not None:
+            assert isinstance(seen, ImageInput)
+            return seen
+        made = self.videos.video(frames, video.fps, key, self.positions_per_second)
+        self._remember(key, made)
+        return made
 
     def _seen(self, key: int) -> torch.Tensor | ImageInput | None:
         with self._lock:

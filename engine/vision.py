@@ -1,12 +1,15 @@
-"""Images -> what the Thinker takes: pixel patches, the prompt's placeholders, and M-RoPE's 3-D positions.
+"""Images and videos -> what the Thinker takes: pixel patches, the prompt's placeholders, M-RoPE's 3-D positions.
 
 Pixels go through transformers' own Qwen2-VL image processor (the one Qwen3-Omni's processor holds), resized
 so that the image's pixels lie within the profile's budget (`min_pixels`, `max_pixels`): each placeholder
 stands for a 2x2 merge of 16x16 patches, 32x32 pixels. An image becomes `<|vision_start|>`, one
-`<|image_pad|>` per merged patch, `<|vision_end|>`.
+`<|image_pad|>` per merged patch, `<|vision_end|>`. A video is its frames two by two (the tower's temporal
+patch), each frame resized and normalised by the same processor: `<|video_pad|>` placeholders, one per merged
+patch of each pair.
 
 Positions: text and audio advance M-RoPE's three rows together, one per token. An image's placeholders take
-(t, h, w) = (start, start + row, start + column) over its merged grid, and what follows the image starts
+(t, h, w) = (start, start + row, start + column) over its merged grid (a video's t also steps by its frame
+pairs' time: seconds x the model's 13 positions a second), and what follows the image starts
 after the largest of them (transformers' `get_rope_index`): a prompt with images takes fewer positions than
 tokens, and its reply continues from there (`rope_delta`). A prompt's positions depend only on what comes
 before them, so a kept prefix holds the same positions in every turn that begins with it.
@@ -26,6 +29,7 @@ from engine.api import EngineError
 
 VISION_START = "<|vision_start|>"
 IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
 VISION_END = "<|vision_end|>"
 # Qwen3-Omni's vision tower normalises pixels to [-1, 1] (Qwen3-VL's processor settings)
 _MEAN_STD = (0.5, 0.5, 0.5)
@@ -40,6 +44,13 @@ class ImageInput:
     grid_thw: tuple[int, int, int]
     key: int
     merge: int = 2
+    # a video: M-RoPE time positions from one frame pair to the next; 0 for an image (one moment)
+    time_step: int = 0
+    is_video: bool = False
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(self.grid_thw, self.time_step)
 
     @property
     def tokens(self) -> int:
@@ -86,20 +97,48 @@ class ImagePreprocessor:
         t, h, w = (int(v) for v in out["image_grid_thw"][0])
         return ImageInput(out["pixel_values"], (t, h, w), key, self.merge)
 
+    def video(self, frames: np.ndarray, fps: float, key: int, positions_per_second: int) -> ImageInput:
+        """Frames [n, height, width, 3] uint8 sampled at `fps` -> the tower's input: each frame through the image
+        processor, then two by two into temporal patches (an odd last frame repeated, as Qwen's processors pad)."""
+        if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8 or not len(frames):
+            raise EngineError(f"a video is RGB uint8 frames [n, height, width, 3], got {frames.dtype} "
+                              f"{list(frames.shape)}")
+        if len(frames) % 2:
+            frames = np.concatenate([frames, frames[-1:]])
+        per_frame = [self(frame, key) for frame in frames]
+        rows, channels = per_frame[0].pixel_values.shape[0], 3
+        # each frame's rows hold it twice over the temporal patch (C, T, P, P): one copy of each, a pair at a time
+        singles = torch.stack([f.pixel_values.view(rows, channels, 2, -1)[:, :, 0] for f in per_frame])
+        pairs = singles.view(len(frames) // 2, 2, rows, channels, -1).permute(0, 2, 3, 1, 4)
+        _, h, w = per_frame[0].grid_thw
+        seconds_per_pair = 2 / fps
+        step = seconds_per_pair * positions_per_second
+        if step != round(step):
+            raise EngineError(f"a video's frame rate must give whole position steps, got {fps:g} frames a second")
+        return ImageInput(pairs.reshape(len(frames) // 2 * rows, -1), (len(frames) // 2, h, w), key, self.merge,
+                          time_step=round(step), is_video=True)
 
-def image_positions(start: int, grid_thw: tuple[int, int, int], merge: int) -> np.ndarray:
-    """[3, tokens]: the (t, h, w) rows of an image's placeholders that begin at position `start`."""
-    t, h, w = grid_thw
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """An image's or video's patch grid (t, h, w) and its time step (ImageInput.time_step)."""
+
+    thw: tuple[int, int, int]
+    time_step: int = 0
+
+
+def image_positions(start: int, grid: Grid, merge: int) -> np.ndarray:
+    """[3, tokens]: the (t, h, w) rows of an image's (or video's) placeholders that begin at position `start`."""
+    t, h, w = grid.thw
     gh, gw = h // merge, w // merge
-    rows = np.stack([np.zeros((t, gh, gw), np.int64),  # an image is one moment: t is 0 for all its frames
+    rows = np.stack([np.broadcast_to(np.arange(t)[:, None, None] * grid.time_step, (t, gh, gw)),
                      np.broadcast_to(np.arange(gh)[None, :, None], (t, gh, gw)),
                      np.broadcast_to(np.arange(gw)[None, None, :], (t, gh, gw))]).reshape(3, -1)
     return rows + start
 
 
-def mrope_positions(length: int, image_spans: list[tuple[int, int]], grids: list[tuple[int, int, int]],
-                    merge: int) -> np.ndarray:
-    """[3, length]: M-RoPE's rows for a prompt whose images (of these patch grids) lie at `image_spans`."""
+def mrope_positions(length: int, image_spans: list[tuple[int, int]], grids: list[Grid], merge: int) -> np.ndarray:
+    """[3, length]: M-RoPE's rows for a prompt whose images and videos (of these grids) lie at `image_spans`."""
     parts, at, next_pos = [], 0, 0
     for (a, b), grid in zip(image_spans, grids, strict=True):
         parts.append(np.broadcast_to(np.arange(next_pos, next_pos + a - at), (3, a - at)))
@@ -117,9 +156,9 @@ def rope_delta(positions: np.ndarray) -> int:
     return int(positions.max()) + 1 - positions.shape[1]
 
 
-def placeholder_spans(token_ids: list[int], placeholder: int) -> list[tuple[int, int]]:
-    """Each run of a placeholder id, [start, end), in order: one per clip or image."""
-    at = np.flatnonzero(np.asarray(token_ids) == placeholder)
+def placeholder_spans(token_ids: list[int], *placeholders: int) -> list[tuple[int, int]]:
+    """Each run of placeholder ids, [start, end), in order: one per clip, image or video."""
+    at = np.flatnonzero(np.isin(np.asarray(token_ids), placeholders))
     if not at.size:
         return []
     breaks = np.flatnonzero(np.diff(at) > 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from voice_gateway.images import ImageLimits
+from voice_gateway.videos import VideoLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class GatewayConfig:
     header_timeout_s: float = 15.0
     body_timeout_s: float = 30.0
     images: ImageLimits = field(default_factory=ImageLimits)  # input images, in chat and realtime
+    videos: VideoLimits = field(default_factory=VideoLimits)  # input videos (chat's video_url parts)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_session_s <= 0 or self.send_queue_messages < 16 \

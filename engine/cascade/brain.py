@@ -71,7 +71,7 @@ class BrainRunner:
     interface). `attention`: how packed queries attend over the slots (the reference by default)."""
 
     audio_token_id = -1  # no audio placeholders: the ears made the user's speech text before the prompt
-    image_token_id = -1  # nor images: its prompts refuse them
+    visual_token_ids = (-1, -1)  # nor images: its prompts refuse them
 
     def __init__(self, model: Any, *, max_batch: int, max_len: int, attention: PackedAttention | None = None) -> None:
         self.model = model

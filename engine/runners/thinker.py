@@ -54,7 +54,7 @@ class StepRunner(Protocol):
     device: torch.device
     kv: SlotKVCache
     audio_token_id: int
-    image_token_id: int
+    visual_token_ids: tuple[int, int]  # the image's and the video's placeholder
 
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor: ...
 
@@ -86,7 +86,8 @@ class ThinkerRunner:
         use_packed_attention(self.text_model)
         self.attention = attention or ReferenceAttention()
         self.audio_token_id = config.thinker_config.audio_token_id
-        self.image_token_id = config.thinker_config.image_token_id
+        tc = config.thinker_config
+        self.visual_token_ids = (tc.image_token_id, tc.video_token_id)
         self.audio = AudioEncoder(thinker, buckets=audio_buckets, graphed=audio_graphed, cold=cold, timed=audio_timed)
         self.vision = VisionTower(thinker)
         self.cold = cold
@@ -124,7 +125,7 @@ class ThinkerRunner:
         pieces = [Piece(r.slot, r.start, len(r.token_ids), r.rope) for r in rows]
         images = [image for row in rows for image in row.images]
         if images:
-            at_image = (host_ids == self.image_token_id).to(self.device, non_blocking=True)
+            at_image = torch.isin(host_ids, torch.tensor(self.visual_token_ids)).to(self.device, non_blocking=True)
             vision = self.vision(images)
             embeds[at_image] = vision.embeds.to(embeds.dtype)
             logits, hidden = self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces), (at_image, vision))

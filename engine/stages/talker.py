@@ -139,8 +139,8 @@ class TalkerStage(Stage):
                 # its own stream: the same seed and counters would repeat codebook 0's noise
                 code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, new_seed(seed + 1)),
             )
-            if item.image_grids:
-                prompt.rope = self.runner.positions(layout, item.token_ids, list(item.image_grids))
+            if item.grids:
+                prompt.rope = self.runner.positions(layout, item.token_ids, list(item.grids))
                 prompt.rope_delta = rope_delta(prompt.rope)
             if (reuse := self.cache.claim(item.keys, prompt.row_ends)) is not None:
                 prompt.slot, prompt.position = reuse.slot, reuse.rows

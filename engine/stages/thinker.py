@@ -132,7 +132,7 @@ class ThinkerStage(Stage):
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
         clips = clip_spans(item.token_ids, self.runner.audio_token_id)
-        images = placeholder_spans(item.token_ids, self.runner.image_token_id) if item.images else []
+        images = placeholder_spans(item.token_ids, *self.runner.visual_token_ids) if item.images else []
         keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
         grammar = None if item.grammar is None else self.grammars.start(item.grammar)
         delta = None if item.positions is None else rope_delta(item.positions)
@@ -279,7 +279,7 @@ class ThinkerStage(Stage):
         job = seq.job
         if job.want_audio:  # its Talker prefills the prompt's rows as they come
             self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,
-                                         tuple(i.grid_thw for i in job.images)))
+                                         tuple(i.grid for i in job.images)))
         reuse = self.cache.claim(seq.keys, seq.clips + seq.images, want_hidden=job.want_audio)
         if reuse is None:
             seq.slot = self.cache.allocate()

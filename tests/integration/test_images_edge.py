@@ -167,3 +167,19 @@ async def test_realtime_answers_an_item_with_an_image(server: Server) -> None:
     assert response.status == "completed", response.status_details
     assert response.output[0].content[0].text
     assert response.usage.input_token_details.image_tokens > 0
+
+
+def test_chat_answers_a_video_and_refuses_a_long_one(client: openai.OpenAI) -> None:
+    """vLLM's `video_url` part: an MP4's frames, two a second, count as image tokens; one past the 30 s the server
+    takes is refused from its header."""
+    from tests.unit.test_videos import data_url, encoded
+
+    def ask(raw: bytes) -> Any:
+        return client.chat.completions.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": data_url(raw)}}, {"type": "text", "text": "What happens?"}]}])
+
+    reply = ask(encoded(seconds=3.0))
+    assert reply.choices[0].message.content and reply.usage.prompt_tokens_details.image_tokens > 0
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(encoded(seconds=31.0, rate=2))
+    assert refused.value.code == "image_too_large" and refused.value.param == "messages.0.content.0.video_url"

@@ -70,7 +70,7 @@ def test_chat_takes_openai_s_image_url_part() -> None:
     ({"type": "image_url", "image_url": {"url": "x", "detail": "medium"}}, "'auto', 'low' or 'high'"),
     ({"type": "image_url", "image_url": "https://example.com/a.png"}, "valid dictionary"),  # Responses' shape
     ({"type": "image_url"}, "Field required"),
-    ({"type": "input_image", "image_url": "x"}, "'text', 'image_url' or 'input_audio'"),
+    ({"type": "input_image", "image_url": "x"}, "'text', 'image_url', 'input_audio' or 'video_url'"),
 ])
 def test_chat_refuses_image_parts_of_other_shapes(part: dict[str, Any], in_message: str) -> None:
     with pytest.raises(ValidationError, match=in_message):

@@ -1,5 +1,5 @@
-"""Images through the staged engine: the same text and speech as transformers' own generate(), M-RoPE positions
-as transformers places them, the vision tower batched, kept prefixes that hold an image, refusals."""
+"""Images and videos through the staged engine: the same text and speech as transformers' own generate(), M-RoPE
+positions as transformers places them, the vision tower batched, kept prefixes that hold an image, refusals."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from engine import (
     SamplingParams,
     TextDelta,
     TextPart,
+    VideoPart,
     create_engine,
 )
 from engine.profile import load_profile
@@ -59,12 +60,22 @@ async def _reply(engine, rid: str, messages: tuple[Message, ...]) -> tuple[list[
     return tokens, audio, finished
 
 
+def _video(frames: int, height: int, width: int, seed: int) -> VideoPart:
+    return VideoPart(np.stack([_image(height, width, seed + i) for i in range(frames)]), fps=2.0)
+
+
 def _generate_inputs(prompt) -> dict:
-    """A prompt's images and speech as generate() takes them."""
+    """A prompt's images, videos and speech as generate() takes them."""
     inputs: dict = {}
-    if prompt.images:
-        inputs.update(pixel_values=torch.cat([i.pixel_values for i in prompt.images]),
-                      image_grid_thw=torch.tensor([i.grid_thw for i in prompt.images]))
+    images = [i for i in prompt.images if not i.is_video]
+    videos = [i for i in prompt.images if i.is_video]
+    if images:
+        inputs.update(pixel_values=torch.cat([i.pixel_values for i in images]),
+                      image_grid_thw=torch.tensor([i.grid_thw for i in images]))
+    if videos:
+        inputs.update(pixel_values_videos=torch.cat([i.pixel_values for i in videos]),
+                      video_grid_thw=torch.tensor([i.grid_thw for i in videos]),
+                      video_second_per_grid=torch.tensor([i.time_step / 13 for i in videos]))
     if prompt.audio_features:
         longest = max(f.shape[-1] for f in prompt.audio_features)
         features = torch.zeros(len(prompt.audio_features), prompt.audio_features[0].shape[0], longest)
@@ -89,12 +100,15 @@ CONVERSATIONS = {
         Message("user", (ImagePart(_image(64, 64, 2)), TextPart("and"), ImagePart(_image(90, 40, 3)))),
     ),
     "text only": (Message("user", (TextPart("Hello there"),)),),
+    "a video": (Message("user", (_video(5, 64, 96, 20), TextPart("What happens here?"))),),
+    "an image, then a video": (Message("user", (ImagePart(_image(64, 64, 30)), _video(4, 96, 64, 31),
+                                                TextPart("Compare them."))),),
 }
 # generate() cannot be the reference with speech and images together: its talker then reads an `audio_config`
 # that the talker's config does not have. Positions are checked with both (`get_rope_index`).
 WITH_SPEECH = (*CONVERSATIONS["two images"][:1], Message("user", (
     *CONVERSATIONS["two images"][1].content, AudioPart(np.random.default_rng(4).standard_normal(16_000).astype(np.float32) * 0.1),
-    ImagePart(_image(48, 80, 5)))))
+    ImagePart(_image(48, 80, 5)), _video(6, 64, 64, 40))))
 
 
 def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
@@ -113,6 +127,7 @@ def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
         assert finished.timings.prompt_image_tokens == sum(i.tokens for i in prompt.images)
         assert_equals_generate(reference, "cpu", prompt.token_ids, tokens, audio, **_generate_inputs(prompt))
     assert len(prompts[1].images) == 2
+    assert prompts[3].images[0].is_video and prompts[3].images[0].grid_thw[0] == 3  # 5 frames: 3 pairs
 
 
 def test_the_image_changes_the_reply(cache_dir: Path) -> None:
@@ -137,15 +152,30 @@ def test_positions_are_transformers_rope_index(cache_dir: Path, reference) -> No
         return engine.admission.prompts.build(WITH_SPEECH)
 
     prompt = asyncio.run(build())
-    assert prompt.audio_tokens and len(prompt.images) == 3
+    assert prompt.audio_tokens and len(prompt.images) == 4
     ids = torch.tensor([prompt.token_ids])
     thinker = reference.thinker
     rope_index = getattr(thinker, "get_rope_index", None) or thinker.model.get_rope_index
-    expected, delta = rope_index(ids, torch.tensor([i.grid_thw for i in prompt.images]), None, torch.ones_like(ids),
-                                 False, torch.tensor([f.shape[-1] for f in prompt.audio_features]))
+    inputs = _generate_inputs(prompt)
+    expected, delta = rope_index(ids, inputs["image_grid_thw"], inputs["video_grid_thw"], torch.ones_like(ids),
+                                 False, torch.tensor([f.shape[-1] for f in prompt.audio_features]),
+                                 inputs["video_second_per_grid"])
     assert prompt.positions is not None
     np.testing.assert_array_equal(prompt.positions, expected[:, 0].long().numpy())
     assert int(prompt.positions.max()) + 1 - len(prompt.token_ids) == int(delta)
+
+
+def test_a_still_video_is_its_frame_as_an_image(cache_dir: Path) -> None:
+    """Two equal frames make one temporal patch: the image processor's own layout of that frame (it repeats an
+    image over the patch), so the frames of a video are laid out as transformers lays out pixels."""
+    frame = _image(80, 120, 50)
+    prompts = _engine(cache_dir).admission.prompts
+    video = prompts.videos.video(np.stack([frame, frame]), 2.0, -1, 13)
+    image = prompts.videos(frame, -1)
+    assert video.grid_thw == image.grid_thw and video.time_step == 13
+    torch.testing.assert_close(video.pixel_values, image.pixel_values, rtol=0, atol=0)
+    moving = prompts.videos.video(np.stack([frame, 255 - frame, frame, frame]), 2.0, -1, 13)
+    assert moving.grid_thw[0] == 2 and moving.tokens == 2 * image.tokens
 
 
 def test_vision_tower_batched_equals_one_by_one(cache_dir: Path, reference) -> None:

@@ -33,6 +33,7 @@ from engine import (
     TextDelta,
     TextPart,
     ToolCall,
+    VideoPart,
 )
 from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
@@ -45,12 +46,14 @@ from voice_gateway.openai.schemas import (
     ImageURLContent,
     InputAudioContent,
     TextContent,
+    VideoURLContent,
 )
 from voice_gateway.openai.sse import AUDIO_TTL_S, FirstChunks, finish_reason, stream_chunks
 from voice_gateway.openai.tool_parser import Content, ToolCallParser
 from voice_gateway.openai.tools import max_calls, output_constraint, tools_of
 from voice_gateway.openai.usage import chat_usage
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
+from voice_gateway.videos import video_from_url
 from voice_gateway.voices import UnknownVoice, resolve_voice
 
 log = logging.getLogger(__name__)
@@ -164,13 +167,13 @@ def _check_images(body: ChatCompletionRequest, limits: ImageLimits, model: Model
     count = 0
     for i, message in enumerate(body.messages):
         for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
-            if not isinstance(part, ImageURLContent):
+            if not isinstance(part, ImageURLContent | VideoURLContent):
                 continue
             if not model.max_image_pixels:
                 raise APIError(400, f"this model ({model.model_id}) takes no images: serve one that does (tiny, or a "
                                "Qwen3-Omni checkpoint)", param=f"messages.{i}.content.{j}", code=IMAGES_NOT_SUPPORTED)
             if message.role != "user":
-                raise APIError(400, f"messages.{i}.content.{j}: image_url parts are only for messages with role "
+                raise APIError(400, f"messages.{i}.content.{j}: {part.type} parts are only for messages with role "
                                f"'user', and this message's role is '{message.role}'",
                                param=f"messages.{i}.content.{j}.type", code="invalid_value")
             count += 1
@@ -186,7 +189,7 @@ async def _message(message: ChatMessage, index: int, gateway: GatewayConfig) -> 
         return Message(role, (), calls)  # type: ignore[arg-type]
     if isinstance(message.content, str):
         return Message(role, (TextPart(message.content),), calls)  # type: ignore[arg-type]
-    parts: list[TextPart | AudioPart | ImagePart] = []
+    parts: list[TextPart | AudioPart | ImagePart | VideoPart] = []
     for j, part in enumerate(message.content):
         if isinstance(part, InputAudioContent):
             param = f"messages.{index}.content.{j}.input_audio"
@@ -194,6 +197,12 @@ async def _message(message: ChatMessage, index: int, gateway: GatewayConfig) -> 
         elif isinstance(part, ImageURLContent):
             param = f"messages.{index}.content.{j}.image_url"
             parts.append(ImagePart(await _decode_image_url(part, param, gateway.images)))
+        elif isinstance(part, VideoURLContent):
+            param = f"messages.{index}.content.{j}.video_url"
+            try:
+                parts.append(await video_from_url(part.video_url.url, gateway.videos))
+            except ImageError as e:  # logged with the other refusals, by the error handler
+                raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
         else:
             parts.append(TextPart(part.text))
     return Message(role, tuple(parts), calls)  # type: ignore[arg-type]

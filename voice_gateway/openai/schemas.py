@@ -46,9 +46,20 @@ class ImageURLContent(_Open):
     image_url: ImageURL
 
 
+class VideoURL(_Open):
+    url: CleanText  # a data:video/...;base64 URL
+
+
+class VideoURLContent(_Open):
+    """vLLM's extension: a video as a data URL."""
+
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
 def _part_tag(part: Any) -> str | None:
     kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-    return f"${kind}" if kind in ("text", "image_url", "input_audio") else None
+    return f"${kind}" if kind in ("text", "image_url", "input_audio", "video_url") else None
 
 
 def _content_tag(content: Any) -> str | None:
@@ -57,9 +68,9 @@ def _content_tag(content: Any) -> str | None:
 
 ContentPart = Annotated[
     Annotated[TextContent, Tag("$text")] | Annotated[ImageURLContent, Tag("$image_url")]
-    | Annotated[InputAudioContent, Tag("$input_audio")],
+    | Annotated[InputAudioContent, Tag("$input_audio")] | Annotated[VideoURLContent, Tag("$video_url")],
     Discriminator(_part_tag, custom_error_type="invalid_content_part",
-                  custom_error_message="a content part's type must be 'text', 'image_url' or 'input_audio'"),
+                  custom_error_message="a content part's type must be 'text', 'image_url', 'input_audio' or 'video_url'"),
 ]
 Content = Annotated[
     Annotated[CleanText, Tag("$text")] | Annotated[list[ContentPart], Tag("$parts")],
