@@ -65,6 +65,7 @@ class ImagePreprocessor:
     def __init__(self, vision_config: Any, *, min_pixels: int, max_pixels: int,
                  mean_std: tuple[tuple[float, ...], tuple[float, ...]] = (_MEAN_STD, _MEAN_STD)) -> None:
         self.merge = vision_config.spatial_merge_size
+        self.temporal = vision_config.temporal_patch_size  # frames in one of the tower's patches
         try:
             from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Cls
         except ImportError:  # transformers before the PIL backends: the torchvision one
@@ -99,24 +100,25 @@ class ImagePreprocessor:
 
     def video(self, frames: np.ndarray, fps: float, key: int, positions_per_second: int) -> ImageInput:
         """Frames [n, height, width, 3] uint8 sampled at `fps` -> the tower's input: each frame through the image
-        processor, then two by two into temporal patches (an odd last frame repeated, as Qwen's processors pad)."""
+        processor, then `temporal` at a time into the tower's temporal patches (the last frame repeated to fill the
+        last one, as Qwen's processors pad)."""
         if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8 or not len(frames):
             raise EngineError(f"a video is RGB uint8 frames [n, height, width, 3], got {frames.dtype} "
                               f"{list(frames.shape)}")
-        if len(frames) % 2:
-            frames = np.concatenate([frames, frames[-1:]])
-        per_frame = [self(frame, key) for frame in frames]
-        rows, channels = per_frame[0].pixel_values.shape[0], 3
-        # each frame's rows hold it twice over the temporal patch (C, T, P, P): one copy of each, a pair at a time
-        singles = torch.stack([f.pixel_values.view(rows, channels, 2, -1)[:, :, 0] for f in per_frame])
-        pairs = singles.view(len(frames) // 2, 2, rows, channels, -1).permute(0, 2, 3, 1, 4)
-        _, h, w = per_frame[0].grid_thw
-        seconds_per_pair = 2 / fps
-        step = seconds_per_pair * positions_per_second
+        step = self.temporal / fps * positions_per_second
         if step != round(step):
             raise EngineError(f"a video's frame rate must give whole position steps, got {fps:g} frames a second")
-        return ImageInput(pairs.reshape(len(frames) // 2 * rows, -1), (len(frames) // 2, h, w), key, self.merge,
-                          time_step=round(step), is_video=True)
+        if pad := -len(frames) % self.temporal:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+        groups = len(frames) // self.temporal
+        per_frame = [self(frame, key) for frame in frames]
+        rows, channels = per_frame[0].pixel_values.shape[0], 3
+        # an image's rows hold it `temporal` times over the patch (C, T, P, P): one copy of each frame, grouped
+        singles = torch.stack([f.pixel_values.view(rows, channels, self.temporal, -1)[:, :, 0] for f in per_frame])
+        patches = singles.view(groups, self.temporal, rows, channels, -1).permute(0, 2, 3, 1, 4)
+        _, h, w = per_frame[0].grid_thw
+        return ImageInput(patches.reshape(groups * rows, -1), (groups, h, w), key, self.merge, time_step=round(step),
+                          is_video=True)
 
 
 @dataclass(frozen=True, slots=True)
