@@ -10,6 +10,7 @@
 
 import { AudioEngine } from "./audio.js";
 import { Banner } from "./banner.js";
+import { Camera } from "./camera.js";
 import { LevelMeter } from "./level-meter.js";
 import { Lamp } from "./lamp.js";
 import { Latency } from "./latency.js";
@@ -37,15 +38,16 @@ const transcript = new Transcript({ list: $("turns"), empty: $("empty") });
 const latency = new Latency({ last: $("lat-last"), median: $("lat-median"), bars: $("lat-bars") });
 const meter = new LevelMeter({ fill: $("meter-fill"), readout: $("meter-db"), ring: $("ring") });
 const tools = [new Lamp({ card: $("lamp") })];
+const camera = new Camera({ select: $("camera"), preview: $("camera-preview"), banner });
 const session = new Session({ baseUrl, apiKey, mode: params.get("mode"), audio, audioElement: $("remote-audio"),
                               picker, model, transcript, latency, meter, banner, tools,
                               toolChoice: toolChoice(params.get("tool_choice"), tools),
-                              transcribe: params.get("transcribe") === "1" });
+                              transcribe: params.get("transcribe") === "1", camera });
 session.addEventListener("change", () => picker.show(session.state, session.kind));
 const talk = new TalkControl({ session, modeSwitch: $("mode"), talk: $("talk"), label: $("talk-label"),
                                hint: $("hint"), end: $("end") });
 new StatsPanel({ list: $("stats"), session, audio, banner });
-exposeTestHooks({ session, talk, picker, model, latency, meter, banner, audio });
+exposeTestHooks({ session, talk, picker, model, latency, meter, banner, audio, camera });
 
 window.addEventListener("pagehide", () => session.leave());
 model.load().catch((e) => banner.error(`cannot reach the server: ${e.message}`));

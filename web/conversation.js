@@ -1,9 +1,10 @@
 // One connection's conversation: the server's turn events on one transport, the user turns (with their words when
-// transcribed) and assistant replies they make, the page's tools the assistant calls, barge-in, push-to-talk turns,
-// the connection's counters and what the assistant is doing (activity).
+// transcribed, and the camera frames that went with them) and assistant replies they make, the page's tools the
+// assistant calls, barge-in, push-to-talk turns, the connection's counters and what the assistant is doing (activity).
 
 import { WorkletPlayback } from "./playback-ws.js";
 import { RtcPlayback } from "./playback-webrtc.js";
+import { TurnFrames } from "./turn-frames.js";
 
 const MIN_PTT_MS = 150; // the server refuses to commit less than 100 ms
 const LINK_POLL_MS = 250;
@@ -35,18 +36,22 @@ export class Conversation {
   /**
    * kind: "webrtc" | "ws-opus" | "ws-pcm16"; transport: its connected-or-connecting transport; mode(): the
    * session's turn mode now; onChange(): `activity` changed; tools: the page's tools ({name, declaration, call});
-   * toolChoice: the session's tool_choice; transcribe: whether the server transcribes the user's audio.
+   * toolChoice: the session's tool_choice; transcribe: whether the server transcribes the user's audio; camera: the
+   * page's Camera, whose frame goes with each user turn while it is on.
    *
    * Public state, written only here: replies (item id -> {id, status, text, latencyMs, receivedMs, playedMs,
    * dropped}; receivedMs / playedMs / dropped by the playback tracker), counts, link (the transport's last
-   * stats), activity (idle | listening | ptt-ready | user-speaking | thinking | speaking) and playback.
+   * stats), promptImageTokens (the image tokens of the last response's prompt), activity (idle | listening |
+   * ptt-ready | user-speaking | thinking | speaking), playback and frames.
    */
-  constructor({ kind, transport, audio, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe }) {
+  constructor({ kind, transport, audio, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe,
+                camera }) {
     Object.assign(this, { kind, transport, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe });
     this.replies = new Map();
     this.counts = { responsesCompleted: 0, responsesCancelled: 0, responsesFailed: 0, userTurns: 0,
                     bargeIns: 0, truncationsSent: 0, truncationsAcked: 0 };
     this.link = { packetsReceived: 0, packetsLost: 0 }; // WS+Opus: binary packets; PCM16: audio deltas; WebRTC: RTP
+    this.promptImageTokens = 0;
     this.activity = "idle";
     this.closed = false;
     const onHeard = (itemId, at) => this.#heard(itemId, at);
@@ -55,6 +60,7 @@ export class Conversation {
       : new WorkletPlayback({ audio, replies: this.replies,
                               onHeard: (itemId, at) => { onHeard(itemId, at); this.#setActivity("speaking"); },
                               onProgress: (msg) => this.#onProgress(msg) });
+    this.frames = new TurnFrames({ camera, kind, send: (event) => transport.send(event) });
     this.#pollTimer = setInterval(() => this.#pollLink(), LINK_POLL_MS);
   }
 
@@ -112,6 +118,7 @@ export class Conversation {
         return;
       case "response.done": return this.#responseDone(ev.response || {});
       case "input_audio_buffer.committed": return this.#committed(ev.item_id);
+      case "conversation.item.added": return this.#itemAdded(ev.item);
       case "conversation.item.input_audio_transcription.delta":
         return this.#userView(ev.item_id).appendWords(ev.delta || "");
       case "conversation.item.input_audio_transcription.completed":
@@ -169,6 +176,7 @@ export class Conversation {
     }
     userTurn?.view.finish(heldMs / 1000);
     this.#unclaimed = userTurn?.view ?? null;
+    this.frames.committing(userTurn?.view);
     this.transport.send({ type: "input_audio_buffer.commit" });
     this.transport.send({ type: "response.create" });
     this.latency.speechEnded(releasedAt);
@@ -180,6 +188,7 @@ export class Conversation {
   #speechStarted(ev) {
     if (this.#assistantBusy()) this.#bargeIn();
     this.#startUserTurn(ev.audio_start_ms ?? 0);
+    this.frames.speechStarted(this.#userTurn.view);
   }
 
   #speechStopped(ev) {
@@ -203,6 +212,12 @@ export class Conversation {
     if (!itemId || !this.#unclaimed) return;
     this.#userViews.set(itemId, this.#unclaimed);
     this.#unclaimed = null;
+  }
+
+  /** The server's echo of an item: one made of a user turn tells whether the turn's frame went with it. */
+  #itemAdded(item) {
+    const view = item?.role === "user" && this.#userViews.get(item.id);
+    if (view) this.frames.itemAdded(item, view);
   }
 
   /** The view of user item `itemId`; one of its own for audio the page saw no turn for (an idle timeout's). */
@@ -237,6 +252,7 @@ export class Conversation {
 
   #responseDone(response) {
     const status = response.status || "completed";
+    this.promptImageTokens = response.usage?.input_token_details?.image_tokens ?? 0;
     if (status === "completed") this.counts.responsesCompleted += 1;
     else if (status === "cancelled") this.counts.responsesCancelled += 1;
     else this.counts.responsesFailed += 1;

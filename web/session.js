@@ -18,13 +18,14 @@ export class Session extends EventTarget {
   /**
    * audio: the page's AudioEngine; audioElement: the muted <audio> WebRTC needs; picker: the TransportPicker;
    * model: the ModelInfo; transcript, latency, meter, banner: the views a conversation reports to; tools,
-   * toolChoice, transcribe: what each conversation offers the assistant and asks of the server (see Conversation).
+   * toolChoice, transcribe: what each conversation offers the assistant and asks of the server (see Conversation);
+   * camera: the page's Camera, whose frames go with the user's turns.
    */
   constructor({ baseUrl, apiKey, mode, audio, audioElement, picker, model, transcript, latency, meter, banner, tools,
-                toolChoice, transcribe }) {
+                toolChoice, transcribe, camera }) {
     super();
     Object.assign(this, { baseUrl, apiKey, audio, audioElement, picker, model, transcript, latency, meter, banner,
-                          tools, toolChoice, transcribe });
+                          tools, toolChoice, transcribe, camera });
     this.#mode = mode === "ptt" ? "ptt" : "vad";
   }
 
@@ -133,14 +134,14 @@ export class Session extends EventTarget {
       onClose: only((reason) => this.#lost(reason)),
     };
     const transport = kind === "webrtc"
-      ? new WebRtcTransport({ ...common, audioElement: this.audioElement,
+      ? new WebRtcTransport({ ...common, audioElement: this.audioElement, camera: this.camera,
                               onRemoteLevel: only((level) => conversation.playback.level(level)) })
       : new WebSocketTransport({ ...common, opus: kind === "ws-opus",
                                  onAudio: only((itemId, samples, rate) => conversation.playback.received(itemId, samples, rate)) });
     conversation = new Conversation({
       kind, transport, audio: this.audio, transcript: this.transcript, latency: this.latency, banner: this.banner,
       mode: () => this.#mode, onChange: () => this.dispatchEvent(new Event("change")),
-      tools: this.tools, toolChoice: this.toolChoice, transcribe: this.transcribe,
+      tools: this.tools, toolChoice: this.toolChoice, transcribe: this.transcribe, camera: this.camera,
     });
     return conversation;
   }

@@ -27,6 +27,8 @@ export class StatsPanel {
       ["audio played", `${((c?.playback.msPlayed ?? 0) / 1000).toFixed(1)} s`],
       ["packets received", `${c?.link.packetsReceived ?? 0}${lost ? ` (${lost} lost)` : ""}`],
       ["underruns", `${c?.playback.underruns ?? 0}`],
+      ["frames with turns", `${c?.frames.count ?? 0}`],
+      ["image tokens", `${c?.promptImageTokens ?? 0} in the last prompt`],
       ["barge-ins", `${counts.bargeIns ?? 0} (${counts.truncationsAcked ?? 0}/${counts.truncationsSent ?? 0} truncated)`],
       ["audio context", rate ? `${rate / 1000} kHz` : "—"],
       ["errors", `${this.banner.errors.length}`],

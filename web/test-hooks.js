@@ -10,11 +10,12 @@ const NO_COUNTS = { responsesCompleted: 0, responsesCancelled: 0, responsesFaile
 /**
  * What the server said to one conversation: event counts, the last response's status, the session id, the session's
  * tool settings and transcription as last updated, each finished function call, each response's output item types,
- * and the user items' completed transcripts (item id -> text).
+ * each response's status and prompt image tokens, the user items' content part types as echoed
+ * (conversation.item.added), and their completed transcripts (item id -> text).
  */
 function freshEvents(conversation) {
   return { conversation, eventCounts: {}, responsesDone: 0, lastResponseStatus: null, sessionId: null, session: null,
-           calls: [], responseOutputs: [], transcripts: {} };
+           calls: [], responseOutputs: [], responses: [], userItems: [], transcripts: {} };
 }
 
 function record(seen, ev) {
@@ -26,12 +27,16 @@ function record(seen, ev) {
     seen.calls.push({ callId, name, arguments: args, status });
   } else if (ev.type === "response.done") {
     seen.responseOutputs.push((ev.response?.output ?? []).map((o) => o.type));
+    seen.responses.push({ status: ev.response?.status || "completed",
+                          imageTokens: ev.response?.usage?.input_token_details?.image_tokens ?? 0 });
+  } else if (ev.type === "conversation.item.added" && ev.item?.role === "user") {
+    seen.userItems.push({ id: ev.item.id, content: (ev.item.content ?? []).map((part) => part.type) });
   } else if (ev.type === "conversation.item.input_audio_transcription.completed") {
     seen.transcripts[ev.item_id] = ev.transcript;
   }
 }
 
-export function exposeTestHooks({ session, talk, picker, model, latency, meter, banner, audio }) {
+export function exposeTestHooks({ session, talk, picker, model, latency, meter, banner, audio, camera }) {
   let seen = freshEvents(null);
   session.addEventListener("server-event", ({ detail: ev }) => {
     if (seen.conversation !== session.conversation) seen = freshEvents(session.conversation);
@@ -74,6 +79,9 @@ export function exposeTestHooks({ session, talk, picker, model, latency, meter, 
       session: e.session,
       calls: [...e.calls],
       responseOutputs: [...e.responseOutputs],
+      responses: [...e.responses],
+      userItems: [...e.userItems],
+      framesWithTurns: c?.frames.count ?? 0,
       transcripts: { ...e.transcripts },
       errors: [...banner.errors],
     };
@@ -85,6 +93,7 @@ export function exposeTestHooks({ session, talk, picker, model, latency, meter, 
     get mode() { return session.mode; },
     get model() { return model.info; },
     get webrtcAvailable() { return picker.webrtcAvailable; },
+    get camera() { return { source: camera.source, live: camera.track?.readyState === "live" }; },
     get stats() { return stats(); },
     connect: (kind) => session.connect(kind),
     disconnect: () => session.disconnect(),

@@ -1,6 +1,7 @@
-// The running transcript view: user turns ("speech, N s", or their words when the server transcribes them), the
-// assistant's replies with their transcript text and a meta line (latency, audio length, status), the tool calls
-// the assistant made with what they returned, and session dividers.
+// The running transcript view: user turns ("speech, N s", or their words when the server transcribes them; a
+// thumbnail of the camera frame that went with them), the assistant's replies with their transcript text and a meta
+// line (latency, audio length, status), the tool calls the assistant made with what they returned, and session
+// dividers.
 
 const MIC_PATH = "M12 15a3.5 3.5 0 0 0 3.5-3.5v-6a3.5 3.5 0 1 0-7 0v6A3.5 3.5 0 0 0 12 15Zm6-3.5a1 1 0 1 0-2 0 4 4 0 0 1-8 0 "
   + "1 1 0 1 0-2 0 6 6 0 0 0 5 5.91V20H8.5a1 1 0 1 0 0 2h7a1 1 0 1 0 0-2H13v-2.59a6 6 0 0 0 5-5.91Z";
@@ -19,7 +20,7 @@ export class Transcript {
   /**
    * A user turn showing `text` until finish(seconds) gives its length; remove() takes it back. Its words, when the
    * server transcribes them, replace that text (appendWords, words) and the length moves to the meta line;
-   * notTranscribed(reason) only says so there.
+   * notTranscribed(reason) only says so there. picture(url) shows the camera frame that went with the turn.
    */
   user(text) {
     const li = document.createElement("li");
@@ -47,6 +48,14 @@ export class Transcript {
         render();
         metaEl.textContent = "not transcribed";
         metaEl.title = reason;
+      },
+      picture: (url) => {
+        const img = document.createElement("img");
+        img.className = "frame";
+        img.alt = "the frame sent with this turn";
+        img.src = url;
+        li.querySelector(".bubble").after(img);
+        this.#scroll();
       },
       remove: () => li.remove(),
     };

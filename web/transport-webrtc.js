@@ -2,11 +2,15 @@
 // application/sdp to /v1/realtime/calls; the answer (with the server's ICE candidates: no trickle) comes back.
 // Events travel on the data channel as JSON; the reply arrives on the remote audio track, bracketed by
 // output_audio_buffer.started / stopped (cleared on barge-in, when the server drops its queued audio itself).
+// The page's camera or shared screen goes as a send-only video track, whose newest frame the server adds to each turn.
 
 import { openMicrophone } from "./audio.js";
 
 const ICE_GATHER_TIMEOUT_MS = 3000;
 const CONNECT_TIMEOUT_MS = 15000;
+// The server reads only the newest frame as a turn ends: a few frames a second show it the scene and spare it (and
+// this page's encoder) most of the decoding that a camera's 30 would cost.
+const VIDEO_MAX_FPS = 5;
 
 export class CallsEndpointMissing extends Error {}
 
@@ -26,7 +30,7 @@ function iceGatheringComplete(pc, timeoutMs) {
 
 export class WebRtcTransport {
   /**
-   * opts: {baseUrl, model, apiKey, audio (AudioEngine), audioElement,
+   * opts: {baseUrl, model, apiKey, audio (AudioEngine), audioElement, camera (Camera),
    *        onEvent(event), onMicLevel({rms, peak}), onRemoteLevel({rms, peak}), onClose(reason)}
    */
   constructor(opts) {
@@ -34,6 +38,8 @@ export class WebRtcTransport {
     this.kind = "webrtc";
     this.pc = null;
     this.dc = null;
+    this.video = null; // the video transceiver, which sends the camera's track while it is on
+    this.onCamera = () => this.video?.sender.replaceTrack(this.opts.camera.track).catch(() => {});
     this.mic = null;
     this.micMeter = null;
     this.remoteMeter = null;
@@ -48,6 +54,12 @@ export class WebRtcTransport {
     const pc = new RTCPeerConnection({ iceServers: [], bundlePolicy: "max-bundle" });
     this.pc = pc;
     for (const track of this.mic.getAudioTracks()) pc.addTrack(track, this.mic);
+    // A video transceiver even while the camera is off: turning it on mid-call is then replaceTrack on it, with no
+    // renegotiation (the server answers one offer per call). Without a track it sends nothing, and the server, which
+    // adds only a recent frame to a turn, adds none.
+    this.video = pc.addTransceiver(this.opts.camera.track ?? "video",
+                                   { direction: "sendonly", sendEncodings: [{ maxFramerate: VIDEO_MAX_FPS }] });
+    this.opts.camera.addEventListener("change", this.onCamera);
     const dc = pc.createDataChannel("oai-events");
     this.dc = dc;
     pc.ontrack = (e) => this._onRemoteTrack(e.streams[0] || new MediaStream([e.track]));
@@ -157,6 +169,7 @@ export class WebRtcTransport {
   close() {
     if (this.closed) return;
     this.closed = true;
+    this.opts.camera.removeEventListener("change", this.onCamera);
     for (const meter of [this.micMeter, this.remoteMeter]) if (meter) meter.detach();
     if (this.remoteSource) this.remoteSource.disconnect();
     if (this.gain) this.gain.disconnect();

@@ -18,12 +18,14 @@ import subprocess
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+from tests.browser.wire import media_sections, watch_sent, watch_wire  # noqa: E402
 from tests.conftest import start_server, stop_server  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -88,15 +90,26 @@ def connect(page, transport: str) -> str | None:
     }""", transport)
 
 
-def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad", options: str = "", watch=None):
-    """Open the demo, pick the turn mode, connect; the page, with console output and any error in `result`."""
+def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad", options: str = "", watch=None,
+               video: str = "off"):
+    """Open the demo, pick the turn mode and the video source, connect; the page, with console output and any error
+    in `result`."""
     result["console"] = console = []
     page = open_page(browser, url, transport, console, options, watch)
     result["random_notice_visible"] = page.is_visible("#random-notice")
     result["model_pill"] = page.inner_text("#model")
     page.evaluate("(m) => voiceDemo.setMode(m)", mode)
+    if video != "off":
+        show_video(page, video)
     result["connect_error"] = connect(page, transport)
     return page
+
+
+def show_video(page, source: str) -> None:
+    """Pick `source` ("camera", "screen") in the page's video control, as a user does, and wait for its preview."""
+    page.select_option("#camera", source)
+    page.wait_for_function("""(s) => voiceDemo.camera.source === s && voiceDemo.camera.live
+        && document.getElementById("camera-preview").videoWidth > 0""", arg=source, timeout=30_000)
 
 
 def wait_for(page, predicate_js: str, result: dict, polling_ms: int) -> None:
@@ -114,13 +127,46 @@ def close_page(page, out_dir: Path, picture: str, result: dict) -> None:
 
 
 def scenario_turn(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
-    page = start_page(browser, url, transport, result)
+    """One spoken turn and its reply, the video off; what the page put on the wire is reported."""
+    result["wire"] = wire = []
+    page = start_page(browser, url, transport, result, watch=lambda p: watch_wire(p, wire))
     if result["connect_error"] is None:
         audio_seen = "s.packetsReceived > 0" if transport == "webrtc" else "s.audioSamplesPlayed > 0"
         wait_for(page, "() => { const s = voiceDemo.stats; return s.responsesCompleted >= 1"
                  f" && s.lastLatencyMs !== null && {audio_seen}; }}", result, 200)
         page.wait_for_timeout(600)  # let the stats panel catch up before the picture
+    result["dom"] = page.evaluate(TRANSCRIPT_JS)
+    result["offer_media"] = offer_media(wire)
     close_page(page, out_dir, f"{transport}-turn.png", result)
+    result["health_after_close"] = wait_health(url, 15)
+
+
+def offer_media(wire: list[dict]) -> dict[str, str] | None:
+    """The m-sections of the WebRTC offer the page sent (kind -> direction); None if it sent none."""
+    offer = next((entry for entry in wire if entry["dir"] == "offer"), None)
+    return None if offer is None else media_sections(offer["sdp"])
+
+
+def scenario_video_turn(browser, url: str, transport: str, out_dir: Path, result: dict, source: str = "camera",
+                        mid_call: bool = False) -> None:
+    """The video on (`source`, picked before connecting or, with `mid_call`, once connected): a spoken turn whose
+    reply's prompt holds a frame, shown as the turn's thumbnail. What the page put on the wire is reported."""
+    result["wire"] = wire = []
+    page = start_page(browser, url, transport, result, watch=lambda p: watch_wire(p, wire),
+                      video="off" if mid_call else source)
+    if result["connect_error"] is None:
+        if mid_call:
+            show_video(page, source)
+        wait_for(page, """() => { const s = voiceDemo.stats;
+            return s.responses.some((r) => r.status === "completed" && r.imageTokens > 0)
+                && [...document.querySelectorAll("#turns > li.user img.frame")].some((img) => img.naturalWidth > 0); }""",
+                 result, 200)
+        page.wait_for_timeout(600)
+    result["dom"] = page.evaluate(TRANSCRIPT_JS)
+    result["offer_media"] = offer_media(wire)
+    result["preview"] = page.evaluate("""() => { const v = document.getElementById("camera-preview");
+        return {hidden: v.hidden, width: v.videoWidth, height: v.videoHeight}; }""")
+    close_page(page, out_dir, f"{transport}-{source}.png", result)
     result["health_after_close"] = wait_health(url, 15)
 
 
@@ -161,20 +207,13 @@ def scenario_push_to_talk(browser, url: str, transport: str, out_dir: Path, resu
 TRANSCRIPT_JS = """() => ({
     lamp: {...document.getElementById("lamp").dataset, label: document.querySelector("#lamp .state").textContent},
     calls: [...document.querySelectorAll("#turns > li.call")].map((li) => ({...li.dataset, text: li.innerText})),
-    users: [...document.querySelectorAll("#turns > li.user")].map((li) => ({
-        transcription: li.dataset.transcription ?? null, text: li.querySelector(".text").textContent,
-        meta: li.querySelector(".meta").textContent})),
+    users: [...document.querySelectorAll("#turns > li.user")].map((li) => {
+        const img = li.querySelector("img.frame");
+        return {transcription: li.dataset.transcription ?? null, text: li.querySelector(".text").textContent,
+                meta: li.querySelector(".meta").textContent,
+                frame: img && {width: img.naturalWidth, height: img.naturalHeight, src: img.src.split(",")[0]}};
+    }),
 })"""
-
-
-def watch_sent(page, sent: list[dict]) -> None:
-    """Every JSON event but the mic's appends that the page sends on its WebSockets, in order."""
-    def on_frame(payload: str | bytes) -> None:
-        event = json.loads(payload) if isinstance(payload, str) else {}
-        if event and event.get("type") != "input_audio_buffer.append":
-            sent.append(event)
-
-    page.on("websocket", lambda ws: ws.on("framesent", on_frame))
 
 
 def scenario_tool_call(browser, url: str, transport: str, out_dir: Path, result: dict) -> None:
@@ -271,6 +310,9 @@ SCENARIOS = {
     "ws-opus-turn": (scenario_turn, "ws-opus"),
     "ws-pcm16-turn": (scenario_turn, "ws-pcm16"),
     "webrtc-turn": (scenario_turn, "webrtc"),
+    "ws-opus-camera": (scenario_video_turn, "ws-opus"),
+    "webrtc-camera": (scenario_video_turn, "webrtc"),
+    "webrtc-screen-mid-call": (partial(scenario_video_turn, source="screen", mid_call=True), "webrtc"),
     "ws-opus-close": (scenario_close, "ws-opus"),
     "webrtc-close": (scenario_close, "webrtc"),
     "ws-pcm16-barge-in": (scenario_barge_in, "ws-pcm16"),

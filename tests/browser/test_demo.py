@@ -40,12 +40,23 @@ def _assert_turn(result: dict, out_dir: Path, transport: str) -> dict:
     return stats
 
 
+def _assert_no_images(result: dict, why: str) -> None:
+    """The video off: the page sent no image, the server added none to a turn, and no turn shows a thumbnail."""
+    stats = result["page"]["stats"]
+    sent_items = [e for e in result["wire"] if e["dir"] == "sent" and e["type"] == "conversation.item.create"]
+    assert sent_items == [], why
+    assert all("input_image" not in item["content"] for item in stats["userItems"]), why
+    assert all(r["imageTokens"] == 0 for r in stats["responses"]) and stats["framesWithTurns"] == 0, why
+    assert all(user["frame"] is None for user in result["dom"]["users"]), why
+
+
 def test_a_turn_over_websocket_opus(tiny_checkpoint: Path, cache_dir: Path, fake_mic_wav: Path, tmp_path: Path) -> None:
     result = run_driver("ws-opus-turn", fake_mic_wav, cache_dir, tmp_path)
     stats = _assert_turn(result, tmp_path, "ws-opus")
     why = explain(result, tmp_path)
     assert stats["packetsReceived"] > 0 and stats["packetsLost"] == 0, why  # binary Opus packets
     assert stats["audioMsReceived"] > 0 and stats["audioSamplesPlayed"] > 0, why  # decoded by WebCodecs, played
+    _assert_no_images(result, why)
     assert (tmp_path / "ws-opus-turn.png").stat().st_size > 0
 
 
@@ -70,6 +81,9 @@ def test_a_turn_over_webrtc(tiny_checkpoint: Path, cache_dir: Path, fake_mic_wav
     assert stats["packetsReceived"] > 0, why  # RTP packets of the reply track
     assert stats["eventCounts"].get("output_audio_buffer.started", 0) >= 1, why
     assert "response.output_audio.delta" not in stats["eventCounts"], why  # audio comes on the track, not as events
+    # The offer always holds a video transceiver, so the camera can join mid-call; off, it sends no frame.
+    assert result["offer_media"] == {"audio": "sendrecv", "video": "sendonly", "application": ""}, why
+    _assert_no_images(result, why)
     assert (tmp_path / "webrtc-turn.png").stat().st_size > 0
 
 
