@@ -24,6 +24,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     server.py    a `voice-gateway serve` subprocess on a free loopback port
     plots.py     the figures
     machine.py   what a result ran on
+    summary.py   the tables and lines printed when a run ends
     cli.py       the command line
 """
 

@@ -14,17 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from bench.config import OUTPUT_FORMATS, SWEEP_KEYS, VOICE_MODES, BenchConfig, BenchError, VoiceConfig
-from bench.image import ImageInfo, check_image_spec
+from bench.image import check_image_spec
 from bench.ladder import load_ladder, replot_ladder, run_ladder
 from bench.plots import plot_compare
 from bench.rounds import summarize_rounds
 from bench.soak import DEFAULT_MIX, SoakConfig, run_soak
-from bench.sweep import BenchResult, run_bench
-from bench.voice import VoiceResult, run_voice_bench
-from bench.voice_stats import TurnStats
+from bench.summary import (
+    print_ladder_summary,
+    print_rounds_summary,
+    print_soak_summary,
+    print_summary,
+    print_voice_summary,
+)
+from bench.sweep import run_bench
+from bench.voice import run_voice_bench
 
 log = logging.getLogger(__name__)
 _DEFAULTS = BenchConfig()
@@ -204,19 +209,9 @@ def soak_main(args: argparse.Namespace, argv: list[str], console: Console) -> in
     except BenchError as exc:
         log.error("%s", exc)
         return 2
-    summary = result["summary"]
-    table = Table(title=f"soak {config.label}: {summary['requests']} requests in {summary['traffic_s']} s")
-    for col in ("kind", "requests", "failed", "latency mean/p99 s"):
-        table.add_column(col, justify="left" if col == "kind" else "right")
-    for kind, row in summary["by_kind"].items():
-        table.add_row(kind, str(row["requests"]), str(row["failed"]),
-                      f"{_fmt(row['latency_s']['mean'])}/{_fmt(row['latency_s']['p99'])}")
-    console.print(table)
-    rss, fds = summary["rss_mib"], summary["fds"]
-    console.print(f"RSS {rss['start']} -> {rss['end']} MiB (peak {rss['peak']}, {rss['slope_per_1k_requests']} MiB "
-                  f"per 1000 requests late in the run); fds {fds['start']} -> {fds['end']} (peak {fds['peak']})")
+    print_soak_summary(config.label, result["summary"], console)
     console.print(f"wrote {config.out_dir / config.label}.json and .png")
-    return 1 if summary["failed"] else 0
+    return 1 if result["summary"]["failed"] else 0
 
 
 def cli_sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -241,102 +236,6 @@ def voice_config_from_args(args: argparse.Namespace, argv: list[str]) -> VoiceCo
 
 def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
-
-
-def _fmt(v: float | None, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def print_summary(result: BenchResult, console: Console) -> None:
-    table = Table(title=f"bench {result.label} ({result.config['model']})")
-    for col in ("P", "C", "req/s", "refused", "fail", "TTFT mean/p99", "TTFP mean/p50/p99", "server TTFT/TTFP (from arrival)", "RTF mean/p99",
-                "gap p99 ms", "audio s", "underruns", "client lag p99 ms"):
-        table.add_column(col, justify="right")
-    for lv in result.levels:
-        table.add_row(str(lv.prompt_words), str(lv.concurrency), _fmt(lv.req_per_s, ".2f"), str(lv.refused),
-                      str(lv.failures),
-                      f"{_fmt(lv.ttft_s.mean)}/{_fmt(lv.ttft_s.p99)}",
-                      f"{_fmt(lv.ttfp_s.mean)}/{_fmt(lv.ttfp_s.p50)}/{_fmt(lv.ttfp_s.p99)}",
-                      f"{_fmt(lv.server_ttft_mean_s)}/{_fmt(lv.server_ttfp_mean_s)}"
-                      f" ({_fmt(lv.server_http_ttft_mean_s)}/{_fmt(lv.server_http_ttfp_mean_s)})",
-                      f"{_fmt(lv.rtf.mean)}/{_fmt(lv.rtf.p99)}", _fmt(lv.chunk_gap_ms.p99, ".0f"),
-                      _fmt(lv.audio_s_mean, ".2f"), f"{lv.underruns} ({lv.underrun_requests} req)",
-                      _fmt(lv.client_lag_ms.p99, ".1f"))
-    console.print(table)
-    if result.image is not None:
-        means = "; ".join(f"P={lv.prompt_words} C={lv.concurrency} {_fmt(lv.image_tokens_mean, '.0f')} of "
-                          f"{_fmt(lv.prompt_tokens_mean, '.0f')}" for lv in result.levels)
-        console.print(f"{_picture(result.image)} in each request: image tokens of prompt tokens (mean): {means}")
-
-
-def _picture(image: ImageInfo) -> str:
-    return f"the {image.width}x{image.height} {image.format.upper()} of {image.size_bytes / 1024:.0f} KiB"
-
-
-def _turn_row(lv_label: list[str], t: TurnStats) -> list[str]:
-    return [*lv_label, "all" if t.turn is None else str(t.turn + 1), str(t.turns), f"{t.failures} ({t.refused})",
-            f"{_fmt(t.first_audio_s.mean)}/{_fmt(t.first_audio_s.p50)}/{_fmt(t.first_audio_s.p99)}",
-            _fmt(t.vad_wait_s.mean), _fmt(t.done_s.mean), _fmt(t.audio_s_mean, ".2f"),
-            f"{_fmt(t.input_tokens_mean, '.0f')} ({_fmt(t.cached_tokens_mean, '.0f')})", f"{t.underruns} ({t.underrun_turns})"]
-
-
-def print_voice_summary(result: VoiceResult, console: Console) -> None:
-    table = Table(title=f"bench --realtime {result.label} ({result.config['model']})")
-    for col in ("mode", "out", "C", "turn", "n", "fail (refused)", "first audio mean/p50/p99 s", "VAD wait s",
-                "done s", "audio s", "in tokens (cached)", "underruns (turns)"):
-        table.add_column(col, justify="left" if col in ("mode", "out", "turn") else "right")
-    for lv in result.levels:
-        label = [lv.mode, lv.output_format, str(lv.concurrency)]
-        table.add_row(*_turn_row(label, lv.overall), style="bold")
-        for t in lv.by_turn:
-            table.add_row(*_turn_row(["", "", ""], t))
-        table.add_section()
-    console.print(table)
-    for lv in result.levels:
-        ratio = lv.later_turn_ratio
-        opus = f"; {lv.overall.offset_errors} Opus packets out of place" if lv.output_format == "opus" else ""
-        picture = "" if result.image is None else (
-            f"; the conversation's pictures ({_picture(result.image)} each) took "
-            f"{_fmt(lv.overall.image_tokens_mean, '.0f')} of {_fmt(lv.overall.input_tokens_mean, '.0f')} input "
-            "tokens (mean)")
-        console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency}: {lv.turns_per_s:.2f} turns/s; slowest later "
-                      f"turn / first turn p50 {_fmt(ratio.p50, '.2f')}, p99 {_fmt(ratio.p99, '.2f')}; server "
-                      f"speech_stopped -> first audio mean {_fmt(lv.server_turn_latency_mean_s)} s; client lag p99 "
-                      f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}{picture}")
-
-
-def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table(title="ladder: each row at its highest concurrency")
-    for col in ("row", "status", "P", "C", "req/s", "TTFP mean", "TTFP p99", "server TTFP", "RTF mean", "fail"):
-        table.add_column(col, justify="left" if col in ("row", "status") else "right")
-    for row in rows:
-        top = max((lv["concurrency"] for lv in row["levels"]), default=None)
-        status = row["status"] if row["status"] == "ok" else f"[red]{row['status']}[/]"
-        shown = [lv for lv in row["levels"] if lv["concurrency"] == top]
-        if not shown:
-            table.add_row(row["name"], status, *["-"] * 8)
-        for lv in shown:
-            table.add_row(row["name"], status, str(lv["prompt_words"]), str(lv["concurrency"]),
-                          _fmt(lv["req_per_s"], ".2f"), _fmt(lv["ttfp_s"]["mean"]), _fmt(lv["ttfp_s"]["p99"]),
-                          _fmt(lv.get("server_ttfp_mean_s")), _fmt(lv["rtf"]["mean"]), str(lv["failures"]))
-    console.print(table)
-
-
-def print_rounds_summary(rounds: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"ladder: {rounds['count']} rounds, each row against {rounds['reference']} in the same round")
-    for col in ("row", "P", "C", "rounds", "TTFP mean", "stdev", f"minus {rounds['reference']}", "stderr", "min .. max"):
-        table.add_column(col, justify="left" if col == "row" else "right")
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v * 1000:+.0f} ms"
-
-    for row in rounds["rows"]:
-        for lv in row["levels"]:
-            own, diff = lv["ttfp_mean_s"], lv["minus_reference_s"]
-            table.add_row(row["name"], str(lv["prompt_words"]), str(lv["concurrency"]), str(own["n"]),
-                          _fmt(own["mean"]), _fmt(own["stdev"]), ms(diff and diff["mean"]),
-                          "-" if not diff or diff["stderr"] is None else f"{diff['stderr'] * 1000:.0f} ms",
-                          "-" if not diff else f"{ms(diff['min'])} .. {ms(diff['max'])}")
-    console.print(table)
 
 
 def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
