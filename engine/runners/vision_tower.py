@@ -4,6 +4,11 @@ The tower attends within each image (transformers lays the images end to end and
 sequence lengths), so one call over the step's images equals a call per image. It returns the merged rows
 that take the images' placeholders, and the "deepstack" rows that the first decoder layers add at those
 same places (engine/runners/thinker.py).
+
+The patch embedding is a 3-D convolution whose kernel is its stride: each patch's pixels times one matrix. It
+runs as that matmul (`PatchMatmul`): cuDNN meets each new count of patches as a new convolution shape, and
+a request paid for the first meeting (as the audio tower's convolutions did, ~0.2 s under load); a matmul
+takes any count.
 """
 
 from __future__ import annotations
@@ -24,12 +29,27 @@ class VisionRows:
     deepstack: list[torch.Tensor]  # per deepstack layer, [tokens, H]: added after decoder layer k
 
 
+class PatchMatmul(torch.nn.Module):
+    """The vision tower's patch embedding, [patches, C * T * P * P] -> [patches, hidden], as one matmul over the
+    convolution's own weights (a view: no copy)."""
+
+    def __init__(self, conv: torch.nn.Conv3d) -> None:
+        super().__init__()
+        self.weight = conv.weight.view(conv.weight.shape[0], -1)
+        self.bias = conv.bias
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(pixels.to(self.weight.dtype), self.weight, self.bias)
+
+
 class VisionTower:
     """`timed`: told the host time of each call."""
 
     def __init__(self, thinker: Any, *, timed: Callable[[float], None] | None = None) -> None:
         # transformers 5.2x keeps the towers under `thinker.model`
         self.tower = getattr(thinker, "visual", None) or thinker.model.visual
+        if isinstance(getattr(self.tower.patch_embed, "proj", None), torch.nn.Conv3d):
+            self.tower.patch_embed = PatchMatmul(self.tower.patch_embed.proj)
         param = next(self.tower.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.timed = timed

@@ -4,6 +4,7 @@ positions as transformers places them, the vision tower batched, kept prefixes t
 from __future__ import annotations
 
 import asyncio
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from engine import (
     create_engine,
 )
 from engine.profile import load_profile
-from engine.runners.vision_tower import VisionTower
+from engine.runners.vision_tower import PatchMatmul, VisionTower
 from engine.vision import placeholder_spans
 from tests.equivalence import FRAMES, TEXT_TOKENS, assert_equals_generate
 
@@ -178,12 +179,21 @@ def test_a_still_video_is_its_frame_as_an_image(cache_dir: Path) -> None:
     assert moving.grid_thw[0] == 2 and moving.tokens == 2 * image.tokens
 
 
+def test_the_patch_matmul_is_the_convolution(reference) -> None:
+    """The tower's patch embedding as a matmul gives what transformers' Conv3d gives, for any count of patches."""
+    conv = (getattr(reference.thinker, "visual", None) or reference.thinker.model.visual).patch_embed
+    matmul = PatchMatmul(conv.proj)
+    pixels = torch.randn(37, matmul.weight.shape[1])
+    with torch.inference_mode():
+        torch.testing.assert_close(matmul(pixels), conv(pixels), rtol=1e-5, atol=1e-5)
+
+
 def test_vision_tower_batched_equals_one_by_one(cache_dir: Path, reference) -> None:
     async def build():
         return _engine(cache_dir).admission.prompts.build(WITH_SPEECH)
 
     images = asyncio.run(build()).images
-    tower = VisionTower(reference.thinker)
+    tower = VisionTower(copy.deepcopy(reference.thinker))  # it gives its tower the patch matmul
     with torch.inference_mode():
         together = tower(images)
         alone = [tower([image]) for image in images]
