@@ -30,7 +30,9 @@ const baseUrl = chooseServer(params.get("server"));
 const $ = (id) => document.getElementById(id);
 
 const banner = new Banner($("banner"));
-const model = new ModelInfo({ baseUrl, apiKey, pill: $("model"), notice: $("random-notice") });
+const camera = new Camera({ select: $("camera"), preview: $("camera-preview"), banner });
+const model = new ModelInfo({ baseUrl, apiKey, pill: $("model"), notice: $("random-notice"),
+                              onLoad: () => camera.allow(model.takesImages) });
 const audio = new AudioEngine({ onPlayback: (msg) => session.onPlayback(msg) });
 const picker = new TransportPicker({ select: $("transport"), pill: $("conn-state"), initial: params.get("transport"),
                                      onChange: (kind) => session.switchTransport(kind) });
@@ -38,7 +40,6 @@ const transcript = new Transcript({ list: $("turns"), empty: $("empty") });
 const latency = new Latency({ last: $("lat-last"), median: $("lat-median"), bars: $("lat-bars") });
 const meter = new LevelMeter({ fill: $("meter-fill"), readout: $("meter-db"), ring: $("ring") });
 const tools = [new Lamp({ card: $("lamp") })];
-const camera = new Camera({ select: $("camera"), preview: $("camera-preview"), banner });
 const session = new Session({ baseUrl, apiKey, mode: params.get("mode"), audio, audioElement: $("remote-audio"),
                               picker, model, transcript, latency, meter, banner, tools,
                               toolChoice: toolChoice(params.get("tool_choice"), tools),

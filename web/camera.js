@@ -1,5 +1,5 @@
-// The page's video source: off, the camera or a shared screen, chosen in its select. Owns the live video track, the
-// small preview that plays it, and grabbing its current frame as a JPEG (a data URL).
+// The page's video source: off, the camera or a shared screen, chosen in its select where the model sees images.
+// Owns the live video track, the small preview that plays it, and grabbing its current frame as a JPEG (a data URL).
 //
 // Dispatches "change" when the track changes (a WebRTC call swaps it into its video sender).
 
@@ -28,7 +28,15 @@ export class Camera extends EventTarget {
       if (api && !navigator.mediaDevices?.[api]) option.disabled = true;
     }
     select.value = "off";
+    this.allow(false); // until the model says it sees images
     select.addEventListener("change", () => this.use(select.value));
+  }
+
+  /** Whether the served model sees images: where it does not, the control is disabled and the video goes off. */
+  allow(takesImages) {
+    this.select.disabled = !takesImages;
+    this.select.title = takesImages ? "" : "the model takes no images";
+    if (!takesImages && this.#source !== "off") this.use("off");
   }
 
   get source() { return this.#source; }

@@ -1,13 +1,22 @@
 // The served model as GET /v1/models describes it, and the header pill and random-weights notice that show it.
 
 export class ModelInfo {
-  /** pill: the header's model pill; notice: the random-weights note, shown only for such a model. */
-  constructor({ baseUrl, apiKey, pill, notice }) {
+  /**
+   * pill: the header's model pill; notice: the random-weights note, shown only for such a model; onLoad(): called
+   * each time the info has loaded.
+   */
+  constructor({ baseUrl, apiKey, pill, notice, onLoad }) {
     this.baseUrl = baseUrl;
     this.apiKey = apiKey;
     this.pill = pill;
     this.notice = notice;
+    this.onLoad = onLoad;
     this.info = null; // the first entry of /v1/models once loaded: {id, description, random_weights, ...}
+  }
+
+  /** Whether the model sees images (our /v1/models lists "image" in its input_modalities then). */
+  get takesImages() {
+    return this.info?.input_modalities?.includes("image") ?? false;
   }
 
   async load() {
@@ -24,5 +33,6 @@ export class ModelInfo {
     this.pill.textContent = this.info ? this.info.id : "no model";
     this.pill.title = this.info?.description || "";
     this.notice.hidden = !this.info?.random_weights;
+    this.onLoad();
   }
 }

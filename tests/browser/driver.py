@@ -98,6 +98,8 @@ def start_page(browser, url: str, transport: str, result: dict, mode: str = "vad
     page = open_page(browser, url, transport, console, options, watch)
     result["random_notice_visible"] = page.is_visible("#random-notice")
     result["model_pill"] = page.inner_text("#model")
+    result["video_control"] = page.evaluate("""() => { const s = document.getElementById("camera");
+        return {disabled: s.disabled, title: s.title}; }""")
     page.evaluate("(m) => voiceDemo.setMode(m)", mode)
     if video != "off":
         show_video(page, video)

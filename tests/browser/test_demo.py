@@ -56,6 +56,7 @@ def test_a_turn_over_websocket_opus(tiny_checkpoint: Path, cache_dir: Path, fake
     why = explain(result, tmp_path)
     assert stats["packetsReceived"] > 0 and stats["packetsLost"] == 0, why  # binary Opus packets
     assert stats["audioMsReceived"] > 0 and stats["audioSamplesPlayed"] > 0, why  # decoded by WebCodecs, played
+    assert result["video_control"] == {"disabled": False, "title": ""}, why  # the tiny model sees images
     _assert_no_images(result, why)
     assert (tmp_path / "ws-opus-turn.png").stat().st_size > 0
 
@@ -67,6 +68,7 @@ def test_the_assistant_answers_a_spoken_turn_in_words(cache_dir: Path, fake_mic_
     why = explain(result, tmp_path)
     assert result["connect_error"] is None and "wait_error" not in result, why
     assert result["model_pill"] == "assistant" and not result["random_notice_visible"], why
+    assert result["video_control"]["disabled"], why  # the assistant takes no images
     stats = result["page"]["stats"]
     assert stats["errors"] == [] and stats["lastResponseStatus"] == "completed", why
     assert stats["audioSamplesPlayed"] > 0, why
