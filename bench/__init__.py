@@ -12,6 +12,7 @@ it imports neither `voice_gateway` nor `engine`, and needs the `[bench]` extra (
     processes.py a level spread over client processes, each with its own event loop
     speech.py    the spoken questions (benchmarks/voice/*.wav) as realtime PCM16 and chat input_audio
     image.py     the picture --image sends: a file, or a synthetic camera-like JPEG of a given size
+    video.py     the clip --video sends in chat: a file, or a synthetic H.264 clip of a given size and length
     turn.py      one spoken turn: its record, the realtime events and Opus packets folded into it
     realtime_session.py  one conversation over WS /v1/realtime: session.update, paced audio, N turns
     voice_stats.py  per turn index and overall: first-audio latency, VAD wait, underruns

@@ -29,6 +29,7 @@ from bench.summary import (
     print_voice_summary,
 )
 from bench.sweep import run_bench
+from bench.video import check_video_spec
 from bench.voice import run_voice_bench
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,15 @@ def _at_least(lo: int) -> Callable[[str], int]:
     return parse
 
 
-def _image(text: str) -> str:
-    """argparse type for --image: a missing file or a malformed size is a usage error, not a traceback later."""
-    try:
-        return check_image_spec(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+def _spec(check: Callable[[str], str]) -> Callable[[str], str]:
+    """argparse type for --image and --video: a missing file or a malformed size is a usage error, not a
+    traceback later."""
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+    return parse
 
 
 def _list(values: list[Any]) -> str:
@@ -124,10 +128,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="a 16-bit PCM WAV, or a folder of them (e.g. benchmarks/voice): each request's user message is its "
              "--prompt-tokens text and then one of them as input_audio, in turn (--prompt-tokens 1: the text is "
              "only the request's index)")
-    opt("--image", type=_image, metavar="PATH|WxH",
+    opt("--image", type=_spec(check_image_spec), metavar="PATH|WxH",
         help="a PNG, JPEG or WebP file, or WxH (e.g. 1280x720) for a synthetic camera-like JPEG (quality 85, the "
              "same for the same size): each request's user message carries it as an image_url part before its "
              "text; with --realtime each turn sends it as an input_image user item before its question")
+    opt("--video", type=_spec(check_video_spec), metavar="PATH|WxHxS",
+        help="chat only: an MP4 or WebM file, or WxHxS (e.g. 640x360x4) for a synthetic clip of that size and "
+             "length in seconds (shapes moving over a gradient, 10 frames a second, H.264 in MP4, the same for the "
+             "same spec): each request's user message carries it as a video_url part before its text, after "
+             "--image's picture")
 
     voice = parser.add_argument_group(
         "realtime (--realtime: spoken turns over WS /v1/realtime; it also takes --concurrency, default "

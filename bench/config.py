@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.image import check_image_spec
+from bench.video import check_video_spec
 
 
 class BenchError(RuntimeError):
@@ -39,6 +40,9 @@ class BenchConfig:
     # a PNG/JPEG/WebP file, or WxH for a synthetic camera-like JPEG: each request's user message carries it as
     # an `image_url` part before its text (bench/image.py)
     image: str | None = None
+    # an MP4/WebM file, or WxHxS for a synthetic clip: each request's user message carries it as a `video_url`
+    # part before its text, after the picture (bench/video.py)
+    video: str | None = None
     # 0: every worker sends its first request at once, and replies of one length keep them in waves;
     # S: each worker's first send waits a random [0, S) s, and the closed loop keeps those phases
     # (steady arrivals, as independent users make them)
@@ -151,6 +155,12 @@ def _image(value: Any) -> str:
     return check_image_spec(value)
 
 
+def _video(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be an MP4/WebM path or WxHxS such as 640x360x4")
+    return check_video_spec(value)
+
+
 SWEEP_KEYS = {
     "concurrency": _positive_ints,
     "prompt_tokens": _positive_ints,
@@ -164,6 +174,7 @@ SWEEP_KEYS = {
     "client_processes": _int_at_least(1),
     "input_audio": Path,
     "image": _image,
+    "video": _video,
     "spread_s": _seconds_or_zero,
 }
 assert set(SWEEP_KEYS) <= {f.name for f in fields(BenchConfig)}

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from bench.image import ImageInfo
 from bench.sweep import BenchResult
+from bench.video import VideoInfo
 from bench.voice import VoiceResult
 from bench.voice_stats import TurnStats
 
@@ -34,14 +35,22 @@ def print_summary(result: BenchResult, console: Console) -> None:
                       _fmt(lv.audio_s_mean, ".2f"), f"{lv.underruns} ({lv.underrun_requests} req)",
                       _fmt(lv.client_lag_ms.p99, ".1f"))
     console.print(table)
-    if result.image is not None:
+    shown = [_picture(result.image)] if result.image is not None else []
+    shown += [_clip(result.video)] if result.video is not None else []
+    if shown:
         means = "; ".join(f"P={lv.prompt_words} C={lv.concurrency} {_fmt(lv.image_tokens_mean, '.0f')} of "
                           f"{_fmt(lv.prompt_tokens_mean, '.0f')}" for lv in result.levels)
-        console.print(f"{_picture(result.image)} in each request: image tokens of prompt tokens (mean): {means}")
+        console.print(f"{' and '.join(shown)} in each request: image tokens of prompt tokens (mean): {means}")
 
 
 def _picture(image: ImageInfo) -> str:
     return f"the {image.width}x{image.height} {image.format.upper()} of {image.size_bytes / 1024:.0f} KiB"
+
+
+def _clip(video: VideoInfo) -> str:
+    length = "unstated length" if video.seconds is None else f"{video.seconds:g} s"
+    return (f"the {video.width}x{video.height} {video.format.upper()} of {length} and "
+            f"{video.size_bytes / 1024:.0f} KiB")
 
 
 def _turn_row(lv_label: list[str], t: TurnStats) -> list[str]:

@@ -30,6 +30,7 @@ from bench.plots import plot_runs
 from bench.processes import Started, run_in_processes
 from bench.speech import load_questions
 from bench.stats import LevelResult, Stat, summarize_level
+from bench.video import BenchVideo, VideoInfo, load_video
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class BenchResult:  # serialized as-is (plus schema_version) to {label}.json
     server_models: dict[str, Any] | None
     levels: list[LevelResult]
     image: ImageInfo | None = None  # the picture every request carried (--image)
+    video: VideoInfo | None = None  # the clip every request carried (--video)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class RequestMedia:
 
     input_audio: tuple[str, ...] = ()  # base64 WAV files: request i carries file i % count
     image_url: str | None = None  # one data URL, the same in every request
+    video_url: str | None = None  # the clip's, likewise
 
 
 def read_image(spec: str | None) -> BenchImage | None:
@@ -66,20 +69,30 @@ def read_image(spec: str | None) -> BenchImage | None:
         raise BenchError(f"--image {exc}") from exc
 
 
+def read_video(spec: str | None) -> BenchVideo | None:
+    """The run's --video, once; BenchError (the run cannot start) if it cannot be read."""
+    try:
+        return None if spec is None else load_video(spec)
+    except ValueError as exc:
+        raise BenchError(f"--video {exc}") from exc
+
+
 def make_prompt(n_words: int, index: int) -> str:
     # The index prefix varies prompts so a prefix cache cannot serve every request.
     return " ".join([f"#{index}", *islice(cycle(_FILLER), max(n_words - 1, 0))])
 
 
 def build_payload(config: BenchConfig, model: str, index: int, prompt_words: int,
-                  input_audio: Sequence[str] = (), image_url: str | None = None) -> dict[str, Any]:
+                  input_audio: Sequence[str] = (), image_url: str | None = None,
+                  video_url: str | None = None) -> dict[str, Any]:
     """The request body; with `input_audio` (base64 WAV files) the user message is the prompt's text, then
-    file `index % len(input_audio)` as an `input_audio` part; with `image_url` (a data URL) an `image_url` part
-    comes first, as a user shows a picture and asks about it."""
+    file `index % len(input_audio)` as an `input_audio` part; with `image_url` and `video_url` (data URLs) an
+    `image_url` part and then a `video_url` part (vLLM's extension) come first, as a user shows what they ask
+    about."""
     text = make_prompt(prompt_words, index)
-    parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
-    if image_url:
-        parts.insert(0, {"type": "image_url", "image_url": {"url": image_url}})
+    shown = [{"type": "image_url", "image_url": {"url": image_url}}] if image_url else []
+    shown += [{"type": "video_url", "video_url": {"url": video_url}}] if video_url else []
+    parts: list[dict[str, Any]] = [*shown, {"type": "text", "text": text}]
     if input_audio:
         audio = {"data": input_audio[index % len(input_audio)], "format": "wav"}
         parts.append({"type": "input_audio", "input_audio": audio})
@@ -103,7 +116,8 @@ async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str
                       prompt_words: int, media: RequestMedia) -> RequestRecord:
     rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
     decoder = SSEDecoder()
-    payload = build_payload(config, model, index, prompt_words, media.input_audio, media.image_url)
+    payload = build_payload(config, model, index, prompt_words, media.input_audio, media.image_url,
+                            media.video_url)
     t_send = time.perf_counter()
     timer = StreamTimer(rec, t_send)
     try:
@@ -290,7 +304,8 @@ async def target_model(client: httpx.AsyncClient, model: str | None, url: str) -
 
 async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
     """Run every level against the server at config.url; writes nothing."""
-    image = read_image(config.image)  # before the server is asked anything: a bad picture ends the run at once
+    # before the server is asked anything: a bad picture or clip ends the run at once
+    image, video = read_image(config.image), read_video(config.video)
     # trust_env=False: proxies from the environment would distort latency numbers.
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
                                  limits=httpx.Limits(max_connections=max(config.concurrency)),
@@ -299,7 +314,7 @@ async def measure(config: BenchConfig, console: Console | None = None) -> BenchR
         # read once, before any clock starts: each request sends one of these as it is
         input_audio = tuple(base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)) \
             if config.input_audio else ()
-        media = RequestMedia(input_audio, image.data_url if image else None)
+        media = RequestMedia(input_audio, image.data_url if image else None, video.data_url if video else None)
         levels = []
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
             for prompt_words, concurrency in config.levels():
@@ -309,7 +324,8 @@ async def measure(config: BenchConfig, console: Console | None = None) -> BenchR
         cfg.pop(key)
     return BenchResult(label=config.label, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        command=shlex.join(config.argv), config=cfg, machine=machine_info(),
-                       server_models=models, levels=levels, image=image.info if image else None)
+                       server_models=models, levels=levels, image=image.info if image else None,
+                       video=video.info if video else None)
 
 
 async def run_bench(config: BenchConfig) -> BenchResult:
