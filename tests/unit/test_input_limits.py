@@ -184,7 +184,8 @@ def test_an_error_that_quotes_a_surrogate_still_encodes(client: TestClient) -> N
                                                 {"type": "input_audio", "input_audio": {"data": 5}}]}]},
      "messages.0.content.1.input_audio.data"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content.0.image_url"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_image"}]}]}, "messages.0.content.0"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
 ])
 def test_loose_types_are_refused_where_openai_refuses_them(client: TestClient, change: dict, param: str) -> None:
