@@ -10,10 +10,8 @@ import io
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from bench.stats import summarize_level
 from bench.sweep import read_image
 from bench.voice_stats import turn_stats
 from tests.conftest import REPO, Server, start_server, stop_server
+from tests.unit.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
 
 DATA_URL = "data:image/jpeg;base64,/9j/AA=="
 
@@ -196,54 +195,9 @@ def test_image_tokens_are_recorded_from_usage_and_averaged() -> None:
 
 # ----------------------------------------------------------------------------- loopback fakes
 
-class _FakeChat(BaseHTTPRequestHandler):
-    """Streams one text reply whose usage counts the request's image parts at 24 tokens each."""
-
-    requests: list[dict[str, Any]] = []
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        raw = json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append(body)
-        content = body["messages"][0]["content"]
-        images = 0 if isinstance(content, str) else sum(p["type"] == "image_url" for p in content)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        usage = {"prompt_tokens": 10 + 24 * images, "completion_tokens": 1,
-                 "prompt_tokens_details": {"audio_tokens": 0, "image_tokens": 24 * images}}
-        for chunk in ({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
-                      {"choices": [], "usage": usage}):
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
-
-
-@pytest.fixture
-def fake_chat() -> Iterator[tuple[str, type[_FakeChat]]]:
-    handler = type("Handler", (_FakeChat,), {"requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 @pytest.mark.parametrize("processes", [1, 2])
 async def test_every_chat_request_carries_the_picture_and_the_json_says_which(
-        fake_chat: tuple[str, type[_FakeChat]], tmp_path: Path, processes: int) -> None:
+        fake_chat: tuple[str, type[FakeChat]], tmp_path: Path, processes: int) -> None:  # noqa: F811
     url, handler = fake_chat
     cfg = BenchConfig(url=url, concurrency=[2], num_requests=3, warmup=1, modalities=["text"], image="64x48",
                       client_processes=processes, label="img", out_dir=tmp_path, show_progress=False)
@@ -262,7 +216,7 @@ async def test_every_chat_request_carries_the_picture_and_the_json_says_which(
     assert [r["image_tokens"] for r in level["records"]] == [24, 24, 24]
 
 
-async def test_a_chat_run_without_a_picture_records_none(fake_chat: tuple[str, type[_FakeChat]],
+async def test_a_chat_run_without_a_picture_records_none(fake_chat: tuple[str, type[FakeChat]],  # noqa: F811
                                                          tmp_path: Path) -> None:
     url, handler = fake_chat
     cfg = BenchConfig(url=url, concurrency=[1], num_requests=1, warmup=0, modalities=["text"], label="plain",

@@ -11,12 +11,9 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from fractions import Fraction
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import av
 import numpy as np
@@ -30,6 +27,7 @@ from bench.image import synthetic_picture
 from bench.sweep import read_video
 from bench.video import FRAME_RATE, VideoInfo, check_video_spec, load_video, synthetic_clip
 from tests.conftest import REPO, Server, start_server, stop_server
+from tests.unit.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
 from voice_gateway.videos import VideoLimits, decode_video
 
 IMAGE_URL = "data:image/jpeg;base64,/9j/AA=="
@@ -186,54 +184,9 @@ def test_a_chat_request_shows_the_clip_before_its_text_and_after_the_picture() -
 
 # ----------------------------------------------------------------------------- a run against a loopback fake
 
-class _FakeChat(BaseHTTPRequestHandler):
-    """Streams one text reply whose usage counts 24 image tokens a picture and 96 a clip."""
-
-    requests: list[dict[str, Any]] = []
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        raw = json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append(body)
-        kinds = [p["type"] for p in body["messages"][0]["content"]]
-        image_tokens = 24 * kinds.count("image_url") + 96 * kinds.count("video_url")
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        usage = {"prompt_tokens": 10 + image_tokens, "completion_tokens": 1,
-                 "prompt_tokens_details": {"audio_tokens": 0, "image_tokens": image_tokens}}
-        for chunk in ({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
-                      {"choices": [], "usage": usage}):
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        self.wfile.write(b"data: [DONE]\n\n")
-
-
-@pytest.fixture
-def fake_chat() -> Iterator[tuple[str, type[_FakeChat]]]:
-    handler = type("Handler", (_FakeChat,), {"requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 @pytest.mark.parametrize("processes", [1, 2])
 async def test_every_chat_request_carries_the_clip_and_the_json_says_which(
-        fake_chat: tuple[str, type[_FakeChat]], tmp_path: Path, processes: int) -> None:
+        fake_chat: tuple[str, type[FakeChat]], tmp_path: Path, processes: int) -> None:  # noqa: F811
     url, handler = fake_chat
     cfg = BenchConfig(url=url, concurrency=[2], num_requests=3, warmup=1, modalities=["text"], image="64x48",
                       video="64x48x2", client_processes=processes, label="clip", out_dir=tmp_path,
@@ -250,7 +203,7 @@ async def test_every_chat_request_carries_the_clip_and_the_json_says_which(
     assert level["image_tokens_mean"] == 24 + 96 and [r["image_tokens"] for r in level["records"]] == [120] * 3
 
 
-async def test_a_chat_run_without_a_clip_records_none(fake_chat: tuple[str, type[_FakeChat]], tmp_path: Path) -> None:
+async def test_a_chat_run_without_a_clip_records_none(fake_chat: tuple[str, type[FakeChat]], tmp_path: Path) -> None:  # noqa: F811
     url, handler = fake_chat
     cfg = BenchConfig(url=url, concurrency=[1], num_requests=1, warmup=0, modalities=["text"], image="16x16",
                       label="picture", out_dir=tmp_path, show_progress=False)
