@@ -4,32 +4,18 @@ video frame (`push_video`, what an agent does with a participant's camera) and g
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import aiohttp
 import numpy as np
 import pytest
 from livekit import rtc
 from livekit.agents import llm
 from livekit.agents.metrics import RealtimeModelMetrics
-from livekit.plugins.openai.realtime import RealtimeModel, RealtimeSession
+from livekit.plugins.openai.realtime import RealtimeSession
 
-from tests.conftest import Server
 from tests.integration.test_livekit_agents import heard
+from tests.integration.test_livekit_long_call import realtime  # noqa: F401 (the fixture: LiveKit's defaults)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-@pytest.fixture
-async def realtime(server: Server) -> AsyncIterator[tuple[RealtimeSession, list]]:
-    errors: list = []
-    async with aiohttp.ClientSession() as http:
-        model = RealtimeModel(model="tiny", base_url=server.base_url + "/v1", api_key="unused", http_session=http)
-        session = model.session()
-        session.on("error", errors.append)
-        yield session, errors
-        await session.aclose()
-        await model.aclose()
 
 
 def camera_frame(width: int = 320, height: int = 240) -> rtc.VideoFrame:
@@ -42,7 +28,7 @@ def camera_frame(width: int = 320, height: int = 240) -> rtc.VideoFrame:
     return rtc.VideoFrame(width, height, rtc.VideoBufferType.RGBA, rgba.tobytes())
 
 
-async def test_push_video_then_a_reply_that_saw_the_frame(realtime: tuple[RealtimeSession, list]) -> None:
+async def test_push_video_then_a_reply_that_saw_the_frame(realtime: tuple[RealtimeSession, list]) -> None:  # noqa: F811
     session, errors = realtime
     usage: asyncio.Queue[RealtimeModelMetrics] = asyncio.Queue()
     # a response's metrics (the connection's own come first, with no request id)
