@@ -11,7 +11,7 @@ Positions: text and audio advance M-RoPE's three rows together, one per token. A
 (t, h, w) = (start, start + row, start + column) over its merged grid (a video's t also steps by its frame
 pairs' time: seconds x the model's 13 positions a second), and what follows the image starts
 after the largest of them (transformers' `get_rope_index`): a prompt with images takes fewer positions than
-tokens, and its reply continues from there (`rope_delta`). A prompt's positions depend only on what comes
+tokens, and its reply continues from there (`Rope`). A prompt's positions depend only on what comes
 before them, so a kept prefix holds the same positions in every turn that begins with it.
 """
 
@@ -153,9 +153,24 @@ def mrope_positions(length: int, image_spans: list[tuple[int, int]], grids: list
     return np.concatenate(parts, axis=1)
 
 
-def rope_delta(positions: np.ndarray) -> int:
-    """What a reply's M-RoPE position is ahead of its place in the cache, after a prompt of these rows."""
-    return int(positions.max()) + 1 - positions.shape[1]
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """A prompt's M-RoPE rows [3, L] where they are not its positions (it holds images), and what follows it: the
+    reply's position p takes p + `delta` in all three rows."""
+
+    rows: np.ndarray
+    delta: int
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> Rope:
+        return cls(rows, int(rows.max()) + 1 - rows.shape[1])
+
+    def at(self, start: int, n: int) -> np.ndarray:
+        """[3, n]: the rows of positions [start, start + n), a piece of the prompt or what follows it."""
+        if start < self.rows.shape[1]:
+            assert start + n <= self.rows.shape[1], (start, n, self.rows.shape)
+            return self.rows[:, start : start + n]
+        return np.broadcast_to(np.arange(start + self.delta, start + self.delta + n), (3, n))
 
 
 def placeholder_spans(token_ids: list[int], *placeholders: int) -> list[tuple[int, int]]:

@@ -93,8 +93,8 @@ def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tu
 class PackedBatch:
     """The view one forward takes as its cache: per token its slot and position, per sequence its slot,
     start, first token and length and the index of its last token, the kernel's two block tables
-    (`small_seq`; `block_seq`, `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`. `pieces`: the host's copy (None in a graph's
-    static batch, whose contents change per replay)."""
+    (`small_seq`; `block_seq`, `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`.
+    `pieces`: the host's copy (None in a graph's static batch, whose contents change per replay)."""
 
     def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
                  meta: torch.Tensor, pieces: list[Piece] | None = None) -> None:

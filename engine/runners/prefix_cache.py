@@ -32,9 +32,9 @@ from engine.metrics import PrefixCacheMetrics
 from engine.runners.kv_cache import SlotKVCache
 
 
-def position_keys(token_ids: list[int], clip_spans: list[tuple[int, int]], clip_keys: list[int]) -> np.ndarray:
+def position_keys(token_ids: list[int], media_spans: list[tuple[int, int]], media_keys: list[int]) -> np.ndarray:
     keys = np.asarray(token_ids, dtype=np.int64).copy()
-    for (a, b), key in zip(clip_spans, clip_keys, strict=True):
+    for (a, b), key in zip(media_spans, media_keys, strict=True):
         keys[a:b] = key
     return keys
 
@@ -121,7 +121,7 @@ class PrefixCache:
     def keep(self, entry: Entry) -> None:
         self.entries[entry.slot] = entry
 
-    def claim(self, keys: np.ndarray, clip_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
+    def claim(self, keys: np.ndarray, media_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
         """A slot holding the longest cached prefix of a prompt with these keys, now the caller's; None
         when nothing long enough matches (allocate a slot and prefill it all)."""
         best: Entry | HostEntry | None = None
@@ -135,7 +135,7 @@ class PrefixCache:
             length = n if same.all() else int(np.argmin(same))
             if length > best_length:
                 best, best_key, best_length = entry, key, length
-        for a, b in clip_spans:  # never inside a clip
+        for a, b in media_spans:  # never inside a clip or an image
             if a < best_length < b:
                 best_length = a
         if best is None or best_length < self.min_tokens:

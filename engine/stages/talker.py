@@ -41,7 +41,7 @@ from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.talker import PromptLayout, TalkerRow, TalkerRunner
 from engine.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
 from engine.stages.base import Stage
-from engine.vision import rope_delta
+from engine.vision import Rope
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +57,6 @@ def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
     return host, done.synchronize
 
 
-def _rope(seq: TalkerSeq, n: int) -> np.ndarray | None:
-    """The M-RoPE rows of its next `n` rows, where they are not their positions."""
-    if seq.rope is None:
-        return None
-    if seq.position < seq.rope.shape[1]:
-        return seq.rope[:, seq.position : seq.position + n]
-    return np.full((3, n), seq.position + seq.rope_delta, dtype=np.int64)
-
-
 @dataclass(slots=True)
 class TalkerSeq:
     prompt: ThinkerPrompt
@@ -78,9 +69,7 @@ class TalkerSeq:
     slot: int = -1
     position: int = 0  # rows in its slot
     layout: PromptLayout | None = None
-    # a prompt with images: its M-RoPE rows [3, L], and a reply's position ahead of its slot's (engine/vision.py)
-    rope: np.ndarray | None = None
-    rope_delta: int = 0
+    rope: Rope | None = None  # a prompt with images: the M-RoPE rows of its prompt and reply (engine/vision.py)
     row_ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per user row (talker_prefix)
     held_until: int = 0  # Thinker positions before it: their user rows are in its slot already (a kept prefix)
     arrived: list[PromptRows] = field(default_factory=list)  # the Thinker's rows not yet turned into talker rows
@@ -97,6 +86,10 @@ class TalkerSeq:
     @property
     def request_id(self) -> str:
         return self.prompt.request_id
+
+    def next_rope(self, n: int) -> np.ndarray | None:
+        """The M-RoPE rows of its next `n` rows, where they are not their positions."""
+        return None if self.rope is None else self.rope.at(self.position, n)
 
 
 class TalkerStage(Stage):
@@ -140,8 +133,7 @@ class TalkerStage(Stage):
                 code_sampling=RowSampling(c.temperature, c.top_p, c.top_k, new_seed(seed + 1)),
             )
             if item.grids:
-                prompt.rope = self.runner.positions(layout, item.token_ids, list(item.grids))
-                prompt.rope_delta = rope_delta(prompt.rope)
+                prompt.rope = Rope.of(self.runner.positions(layout, item.token_ids, list(item.grids)))
             if (reuse := self.cache.claim(item.keys, prompt.row_ends)) is not None:
                 prompt.slot, prompt.position = reuse.slot, reuse.rows
                 prompt.held_until = int(prompt.row_ends[reuse.rows - 1])
@@ -249,14 +241,14 @@ class TalkerStage(Stage):
     def _step(self, speaking: list[TalkerSeq], pieces: list[tuple[TalkerSeq, torch.Tensor]]) -> None:
         self.last_batch = [s.request_id for s, _ in pieces] + [s.request_id for s in speaking]
         self.last_phase = "prefill" if pieces else "decode"
-        rows = [TalkerRow(seq.slot, seq.position, embeds, _rope(seq, embeds.shape[0])) for seq, embeds in pieces]
+        rows = [TalkerRow(seq.slot, seq.position, embeds, seq.next_rope(embeds.shape[0])) for seq, embeds in pieces]
         frames, copied = torch.empty(0), lambda: None
         if speaking:
             code0 = torch.stack([s.code0 for s in speaking])
             past_hidden = torch.stack([s.past_hidden for s in speaking])
             codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in speaking])
             inputs = codec_sum + self._next_text_rows(speaking)
-            rows += [TalkerRow(seq.slot, seq.position, inputs[i : i + 1], _rope(seq, 1)) for i, seq in enumerate(speaking)]
+            rows += [TalkerRow(seq.slot, seq.position, inputs[i : i + 1], seq.next_rope(1)) for i, seq in enumerate(speaking)]
             frames, copied = _to_host(codes)  # one copy for the batch, queued before the step
         # the step is queued before the host waits for the codes: the GPU goes straight on
         logits, hidden = self.runner.step(rows)

@@ -40,7 +40,7 @@ from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import StepRow, StepRunner
 from engine.stages.base import Stage
 from engine.stages.policy import FirstPacketPolicy
-from engine.vision import placeholder_spans, rope_delta
+from engine.vision import Rope, placeholder_spans
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,7 @@ class ThinkerSeq:
     keys: np.ndarray  # per prompt position, what a cached prefix must hold there (engine/runners/prefix_cache.py)
     clips: list[tuple[int, int]]  # [start, end) of each audio clip's placeholders, in prompt order
     images: list[tuple[int, int]]  # and of each image's
-    # with images, a reply's M-RoPE position minus its KV position (engine/vision.py); None: they are the same
-    rope_delta: int | None = None
+    rope: Rope | None = None  # with images, the M-RoPE rows of the prompt and its reply; None: the positions
     slot: int = -1
     position: int = 0  # tokens in the KV cache
     cached: int = 0  # of the prompt, tokens a cached prefix held
@@ -83,11 +82,6 @@ class ThinkerSeq:
     @property
     def prompt_len(self) -> int:
         return len(self.job.token_ids)
-
-
-def clip_spans(token_ids: list[int], audio_token_id: int) -> list[tuple[int, int]]:
-    """Each run of audio placeholders, [start, end), in order: one per clip."""
-    return placeholder_spans(token_ids, audio_token_id)
 
 
 class ThinkerStage(Stage):
@@ -131,13 +125,13 @@ class ThinkerStage(Stage):
                     seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
-        clips = clip_spans(item.token_ids, self.runner.audio_token_id)
+        clips = placeholder_spans(item.token_ids, self.runner.audio_token_id)
         images = placeholder_spans(item.token_ids, *self.runner.visual_token_ids) if item.images else []
         keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
         grammar = None if item.grammar is None else self.grammars.start(item.grammar)
-        delta = None if item.positions is None else rope_delta(item.positions)
-        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips, images=images,
-                                       rope_delta=delta, grammar=grammar))
+        rope = None if item.positions is None else Rope.of(item.positions)
+        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips, images=images, rope=rope,
+                                       grammar=grammar))
 
     def release(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
@@ -266,12 +260,11 @@ class ThinkerStage(Stage):
     def _piece_row(self, seq: ThinkerSeq, end: int) -> StepRow:
         clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
         images = tuple(i for (a, _), i in zip(seq.images, seq.job.images, strict=True) if seq.position <= a < end)
-        positions = seq.job.positions
-        rope = None if positions is None else positions[:, seq.position : end]
+        rope = None if seq.rope is None else seq.rope.at(seq.position, end - seq.position)
         return StepRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips, images, rope)
 
     def _reply_row(self, seq: ThinkerSeq) -> StepRow:
-        rope = None if seq.rope_delta is None else np.full((3, 1), seq.position + seq.rope_delta, dtype=np.int64)
+        rope = None if seq.rope is None else seq.rope.at(seq.position, 1)
         return StepRow(seq.slot, [seq.generated[-1]], seq.position, rope=rope)
 
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:

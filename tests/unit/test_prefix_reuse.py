@@ -17,7 +17,7 @@ from engine.prompt import PromptBuilder
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
 from engine.runners.thinker import StepRow, ThinkerRunner
-from engine.stages.thinker import clip_spans
+from engine.vision import placeholder_spans
 from engine.weights.checkpoint import load_stage
 
 
@@ -41,7 +41,7 @@ def test_rows_after_a_prefix_equal_a_whole_prefill(thinker: tuple[ThinkerRunner,
         Message("assistant", (TextPart("a tone, rising and falling"),)),
         Message("user", (AudioPart(tone(2.2, 0.09)), TextPart("and this one?"))),
     ))
-    ids, clips = prompt.token_ids, clip_spans(prompt.token_ids, runner.audio_token_id)
+    ids, clips = prompt.token_ids, placeholder_spans(prompt.token_ids, runner.audio_token_id)
     assert len(clips) == 2
     cut = clips[1][0] - 3  # the second clip and what follows are new
     with torch.inference_mode():

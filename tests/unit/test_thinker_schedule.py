@@ -22,7 +22,8 @@ from engine.runners.audio_encoder import DENSE_CHUNKS
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.thinker import RowOut, StepRow
 from engine.stages.policy import FirstPacketPolicy
-from engine.stages.thinker import ThinkerStage, clip_spans
+from engine.stages.thinker import ThinkerStage
+from engine.vision import placeholder_spans
 
 AUDIO = 3  # the audio placeholder id
 EOS = 2
@@ -185,7 +186,7 @@ def test_a_step_stays_within_its_budget(seed: int) -> None:
         for j, (prompt, row) in enumerate(pieces):
             taken = len(row.token_ids)
             if taken > room:  # a clip that begins the piece, whole, as the step's last piece
-                assert (row.start, row.start + taken) in clip_spans(prompt.token_ids, AUDIO), (row.start, taken, room)
+                assert (row.start, row.start + taken) in placeholder_spans(prompt.token_ids, AUDIO), (row.start, taken, room)
                 assert j == len(pieces) - 1
             room -= taken
         total = sum(len(r.token_ids) for r in rows)
@@ -252,7 +253,7 @@ def test_a_piece_never_ends_inside_a_clip(seed: int) -> None:
     clipped = 0
     for i in range(len(run.runner.steps)):
         for prompt, row in piece_rows(run, i):
-            spans = clip_spans(prompt.token_ids, AUDIO)
+            spans = placeholder_spans(prompt.token_ids, AUDIO)
             end = row.start + len(row.token_ids)
             assert not any(a < row.start < b or a < end < b for a, b in spans), (row.start, end, spans)
             inside = [k for k, (a, _) in enumerate(spans) if row.start <= a < end]

@@ -55,8 +55,8 @@ class OutOfBandSender(EventSender):
         return super().event(event, response_id)
 
 
-async def response_context(reader: ClientItemReader, conversation: Conversation, overrides: ev.ResponseOverrides | None,
-                     event_id: str | None) -> ResponseContext | None:
+async def response_context(reader: ClientItemReader, conversation: Conversation,
+                           overrides: ev.ResponseOverrides | None, event_id: str | None) -> ResponseContext | None:
     """`response.create`'s context, or None where an `input` item cannot be used (the client told why)."""
     if overrides is None:
         return ResponseContext()
