@@ -40,9 +40,12 @@ def _image(height: int, width: int, seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
 
 
-def _engine(cache_dir: Path):
-    profile = load_profile(model="tiny", platform="cpu", stage_overrides={
-        "talker": {"max_frames": FRAMES, "sampling": GREEDY, "code_sampling": GREEDY}})
+def _engine(cache_dir: Path, device: str = "cpu", top: dict | None = None):
+    """The tiny engine, greedy, replies of FRAMES frames; `top`: profile keys outside the stages."""
+    on = {"device": device}
+    profile = load_profile(model="tiny", platform="cpu", overrides=top or {}, stage_overrides={
+        "thinker": on, "code2wav": on, "talker": {**on, "max_frames": FRAMES, "sampling": GREEDY,
+                                                  "code_sampling": GREEDY}})
     return create_engine("tiny", profile, cache_dir)
 
 
@@ -112,10 +115,9 @@ WITH_SPEECH = (*CONVERSATIONS["two images"][:1], Message("user", (
     ImagePart(_image(48, 80, 5)), _video(6, 64, 64, 40))))
 
 
-def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
-    """Replies with images, beside one without, in shared steps: the tokens and speech generate() makes."""
+def every_conversation(engine) -> tuple[list, list]:
+    """Each of CONVERSATIONS' prompts, and its reply, all asked at once (their steps shared)."""
     async def run():
-        engine = _engine(cache_dir)
         await engine.start()
         try:
             results = await asyncio.gather(*(_reply(engine, name, m) for name, m in CONVERSATIONS.items()))
@@ -123,7 +125,12 @@ def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
         finally:
             await engine.stop()
 
-    prompts, results = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
+    """Replies with images, beside one without, in shared steps: the tokens and speech generate() makes."""
+    prompts, results = every_conversation(_engine(cache_dir))
     for prompt, (tokens, audio, finished) in zip(prompts, results, strict=True):
         assert finished.timings.prompt_image_tokens == sum(i.tokens for i in prompt.images)
         assert_equals_generate(reference, "cpu", prompt.token_ids, tokens, audio, **_generate_inputs(prompt))
