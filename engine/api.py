@@ -49,11 +49,14 @@ class ImagePart:
 
 @dataclass(frozen=True, slots=True)
 class VideoPart:
-    """A video's frames, RGB uint8 [n, height, width, 3], sampled `fps` a second by the edge (its audio, when it
-    has any, comes as an AudioPart of its own)."""
+    """A video's frames, RGB uint8 [n, height, width, 3], sampled `fps` a second by the edge; `audio`: its own
+    sound over those frames' time (mono float32 at 16 kHz), when the request asked for it (Qwen3-Omni's
+    `use_audio_in_video`: frames and sound interleave by time in the prompt). Sound the request did not tie
+    to the video comes as an AudioPart of its own."""
 
     frames: np.ndarray
     fps: float
+    audio: np.ndarray | None = None
 
 
 ContentPart = TextPart | AudioPart | ImagePart | VideoPart

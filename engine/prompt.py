@@ -5,7 +5,8 @@ processor computes (its WhisperFeatureExtractor, with the processor's settings),
 and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
 frame + `<|audio_end|>`.
 
-Images and videos become vision placeholders and M-RoPE positions (engine/vision.py).
+Images and videos become vision placeholders and M-RoPE positions (engine/vision.py); a video's own sound
+interleaves with its frames there.
 
 Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
 the control token, so no message can open a turn of its own.
@@ -21,7 +22,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,6 +38,7 @@ from engine.vision import (
     ImageInput,
     ImagePreprocessor,
     mrope_positions,
+    video_layout,
 )
 
 AUDIO_START = "<|audio_start|>"
@@ -157,6 +159,19 @@ class PromptBuilder:
                     num_pads = audio_output_frames(mel.shape[-1], self.n_window)
                     audio_tokens += num_pads
                     ids += self._encode(AUDIO_START + AUDIO_PAD * num_pads + AUDIO_END)
+                elif isinstance(part, VideoPart) and part.audio is not None:
+                    if message.role != "user":
+                        raise EngineError(f"images and videos go in user messages, not in a {message.role} message")
+                    key, mel = self._clip(part.audio)
+                    features.append(mel)
+                    keys.append(key)
+                    image = self._video(part, sound=(key, audio_output_frames(mel.shape[-1], self.n_window)))
+                    audio_tokens += image.audio_tokens
+                    ids += self._encode(VISION_START + AUDIO_START)
+                    frames = video_layout(image.grid, image.merge)
+                    image_spans.append((len(ids), len(ids) + len(frames)))
+                    ids += self._encode("".join(VIDEO_PAD if f else AUDIO_PAD for f in frames) + AUDIO_END + VISION_END)
+                    images.append(image)
                 elif isinstance(part, ImagePart | VideoPart):
                     if message.role != "user":  # the Talker reads images from user turns only, as the model does
                         raise EngineError(f"images and videos go in user messages, not in a {message.role} message")
@@ -240,20 +255,24 @@ class PromptBuilder:
         self._remember(key, image)
         return image
 
-    def _video(self, video: VideoPart) -> ImageInput:
-        """A video's vision input, computed once for videos seen lately."""
+    def _video(self, video: VideoPart, sound: tuple[int, int] | None = None) -> ImageInput:
+        """A video's vision input, computed once for videos seen lately; `sound`: its clip's key and audio tokens,
+        when they interleave with the frames (the video's key then names both)."""
         if self.videos is None:
             raise EngineError("this model takes no videos", code="images_not_supported")
         frames = np.ascontiguousarray(video.frames)
         digest = hashlib.blake2b(frames.tobytes(), digest_size=7, person=b"video")
         digest.update(repr((frames.shape, video.fps)).encode())
         key = -1 - int.from_bytes(digest.digest(), "little")
-        if (seen := self._seen(key)) is not None:
-            assert isinstance(seen, ImageInput)
+        if (seen := self._seen(key)) is None:
+            seen = self.videos.video(frames, video.fps, key, self.positions_per_second)
+            self._remember(key, seen)
+        assert isinstance(seen, ImageInput)
+        if sound is None:
             return seen
-        made = self.videos.video(frames, video.fps, key, self.positions_per_second)
-        self._remember(key, made)
-        return made
+        clip, tokens = sound
+        digest.update(clip.to_bytes(8, "little", signed=True))
+        return replace(seen, key=-1 - int.from_bytes(digest.digest(), "little"), audio_tokens=tokens)
 
     def _seen(self, key: int) -> torch.Tensor | ImageInput | None:
         with self._lock:

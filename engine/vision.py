@@ -5,7 +5,10 @@ so that the image's pixels lie within the profile's budget (`min_pixels`, `max_p
 stands for a 2x2 merge of 16x16 patches, 32x32 pixels. An image becomes `<|vision_start|>`, one
 `<|image_pad|>` per merged patch, `<|vision_end|>`. A video is its frames two by two (the tower's temporal
 patch), each frame resized and normalised by the same processor: `<|video_pad|>` placeholders, one per merged
-patch of each pair.
+patch of each pair. A video with its sound (`use_audio_in_video`) becomes `<|vision_start|><|audio_start|>`, its
+`<|video_pad|>` and `<|audio_pad|>` placeholders interleaved by time (each frame pair's at its start time, each
+audio token at its own: one position per audio token), `<|audio_end|><|vision_end|>`, as Qwen3-Omni's processor
+lays it out.
 
 Positions: text and audio advance M-RoPE's three rows together, one per token. An image's placeholders take
 (t, h, w) = (start, start + row, start + column) over its merged grid (a video's t also steps by its frame
@@ -47,10 +50,11 @@ class ImageInput:
     # a video: M-RoPE time positions from one frame pair to the next; 0 for an image (one moment)
     time_step: int = 0
     is_video: bool = False
+    audio_tokens: int = 0  # a video with its sound: the sound's placeholders, interleaved with the frames'
 
     @property
     def grid(self) -> Grid:
-        return Grid(self.grid_thw, self.time_step)
+        return Grid(self.grid_thw, self.time_step, self.audio_tokens)
 
     @property
     def tokens(self) -> int:
@@ -123,20 +127,38 @@ class ImagePreprocessor:
 
 @dataclass(frozen=True, slots=True)
 class Grid:
-    """An image's or video's patch grid (t, h, w) and its time step (ImageInput.time_step)."""
+    """An image's or video's patch grid (t, h, w), its time step (ImageInput.time_step) and the audio tokens
+    interleaved with it (a video with its sound)."""
 
     thw: tuple[int, int, int]
     time_step: int = 0
+    audio: int = 0
+
+
+def _interleaved(grid: Grid, merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """A span's (t, h, w) rows from 0 [3, n] and which of its tokens are the video's [n]: the frames' tokens at
+    their pair's time and the sound's at one position each, in time order (a frame's token first at a tie)."""
+    t, h, w = grid.thw
+    gh, gw = h // merge, w // merge
+    video = np.stack([np.broadcast_to(np.arange(t)[:, None, None] * grid.time_step, (t, gh, gw)),
+                      np.broadcast_to(np.arange(gh)[None, :, None], (t, gh, gw)),
+                      np.broadcast_to(np.arange(gw)[None, None, :], (t, gh, gw))]).reshape(3, -1)
+    if not grid.audio:
+        return video, np.ones(video.shape[1], dtype=bool)
+    rows = np.concatenate([video, np.broadcast_to(np.arange(grid.audio), (3, grid.audio))], axis=1)
+    is_video = np.arange(rows.shape[1]) < video.shape[1]
+    order = np.lexsort((~is_video, rows[0]))  # stable: each kind keeps its own order
+    return rows[:, order], is_video[order]
 
 
 def image_positions(start: int, grid: Grid, merge: int) -> np.ndarray:
     """[3, tokens]: the (t, h, w) rows of an image's (or video's) placeholders that begin at position `start`."""
-    t, h, w = grid.thw
-    gh, gw = h // merge, w // merge
-    rows = np.stack([np.broadcast_to(np.arange(t)[:, None, None] * grid.time_step, (t, gh, gw)),
-                     np.broadcast_to(np.arange(gh)[None, :, None], (t, gh, gw)),
-                     np.broadcast_to(np.arange(gw)[None, None, :], (t, gh, gw))]).reshape(3, -1)
-    return rows + start
+    return _interleaved(grid, merge)[0] + start
+
+
+def video_layout(grid: Grid, merge: int) -> np.ndarray:
+    """[tokens]: which of a video-with-sound's placeholders are the frames' (the rest are the sound's)."""
+    return _interleaved(grid, merge)[1]
 
 
 def mrope_positions(length: int, image_spans: list[tuple[int, int]], grids: list[Grid], merge: int) -> np.ndarray:
@@ -174,7 +196,7 @@ class Rope:
 
 
 def placeholder_spans(token_ids: list[int], *placeholders: int) -> list[tuple[int, int]]:
-    """Each run of placeholder ids, [start, end), in order: one per clip, image or video."""
+    """Each run of placeholder ids, [start, end), in order."""
     at = np.flatnonzero(np.isin(np.asarray(token_ids), placeholders))
     if not at.size:
         return []
@@ -182,3 +204,17 @@ def placeholder_spans(token_ids: list[int], *placeholders: int) -> list[tuple[in
     starts = np.concatenate([[at[0]], at[breaks + 1]])
     ends = np.concatenate([at[breaks] + 1, [at[-1] + 1]])
     return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
+
+
+def media_spans(token_ids: list[int], audio: int, visual: tuple[int, ...]) -> tuple[list[tuple[int, int]],
+                                                                                     list[tuple[int, int]]]:
+    """The spans [start, end) of a prompt's clips and of its images and videos, in order. A video with its sound is
+    one span in both: its frames' and sound's placeholders interleave."""
+    ids = np.asarray(token_ids)
+    clips, images = [], []
+    for a, b in placeholder_spans(token_ids, audio, *visual):
+        if (ids[a:b] == audio).any():
+            clips.append((a, b))
+        if np.isin(ids[a:b], visual).any():
+            images.append((a, b))
+    return clips, images

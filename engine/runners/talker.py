@@ -22,7 +22,7 @@ from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
-from engine.vision import Grid, mrope_positions, placeholder_spans
+from engine.vision import Grid, media_spans, mrope_positions
 
 ASSISTANT_ROWS = 9  # the assistant header, four pads, tts_bos and the first text token (`assistant_rows`)
 
@@ -84,6 +84,7 @@ class TalkerRunner:
         tk = config.thinker_config
         self._multimodal_id_set = frozenset((tk.audio_token_id, tk.image_token_id, tk.video_token_id))
         self.visual_token_ids = (tk.image_token_id, tk.video_token_id)
+        self.audio_token_id = tk.audio_token_id
         self.merge = tk.vision_config.spatial_merge_size
         self._codec_tracks: dict[str, torch.Tensor] = {}
         self.user_token_id = config.user_token_id
@@ -163,7 +164,7 @@ class TalkerRunner:
         transformers places them as the Thinker does, over the talker prompt's own rows (its user rows, then the
         assistant's)."""
         ids = [token_ids[i] for a, b in layout.user_spans for i in range(a, b)]
-        spans = placeholder_spans(ids, *self.visual_token_ids)
+        _, spans = media_spans(ids, self.audio_token_id, self.visual_token_ids)
         return mrope_positions(len(ids) + ASSISTANT_ROWS, spans, grids, self.merge)
 
     def assistant_rows(self, header: torch.Tensor, first_text: torch.Tensor, speaker: str) -> torch.Tensor:

@@ -40,7 +40,7 @@ from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import StepRow, StepRunner
 from engine.stages.base import Stage
 from engine.stages.policy import FirstPacketPolicy
-from engine.vision import Rope, placeholder_spans
+from engine.vision import Rope, media_spans
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +125,7 @@ class ThinkerStage(Stage):
                     seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
-        clips = placeholder_spans(item.token_ids, self.runner.audio_token_id)
-        images = placeholder_spans(item.token_ids, *self.runner.visual_token_ids) if item.images else []
+        clips, images = media_spans(item.token_ids, self.runner.audio_token_id, self.runner.visual_token_ids)
         keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
         grammar = None if item.grammar is None else self.grammars.start(item.grammar)
         rope = None if item.positions is None else Rope.of(item.positions)

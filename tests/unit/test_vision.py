@@ -26,8 +26,10 @@ from engine import (
     create_engine,
 )
 from engine.profile import load_profile
+from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.runners.vision_tower import PatchMatmul, VisionTower
-from engine.vision import placeholder_spans
+from engine.vision import Rope, placeholder_spans
+from engine.weights.checkpoint import load_stage
 from tests.equivalence import FRAMES, TEXT_TOKENS, assert_equals_generate
 
 GREEDY = {"temperature": 0}
@@ -108,8 +110,8 @@ CONVERSATIONS = {
     "an image, then a video": (Message("user", (ImagePart(_image(64, 64, 30)), _video(4, 96, 64, 31),
                                                 TextPart("Compare them."))),),
 }
-# generate() cannot be the reference with speech and images together: its talker then reads an `audio_config`
-# that the talker's config does not have. Positions are checked with both (`get_rope_index`).
+# Speech and images together: generate()'s talker then reads an `audio_config` its config lacks, so prompts
+# with both are checked against the fixed reference (`reference_with_sound`) and by positions (`get_rope_index`).
 WITH_SPEECH = (*CONVERSATIONS["two images"][:1], Message("user", (
     *CONVERSATIONS["two images"][1].content, AudioPart(np.random.default_rng(4).standard_normal(16_000).astype(np.float32) * 0.1),
     ImagePart(_image(48, 80, 5)), _video(6, 64, 64, 40))))
@@ -138,6 +140,90 @@ def test_engine_with_images_equals_generate(cache_dir: Path, reference) -> None:
     assert prompts[3].images[0].is_video and prompts[3].images[0].grid_thw[0] == 3  # 5 frames: 3 pairs
 
 
+def _sound(seconds: float, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(round(16_000 * seconds)) * 0.1).astype(np.float32)
+
+
+# A video with its sound (use_audio_in_video), beside a clip and an image: generate() takes the flag for every
+# video of a prompt, so this prompt's one video has its sound
+WITH_SOUND = (Message("system", (TextPart("You watch and listen."),)), Message("user", (
+    TextPart("What happens?"), VideoPart(_video(6, 64, 96, 60).frames, 2.0, _sound(3.0, 61)),
+    AudioPart(_sound(1.0, 62)), ImagePart(_image(48, 64, 63)))))
+
+
+@pytest.fixture(scope="module")
+def reference_with_sound(reference):
+    """The reference whose talker can place a clip's positions: transformers' talker reads its encoder's window
+    from an `audio_config` its own config lacks (it is the Thinker's)."""
+    fixed = copy.deepcopy(reference)
+    fixed.talker.config.audio_config = fixed.config.thinker_config.audio_config
+    return fixed
+
+
+def test_a_video_with_its_sound_equals_generate(cache_dir: Path, reference_with_sound) -> None:
+    """Frames and sound interleaved by time: the layout, positions, text and speech of generate(use_audio_in_video)."""
+    async def run():
+        engine = _engine(cache_dir)
+        await engine.start()
+        try:
+            return engine.admission.prompts.build(WITH_SOUND), await _reply(engine, "av", WITH_SOUND)
+        finally:
+            await engine.stop()
+
+    prompt, (tokens, audio, finished) = asyncio.run(run())
+    video = prompt.images[0]
+    assert video.is_video and video.audio_tokens == 39 and len(prompt.audio_features) == 2
+    assert finished.timings.prompt_image_tokens == video.tokens + prompt.images[1].tokens
+    expected, _ = _rope_index(reference_with_sound, prompt, True)
+    assert prompt.positions is not None
+    np.testing.assert_array_equal(prompt.positions, expected[:, 0].long().numpy())
+    assert_equals_generate(reference_with_sound, "cpu", prompt.token_ids, tokens, audio, use_audio_in_video=True,
+                           **_generate_inputs(prompt))
+
+
+def _rope_index(reference, prompt, use_audio_in_video: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' M-RoPE rows [3, 1, L] for a prompt (as generate() computes them), and the reply's shift."""
+    thinker = reference.thinker
+    rope_index = getattr(thinker, "get_rope_index", None) or thinker.model.get_rope_index
+    inputs = _generate_inputs(prompt)
+    ids = torch.tensor([prompt.token_ids])
+    seqlens = inputs["feature_attention_mask"].sum(-1) if prompt.audio_features else None
+    return rope_index(ids, inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), torch.ones_like(ids),
+                      use_audio_in_video, seqlens, inputs.get("video_second_per_grid"))
+
+
+def test_the_thinker_hears_a_video_s_sound(cache_dir: Path, tiny_checkpoint: Path, reference_with_sound) -> None:
+    """The tiny model's greedy replies do not change with a clip's sound, so this reads the Thinker's rows: the
+    captured layer's rows of the prompt and its last logits equal transformers' thinker forward, and another
+    sound over the same frames changes the rows its placeholders take, and only those."""
+    prompts = _engine(cache_dir).admission.prompts
+    loaded = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
+    runner = ThinkerRunner(loaded.model, loaded.config, max_batch=2, max_len=256)
+    frames, t = _video(4, 64, 64, 70).frames, np.arange(32_000) / 16_000
+    rows, keys = [], []
+    for slot, sound in enumerate((_sound(2.0, 71), (0.8 * np.sin(2 * np.pi * 440 * t)).astype(np.float32))):
+        prompt = prompts.build((Message("user", (TextPart("Listen"), VideoPart(frames, 2.0, sound))),))
+        assert prompt.positions is not None
+        positions, _ = _rope_index(reference_with_sound, prompt, True)
+        with torch.inference_mode():
+            out = runner.step([StepRow(slot, prompt.token_ids, 0, tuple(prompt.audio_features), tuple(prompt.images),
+                                       Rope.of(prompt.positions).at(0, len(prompt.token_ids)))])[0]
+            # a forward without positions counts them 0, 1, 2, ...: generate() gives them as this does
+            expected = reference_with_sound.thinker(input_ids=torch.tensor([prompt.token_ids]), position_ids=positions,
+                                                    use_audio_in_video=True, output_hidden_states=True,
+                                                    **_generate_inputs(prompt))
+        torch.testing.assert_close(out.hidden, expected.hidden_states[runner.capture_layer + 1][0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.logits, expected.logits[0, -1], rtol=1e-4, atol=1e-4)
+        rows.append(out.embeds)
+        keys.append(prompt.images[0].key)
+    assert keys[0] != keys[1]  # a kept prefix that holds the frames with one sound is not taken for another
+    sound_at = torch.tensor(prompt.token_ids) == runner.audio_token_id
+    # the tiny audio tower's random weights answer any sound nearly alike (4e-5 apart on rows of ~1e-2): a
+    # difference at all is the sound, as every other row is the same to the bit
+    assert (rows[0][sound_at] - rows[1][sound_at]).abs().max() > 1e-5
+    assert torch.equal(rows[0][~sound_at], rows[1][~sound_at])
+
+
 def test_the_image_changes_the_reply(cache_dir: Path) -> None:
     """The pixels reach the model: another picture, with the same words, gives another reply."""
     async def run():
@@ -161,13 +247,7 @@ def test_positions_are_transformers_rope_index(cache_dir: Path, reference) -> No
 
     prompt = asyncio.run(build())
     assert prompt.audio_tokens and len(prompt.images) == 4
-    ids = torch.tensor([prompt.token_ids])
-    thinker = reference.thinker
-    rope_index = getattr(thinker, "get_rope_index", None) or thinker.model.get_rope_index
-    inputs = _generate_inputs(prompt)
-    expected, delta = rope_index(ids, inputs["image_grid_thw"], inputs["video_grid_thw"], torch.ones_like(ids),
-                                 False, torch.tensor([f.shape[-1] for f in prompt.audio_features]),
-                                 inputs["video_second_per_grid"])
+    expected, delta = _rope_index(reference, prompt, False)
     assert prompt.positions is not None
     np.testing.assert_array_equal(prompt.positions, expected[:, 0].long().numpy())
     assert int(prompt.positions.max()) + 1 - len(prompt.token_ids) == int(delta)
