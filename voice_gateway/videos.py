@@ -4,8 +4,10 @@ frames sampled at a fixed rate, within `VideoLimits`.
 The container's header is read before any frame is decoded: a stream whose frames are larger than
 `max_frame_pixels`, or that runs longer than `max_seconds`, is refused from it. Frames are sampled at `fps` (the
 rate the engine's positions assume, two a second by default: one temporal patch a second) and at most
-`max_frames` are kept, so memory is bounded by the limits whatever the file claims. The video's own sound is not
-used (Qwen3-Omni's `use_audio_in_video` is not supported): send it as an `input_audio` part beside the video.
+`max_frames` are kept, so memory is bounded by the limits whatever the file claims. The video's own sound is
+taken when the request asks for it (`with_sound`, Qwen3-Omni's `use_audio_in_video`): its first audio stream,
+mono at 16 kHz, over the sampled frames' time (so that frames and sound stay aligned when `max_frames` ends the
+video early).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-from engine import VideoPart
+from engine import INPUT_SAMPLE_RATE_HZ, VideoPart
 from voice_gateway.images import IMAGE_TOO_LARGE, INVALID_IMAGE_URL, ImageError
 
 INVALID_VIDEO = "invalid_video"
@@ -40,9 +42,9 @@ class VideoLimits:
             raise ValueError(f"impossible video limits: {self}")
 
 
-async def video_from_url(url: str, limits: VideoLimits) -> VideoPart:
-    """The video a `data:video/...;base64,` URL holds, its frames sampled (decoded in a thread). `ImageError`
-    (codes as for images, and `invalid_video`) when it cannot be."""
+async def video_from_url(url: str, limits: VideoLimits, *, with_sound: bool = False) -> VideoPart:
+    """The video a `data:video/...;base64,` URL holds, its frames sampled (decoded in a thread), and its sound when
+    `with_sound`. `ImageError` (codes as for images, and `invalid_video`) when it cannot be."""
     if url[: len(_DATA_URL)].lower() != _DATA_URL:
         raise ImageError(INVALID_IMAGE_URL, "a video URL is a data:video/...;base64 URL (this server fetches none)")
     header, comma, data = url.partition(",")
@@ -56,11 +58,12 @@ async def video_from_url(url: str, limits: VideoLimits) -> VideoPart:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as e:
         raise ImageError(INVALID_IMAGE_URL, f"the video's data is not valid base64: {e}") from None
-    return await asyncio.to_thread(decode_video, raw, limits)
+    return await asyncio.to_thread(decode_video, raw, limits, with_sound=with_sound)
 
 
-def decode_video(raw: bytes, limits: VideoLimits) -> VideoPart:
-    """Frames [n, height, width, 3] uint8 of the first video stream, one each 1 / fps seconds from its start."""
+def decode_video(raw: bytes, limits: VideoLimits, *, with_sound: bool = False) -> VideoPart:
+    """Frames [n, height, width, 3] uint8 of the first video stream, one each 1 / fps seconds from its start; with
+    its first audio stream's sound over those frames' time when `with_sound`."""
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
             if not container.streams.video:
@@ -83,7 +86,34 @@ def decode_video(raw: bytes, limits: VideoLimits) -> VideoPart:
         raise ImageError(INVALID_VIDEO, "the video has no frames")
     if len({f.shape for f in frames}) > 1:
         raise ImageError(INVALID_VIDEO, "the video's frames change size")
-    return VideoPart(np.stack(frames), limits.fps)
+    sound = _sound(raw, len(frames) / limits.fps) if with_sound else None
+    return VideoPart(np.stack(frames), limits.fps, sound)
+
+
+def _sound(raw: bytes, seconds: float) -> np.ndarray:
+    """The first audio stream's first `seconds`, mono float32 at 16 kHz (silence after it ends early)."""
+    wanted = round(seconds * INPUT_SAMPLE_RATE_HZ)
+    try:
+        with av.open(io.BytesIO(raw), mode="r") as container:
+            if not container.streams.audio:
+                raise ImageError(INVALID_VIDEO, "the video has no sound, and its sound was asked for "
+                                 "(use_audio_in_video)")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=INPUT_SAMPLE_RATE_HZ)
+            pieces, have = [], 0
+            for frame in container.decode(container.streams.audio[0]):
+                for out in resampler.resample(frame):
+                    pieces.append(out.to_ndarray().reshape(-1))
+                    have += pieces[-1].size
+                if have >= wanted:
+                    break
+            else:
+                pieces += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
+    except ImageError:
+        raise
+    except (av.FFmpegError, ValueError, EOFError) as e:
+        raise ImageError(INVALID_VIDEO, f"the video's sound does not decode: {type(e).__name__}: {e}") from None
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    return np.pad(samples[:wanted], (0, max(0, wanted - samples.size))).astype(np.float32)
 
 
 def _sample(container: av.container.InputContainer, stream: av.video.stream.VideoStream,

@@ -171,15 +171,26 @@ async def test_realtime_answers_an_item_with_an_image(server: Server) -> None:
 
 def test_chat_answers_a_video_and_refuses_a_long_one(client: openai.OpenAI) -> None:
     """vLLM's `video_url` part: an MP4's frames, two a second, count as image tokens; one past the 30 s the server
-    takes is refused from its header."""
+    takes is refused from its header; its sound joins when the request asks (`use_audio_in_video`)."""
     from tests.unit.test_videos import data_url, encoded
 
-    def ask(raw: bytes) -> Any:
+    def ask(raw: bytes, **extra: Any) -> Any:
         return client.chat.completions.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": data_url(raw)}}, {"type": "text", "text": "What happens?"}]}])
+            {"type": "video_url", "video_url": {"url": data_url(raw)}}, {"type": "text", "text": "What happens?"}]}],
+            **extra)
 
     reply = ask(encoded(seconds=3.0))
     assert reply.choices[0].message.content and reply.usage.prompt_tokens_details.image_tokens > 0
+    assert reply.usage.prompt_tokens_details.audio_tokens == 0
     with pytest.raises(openai.BadRequestError) as refused:
         ask(encoded(seconds=31.0, rate=2))
     assert refused.value.code == "image_too_large" and refused.value.param == "messages.0.content.0.video_url"
+
+    # vLLM's way to ask for the video's own sound beside its frames: 3 s of it, 39 audio tokens
+    with_sound = {"extra_body": {"mm_processor_kwargs": {"use_audio_in_video": True}}}
+    heard = ask(encoded(seconds=3.0, sound="aac"), **with_sound)
+    assert heard.usage.prompt_tokens_details.audio_tokens == 39
+    assert heard.usage.prompt_tokens_details.image_tokens == reply.usage.prompt_tokens_details.image_tokens
+    with pytest.raises(openai.BadRequestError) as silent:
+        ask(encoded(seconds=3.0), **with_sound)
+    assert silent.value.code == "invalid_video" and "no sound" in silent.value.message

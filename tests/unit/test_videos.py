@@ -16,20 +16,37 @@ from voice_gateway.videos import VideoLimits, decode_video, video_from_url
 
 
 def encoded(seconds: float = 3.0, rate: int = 10, size: tuple[int, int] = (64, 48), fmt: str = "mp4",
-            codec: str = "h264") -> bytes:
-    """A clip whose frame k is grey level 8k (so which frames were sampled can be read back)."""
+            codec: str = "h264", sound: str | None = None, tone_hz: float = 440.0) -> bytes:
+    """A clip whose frame k is grey level 8k (so which frames were sampled can be read back); with a tone of
+    `tone_hz` at 48 kHz in a `sound` stream (a codec name) when asked."""
     width, height = size
     out = io.BytesIO()
     with av.open(out, "w", format=fmt) as container:
         stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        audio = None if sound is None else container.add_stream(sound, rate=48_000, layout="mono")
         for k in range(int(seconds * rate)):
             frame = av.VideoFrame.from_ndarray(np.full((height, width, 3), 8 * k % 256, np.uint8), format="rgb24")
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if audio is not None:
+            tone = (0.5 * np.sin(2 * np.pi * tone_hz * np.arange(int(seconds * 48_000)) / 48_000)).astype(np.float32)
+            step = audio.codec_context.frame_size or 960
+            for at in range(0, tone.size - step + 1, step):
+                chunk = av.AudioFrame.from_ndarray(tone[None, at : at + step], format="fltp", layout="mono")
+                chunk.sample_rate, chunk.pts = 48_000, at
+                for packet in audio.encode(chunk):
+                    container.mux(packet)
+            for packet in audio.encode():
+                container.mux(packet)
     return out.getvalue()
+
+
+def _peak_hz(samples: np.ndarray) -> float:
+    spectrum = np.abs(np.fft.rfft(samples))
+    return float(np.argmax(spectrum) * 16_000 / samples.size)
 
 
 def data_url(raw: bytes, media_type: str = "video/mp4") -> str:
@@ -77,3 +94,22 @@ def test_bad_video_urls_are_refused(url: str, code: str) -> None:
 def test_a_data_url_decodes() -> None:
     video = asyncio.run(video_from_url(data_url(encoded(fmt="webm", codec="libvpx"), "video/webm"), VideoLimits()))
     assert video.frames.shape[0] == 6
+
+
+@pytest.mark.parametrize("fmt, codec, sound", [("mp4", "h264", "aac"), ("webm", "libvpx-vp9", "libopus")])
+def test_the_sound_comes_over_the_frames_time_when_asked(fmt: str, codec: str, sound: str) -> None:
+    raw = encoded(seconds=3.0, fmt=fmt, codec=codec, sound=sound)
+    assert decode_video(raw, VideoLimits(fps=2.0)).audio is None
+    video = decode_video(raw, VideoLimits(fps=2.0), with_sound=True)
+    assert video.audio is not None and video.audio.dtype == np.float32
+    assert video.audio.size == len(video.frames) / 2.0 * 16_000  # 6 frames: 3 s
+    assert abs(_peak_hz(video.audio) - 440) < 5 and 0.2 < np.abs(video.audio).max() <= 1.0
+    # frames stop at max_frames, and the sound with them
+    short = decode_video(raw, VideoLimits(fps=2.0, max_frames=2), with_sound=True)
+    assert short.audio is not None and short.audio.size == 16_000
+
+
+def test_asking_for_the_sound_of_a_silent_video_is_an_error() -> None:
+    with pytest.raises(ImageError, match="no sound") as e:
+        decode_video(encoded(), VideoLimits(), with_sound=True)
+    assert e.value.code == "invalid_video"

@@ -79,10 +79,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     _check_images(body, gateway.images, engine.info)
     output = output_constraint(body)
     tools = tools_of(body)
+    with_sound = bool(body.mm_processor_kwargs and body.mm_processor_kwargs.use_audio_in_video)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = EngineRequest(
         request_id=request_id,
-        messages=tuple([await _message(m, i, gateway) for i, m in enumerate(body.messages)]),
+        messages=tuple([await _message(m, i, gateway, with_sound) for i, m in enumerate(body.messages)]),
         want_audio=want_audio,
         speaker=_speaker(body, engine.info.speakers) if want_audio else None,
         sampling=SamplingParams(
@@ -182,7 +183,8 @@ def _check_images(body: ChatCompletionRequest, limits: ImageLimits, model: Model
                        f"{limits.max_images_per_request}", param="messages", code=TOO_MANY_IMAGES)
 
 
-async def _message(message: ChatMessage, index: int, gateway: GatewayConfig) -> Message:
+async def _message(message: ChatMessage, index: int, gateway: GatewayConfig, with_sound: bool) -> Message:
+    """`with_sound`: each video brings its own sound (`mm_processor_kwargs.use_audio_in_video`)."""
     role = {"developer": "system"}.get(message.role, message.role)
     calls = tuple(ToolCall(c.function.name, c.function.arguments) for c in message.tool_calls or ())
     if message.content is None:
@@ -200,7 +202,7 @@ async def _message(message: ChatMessage, index: int, gateway: GatewayConfig) -> 
         elif isinstance(part, VideoURLContent):
             param = f"messages.{index}.content.{j}.video_url"
             try:
-                parts.append(await video_from_url(part.video_url.url, gateway.videos))
+                parts.append(await video_from_url(part.video_url.url, gateway.videos, with_sound=with_sound))
             except ImageError as e:  # logged with the other refusals, by the error handler
                 raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
         else:

@@ -153,6 +153,13 @@ class StreamOptions(_Open):
     include_usage: StrictBool = False
 
 
+class MMProcessorKwargs(_Open):
+    """vLLM's per-request processor settings; of them, Qwen3-Omni's `use_audio_in_video` (every video of the
+    request brings its own sound, interleaved with its frames by time)."""
+
+    use_audio_in_video: StrictBool = False
+
+
 class ChatCompletionRequest(_Open):
     model: CleanText
     messages: list[ChatMessage] = Field(min_length=1)
@@ -173,3 +180,4 @@ class ChatCompletionRequest(_Open):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     response_format: ResponseFormat | None = None
+    mm_processor_kwargs: MMProcessorKwargs | None = None
