@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.accel import fused_moe, packed_attention, snake
+from engine.accel import fp8, fused_moe, packed_attention, snake
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
 from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
@@ -56,8 +56,13 @@ def _check_triton(profile: DeployProfile) -> None:
         raise EngineError("kernels: triton needs CUDA devices (or TRITON_INTERPRET=1 on the CPU)")
 
 
-def _load(source: ModelSource, stage: str, device: str, dtype: str, triton: bool) -> Any:
+def _load(source: ModelSource, stage: str, device: str, dtype: str, triton: bool, quantization: str) -> Any:
     model = source.load_stage(stage, device=device, dtype=dtype)  # type: ignore[arg-type]
+    if quantization == "fp8" and stage in ("thinker", "talker"):
+        started = time.perf_counter()
+        with torch.inference_mode():
+            held = fp8.quantize_experts(model)
+        log.info("%s: experts quantized to fp8 (%.2f GiB) in %.1f s", stage, held / 2**30, time.perf_counter() - started)
     if triton and stage in ("thinker", "talker"):
         fused_moe.enable(model)
     if triton and stage == "code2wav":
@@ -164,7 +169,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     code2wav_inboxes = [Inbox() for _ in range(cw.replicas if has_talker else 0)]
     routers: list[StickyRouter] = []
 
-    thinker = _load(source, "thinker", tk.device, tk.dtype, triton)
+    thinker = _load(source, "thinker", tk.device, tk.dtype, triton, profile.quantization)
     with torch.inference_mode():
         on_gpu = tk.device.startswith("cuda")
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
@@ -181,8 +186,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     stages: list[Stage] = []
     to_talker = _route(talker_inboxes, lambda item: isinstance(item, ThinkerDone), routers) if has_talker else _no_talker
     if has_talker:
-        talker = _load(source, "talker", tl.device, tl.dtype, triton)
-        code2wav = _load(source, "code2wav", cw.device, cw.dtype, triton)
+        talker = _load(source, "talker", tl.device, tl.dtype, triton, profile.quantization)
+        code2wav = _load(source, "code2wav", cw.device, cw.dtype, triton, profile.quantization)
         to_code2wav = _route(code2wav_inboxes, lambda item: item.is_final, routers)
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]

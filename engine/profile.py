@@ -236,6 +236,9 @@ class DeployProfile:
     # triton: our fused MoE, decode attention from the slot KV cache and SnakeBeta (engine/accel/);
     # reference: transformers' own modules
     kernels: Literal["reference", "triton"] = "reference"
+    # fp8: the Thinker's and Talker's experts as e4m3 with block scales (engine/accel/fp8.py), quantized at
+    # load; read by the triton kernels only
+    quantization: Literal["none", "fp8"] = "none"
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
@@ -246,6 +249,9 @@ class DeployProfile:
         devices = (self.stages.thinker.device, self.stages.talker.device, self.stages.code2wav.device)
         if self.cuda_graphs and not all(d.startswith("cuda") for d in devices):
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
+        if self.quantization == "fp8" and (self.kernels != "triton" or self.backend != "staged"):
+            raise ProfileError("quantization: fp8 needs kernels: triton and backend: staged (the fused MoE "
+                               "kernels read FP8 experts)")
         if self.backend == "transformers_generate" and self.engine.where != "in_process":
             raise ProfileError(f"engine.where: the transformers_generate baseline runs in_process, got {self.engine.where}")
         if self.backend != "cascade" and self.cascade != CascadeConfig():

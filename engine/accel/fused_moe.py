@@ -10,8 +10,9 @@ the block layout has a fixed size for a given token count, so a CUDA graph can
 capture it.
 
 `enable(model)` registers the implementation under `EXPERTS_NAME` and sets it on
-the model. Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI
-tests it).
+the model. FP8 experts (engine/accel/fp8.py) are widened to the activations' dtype
+tile by tile, their block scales applied to each partial product. Runs on the GPU,
+or on the CPU under `TRITON_INTERPRET=1` (how CI tests it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.accel import fp8
 from engine.accel.triton_launch import dot_precision, launch_guard
 
 EXPERTS_NAME = "vg_fused_moe"
@@ -113,10 +115,10 @@ if triton is not None:
     # the pair count changes with every batch: no recompile for its divisibility
     @triton.jit(do_not_specialize=["num_pairs"])
     def _gate_up_kernel(
-        X, W, Act, PairIds, BlockExpert, num_pairs, num_experts,
-        stride_xt, stride_we, stride_wn, stride_wk, stride_ap,
+        X, W, Scale, Act, PairIds, BlockExpert, num_pairs, num_experts,
+        stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ap,
         hidden_dim: tl.constexpr, inter_dim: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     ):
         block = tl.program_id(0)
         expert = tl.load(BlockExpert + block)
@@ -132,14 +134,23 @@ if triton is not None:
         w_base = W + expert * stride_we + ks[:, None] * stride_wk
         gate_ptrs = w_base + cols[None, :] * stride_wn
         up_ptrs = w_base + (cols + inter_dim)[None, :] * stride_wn
+        gate_scales = Scale + expert * stride_se + (cols // SCALE_BLOCK) * stride_sn
+        up_scales = Scale + expert * stride_se + ((cols + inter_dim) // SCALE_BLOCK) * stride_sn
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, hidden_dim, BLOCK_K):
             k_ok = (k0 + ks) < hidden_dim
             x = tl.load(x_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
             w_mask = k_ok[:, None] & col_ok[None, :]
-            gate += tl.dot(x, tl.load(gate_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
-            up += tl.dot(x, tl.load(up_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
+            if FP8:  # widened in registers; the tile lies in one block of scales along k
+                kb = (k0 // SCALE_BLOCK) * stride_sk
+                gate_w = tl.load(gate_ptrs, mask=w_mask, other=0.0).to(x.dtype)
+                up_w = tl.load(up_ptrs, mask=w_mask, other=0.0).to(x.dtype)
+                gate += tl.dot(x, gate_w, input_precision=PRECISION) * tl.load(gate_scales + kb, mask=col_ok, other=0.0)[None, :]
+                up += tl.dot(x, up_w, input_precision=PRECISION) * tl.load(up_scales + kb, mask=col_ok, other=0.0)[None, :]
+            else:
+                gate += tl.dot(x, tl.load(gate_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
+                up += tl.dot(x, tl.load(up_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
             x_ptrs += BLOCK_K
             gate_ptrs += BLOCK_K * stride_wk
             up_ptrs += BLOCK_K * stride_wk
@@ -149,10 +160,10 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["num_pairs"])
     def _down_kernel(
-        Act, W, Weights, Out, PairIds, BlockExpert, num_pairs, num_experts,
-        stride_ap, stride_we, stride_wn, stride_wk, stride_op,
+        Act, W, Scale, Weights, Out, PairIds, BlockExpert, num_pairs, num_experts,
+        stride_ap, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_op,
         hidden_dim: tl.constexpr, inter_dim: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PRECISION: tl.constexpr,
+        PRECISION: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     ):
         block = tl.program_id(0)
         expert = tl.load(BlockExpert + block)
@@ -165,11 +176,17 @@ if triton is not None:
         ks = tl.arange(0, BLOCK_K)
         a_ptrs = Act + pairs[:, None] * stride_ap + ks[None, :]
         w_ptrs = W + expert * stride_we + cols[None, :] * stride_wn + ks[:, None] * stride_wk
+        scales = Scale + expert * stride_se + (cols // SCALE_BLOCK) * stride_sn
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, inter_dim, BLOCK_K):
             k_ok = (k0 + ks) < inter_dim
             a = tl.load(a_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
-            acc += tl.dot(a, tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0), input_precision=PRECISION)
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if FP8:
+                scale = tl.load(scales + (k0 // SCALE_BLOCK) * stride_sk, mask=col_ok, other=0.0)
+                acc += tl.dot(a, w.to(a.dtype), input_precision=PRECISION) * scale[None, :]
+            else:
+                acc += tl.dot(a, w, input_precision=PRECISION)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K * stride_wk
         weight = tl.load(Weights + pairs, mask=real, other=0.0).to(tl.float32)
@@ -180,9 +197,12 @@ if triton is not None:
 
 def fused_experts(
     hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor, *, tiles: Tiles | None = None,
+    top_k_weights: torch.Tensor, *, tiles: Tiles | None = None, gate_up_scale: torch.Tensor | None = None,
+    down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """hidden [T, H], gate_up [E, 2I, H], down [E, H, I], top_k_index/weights [T, K] -> [T, H]."""
+    """hidden [T, H], gate_up [E, 2I, H], down [E, H, I], top_k_index/weights [T, K] -> [T, H]. FP8 experts
+    (engine/accel/fp8.py) come with their block scales, `gate_up_scale` [E, 2I / 128, H / 128] and
+    `down_scale` [E, H / 128, I / 128]."""
     if triton is None:
         raise RuntimeError("the fused MoE path needs triton (pip install triton), or set kernels: reference")
     num_tokens, hidden_dim = hidden.shape
@@ -192,6 +212,12 @@ def fused_experts(
     tiles = tiles or default_tiles(num_pairs, num_experts)
     block_m, block_n, block_k = tiles.block_m, tiles.block_n, tiles.block_k
     launch = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+    is_fp8 = gate_up_scale is not None
+    if is_fp8:
+        assert down_scale is not None and fp8.BLOCK % block_k == 0, (block_k, "a tile spans two blocks of scales")
+    # unread when the weights are not FP8: any tensor passes as the pointer
+    gate_up_scale = gate_up if gate_up_scale is None else gate_up_scale
+    down_scale = down if down_scale is None else down_scale
     layout = block_layout(top_k_index, num_experts, block_m)
     num_blocks = layout.block_expert.numel()
     hidden = hidden.contiguous()
@@ -200,23 +226,29 @@ def fused_experts(
     weights = top_k_weights.reshape(-1).contiguous()
     with launch_guard():
         _gate_up_kernel[(num_blocks, triton.cdiv(inter_dim, block_n))](
-            hidden, gate_up, act, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
-            hidden.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2), act.stride(0),
-            hidden_dim=hidden_dim, inter_dim=inter_dim, TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            PRECISION=dot_precision(hidden.dtype), **launch,
+            hidden, gate_up, gate_up_scale, act, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
+            hidden.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2), *_scale_strides(gate_up_scale),
+            act.stride(0), hidden_dim=hidden_dim, inter_dim=inter_dim, TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, PRECISION=dot_precision(hidden.dtype), FP8=is_fp8, SCALE_BLOCK=fp8.BLOCK, **launch,
         )
         _down_kernel[(num_blocks, triton.cdiv(hidden_dim, block_n))](
-            act, down, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
-            act.stride(0), down.stride(0), down.stride(1), down.stride(2), out.stride(0),
+            act, down, down_scale, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
+            act.stride(0), down.stride(0), down.stride(1), down.stride(2), *_scale_strides(down_scale), out.stride(0),
             hidden_dim=hidden_dim, inter_dim=inter_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            PRECISION=dot_precision(hidden.dtype), **launch,
+            PRECISION=dot_precision(hidden.dtype), FP8=is_fp8, SCALE_BLOCK=fp8.BLOCK, **launch,
         )
     return out.view(num_tokens, top_k, hidden_dim).sum(dim=1)
 
 
+def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
+    return scale.stride(0), scale.stride(1), scale.stride(2)
+
+
 def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    """transformers' experts-function signature (gated, concatenated [gate; up], no bias)."""
-    return fused_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)
+    """transformers' experts-function signature (gated, concatenated [gate; up], no bias); FP8 experts carry
+    their scales beside their weights (engine/accel/fp8.py)."""
+    return fused_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights,
+                         gate_up_scale=getattr(self, "gate_up_scale", None), down_scale=getattr(self, "down_scale", None))
 
 
 def enable(model: Any) -> None:

@@ -1,0 +1,81 @@
+"""FP8 experts: e4m3 weights with one float32 scale per 128 x 128 block, as Qwen's and DeepSeek's FP8
+checkpoints store them (`weight_scale_inv`), read by the fused MoE kernels (engine/accel/fused_moe.py).
+
+A step of up to ~1,700 tokens costs the Thinker about one read of its experts (58 GB in bf16): e4m3 halves
+that read. Activations stay bf16; each weight tile is widened to bf16 in registers and its block's scale
+applied to the partial product, so a tile never spans two blocks (the kernels' `block_k` divides BLOCK).
+
+Quantization is per block: scale = the block's largest magnitude / 448 (e4m3's largest finite value), each
+weight divided by its block's scale and rounded to nearest e4m3. Dummy weights are quantized the same way
+at load, so a benchmark reads what a real FP8 checkpoint would hold.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BLOCK = 128
+E4M3_MAX = 448.0
+FP8 = torch.float8_e4m3fn
+
+
+def quantize(weight: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., N, K] -> (e4m3 [..., N, K], float32 scales [..., ceil(N / block), ceil(K / block)]): weight ~=
+    e4m3 x its block's scale. A block of zeros gets scale 1."""
+    *lead, n, k = weight.shape
+    rows, cols = -n % block, -k % block
+    padded = torch.nn.functional.pad(weight.float(), (0, cols, 0, rows))
+    blocks = padded.view(*lead, (n + rows) // block, block, (k + cols) // block, block)
+    amax = blocks.abs().amax(dim=(-3, -1), keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    quantized = (blocks / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    quantized = quantized.view(*lead, n + rows, k + cols)[..., :n, :k].contiguous()
+    return quantized, scale.squeeze(-1).squeeze(-2).contiguous()
+
+
+def dequantize(quantized: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
+               block: int = BLOCK) -> torch.Tensor:
+    """The weights an e4m3 tensor and its block scales stand for."""
+    n, k = quantized.shape[-2:]
+    full = scale.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :n, :k]
+    return (quantized.float() * full).to(dtype)
+
+
+def quantize_experts(model: Any) -> int:
+    """Every experts module of `model` ([gate; up] and down projections) to e4m3 with block scales, in place
+    (`gate_up_scale`, `down_scale` beside them); one module at a time, so memory peaks at one module's bf16
+    copy. -> the bytes the experts hold now."""
+    held = 0
+    for module in model.modules():
+        if not hasattr(module, "gate_up_proj"):
+            continue
+        for name in ("gate_up_proj", "down_proj"):
+            weight = getattr(module, name)
+            quantized, scale = quantize(weight.detach())
+            setattr(module, name, torch.nn.Parameter(quantized, requires_grad=False))
+            module.register_buffer(name.replace("_proj", "_scale"), scale)
+            held += quantized.numel() + scale.numel() * scale.element_size()
+            del weight
+    if held == 0:
+        raise ValueError(f"{type(model).__name__} has no experts to quantize")
+    return held
+
+
+def is_quantized(module: Any) -> bool:
+    return getattr(module, "gate_up_proj", None) is not None and module.gate_up_proj.dtype == FP8
+
+
+def dequantize_experts(model: Any, dtype: torch.dtype) -> None:
+    """FP8 experts back to `dtype` weights holding exactly what e4m3 x scale stands for, in place: transformers'
+    own experts then compute what the kernels compute, up to rounding (a reference, and the CPU's emulation)."""
+    for module in model.modules():
+        if is_quantized(module):
+            for name in ("gate_up", "down"):
+                weight = dequantize(getattr(module, f"{name}_proj"), getattr(module, f"{name}_scale"), dtype)
+                setattr(module, f"{name}_proj", torch.nn.Parameter(weight, requires_grad=False))
+                delattr(module, f"{name}_scale")

@@ -1,0 +1,64 @@
+"""FP8 experts on a GPU: the compiled kernels at the released model's expert shapes against the bf16 reference on
+the weights the e4m3 blocks stand for; the tiny engine with `quantization: fp8`, kernels and CUDA graphs against
+transformers' generate() on those weights; the accuracy report as the kernels give it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.accel import fp8, fused_moe
+
+
+@pytest.mark.parametrize("num_tokens", [64, 1024])  # a decode step at batch 64, a prefill step
+@pytest.mark.parametrize(("experts", "inter", "hidden"), [(128, 768, 2048), (128, 384, 1024)])  # Thinker, Talker
+def test_the_kernels_on_fp8_experts_at_full_size(num_tokens: int, experts: int, inter: int, hidden: int) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(num_tokens)
+    x = torch.randn(num_tokens, hidden, device="cuda", generator=gen).bfloat16()
+    gate_up = torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02
+    down = torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02
+    (gate_up_q, gate_up_s), (down_q, down_s) = fp8.quantize(gate_up), fp8.quantize(down)
+    del gate_up, down
+    weights, index = torch.topk(torch.randn(num_tokens, experts, device="cuda", generator=gen).softmax(-1), 8)
+    out = fused_moe.fused_experts(x, gate_up_q, down_q, index, weights, gate_up_scale=gate_up_s, down_scale=down_s)
+    ref = fused_moe.fused_experts(x, fp8.dequantize(gate_up_q, gate_up_s, torch.bfloat16),
+                                  fp8.dequantize(down_q, down_s, torch.bfloat16), index, weights)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_fp8_engine_on_cuda_equals_generate(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    import asyncio
+
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from tests.equivalence import assert_equals_generate
+    from tests.unit.test_vision import CONVERSATIONS, _engine, _reply
+
+    async def run():
+        engine = _engine(cache_dir, "cuda", {"kernels": "triton", "cuda_graphs": True, "quantization": "fp8"})
+        await engine.start()
+        try:
+            messages = CONVERSATIONS["text only"]
+            return engine.admission.prompts.build(messages), await _reply(engine, "fp8", messages)
+        finally:
+            await engine.stop()
+
+    prompt, (tokens, audio, _) = asyncio.run(run())
+    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to("cuda").eval()
+    for stage in (reference.thinker, reference.talker):
+        fp8.quantize_experts(stage)
+        fp8.dequantize_experts(stage, torch.float32)
+    assert_equals_generate(reference, "cuda", prompt.token_ids, tokens, audio)
+
+
+def test_the_accuracy_report_with_the_kernels(tiny_checkpoint: Path) -> None:
+    from engine.accuracy import measure
+
+    report = measure("tiny", device="cuda", steps=64, cache_dir=tiny_checkpoint.parent)
+    assert report.experts_kernel == "triton"
+    for stage in (report.thinker, report.talker):
+        assert stage["fp8"].logits_rel_error < 2 * stage["bf16"].logits_rel_error + 1e-2
+        assert stage["fp8"].top1_agreement >= 0.8

@@ -1,0 +1,120 @@
+"""FP8 experts (engine/accel/fp8.py): block quantization's documented scales and round trip, and the fused MoE
+kernels on e4m3 weights against the float32 reference on the weights they stand for.
+
+On a CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); on a GPU,
+compiled, in bf16 as deployed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from engine.accel import fp8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+
+
+def test_block_scales_are_each_blocks_largest_magnitude_over_448() -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(3, 300, 200, generator=gen) * 0.02  # blocks of 128 with ragged edges on both sides
+    weight[1, :128, :128] = 0  # a block of zeros
+    quantized, scale = fp8.quantize(weight)
+    assert quantized.dtype == torch.float8_e4m3fn and quantized.shape == weight.shape
+    assert scale.dtype == torch.float32 and scale.shape == (3, 3, 2)
+    for e, i, j in [(0, 0, 0), (2, 2, 1), (0, 1, 1)]:
+        block = weight[e, 128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)]
+        assert scale[e, i, j] == pytest.approx(float(block.abs().max()) / 448, rel=1e-6)
+        assert quantized[e, 128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)].float().abs().max() == 448
+    assert scale[1, 0, 0] == 1 and quantized[1, :128, :128].float().abs().max() == 0
+
+
+def test_round_trip_is_within_e4m3s_precision() -> None:
+    """e4m3 keeps 3 mantissa bits: a weight comes back within 1/16 of itself, or of its block's smallest
+    normal step for the tiniest ones."""
+    weight = torch.randn(2, 256, 384, generator=torch.Generator().manual_seed(1)) * 0.02
+    quantized, scale = fp8.quantize(weight)
+    back = fp8.dequantize(quantized, scale)
+    step = scale.repeat_interleave(128, -2).repeat_interleave(128, -1) * 2.0**-9  # e4m3's subnormal step
+    assert ((back - weight).abs() <= weight.abs() / 16 + step).all()
+    relative = float((back - weight).norm() / weight.norm())
+    assert 0.005 < relative < 0.03  # rounding happened, and only that
+
+
+def test_quantize_experts_replaces_every_experts_weights(tiny_checkpoint) -> None:
+    from engine.weights.checkpoint import load_stage
+
+    model = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32").model
+    modules = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
+    before = [(m.gate_up_proj.detach().clone(), m.down_proj.detach().clone()) for m in modules]
+    held = fp8.quantize_experts(model)
+    assert held > 0 and all(fp8.is_quantized(m) for m in modules)
+    for m, (gate_up, down) in zip(modules, before, strict=True):
+        torch.testing.assert_close(fp8.dequantize(m.gate_up_proj, m.gate_up_scale), gate_up, rtol=0.07, atol=1e-6)
+        torch.testing.assert_close(fp8.dequantize(m.down_proj, m.down_scale), down, rtol=0.07, atol=1e-6)
+
+
+@pytest.mark.parametrize(("num_tokens", "block_m", "block_k"), [(3, 16, 32), (40, 64, 64)])
+def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block_m: int, block_k: int) -> None:
+    """Dimensions across several 128-blocks of scales, and not multiples of them: each tile reads its own
+    block's scale."""
+    pytest.importorskip("triton")
+    from engine.accel import fused_moe
+
+    gen = torch.Generator().manual_seed(num_tokens)
+    num_experts, top_k, hidden, inter = 4, 2, 288, 200
+    x = torch.randn(num_tokens, hidden, generator=gen).to(DEVICE, DTYPE)
+    gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    down = torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5
+    gate_up[:, :, 128:256] *= 8  # blocks of other scales
+    down[:, 128:, :] *= 0.1
+    (gate_up_q, gate_up_s), (down_q, down_s) = fp8.quantize(gate_up), fp8.quantize(down)
+    weights, index = torch.topk(torch.randn(num_tokens, num_experts, generator=gen).softmax(-1), top_k)
+    tiles = fused_moe.Tiles(block_m, block_n=64, block_k=block_k)
+    out = fused_moe.fused_experts(x, gate_up_q.to(DEVICE), down_q.to(DEVICE), index.to(DEVICE), weights.to(DEVICE),
+                                  tiles=tiles, gate_up_scale=gate_up_s.to(DEVICE), down_scale=down_s.to(DEVICE))
+    ref = fused_moe.fused_experts_reference(x, fp8.dequantize(gate_up_q, gate_up_s).to(DEVICE),
+                                            fp8.dequantize(down_q, down_s).to(DEVICE), index.to(DEVICE),
+                                            weights.to(DEVICE))
+    error = float((out.float() - ref).norm() / ref.norm())
+    assert out.dtype == DTYPE and error < (2e-2 if DTYPE == torch.bfloat16 else 1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:Passing `repetition_penalty`:UserWarning")
+def test_an_engine_on_fp8_experts_equals_generate_on_the_weights_they_stand_for(tiny_checkpoint, cache_dir) -> None:
+    """`quantization: fp8` end to end (the kernels in Triton's interpreter on a CPU): the tokens and speech that
+    transformers' generate() makes with the dequantized experts, in float32."""
+    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on a CPU: interpreter only")
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    from tests.equivalence import assert_equals_generate
+    from tests.unit.test_vision import CONVERSATIONS, _engine, _reply
+
+    async def run():
+        engine = _engine(cache_dir, top={"kernels": "triton", "quantization": "fp8"})
+        await engine.start()
+        try:
+            messages = CONVERSATIONS["text only"]
+            return engine.admission.prompts.build(messages), await _reply(engine, "fp8", messages)
+        finally:
+            await engine.stop()
+
+    prompt, (tokens, audio, finished) = asyncio.run(run())
+    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).eval()
+    for stage in (reference.thinker, reference.talker):
+        fp8.quantize_experts(stage)
+        fp8.dequantize_experts(stage, torch.float32)
+    assert_equals_generate(reference, "cpu", prompt.token_ids, tokens, audio)
+
+
+def test_fp8_needs_the_triton_kernels() -> None:
+    from engine.profile import ProfileError, load_profile
+
+    with pytest.raises(ProfileError, match="quantization: fp8 needs kernels: triton"):
+        load_profile(model="tiny", platform="cpu", overrides={"quantization": "fp8"})
+    with pytest.raises(ProfileError, match="must be one of none, fp8"):
+        load_profile(model="tiny", platform="cpu", overrides={"quantization": "int4", "kernels": "triton"})
