@@ -6,9 +6,11 @@ of them, and keep a serving process's start-up objects out of the cyclic collect
 reaches through `attach_engine`; `ReplicaHost` launches the engine replicas on Ray, at a `RayAddress` each
 reaches through `attach_replicas`. `EngineAt` is either address: what a server process is told of where
 its engine is. `freeze_startup_heap` / `thaw_heap`: a serving process's start-up objects out of the
-collector, and back (engine/heap.py).
+collector, and back (engine/heap.py). `measure_accuracy`: bf16 and FP8 against float32 on one model's weights
+(engine/accuracy.py), for `voice-gateway accuracy`.
 """
 
+from engine.accuracy import measure as measure_accuracy
 from engine.factory import attach_engine, attach_replicas
 from engine.heap import freeze_startup_heap, thaw_heap
 from engine.remote.host import EngineHost
@@ -26,5 +28,6 @@ __all__ = [
     "attach_engine",
     "attach_replicas",
     "freeze_startup_heap",
+    "measure_accuracy",
     "thaw_heap",
 ]

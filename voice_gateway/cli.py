@@ -1,4 +1,4 @@
-"""`voice-gateway serve [MODEL]` and `voice-gateway bench`."""
+"""`voice-gateway serve [MODEL]`, `voice-gateway accuracy` and `voice-gateway bench`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,11 +180,58 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
     return 0
 
 
+def _accuracy_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+    add("--load-format", choices=("auto", "dummy"), default="auto",
+        help="dummy: the released dimensions with random weights (seeded by --seed)")
+    add("--device", default="cpu", help="cpu (FP8 emulated: dequantized experts) or cuda (the Triton kernels)")
+    add("--steps", type=int, default=256, help="greedy decode steps compared (default 256)")
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, required=True, help="the JSON report")
+    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
+    add("--log-level", default="info")
+
+
+def accuracy(args: argparse.Namespace, argv: list[str]) -> int:
+    """`voice-gateway accuracy`: engine/accuracy.py's report as JSON, and its table on stdout."""
+    import json
+    import platform
+
+    from engine.deploy import measure_accuracy
+
+    if args.steps < 1:
+        print("voice-gateway accuracy: --steps must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        report = measure_accuracy(args.model, load_format=args.load_format, device=args.device, steps=args.steps,
+                                  seed=args.seed, cache_dir=args.cache_dir).as_dict()
+    except (EngineError, ValueError, RuntimeError) as e:
+        print(f"voice-gateway accuracy: {e}", file=sys.stderr)
+        return 1
+    import torch
+
+    report["machine"] = {"platform": platform.platform(), "torch": torch.__version__,
+                         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None}
+    report["command"] = shlex.join(["voice-gateway", *argv])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'stage':8} {'variant':8} {'logits rel.err':>15} {'hidden rel.err':>15} {'top-1':>7} {'top-10':>7}")
+    for stage in ("thinker", "talker"):
+        for variant, a in report[stage].items():
+            print(f"{stage:8} {variant:8} {a['logits_rel_error']:15.2e} {a['hidden_rel_error']:15.2e} "
+                  f"{a['top1_agreement']:7.3f} {a['top10_overlap']:7.3f}")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="voice-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_arguments(sub.add_parser("serve", help="run the server"))
+    _accuracy_arguments(sub.add_parser("accuracy", help="bf16 and FP8 experts against float32 on one model's "
+                                       "weights: logits, the Talker's rows, top-token agreement"))
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it
@@ -199,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return serve(args)
+    if args.command == "accuracy":
+        return accuracy(args, argv)
     return bench.bench_main(args, ["voice-gateway", *argv])
 
 
