@@ -177,7 +177,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                        capture=thinker_capture(tk.max_step_tokens) if graphs else None,
                                        audio_buckets=CHUNK_BUCKETS if on_gpu else (),
                                        audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
-                                       audio_timed=metrics.audio_tower.observe)
+                                       audio_timed=metrics.audio_tower.observe, kv_tokens=tk.kv_cache_tokens)
         if on_gpu:
             started = time.perf_counter()
             count = thinker_runner.audio.warm_up()

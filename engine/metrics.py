@@ -82,6 +82,8 @@ class PrefixCacheMetrics:
         )
         self.host_bytes = Gauge("engine_prefix_host_bytes", "Bytes the host pool of kept prefixes holds",
                                 registry=registry)
+        self.kv_pages = Gauge("engine_kv_pages", "The Thinker's KV pages by what holds them: requests (running or "
+                              "prefilling), kept (kept prefixes) or free", ["holder"], registry=registry)
 
 
 class ProcessMetrics:

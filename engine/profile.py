@@ -49,6 +49,10 @@ class ThinkerConfig:
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
     # tokens one step may carry, prompt pieces and a row per running reply (and the largest graph)
     max_step_tokens: int = field(default=2048, metadata=_at_least(1))
+    # the KV cache's positions for all slots together (engine/runners/kv_cache.py); 0: max_batch x
+    # max_model_len, every slot its whole length. Less, and slots share the pool: a request reserves its prompt
+    # and its longest reply when it starts, so more slots fit beside the weights (128 voices on one GPU)
+    kv_cache_tokens: int = field(default=0, metadata=_at_least(0))
     # host memory for kept prefixes whose slots were needed (engine/runners/prefix_cache.py); 0: none kept
     kept_prefix_host_gib: float = field(default=1.0, metadata=_at_least(0.0))
     # an image is resized to within these pixels (each prompt token stands for 32x32 of them): at most 400 tokens
@@ -66,6 +70,9 @@ class ThinkerConfig:
         if self.max_step_tokens < self.max_batch + 64:
             raise ProfileError(f"stages.thinker.max_step_tokens: must be >= max_batch + 64 ({self.max_batch + 64}), "
                                f"got {self.max_step_tokens}")
+        if 0 < self.kv_cache_tokens < self.max_model_len:
+            raise ProfileError(f"stages.thinker.kv_cache_tokens: must hold one sequence of max_model_len "
+                               f"({self.max_model_len}), got {self.kv_cache_tokens}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,8 +110,8 @@ class _PackedBucket:
 
 class GraphedPacked:
     """Packed steps (engine/runners/packed_batch.py) captured per token bucket: any mix of prompt pieces and
-    decode rows whose tokens fit a bucket replays it. Its spare tokens write the scratch slot. The step's
-    outputs are per sequence, then `per_token` of them per token."""
+    decode rows whose tokens fit a bucket replays it. Its spare tokens write the KV cache's scratch page. The
+    step's outputs are per sequence, then `per_token` of them per token."""
 
     def __init__(self, step: PackedStep, kv: SlotKVCache, attention: PackedAttention, hidden_size: int,
                  dtype: torch.dtype, tokens: tuple[int, ...], *, per_token: int) -> None:

@@ -1,11 +1,13 @@
-"""Varlen attention over packed tokens straight from the slot KV cache (a Triton kernel).
+"""Varlen attention over packed tokens straight from the paged KV cache (a Triton kernel).
 
 One packed step carries decode rows (one query token per speaking reply) and
 prefill pieces (many tokens of one prompt) as unpadded tokens `[T]`. Before
-attention runs, the step has written every token's K/V into its sequence's slot
+attention runs, the step has written every token's K/V into its sequence's pages
 at its position, so each sequence attends causally over its own slot: query i of
 a sequence that held `start` keys sits at position start+i and sees keys
-0..start+i. Nothing is gathered or repeated per query head.
+0..start+i. Each block of keys lies in one page (the page size is a multiple of
+the key block), found in the sequence's page list. Nothing is gathered or
+repeated per query head.
 
 The host lays out two work lists (engine/runners/packed_batch.py's `block_tables`):
 sequences of up to `SMALL_Q` query tokens (decode rows) one block each in the
@@ -52,13 +54,16 @@ MIN_ROWS = 16  # the smallest tile tl.dot takes: a small block of a narrow group
 if triton is not None:
 
     @triton.jit
-    def _key_block(q, k_base, v_base, key_start, end, position, m, total, acc, dims, stride_kl, stride_vl,
-                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SCALE: tl.constexpr):
-        """One block of keys into the online softmax: (m, total, acc) -> the same after keys key_start.."""
+    def _key_block(q, K, V, pages, key_start, end, position, m, total, acc, dims, stride_ks, stride_kl, stride_vs,
+                   stride_vl, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PRECISION: tl.constexpr, SCALE: tl.constexpr):
+        """One block of keys into the online softmax: (m, total, acc) -> the same after keys key_start..; `K`,
+        `V` at the sequence's key/value head, `pages` its page list."""
+        page = tl.load(pages + key_start // PAGE).to(tl.int64)  # page * stride can pass 2**31 in a large cache
         pos = key_start + tl.arange(0, BLOCK_N)
         inside = pos < end
-        k = tl.load(k_base + pos[:, None] * stride_kl + dims[None, :], mask=inside[:, None], other=0.0)
-        v = tl.load(v_base + pos[:, None] * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
+        at = (pos % PAGE)[:, None]
+        k = tl.load(K + page * stride_ks + at * stride_kl + dims[None, :], mask=inside[:, None], other=0.0)
+        v = tl.load(V + page * stride_vs + at * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
         # scores in log2 units: exp2 is the hardware's instruction, exp costs a multiply more
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (SCALE * 1.4426950408889634)
         # every row sees key 0, so m is finite after the first block and no row computes -inf - -inf
@@ -72,10 +77,10 @@ if triton is not None:
 
     @triton.jit
     def _packed_kernel(
-        Q, K, V, Out, SeqSlot, SeqStart, SeqQ0, SeqLen, BlockSeq, BlockQ,
+        Q, K, V, Out, SeqPages, SeqStart, SeqQ0, SeqLen, BlockSeq, BlockQ,
         stride_qt, stride_qh, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl,
-        stride_ot, stride_oh,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr,
+        stride_ot, stride_oh, stride_pages,
+        PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr,
         SINGLE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
         SCALE: tl.constexpr, PIPELINED: tl.constexpr,
     ):
@@ -88,7 +93,7 @@ if triton is not None:
             first = seq * 0
         else:
             first = tl.load(BlockQ + block)
-        slot = tl.load(SeqSlot + seq).to(tl.int64)  # slot * stride can pass 2**31 in a large cache
+        pages = SeqPages + seq * stride_pages
         start = tl.load(SeqStart + seq)
         q0 = tl.load(SeqQ0 + seq)
         length = tl.load(SeqLen + seq)
@@ -103,8 +108,8 @@ if triton is not None:
         q_rows = (q0 + token).to(tl.int64)
         q = tl.load(Q + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=real[:, None], other=0.0)
-        k_base = K + slot * stride_ks + kv_head * stride_kh
-        v_base = V + slot * stride_vs + kv_head * stride_vh
+        k_head = K + kv_head * stride_kh
+        v_head = V + kv_head * stride_vh
         m = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
         total = tl.zeros((ROWS,), dtype=tl.float32)
         acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
@@ -113,13 +118,13 @@ if triton is not None:
             # a for loop over a runtime bound is what the compiler software-pipelines (the next keys load
             # while this block computes); on an H200 it ran 1.3-1.6x faster than the while loop below
             for key_start in range(0, end, BLOCK_N):
-                m, total, acc = _key_block(q, k_base, v_base, key_start, end, position, m, total, acc, dims,
-                                           stride_kl, stride_vl, BLOCK_N, PRECISION, SCALE)
+                m, total, acc = _key_block(q, k_head, v_head, pages, key_start, end, position, m, total, acc, dims,
+                                           stride_ks, stride_kl, stride_vs, stride_vl, BLOCK_N, PAGE, PRECISION, SCALE)
         else:
             key_start = 0
             while key_start < end:  # Triton's CPU interpreter cannot range over a loaded value
-                m, total, acc = _key_block(q, k_base, v_base, key_start, end, position, m, total, acc, dims,
-                                           stride_kl, stride_vl, BLOCK_N, PRECISION, SCALE)
+                m, total, acc = _key_block(q, k_head, v_head, pages, key_start, end, position, m, total, acc, dims,
+                                           stride_ks, stride_kl, stride_vs, stride_vl, BLOCK_N, PAGE, PRECISION, SCALE)
                 key_start += BLOCK_N
         out = acc / total[:, None]
         tl.store(Out + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
@@ -127,13 +132,13 @@ if triton is not None:
 
 
 def packed_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seq_slot: torch.Tensor,
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seq_pages: torch.Tensor,
     seq_start: torch.Tensor, seq_q0: torch.Tensor, seq_len: torch.Tensor, small_seq: torch.Tensor,
     block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *, block_n: int = 64,
 ) -> torch.Tensor:
-    """query [T, Hq, D] packed tokens; keys/values [S, Hkv, L, D]; per sequence [N] (int32 or int64): its
-    slot, `start` (keys its slot held before this step), its first token's index in `query` and its query
-    length; the tables of packed_batch.py's `block_tables`: `small_seq` [NS] (the sequences of up to
+    """query [T, Hq, D] packed tokens; keys/values [pages, Hkv, page_size, D]; per sequence: its page list
+    `seq_pages` [N, pages per slot], and [N] (int32 or int64) `start` (keys its slot held before this step),
+    its first token's index in `query` and its query length; the tables of packed_batch.py's `block_tables`: `small_seq` [NS] (the sequences of up to
     SMALL_Q tokens), `block_seq`/`block_q` [NB] (blocks of BLOCK_Q tokens of the longer ones). -> [T, Hq, D]
     in query's dtype; rows no sequence covers are zeros. Two launches, no host syncs: a CUDA graph
     captures it."""
@@ -145,18 +150,20 @@ def packed_attention(
     assert group * num_kv_heads == num_heads, (num_heads, num_kv_heads)
     assert head_dim == triton.next_power_of_2(head_dim) and head_dim >= 16, head_dim
     assert keys.stride(-1) == 1 and values.stride(-1) == 1 and query.stride(-1) == 1
+    page = keys.shape[2]
+    assert page % block_n == 0, (page, block_n, "a block of keys would span two pages")
     out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
     group_pad = triton.next_power_of_2(group)
     strides = (query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-               values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1))
+               values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1), seq_pages.stride(0))
     with launch_guard():
         for table, firsts, tokens, single in ((small_seq, small_seq, SMALL_Q, True), (block_seq, block_q, BLOCK_Q, False)):
             if table.shape[0] == 0:
                 continue
             rows = max(tokens * group_pad, MIN_ROWS)
             _packed_kernel[(table.shape[0], num_kv_heads)](
-                query, keys, values, out, seq_slot, seq_start, seq_q0, seq_len, table, firsts, *strides,
-                GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tokens, ROWS=rows, SINGLE=single,
+                query, keys, values, out, seq_pages, seq_start, seq_q0, seq_len, table, firsts, *strides,
+                PAGE=page, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tokens, ROWS=rows, SINGLE=single,
                 HEAD_DIM=head_dim, BLOCK_N=block_n,
                 # a constant, not an argument: torch.compile would pass a Python float as float64
                 PRECISION=dot_precision(query.dtype), SCALE=scale,
@@ -181,5 +188,5 @@ class KernelAttention:
 
     def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
                  scale: float) -> torch.Tensor:
-        return packed_attention(query, keys, values, batch.seq_slot, batch.seq_start, batch.seq_q0, batch.seq_len,
+        return packed_attention(query, keys, values, batch.seq_pages, batch.seq_start, batch.seq_q0, batch.seq_len,
                                 batch.small_seq, batch.block_seq, batch.block_q, scale, block_n=self.block_n)

@@ -2,14 +2,15 @@
 
 A step is a list of `Piece`s, each one sequence's rows in it: a prompt's next piece, or the one token a
 speaking reply decodes. Their tokens are packed end to end (`[T]` rows, nothing padded between them);
-each token writes its key and value at (its slot, its position) and attends causally over what its slot
-holds (`PackedAttention`: the Triton kernel of engine/accel/packed_attention.py reads the buffers in
-place, `ReferenceAttention` gathers them per sequence). No 4-D mask, no copy of the KV out of the slots,
-and "extend after a cached prefix" is no separate kind: a piece simply starts where its slot ends.
+each token writes its key and value at its slot's position (a page and an offset in it: the paged cache of
+engine/runners/kv_cache.py) and attends causally over what its slot holds (`PackedAttention`: the Triton
+kernel of engine/accel/packed_attention.py reads the pages in place through each sequence's page list,
+`ReferenceAttention` gathers them per sequence). No 4-D mask, no copy of the KV out of the pages, and
+"extend after a cached prefix" is no separate kind: a piece simply starts where its slot ends.
 
 A CUDA graph pads a step to its bucket of tokens and sequences: padding tokens write the cache's scratch
-slot, belong to no sequence and read zeros out of attention; padding sequences have no tokens.
-Every index a step needs lives in one int64 tensor, filled by one copy from the host.
+page, belong to no sequence and read zeros out of attention; padding sequences have no tokens.
+Every index a step needs, the page lists too, lives in one int64 tensor, filled by one copy from the host.
 
 The kernel works from two block tables, so that a decode row does not fill a 16-token tile alone:
 sequences of at most `SMALL_Q` query tokens (decode rows) take one small block each, longer ones
@@ -54,7 +55,7 @@ class PackedAttention(Protocol):
 
     def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
                  scale: float) -> torch.Tensor:
-        """query [T, Hq, D], keys/values [S, Hkv, L, D] (the cache's whole buffers) -> [T, Hq, D]."""
+        """query [T, Hq, D], keys/values [pages, Hkv, page_size, D] (the cache's whole buffers) -> [T, Hq, D]."""
         ...
 
 
@@ -91,10 +92,11 @@ def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tu
 
 
 class PackedBatch:
-    """The view one forward takes as its cache: per token its slot and position, per sequence its slot,
-    start, first token and length and the index of its last token, the kernel's two block tables
-    (`small_seq`; `block_seq`, `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`.
-    `pieces`: the host's copy (None in a graph's static batch, whose contents change per replay)."""
+    """The view one forward takes as its cache: per token the page and offset it writes and its position,
+    per sequence its start, first token and length, the index of its last token and its page list
+    (`seq_pages`, [N, pages_per_slot]), the kernel's two block tables (`small_seq`; `block_seq`,
+    `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`. `pieces`: the host's
+    copy (None in a graph's static batch, whose contents change per replay)."""
 
     def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
                  meta: torch.Tensor, pieces: list[Piece] | None = None) -> None:
@@ -105,15 +107,18 @@ class PackedBatch:
         self.meta = meta
         self.pieces = pieces
         small = seqs if attention.block_q else 0
-        sizes = [tokens, tokens, seqs, seqs, seqs, seqs, seqs, small, self.blocks, self.blocks, 3 * tokens]
-        (self.token_slot, self.token_pos, self.seq_slot, self.seq_start, self.seq_q0, self.seq_len, self.last,
-         self.small_seq, self.block_seq, self.block_q, self.rope) = meta.split(sizes)
+        pages = cache.pages_per_slot
+        sizes = [tokens, tokens, tokens, seqs, seqs, seqs, seqs, small, self.blocks, self.blocks, 3 * tokens,
+                 seqs * pages]
+        (self.token_page, self.token_offset, self.token_pos, self.seq_start, self.seq_q0, self.seq_len, self.last,
+         self.small_seq, self.block_seq, self.block_q, self.rope, seq_pages) = meta.split(sizes)
+        self.seq_pages = seq_pages.view(seqs, pages)
 
     @classmethod
     def static(cls, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int) -> PackedBatch:
-        """A graph's batch: every token in the scratch slot, no sequence (what a capture runs)."""
-        batch = cls(cache, attention, tokens, seqs, torch.zeros(cls.meta_size(tokens, seqs, attention.block_q),
-                                                                dtype=torch.long, device=cache.keys[0].device))
+        """A graph's batch: every token in the scratch page, no sequence (what a capture runs)."""
+        size = cls.meta_size(tokens, seqs, attention.block_q, cache.pages_per_slot)
+        batch = cls(cache, attention, tokens, seqs, torch.zeros(size, dtype=torch.long, device=cache.keys[0].device))
         batch.meta.copy_(torch.from_numpy(batch.layout([])))
         return batch
 
@@ -125,8 +130,9 @@ class PackedBatch:
         return cls(cache, attention, tokens, len(pieces), host.to(cache.keys[0].device, non_blocking=True), pieces)
 
     @staticmethod
-    def meta_size(tokens: int, seqs: int, block_q: int) -> int:
-        return 5 * tokens + 5 * seqs + (seqs + 2 * num_blocks(tokens, seqs, block_q) if block_q else 0)
+    def meta_size(tokens: int, seqs: int, block_q: int, pages_per_slot: int) -> int:
+        tables = seqs + 2 * num_blocks(tokens, seqs, block_q) if block_q else 0
+        return 6 * tokens + 4 * seqs + tables + seqs * pages_per_slot
 
     def layout(self, pieces: list[Piece]) -> np.ndarray:
         """`meta`'s contents for these pieces, padded to this batch's tokens and sequences."""
@@ -141,10 +147,10 @@ class PackedBatch:
     # specialise a compiled decoder layer once per layer.
     @torch.compiler.disable
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """key_states [1, Hkv, T, D] -> written at each token's (slot, position); the whole buffers back."""
+        """key_states [1, Hkv, T, D] -> written at each token's (page, offset); the whole buffers back."""
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        keys[self.token_slot, :, self.token_pos] = key_states[0].transpose(0, 1)
-        values[self.token_slot, :, self.token_pos] = value_states[0].transpose(0, 1)
+        keys[self.token_page, :, self.token_offset] = key_states[0].transpose(0, 1)
+        values[self.token_page, :, self.token_offset] = value_states[0].transpose(0, 1)
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -152,8 +158,8 @@ class PackedBatch:
 
 
 class ReferenceAttention:
-    """Each sequence's queries over its slot's keys, gathered, in float32 (the CPU path and the kernel's
-    reference); needs the host's pieces."""
+    """Each sequence's queries over its slot's keys, gathered from its pages, in float32 (the CPU path and the
+    kernel's reference); needs the host's pieces."""
 
     block_q = 0
 
@@ -166,8 +172,11 @@ class ReferenceAttention:
         for piece in batch.pieces:
             end = piece.start + piece.length
             q = query[q0 : q0 + piece.length].float().transpose(0, 1)  # [Hq, n, D]
-            k = keys[piece.slot, :, :end].float().repeat_interleave(group, dim=0)  # [Hq, end, D]
-            v = values[piece.slot, :, :end].float().repeat_interleave(group, dim=0)
+            positions = np.arange(end)
+            pages = torch.from_numpy(batch.cache.locate(np.full(end, piece.slot), positions)).to(keys.device)
+            offsets = torch.from_numpy(positions % keys.shape[2]).to(keys.device)
+            k = keys[pages, :, offsets].float().transpose(0, 1).repeat_interleave(group, dim=0)  # [Hq, end, D]
+            v = values[pages, :, offsets].float().transpose(0, 1).repeat_interleave(group, dim=0)
             scores = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, n, end]
             causal = torch.arange(end)[None, :] > (piece.start + torch.arange(piece.length))[:, None]
             scores.masked_fill_(causal.to(scores.device), float("-inf"))
@@ -196,23 +205,27 @@ def _layout(cache: SlotKVCache, block_q: int, tokens: int, seqs: int, pieces: li
     assert used <= tokens and len(pieces) <= seqs, (used, tokens, len(pieces), seqs)
     for p in pieces:
         assert p.start + p.length <= cache.max_len, (p, cache.max_len)
+        # a slot's pages come as it is written (the Thinker's stage reserves a reply's ahead)
+        if not cache.reserve(p.slot, p.start + p.length):
+            raise RuntimeError(f"the KV cache's {cache.num_pages} pages are all held: slot {p.slot} cannot grow "
+                               f"to {p.start + p.length} positions")
     lengths = np.array([p.length for p in pieces], dtype=np.int64)
     q0 = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if pieces else lengths
     pad_tokens, pad_seqs = tokens - used, seqs - len(pieces)
-    slots = np.array([p.slot for p in pieces], dtype=np.int64)
     starts = np.array([p.start for p in pieces], dtype=np.int64)
-    token_slot = np.concatenate([np.repeat(slots, lengths), np.full(pad_tokens, cache.scratch_slot)])
     token_pos = np.concatenate([np.arange(used) - np.repeat(q0 - starts, lengths), np.zeros(pad_tokens)])
+    slots = np.array([p.slot for p in pieces], dtype=np.int64)
+    token_page = np.concatenate([cache.locate(np.repeat(slots, lengths), token_pos[:used].astype(np.int64)),
+                                 np.full(pad_tokens, cache.scratch_page)])
     fill = np.zeros(pad_seqs, dtype=np.int64)
-    seq_slot = np.concatenate([slots, np.full(pad_seqs, cache.scratch_slot)])
     last = np.concatenate([np.maximum(q0 + lengths - 1, 0), fill])
-    parts = [token_slot, token_pos, seq_slot, np.concatenate([starts, fill]), np.concatenate([q0, fill]),
-             np.concatenate([lengths, fill]), last]
+    parts = [token_page, token_pos % cache.page_size, token_pos, np.concatenate([starts, fill]),
+             np.concatenate([q0, fill]), np.concatenate([lengths, fill]), last]
     if block_q:
         parts += [np.asarray(table, dtype=np.int64) for table in block_tables(lengths.tolist(), block_q, tokens, seqs)]
     rope = np.broadcast_to(token_pos, (3, tokens)).copy()
     for p, q in zip(pieces, q0.tolist(), strict=True):
         if p.rope is not None:
             rope[:, q : q + p.length] = p.rope
-    parts.append(rope.reshape(-1))
+    parts += [rope.reshape(-1), cache.page_table(slots, pad_to=seqs).reshape(-1)]
     return np.concatenate(parts).astype(np.int64)

@@ -93,10 +93,37 @@ class PrefixCache:
 
     def allocate(self) -> int:
         if self.kv.num_free == 0:
-            entry = self.entries.popitem(last=False)[1]
-            self._to_host(entry)
-            self.kv.free(entry.slot)
+            self._evict()
         return self.kv.allocate()
+
+    def count_pages(self) -> None:
+        """The pool's pages by holder, into /metrics."""
+        kept = sum(int(self.kv.held[slot]) for slot in self.entries)
+        free = self.kv.num_free_pages
+        for holder, n in (("requests", self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):
+            self.metrics.kv_pages.labels(holder).set(n)
+
+    def can_hold(self, length: int) -> bool:
+        """Whether a new sequence of `length` positions can have its pages, kept prefixes given up for them."""
+        kept = sum(int(self.kv.held[slot]) for slot in self.entries)
+        return self.kv.pages_for(length) <= self.kv.num_free_pages + kept
+
+    def reserve(self, slot: int, length: int, *, spare: int | None = None) -> bool:
+        """Pages for positions [0, length) of `slot`, kept prefixes given up for them least recently used first
+        (never `spare`'s); False when even that is not enough."""
+        while not self.kv.reserve(slot, length):
+            victims = [s for s in self.entries if s != spare]
+            if not victims:
+                return False
+            self._evict(victims[0])
+        return True
+
+    def _evict(self, slot: int | None = None) -> None:
+        """A kept prefix out of its slot (the least recently used one by default): to the host pool, its slot
+        and pages free."""
+        entry = self.entries.pop(slot) if slot is not None else self.entries.popitem(last=False)[1]
+        self._to_host(entry)
+        self.kv.free(entry.slot)
 
     def _to_host(self, entry: Entry) -> None:
         n = len(entry.keys)
@@ -106,8 +133,7 @@ class PrefixCache:
         if nbytes > self.host_bytes:  # the pool could not hold it: no copy at all
             self.metrics.evictions.labels("dropped").inc()
             return
-        kv = [torch.stack([k[entry.slot, :, :n], v[entry.slot, :, :n]]).to("cpu", copy=True)
-              for k, v in zip(self.kv.keys, self.kv.values, strict=True)]
+        kv = [torch.stack(self.kv.read(entry.slot, n, layer)).to("cpu", copy=True) for layer in range(len(self.kv.keys))]
         moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv, nbytes)
         self.metrics.evictions.labels("to_host").inc()
         self._moves += 1
@@ -119,6 +145,8 @@ class PrefixCache:
         self.metrics.host_bytes.set(self._host_used)
 
     def keep(self, entry: Entry) -> None:
+        """A finished sequence's slot, holding `entry.keys`: the pages past them go back to the pool."""
+        self.kv.trim(entry.slot, len(entry.keys))
         self.entries[entry.slot] = entry
 
     def claim(self, keys: np.ndarray, media_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
@@ -144,7 +172,6 @@ class PrefixCache:
         if isinstance(best, HostEntry):
             self.metrics.lookups.labels("host").inc()
             return self._from_host(best_key, best, best_length)
-        self.metrics.lookups.labels("slot").inc()
         self.entries.move_to_end(best.slot)
         embeds, hidden = _rows(best, best_length)
         # The slot moves to the new request when what it holds past the match is nobody else's: its
@@ -152,14 +179,18 @@ class PrefixCache:
         # tokens generated), or when no slot is free (a copy would push out another conversation's).
         if best_length >= best.prompt_len or self.kv.num_free == 0:
             del self.entries[best.slot]
+            self.metrics.lookups.labels("slot").inc()
             return Reuse(best.slot, best_length, embeds, hidden)
         slot = self.kv.allocate()
-        for keys_, values in zip(self.kv.keys, self.kv.values, strict=True):
-            keys_[slot, :, :best_length] = keys_[best.slot, :, :best_length]
-            values[slot, :, :best_length] = values[best.slot, :, :best_length]
+        if not self.reserve(slot, best_length, spare=best.slot):  # no room for a copy: a fresh prefill
+            self.kv.free(slot)
+            self.metrics.lookups.labels("miss").inc()
+            return None
+        self.kv.copy(best.slot, slot, best_length)
+        self.metrics.lookups.labels("slot").inc()
         return Reuse(slot, best_length, embeds, hidden)
 
-    def _from_host(self, key: int, entry: HostEntry, length: int) -> Reuse:
+    def _from_host(self, key: int, entry: HostEntry, length: int) -> Reuse | None:
         """Copy a host entry's first `length` positions into a slot; the entry leaves the pool when the new
         prompt continues it (as a slot would move), and stays for others when they only share a part."""
         if length >= entry.prompt_len:
@@ -169,9 +200,15 @@ class PrefixCache:
         else:
             self.host.move_to_end(key)
         slot = self.allocate()
-        for keys_, values, held in zip(self.kv.keys, self.kv.values, entry.kv, strict=True):
-            keys_[slot, :, :length] = held[0, :, :length].to(keys_.device)
-            values[slot, :, :length] = held[1, :, :length].to(values.device)
+        if not self.reserve(slot, length):  # the running sequences hold the pool: a fresh prefill, later
+            self.kv.free(slot)
+            if key not in self.host:
+                self.host[key] = entry
+                self._host_used += entry.nbytes
+                self.metrics.host_bytes.set(self._host_used)
+            return None
+        for layer, held in enumerate(entry.kv):
+            self.kv.write(slot, layer, held[0, :, :length], held[1, :, :length])
         embeds, hidden = _rows(entry, length)
         device = self.kv.keys[0].device
         return Reuse(slot, length, _to(embeds, device), _to(hidden, device))

@@ -66,7 +66,7 @@ def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tupl
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         outputs = fn()
-    graph.replay()  # its inputs are a capture's: zeros, and padding rows that write the scratch slot
+    graph.replay()  # its inputs are a capture's: zeros, and padding rows that write the scratch page
     return graph, outputs
 
 

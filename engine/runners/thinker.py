@@ -20,7 +20,7 @@ import torch
 
 from engine.cold_work import ColdWork
 from engine.runners.audio_encoder import AudioEncoder
-from engine.runners.kv_cache import SlotKVCache, cache_kwarg
+from engine.runners.kv_cache import PAGE_SIZE, SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.vision_tower import VisionRows, VisionTower
@@ -73,13 +73,13 @@ class ThinkerRunner:
     step fits (engine/accel/cuda_graphs.py). `audio_buckets`: chunk counts the audio tower's batch is
     padded to (engine/runners/audio_encoder.py), and `audio_graphed`: the small ones replayed from CUDA
     graphs. `cold`: told of steps that graphs exist for but that run eagerly. `audio_timed`: told how
-    long each tower call took."""
+    long each tower call took. `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`)."""
 
     def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int,
                  attention: PackedAttention | None = None,
                  capture: Callable[[ThinkerRunner], StepGraphs] | None = None, audio_buckets: tuple[int, ...] = (),
                  audio_graphed: bool = False, cold: ColdWork | None = None,
-                 audio_timed: Callable[[float], None] | None = None) -> None:
+                 audio_timed: Callable[[float], None] | None = None, kv_tokens: int = 0) -> None:
         self.thinker = thinker
         # transformers 5.2x nests the text decoder under `model.language_model`.
         self.text_model = getattr(thinker.model, "language_model", thinker.model)
@@ -97,7 +97,7 @@ class ThinkerRunner:
         param = next(thinker.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.kv = SlotKVCache.for_decoder(text_config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
-                                          device=self.device)
+                                          device=self.device, num_pages=-(-kv_tokens // PAGE_SIZE) if kv_tokens else None)
         self._cache_kw = cache_kwarg(self.text_model)
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)

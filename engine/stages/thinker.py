@@ -125,7 +125,8 @@ class ThinkerStage(Stage):
                     seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
-        clips, images = media_spans(item.token_ids, self.runner.audio_token_id, self.runner.visual_token_ids)
+        visual = self.runner.visual_token_ids if item.images else ()
+        clips, images = media_spans(item.token_ids, self.runner.audio_token_id, visual)
         keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
         grammar = None if item.grammar is None else self.grammars.start(item.grammar)
         rope = None if item.positions is None else Rope.of(item.positions)
@@ -148,7 +149,16 @@ class ThinkerStage(Stage):
         self.cache.keep(Entry(seq.slot, kept, seq.prompt_len, embeds, hidden))
 
     def has_work(self) -> bool:
-        return self._wants_decode() or bool(self.partial) or (bool(self.waiting) and self.cache.num_free > 0)
+        return self._wants_decode() or bool(self.partial) or self._may_start()
+
+    def _may_start(self) -> bool:
+        """A slot, and the pages of the next waiting prompt and its longest reply, can be had."""
+        return bool(self.waiting) and self.cache.num_free > 0 and self.cache.can_hold(self._room(self.waiting[0]))
+
+    def _room(self, seq: ThinkerSeq) -> int:
+        """The positions a request can come to hold: its prompt and its longest reply (reserved when it starts,
+        so that a reply never waits for the KV cache's pages)."""
+        return min(seq.prompt_len + seq.job.max_tokens + 1, self.runner.kv.max_len)
 
     def _wants_decode(self) -> bool:
         return self.policy.thinker_may_decode(self.running.values())
@@ -204,6 +214,7 @@ class ThinkerStage(Stage):
                         self.metrics.reply_gap.labels(self.name).observe(now - seq.last_token_at)
                 seq.last_token_at = now
                 self._advance(seq, token, embed)
+        self.cache.count_pages()
         tokens_in_step = sum(len(r.token_ids) for r in rows)
         self.metrics.step_tokens.labels("prompt").observe(tokens_in_step - len(replies))
         self.metrics.step_tokens.labels("decode").observe(len(replies))
@@ -241,7 +252,7 @@ class ThinkerStage(Stage):
         while room > 0:
             if len(pieces) < len(self.partial):
                 seq = self.partial[len(pieces)]
-            elif self.waiting and self.cache.num_free > 0:
+            elif self._may_start():
                 seq = self._start(self.waiting.popleft())
                 self.partial.append(seq)
             else:
@@ -273,10 +284,12 @@ class ThinkerStage(Stage):
             self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,
                                          tuple(i.grid for i in job.images)))
         reuse = self.cache.claim(seq.keys, seq.clips + seq.images, want_hidden=job.want_audio)
+        seq.slot = self.cache.allocate() if reuse is None else reuse.slot
+        reserved = self.cache.reserve(seq.slot, self._room(seq))
+        assert reserved, "_may_start said its pages could be had"
         if reuse is None:
-            seq.slot = self.cache.allocate()
             return seq
-        seq.slot, seq.position, seq.cached = reuse.slot, reuse.length, reuse.length
+        seq.position, seq.cached = reuse.length, reuse.length
         if job.want_audio:
             assert reuse.embeds is not None and reuse.hidden is not None
             seq.embeds, seq.hidden = [reuse.embeds], [reuse.hidden]

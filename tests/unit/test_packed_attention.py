@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 TOLERANCE = 2e-2 if DTYPE == torch.bfloat16 else 1e-5
 MAX_LEN = 96
+PAGE = 64  # two pages a slot: blocks of keys on both sides of a page's edge
 
 
 @dataclass(frozen=True)
@@ -72,15 +74,30 @@ STEPS = {
 }
 
 
-def ground_truth(query, keys, values, step: Step, scale: float) -> torch.Tensor:
+def paged_cache(num_slots: int, num_kv_heads: int, head_dim: int, gen: torch.Generator) -> SlotKVCache:
+    """A cache whose slots hold their pages out of order (page k of a slot is not next to page k - 1), every
+    position random."""
+    cache = SlotKVCache(num_layers=1, num_slots=num_slots, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                        max_len=MAX_LEN, dtype=DTYPE, device=DEVICE, page_size=PAGE)
+    order = torch.randperm(len(cache.free_pages), generator=gen).tolist()
+    cache.free_pages = [cache.free_pages[i] for i in order]
+    for slot in range(num_slots):
+        assert cache.reserve(slot, MAX_LEN)
+    cache.keys[0].copy_(torch.randn(cache.keys[0].shape, generator=gen))
+    cache.values[0].copy_(torch.randn(cache.values[0].shape, generator=gen))
+    return cache
+
+
+def ground_truth(query, cache: SlotKVCache, step: Step, scale: float) -> torch.Tensor:
     """Each query token of each head on its own: a softmax over keys 0..its position, in float32."""
     out = torch.zeros(query.shape, dtype=torch.float32)
-    group = query.shape[1] // keys.shape[1]
+    group = query.shape[1] // cache.keys[0].shape[1]
     for slot, start, q0, length in zip(step.slots, step.starts, step.q0s, step.lengths, strict=True):
+        keys, values = cache.read(slot, MAX_LEN, 0)
         for i in range(length):
             for head in range(query.shape[1]):
-                k = keys[slot, head // group, :start + i + 1].float().cpu()
-                v = values[slot, head // group, :start + i + 1].float().cpu()
+                k = keys[head // group, :start + i + 1].float().cpu()
+                v = values[head // group, :start + i + 1].float().cpu()
                 weights = torch.softmax(k @ query[q0 + i, head].float().cpu() * scale, dim=0)
                 out[q0 + i, head] = weights @ v
     return out
@@ -91,21 +108,23 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm())
 
 
-def run_kernel(query, keys, values, step: Step, scale: float, block_n: int, spare_seqs: int = 0):
+def run_kernel(query, cache: SlotKVCache, step: Step, scale: float, block_n: int, spare_seqs: int = 0):
     """The kernel over the step's tables, sized for a batch of the step's tokens and `spare_seqs` more
     sequences (each table gets that many more -1 entries)."""
     seqs = len(step.lengths) + step.spare_seqs + spare_seqs
     small_seq, block_seq, block_q = block_tables(step.lengths, BLOCK_Q, step.num_tokens, seqs)
     ints = {"device": DEVICE, "dtype": step.index_dtype}
+    pages = torch.tensor(cache.page_table(step.slots, pad_to=seqs), **ints)
     return packed_attention.packed_attention(
-        query, keys, values, torch.tensor(step.slots, **ints), torch.tensor(step.starts, **ints),
+        query, cache.keys[0], cache.values[0], pages, torch.tensor(step.starts, **ints),
         torch.tensor(step.q0s, **ints), torch.tensor(step.lengths, **ints), torch.tensor(small_seq, **ints),
         torch.tensor(block_seq, **ints), torch.tensor(block_q, **ints), scale, block_n=block_n,
     )
 
 
-def reference(query, keys, values, step: Step, scale: float) -> torch.Tensor:
-    return ReferenceAttention()(query, keys, values, SimpleNamespace(pieces=step.pieces), scale)  # type: ignore[arg-type]
+def reference(query, cache: SlotKVCache, step: Step, scale: float) -> torch.Tensor:
+    batch = SimpleNamespace(pieces=step.pieces, cache=cache)
+    return ReferenceAttention()(query, cache.keys[0], cache.values[0], batch, scale)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", list(STEPS))
@@ -116,15 +135,13 @@ def test_packed_attention_matches_reference_and_ground_truth(
 ) -> None:
     step = STEPS[name]
     gen = torch.Generator().manual_seed(num_heads * head_dim + block_n)
-    num_slots = max(step.slots) + 2  # and the scratch slot
-    keys = torch.randn(num_slots, num_kv_heads, MAX_LEN, head_dim, generator=gen).to(DEVICE, DTYPE)
-    values = torch.randn(num_slots, num_kv_heads, MAX_LEN, head_dim, generator=gen).to(DEVICE, DTYPE)
+    cache = paged_cache(max(step.slots) + 1, num_kv_heads, head_dim, gen)
     query = torch.randn(step.num_tokens, num_heads, head_dim, generator=gen).to(DEVICE, DTYPE)
     scale = head_dim**-0.5
 
-    out = run_kernel(query, keys, values, step, scale, block_n)
-    ref = reference(query, keys, values, step, scale)
-    truth = ground_truth(query, keys, values, step, scale)
+    out = run_kernel(query, cache, step, scale, block_n)
+    ref = reference(query, cache, step, scale)
+    truth = ground_truth(query, cache, step, scale)
     assert out.shape == query.shape and out.dtype == query.dtype
     assert ref.shape == query.shape and ref.dtype == query.dtype
     assert relative_error(ref, truth) < TOLERANCE
@@ -135,23 +152,24 @@ def test_packed_attention_matches_reference_and_ground_truth(
 
     # keys past a sequence's last query must not matter
     for slot, start, length in zip(step.slots, step.starts, step.lengths, strict=True):
-        keys[slot, :, start + length:] = 1e4
-        values[slot, :, start + length:] = 1e4
-    assert torch.equal(run_kernel(query, keys, values, step, scale, block_n), out)
+        positions = torch.arange(start + length, MAX_LEN)
+        pages = torch.from_numpy(cache.locate(np.full(len(positions), slot), positions.numpy()))
+        offsets = positions % PAGE
+        cache.keys[0][pages, :, offsets] = 1e4
+        cache.values[0][pages, :, offsets] = 1e4
+    assert torch.equal(run_kernel(query, cache, step, scale, block_n), out)
     # nor do more padding entries of a graph's fixed grids; a head-major query (a transposed view) reads the same
     strided = query.transpose(0, 1).contiguous().transpose(0, 1)
-    assert torch.equal(run_kernel(strided, keys, values, step, scale, block_n, spare_seqs=3), out)
+    assert torch.equal(run_kernel(strided, cache, step, scale, block_n, spare_seqs=3), out)
 
 
 def test_kernel_attention_reads_a_batchs_tensors() -> None:
     """What a runner hands over: a PackedBatch, its one int64 tensor of metadata split into views, padded to a
     graph's tokens and sequences; the kernel through it equals the reference through the same batch."""
     step = STEPS["both_tables"]
-    cache = SlotKVCache(num_layers=1, num_slots=8, num_kv_heads=2, head_dim=16, max_len=MAX_LEN, dtype=DTYPE,
-                        device=DEVICE)
     gen = torch.Generator().manual_seed(3)
-    keys = torch.randn(cache.keys[0].shape, generator=gen).to(DEVICE, DTYPE)
-    values = torch.randn(cache.values[0].shape, generator=gen).to(DEVICE, DTYPE)
+    cache = paged_cache(8, 2, 16, gen)
+    keys, values = cache.keys[0], cache.values[0]
     query = torch.randn(step.num_tokens, 8, 16, generator=gen).to(DEVICE, DTYPE)
     attention = packed_attention.KernelAttention(block_n=32)
     assert attention.block_q == BLOCK_Q
@@ -160,9 +178,10 @@ def test_kernel_attention_reads_a_batchs_tensors() -> None:
     assert batch.small_seq.tolist() == [0, 1, 5, -1, -1, -1, -1, -1]  # lengths 2, 1 and 2: up to SMALL_Q
     assert batch.block_seq.tolist()[:5] == [2, 3, 4, 4, -1] and batch.block_q.tolist()[:4] == [0, 0, 0, 16]
     out = attention(query, keys, values, batch, 0.25)
-    assert torch.equal(out, run_kernel(query, keys, values, step, 0.25, 32))
+    assert torch.equal(out, run_kernel(query, cache, step, 0.25, 32))
     eager = PackedBatch.of(cache, ReferenceAttention(), step.pieces)
-    assert eager.meta.numel() == PackedBatch.meta_size(step.num_tokens - step.padding, len(step.pieces), 0)
+    assert eager.meta.numel() == PackedBatch.meta_size(step.num_tokens - step.padding, len(step.pieces), 0,
+                                                       cache.pages_per_slot)
     assert relative_error(out, ReferenceAttention()(query, keys, values, eager, 0.25)) < TOLERANCE
 
 

@@ -1,6 +1,6 @@
 """One packed Thinker step (engine/runners/packed_batch.py) equals its parts: prompts and decode rows packed
 together equal each run alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a
-step padded to a graph's bucket equals the exact step, its padding written only into the scratch slot."""
+step padded to a graph's bucket equals the exact step, its padding written only into the scratch page."""
 
 from __future__ import annotations
 
@@ -39,7 +39,20 @@ def tone(seconds: float, step: float) -> np.ndarray:
 
 
 def kv_rows(runner: ThinkerRunner, slot: int, n: int) -> list[torch.Tensor]:
-    return [k[slot, :, :n].clone() for k in runner.kv.keys] + [v[slot, :, :n].clone() for v in runner.kv.values]
+    held = [runner.kv.read(slot, n, layer) for layer in range(len(runner.kv.keys))]
+    return [k for k, _ in held] + [v for _, v in held]
+
+
+def scratch_rows(runner) -> list[torch.Tensor]:
+    """The scratch page of every layer, where padding writes."""
+    page = runner.kv.scratch_page
+    return [k[page].clone() for k in runner.kv.keys] + [v[page].clone() for v in runner.kv.values]
+
+
+def untouched(runner) -> bool:
+    """No page that no slot holds was written."""
+    free = torch.tensor(runner.kv.free_pages, dtype=torch.long)
+    return all(not t[free].any() for t in (*runner.kv.keys, *runner.kv.values))
 
 
 def assert_close(got: RowOut, want: RowOut) -> None:
@@ -106,7 +119,7 @@ def test_query_blocks_cover_every_query_once() -> None:
 def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, PromptBuilder]) -> None:
     """What a graph replays (engine/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
     Triton's interpreter: the step padded to 48 tokens and 6 sequences gives the same rows, and its padding
-    writes only the scratch slot."""
+    writes only the scratch page."""
     pytest.importorskip("triton")
     from engine.accel.packed_attention import KernelAttention
 
@@ -118,7 +131,7 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, 
         runner.step([StepRow(0, a)])
         exact = runner.step([StepRow(1, b), StepRow(0, [7], len(a))])
         runner.step([StepRow(2, a)])
-        scratch = kv_rows(runner, runner.kv.scratch_slot, runner.kv.max_len)
+        scratch = scratch_rows(runner)
         pieces = [Piece(3, 0, len(b)), Piece(2, len(a), 1)]
         batch = PackedBatch.static(runner.kv, runner.attention, 48, runner.kv.num_slots)
         batch.meta.copy_(torch.from_numpy(batch.layout(pieces)))
@@ -131,6 +144,6 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, 
         for x, y in zip(kv_rows(runner, 3, len(b)), kv_rows(runner, 1, len(b)), strict=True):
             assert torch.allclose(x, y, atol=1e-5)
         assert any(not torch.equal(x, y) for x, y in
-                   zip(kv_rows(runner, runner.kv.scratch_slot, runner.kv.max_len), scratch, strict=True))
-        for slot in (4, 5):  # slots outside the step are untouched
-            assert all(not r.any() for r in kv_rows(runner, slot, runner.kv.max_len))
+                   zip(scratch_rows(runner), scratch, strict=True))
+        # slots outside the step hold no pages, and no free page was written
+        assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner)

@@ -80,9 +80,10 @@ def test_audio_tower_batched_and_padded_equals_transformers_clip_by_clip(
     assert torch.allclose(padded, together, atol=1e-4)
 
 
-def small_cache(slots: int, host_bytes: int = 0) -> PrefixCache:
+def small_cache(slots: int, host_bytes: int = 0, pages: int | None = None) -> PrefixCache:
+    """Slots of 64 positions, pages of 16: four pages a slot, and by default the pool holds them all."""
     kv = SlotKVCache(num_layers=2, num_slots=slots, num_kv_heads=1, head_dim=4, max_len=64, dtype=torch.float32,
-                     device="cpu")
+                     device="cpu", num_pages=pages, page_size=16)
     return PrefixCache(kv, PrefixCacheMetrics(CollectorRegistry()), min_tokens=4, host_bytes=host_bytes)
 
 
@@ -95,8 +96,10 @@ def counted(cache: PrefixCache) -> dict[str, float]:
 
 def keep(cache: PrefixCache, tokens: list[int], prompt_len: int | None = None) -> int:
     slot = cache.allocate()
-    for layer in cache.kv.keys:
-        layer[slot, :, : len(tokens)] = torch.tensor(tokens, dtype=torch.float32)[None, :, None]
+    assert cache.reserve(slot, len(tokens) + 16)  # its reply's room too, which keep() gives back
+    rows = torch.tensor(tokens, dtype=torch.float32)[None, :, None].expand(1, -1, 4)
+    for layer in range(len(cache.kv.keys)):
+        cache.kv.write(slot, layer, rows, -rows)
     cache.keep(Entry(slot, np.asarray(tokens), len(tokens) if prompt_len is None else prompt_len, None, None))
     return slot
 
@@ -112,7 +115,8 @@ def test_a_continuing_prompt_takes_the_slot_and_a_shared_prefix_is_copied() -> N
     shared = keep(cache, system + [1, 2, 3])
     reuse = cache.claim(np.asarray(system + [7, 7, 7, 7]), [], want_hidden=False)
     assert reuse is not None and reuse.slot != shared and reuse.length == 10 and len(cache) == 1
-    assert torch.equal(cache.kv.keys[1][reuse.slot, :, :10], cache.kv.keys[1][shared, :, :10])
+    assert all(torch.equal(x, y) for x, y in zip(cache.kv.read(reuse.slot, 10, 1), cache.kv.read(shared, 10, 1),
+                                                 strict=True))
     assert cache.claim(np.asarray([5, 6, 7, 8, 9]), [], want_hidden=False) is None  # nothing in common
 
     # a next turn that parts from the kept one inside its reply (the reply's text tokenizes otherwise)
@@ -151,13 +155,14 @@ ENTRY_BYTES = 2 * 2 * 8 * 4 * 4
 def test_a_given_back_slot_moves_to_the_host_pool_and_comes_back_whole() -> None:
     cache = small_cache(2, host_bytes=10 * ENTRY_BYTES)
     a, b = keep(cache, [1] * 8), keep(cache, [2] * 8)
-    held = [layer[a, :, :8].clone() for layer in cache.kv.keys]
+    held = [cache.kv.read(a, 8, layer) for layer in range(2)]
     cache.allocate()  # nothing free: a, the least recently kept, moves to the host
     assert set(cache.entries) == {b} and len(cache.host) == 1
     assert counted(cache) == {"slot": 0, "host": 0, "miss": 0, "to_host": 1, "dropped": 0, "bytes": ENTRY_BYTES}
     reuse = cache.claim(np.asarray([1] * 8 + [5]), [], want_hidden=False)  # a's conversation goes on
     assert reuse is not None and reuse.length == 8
-    assert all(torch.equal(layer[reuse.slot, :, :8], h) for layer, h in zip(cache.kv.keys, held, strict=True))
+    assert all(torch.equal(x, y) for layer in range(2)
+               for x, y in zip(cache.kv.read(reuse.slot, 8, layer), held[layer], strict=True))
     # it continued a's prompt, so the pool let a go (as a slot would move); its slot was b's, now in the pool
     assert set(cache.entries) == set() and [e.keys[0] for e in cache.host.values()] == [2]
     assert counted(cache) == {"slot": 0, "host": 1, "miss": 0, "to_host": 2, "dropped": 0, "bytes": ENTRY_BYTES}
@@ -180,3 +185,31 @@ def test_the_pool_drops_its_least_recently_used_past_its_bytes() -> None:
     assert counted(cache)["dropped"] == 1 and counted(cache)["bytes"] == ENTRY_BYTES
     assert cache.claim(np.asarray([1] * 8 + [5]), [], want_hidden=False) is None
     assert cache.claim(np.asarray([2] * 8 + [5]), [], want_hidden=False) is not None
+
+
+def test_kept_prefixes_give_their_pages_to_new_sequences_when_the_pool_is_short() -> None:
+    """Six pages of 16 for four slots of 64 positions: a sequence's pages come from free ones first, then from
+    kept prefixes (least recently used first, to the host pool); a running sequence's pages are never taken."""
+    cache = small_cache(4, host_bytes=10 * ENTRY_BYTES, pages=6)
+    for first_token in (1, 2):
+        keep(cache, [first_token] * 20)  # its reply's room given back: 2 pages each
+    assert cache.kv.num_free_pages == 2 and cache.can_hold(64)
+    first = cache.allocate()
+    assert cache.reserve(first, 64) and cache.kv.capacity(first) == 64  # 2 free pages and a's 2
+    assert [e.keys[0] for e in cache.entries.values()] == [2] and [e.keys[0] for e in cache.host.values()] == [1]
+    second = cache.allocate()
+    assert cache.reserve(second, 32) and not cache.entries  # b's pages
+    third = cache.allocate()
+    assert not cache.can_hold(16) and not cache.reserve(third, 16) and cache.kv.capacity(third) == 0
+    cache.kv.free(first)
+    assert cache.reserve(third, 16)
+
+
+def test_the_pool_counts_its_pages_by_holder() -> None:
+    cache = small_cache(3, pages=10)
+    keep(cache, [1] * 20)  # kept: 2 pages
+    running = cache.allocate()
+    assert cache.reserve(running, 40)  # 3 pages
+    cache.count_pages()
+    assert {h: cache.metrics.kv_pages.labels(h)._value.get() for h in ("requests", "kept", "free")} == \
+        {"requests": 3, "kept": 2, "free": 5}

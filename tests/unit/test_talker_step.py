@@ -1,6 +1,6 @@
 """One packed Talker step (engine/runners/talker.py) equals its parts: a prompt and decode rows packed together
 equal each alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a step padded to a
-graph's bucket equals the exact step, its padding written only into the scratch slot. And the stage's own
+graph's bucket equals the exact step, its padding written only into the scratch page. And the stage's own
 rules: the repetition history per slot, no codec EOS before a reply's first frame."""
 
 from __future__ import annotations
@@ -30,7 +30,20 @@ def runner_of(loaded: object, seed: int, **kwargs: object) -> TalkerRunner:
 
 
 def kv_rows(runner: TalkerRunner, slot: int, n: int) -> list[torch.Tensor]:
-    return [k[slot, :, :n].clone() for k in runner.kv.keys] + [v[slot, :, :n].clone() for v in runner.kv.values]
+    held = [runner.kv.read(slot, n, layer) for layer in range(len(runner.kv.keys))]
+    return [k for k, _ in held] + [v for _, v in held]
+
+
+def scratch_rows(runner) -> list[torch.Tensor]:
+    """The scratch page of every layer, where padding writes."""
+    page = runner.kv.scratch_page
+    return [k[page].clone() for k in runner.kv.keys] + [v[page].clone() for v in runner.kv.values]
+
+
+def untouched(runner) -> bool:
+    """No page that no slot holds was written."""
+    free = torch.tensor(runner.kv.free_pages, dtype=torch.long)
+    return all(not t[free].any() for t in (*runner.kv.keys, *runner.kv.values))
 
 
 def assert_kv_equal(runner: TalkerRunner, slot: int, other: int, n: int) -> None:
@@ -80,7 +93,7 @@ def test_a_prompt_in_pieces_with_a_decode_row_riding_equals_it_whole(loaded: obj
 def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> None:
     """What a graph replays (engine/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
     Triton's interpreter: the step padded to 32 rows gives the same outputs, and its padding writes only the
-    scratch slot."""
+    scratch page."""
     pytest.importorskip("triton")
     from engine.accel.packed_attention import KernelAttention
 
@@ -92,7 +105,7 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> No
         runner.step([TalkerRow(0, 0, first)])
         exact = runner.step([TalkerRow(1, 0, prompt), TalkerRow(0, 6, row)])
         runner.step([TalkerRow(2, 0, first)])
-        scratch = kv_rows(runner, runner.kv.scratch_slot, runner.kv.max_len)
+        scratch = scratch_rows(runner)
         batch = PackedBatch.static(runner.kv, runner.attention, 32, runner.kv.num_slots)
         batch.meta.copy_(torch.from_numpy(batch.layout([Piece(3, 0, 13), Piece(2, 6, 1)])))
         embeds = torch.randn(32, width, generator=gen)  # junk past the real rows
@@ -101,9 +114,9 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> No
         assert torch.allclose(logits[:2], exact[0], atol=1e-4) and torch.allclose(hidden[:2], exact[1], atol=1e-4)
         assert_kv_equal(runner, 3, 1, 13)
         assert any(not torch.equal(x, y) for x, y in
-                   zip(kv_rows(runner, runner.kv.scratch_slot, runner.kv.max_len), scratch, strict=True))
-        for slot in (4, 5):  # slots outside the step are untouched
-            assert all(not r.any() for r in kv_rows(runner, slot, runner.kv.max_len))
+                   zip(scratch_rows(runner), scratch, strict=True))
+        # slots outside the step hold no pages, and no free page was written
+        assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner)
 
 
 def test_repetition_history_on_the_device_follows_each_slots_reply(loaded: object) -> None:

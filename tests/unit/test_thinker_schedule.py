@@ -43,9 +43,9 @@ class FakeTokenizer:
 class FakeRunner:
     """The runner's interface without a model: every row's logits make `REPLY_TOKEN` win."""
 
-    def __init__(self, max_batch: int, max_len: int) -> None:
+    def __init__(self, max_batch: int, max_len: int, pages: int | None = None) -> None:
         self.kv = SlotKVCache(num_layers=1, num_slots=max_batch, num_kv_heads=1, head_dim=1, max_len=max_len,
-                              dtype=torch.float32, device="cpu")
+                              dtype=torch.float32, device="cpu", num_pages=pages, page_size=64)
         self.audio_token_id = AUDIO
         self.device = torch.device("cpu")
         self.steps: list[list[StepRow]] = []
@@ -104,10 +104,12 @@ class Run:
     prompts: dict[str, Prompt] = field(default_factory=dict)
 
 
-def make_stage(max_batch: int = MAX_BATCH, max_step_tokens: int = STEP_TOKENS) -> tuple[ThinkerStage, FakeRunner]:
-    """A stage that never paces its text (`text_lead` 0): it decodes whenever a reply runs."""
+def make_stage(max_batch: int = MAX_BATCH, max_step_tokens: int = STEP_TOKENS,
+               pages: int | None = None) -> tuple[ThinkerStage, FakeRunner]:
+    """A stage that never paces its text (`text_lead` 0): it decodes whenever a reply runs; `pages`: its KV
+    pool, in pages of 64 positions (by default every slot's 1024)."""
     cfg = ThinkerConfig(max_batch=max_batch, max_model_len=1024, max_step_tokens=max_step_tokens)
-    runner = FakeRunner(max_batch, max_len=1024)
+    runner = FakeRunner(max_batch, max_len=1024, pages=pages)
     stage = ThinkerStage(runner, cfg, FakeTokenizer(), {EOS}, FirstPacketPolicy(FirstPacketConfig(0), ChunkConfig()),
                          inbox=None, to_talker=lambda _: None, report=lambda _: None,
                          metrics=EngineMetrics())  # type: ignore[arg-type]
@@ -331,3 +333,25 @@ def test_a_prompt_that_fails_its_step_fails_alone() -> None:
     assert list(stage.running) == ["a", "b"] and not stage.partial and not stage.waiting
     assert [len(s.generated) for s in stage.running.values()] == [2, 2]  # the replies stepped all the same
     assert len(runner.steps[-1]) == 2
+
+
+def test_a_short_kv_pool_makes_prompts_wait_for_pages_never_fail() -> None:
+    """A pool of 16 pages (one sequence's 1024 positions) among 16 slots: each prompt of 100 tokens and its
+    reply of 20 take 2 pages, so at most 8 run at once; the rest wait for pages, in order, and all finish."""
+    stage, runner = make_stage(pages=16)
+    rng = random.Random(1)
+    prompts = [Prompt(f"r{i}", [rng.randrange(10, VOCAB) for _ in range(100)], 0, 20) for i in range(20)]
+    for prompt in prompts:
+        stage.accept(prompt.admitted(want_audio=False))
+    began: list[str] = []
+    for _ in range(500):
+        if not stage.has_work():
+            break
+        stage.step()
+        held = sum(runner.kv.capacity(s) for s in range(runner.kv.num_slots)) // 64
+        assert held <= 16 and len(stage.running) + len(stage.partial) <= 8
+        began += [r for r in stage.running if r not in began]
+    assert began == [p.request_id for p in prompts]  # first come, first served
+    assert not stage.running and not stage.waiting and not stage.partial
+    # finished replies keep their prefixes in the pages they used, nothing more
+    assert all(runner.kv.capacity(e.slot) == 128 for e in stage.cache.entries.values())
