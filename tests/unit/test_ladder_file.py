@@ -16,6 +16,7 @@ from bench.config import with_overrides
 from bench.ladder import replot_ladder, row_summary, write_ladder
 from bench.rounds import round_order, summarize_rounds
 from bench.server import ServerProcess
+from engine.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -30,22 +31,25 @@ def _ladder(tmp_path: Path, text: str) -> Path:
 def test_shipped_ladders_parse() -> None:
     h200 = load_ladder(REPO / "benchmarks/h200/ladder.yaml")
     assert [r.name for r in h200.rows] == ["baseline", "eager", "triton-kernels", "cuda-graphs", "first-packet",
-                                          "engine-process", "gpu-profile"]
+                                          "engine-process", "gpu-profile", "fp8-experts", "batch-128"]
     assert (h200.model, h200.base) == ("dummy", Path("configs/qwen3_omni_moe.yaml"))
     assert (REPO / h200.base).is_file()
     assert h200.profile["load_format"] == "dummy" and h200.profile["stages"]["talker"]["max_frames"] == 125
     assert h200.bench == {"concurrency": [1, 16, 32, 64], "prompt_tokens": [32], "max_tokens": 40, "warmup": 2,
                           "timeout": 60.0, "client_processes": 4}
     assert h200.rows[0].profile["backend"] == "transformers_generate" and h200.rows[0].bench["concurrency"] == [1]
-    # each row from eager on turns one switch back on; the last is the profile as shipped
+    # each row from eager on turns one switch back on; gpu-profile is the profile as shipped, and the rows after
+    # it are choices over it
     deltas = [h200.row_profile(r) for r in h200.rows]
     changed = [sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) for a, b in itertools.pairwise(deltas[1:])]
     assert changed[:4] == [["kernels"], ["cuda_graphs"], ["async_chunk", "first_packet"], ["engine"]]
-    assert h200.rows[-1].profile == {} and deltas[-1] == h200.profile
+    assert h200.rows[6].profile == {} and deltas[6] == h200.profile
+    assert changed[5:] == [["quantization"], ["stages"]]
     for row in h200.rows:
         args = h200.serve_args(row)
         assert args[:3] == ["dummy", "--deploy-config", "configs/qwen3_omni_moe.yaml"] and args[3] == "--overrides"
         assert json.loads(args[4]) == h200.row_profile(row)
+        load_profile(REPO / h200.base, model="dummy", platform="cuda", overrides=h200.row_profile(row))  # valid
 
     ray = load_ladder(REPO / "benchmarks/cpu-tiny/ray/ladder.yaml")
     assert [r.name for r in ray.rows] == ["in-process", "engine-process", "ray-one-replica"]
