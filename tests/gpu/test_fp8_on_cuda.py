@@ -30,28 +30,9 @@ def test_the_kernels_on_fp8_experts_at_full_size(num_tokens: int, experts: int, 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_an_fp8_engine_on_cuda_equals_generate(tiny_checkpoint: Path, cache_dir: Path) -> None:
-    import asyncio
+    from tests.unit.test_fp8 import check_fp8_engine_equals_generate
 
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    from tests.equivalence import assert_equals_generate
-    from tests.unit.test_vision import CONVERSATIONS, _engine, _reply
-
-    async def run():
-        engine = _engine(cache_dir, "cuda", {"kernels": "triton", "cuda_graphs": True, "quantization": "fp8"})
-        await engine.start()
-        try:
-            messages = CONVERSATIONS["text only"]
-            return engine.admission.prompts.build(messages), await _reply(engine, "fp8", messages)
-        finally:
-            await engine.stop()
-
-    prompt, (tokens, audio, _) = asyncio.run(run())
-    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to("cuda").eval()
-    for stage in (reference.thinker, reference.talker):
-        fp8.quantize_experts(stage)
-        fp8.dequantize_experts(stage, torch.float32)
-    assert_equals_generate(reference, "cuda", prompt.token_ids, tokens, audio)
+    check_fp8_engine_equals_generate(tiny_checkpoint, cache_dir, "cuda", {"kernels": "triton", "cuda_graphs": True})
 
 
 def test_the_accuracy_report_with_the_kernels(tiny_checkpoint: Path) -> None:

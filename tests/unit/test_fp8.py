@@ -83,19 +83,16 @@ def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block
     assert out.dtype == DTYPE and error < (2e-2 if DTYPE == torch.bfloat16 else 1e-5)
 
 
-@pytest.mark.filterwarnings("ignore:Passing `repetition_penalty`:UserWarning")
-def test_an_engine_on_fp8_experts_equals_generate_on_the_weights_they_stand_for(tiny_checkpoint, cache_dir) -> None:
-    """`quantization: fp8` end to end (the kernels in Triton's interpreter on a CPU): the tokens and speech that
-    transformers' generate() makes with the dequantized experts, in float32."""
-    if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("Triton on a CPU: interpreter only")
+def check_fp8_engine_equals_generate(tiny_checkpoint, cache_dir, device: str, top: dict) -> None:
+    """A reply of an engine on FP8 experts (profile keys `top` beside `quantization: fp8`) equals the tokens and
+    speech of transformers' generate() on the weights they stand for, dequantized, in float32."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     from tests.equivalence import assert_equals_generate
     from tests.unit.test_vision import CONVERSATIONS, _engine, _reply
 
     async def run():
-        engine = _engine(cache_dir, top={"kernels": "triton", "quantization": "fp8"})
+        engine = _engine(cache_dir, device, {**top, "quantization": "fp8"})
         await engine.start()
         try:
             messages = CONVERSATIONS["text only"]
@@ -103,12 +100,20 @@ def test_an_engine_on_fp8_experts_equals_generate_on_the_weights_they_stand_for(
         finally:
             await engine.stop()
 
-    prompt, (tokens, audio, finished) = asyncio.run(run())
-    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).eval()
+    prompt, (tokens, audio, _) = asyncio.run(run())
+    reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for stage in (reference.thinker, reference.talker):
         fp8.quantize_experts(stage)
         fp8.dequantize_experts(stage, torch.float32)
-    assert_equals_generate(reference, "cpu", prompt.token_ids, tokens, audio)
+    assert_equals_generate(reference, device, prompt.token_ids, tokens, audio)
+
+
+@pytest.mark.filterwarnings("ignore:Passing `repetition_penalty`:UserWarning")
+def test_an_engine_on_fp8_experts_equals_generate_on_the_weights_they_stand_for(tiny_checkpoint, cache_dir) -> None:
+    """`quantization: fp8` end to end, the kernels in Triton's interpreter."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on a CPU: interpreter only (the GPU lane runs it compiled)")
+    check_fp8_engine_equals_generate(tiny_checkpoint, cache_dir, "cpu", {"kernels": "triton"})
 
 
 def test_fp8_needs_the_triton_kernels() -> None:

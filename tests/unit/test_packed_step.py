@@ -16,6 +16,7 @@ from engine.prompt import Prompt, PromptBuilder
 from engine.runners.packed_batch import PackedBatch, Piece, query_blocks
 from engine.runners.thinker import RowOut, StepRow, ThinkerRunner
 from engine.weights.checkpoint import load_stage
+from tests.unit.kv_views import kv_rows, scratch_rows, untouched
 
 
 @pytest.fixture(scope="module")
@@ -36,23 +37,6 @@ def whole(slot: int, prompt: Prompt) -> StepRow:
 
 def tone(seconds: float, step: float) -> np.ndarray:
     return (0.2 * np.sin(np.arange(int(16_000 * seconds)) * step)).astype(np.float32)
-
-
-def kv_rows(runner: ThinkerRunner, slot: int, n: int) -> list[torch.Tensor]:
-    held = [runner.kv.read(slot, n, layer) for layer in range(len(runner.kv.keys))]
-    return [k for k, _ in held] + [v for _, v in held]
-
-
-def scratch_rows(runner) -> list[torch.Tensor]:
-    """The scratch page of every layer, where padding writes."""
-    page = runner.kv.scratch_page
-    return [k[page].clone() for k in runner.kv.keys] + [v[page].clone() for v in runner.kv.values]
-
-
-def untouched(runner) -> bool:
-    """No page that no slot holds was written."""
-    free = torch.tensor(runner.kv.free_pages, dtype=torch.long)
-    return all(not t[free].any() for t in (*runner.kv.keys, *runner.kv.values))
 
 
 def assert_close(got: RowOut, want: RowOut) -> None:
@@ -83,7 +67,7 @@ def test_a_packed_step_equals_its_prefills_and_decodes_run_alone(parts: tuple[ob
             assert_close(got, want)
         # every position written holds what running alone wrote
         for together, apart, n in ((0, 3, n0 + 1), (1, 4, n1 + 1), (2, 5, len(prompts[2].token_ids))):
-            for a, b in zip(kv_rows(runner, together, n), kv_rows(runner, apart, n), strict=True):
+            for a, b in zip(kv_rows(runner.kv, together, n), kv_rows(runner.kv, apart, n), strict=True):
                 assert torch.allclose(a, b, atol=1e-5)
 
 
@@ -131,7 +115,7 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, 
         runner.step([StepRow(0, a)])
         exact = runner.step([StepRow(1, b), StepRow(0, [7], len(a))])
         runner.step([StepRow(2, a)])
-        scratch = scratch_rows(runner)
+        scratch = scratch_rows(runner.kv)
         pieces = [Piece(3, 0, len(b)), Piece(2, len(a), 1)]
         batch = PackedBatch.static(runner.kv, runner.attention, 48, runner.kv.num_slots)
         batch.meta.copy_(torch.from_numpy(batch.layout(pieces)))
@@ -141,9 +125,9 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, 
         assert torch.allclose(logits[0], exact[0].logits, atol=1e-4)
         assert torch.allclose(logits[1], exact[1].logits, atol=1e-4)
         assert torch.allclose(hidden[: len(b)], exact[0].hidden, atol=1e-4)
-        for x, y in zip(kv_rows(runner, 3, len(b)), kv_rows(runner, 1, len(b)), strict=True):
+        for x, y in zip(kv_rows(runner.kv, 3, len(b)), kv_rows(runner.kv, 1, len(b)), strict=True):
             assert torch.allclose(x, y, atol=1e-5)
         assert any(not torch.equal(x, y) for x, y in
-                   zip(scratch_rows(runner), scratch, strict=True))
+                   zip(scratch_rows(runner.kv), scratch, strict=True))
         # slots outside the step hold no pages, and no free page was written
-        assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner)
+        assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner.kv)

@@ -14,6 +14,7 @@ import torch
 from engine.runners.packed_batch import PackedBatch, Piece
 from engine.runners.talker import TalkerRow, TalkerRunner
 from engine.weights.checkpoint import load_stage
+from tests.unit.kv_views import kv_rows, scratch_rows, untouched
 
 WIDTH = 64  # the tiny Thinker's hidden size
 
@@ -29,25 +30,8 @@ def runner_of(loaded: object, seed: int, **kwargs: object) -> TalkerRunner:
                         max_batch=6, max_len=128, **kwargs)
 
 
-def kv_rows(runner: TalkerRunner, slot: int, n: int) -> list[torch.Tensor]:
-    held = [runner.kv.read(slot, n, layer) for layer in range(len(runner.kv.keys))]
-    return [k for k, _ in held] + [v for _, v in held]
-
-
-def scratch_rows(runner) -> list[torch.Tensor]:
-    """The scratch page of every layer, where padding writes."""
-    page = runner.kv.scratch_page
-    return [k[page].clone() for k in runner.kv.keys] + [v[page].clone() for v in runner.kv.values]
-
-
-def untouched(runner) -> bool:
-    """No page that no slot holds was written."""
-    free = torch.tensor(runner.kv.free_pages, dtype=torch.long)
-    return all(not t[free].any() for t in (*runner.kv.keys, *runner.kv.values))
-
-
 def assert_kv_equal(runner: TalkerRunner, slot: int, other: int, n: int) -> None:
-    for x, y in zip(kv_rows(runner, slot, n), kv_rows(runner, other, n), strict=True):
+    for x, y in zip(kv_rows(runner.kv, slot, n), kv_rows(runner.kv, other, n), strict=True):
         assert torch.allclose(x, y, atol=1e-5)
 
 
@@ -105,7 +89,7 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> No
         runner.step([TalkerRow(0, 0, first)])
         exact = runner.step([TalkerRow(1, 0, prompt), TalkerRow(0, 6, row)])
         runner.step([TalkerRow(2, 0, first)])
-        scratch = scratch_rows(runner)
+        scratch = scratch_rows(runner.kv)
         batch = PackedBatch.static(runner.kv, runner.attention, 32, runner.kv.num_slots)
         batch.meta.copy_(torch.from_numpy(batch.layout([Piece(3, 0, 13), Piece(2, 6, 1)])))
         embeds = torch.randn(32, width, generator=gen)  # junk past the real rows
@@ -114,9 +98,9 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> No
         assert torch.allclose(logits[:2], exact[0], atol=1e-4) and torch.allclose(hidden[:2], exact[1], atol=1e-4)
         assert_kv_equal(runner, 3, 1, 13)
         assert any(not torch.equal(x, y) for x, y in
-                   zip(scratch_rows(runner), scratch, strict=True))
+                   zip(scratch_rows(runner.kv), scratch, strict=True))
         # slots outside the step hold no pages, and no free page was written
-        assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner)
+        assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner.kv)
 
 
 def test_repetition_history_on_the_device_follows_each_slots_reply(loaded: object) -> None:
