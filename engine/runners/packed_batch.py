@@ -163,6 +163,8 @@ class ReferenceAttention:
 
     block_q = 0
 
+    # never compiled: it reads the cache's host page table, which would guard a compiled layer on an array
+    @torch.compiler.disable
     def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
                  scale: float) -> torch.Tensor:
         assert batch.pieces is not None, "reference attention runs eagerly"

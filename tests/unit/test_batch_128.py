@@ -30,14 +30,14 @@ def _engine(cache_dir: Path):
                            stage_overrides={
                                "thinker": {**on, "max_model_len": 512, "kv_cache_tokens": REPLIES * 512 // 4,
                                            "max_step_tokens": 2048},
-                               "talker": {**on, "max_frames": 8, "sampling": GREEDY, "code_sampling": GREEDY},
+                               "talker": {**on, "max_frames": 4, "sampling": GREEDY, "code_sampling": GREEDY},
                                "code2wav": on})
     return create_engine("tiny", profile, cache_dir)
 
 
 async def _reply(engine, rid: str) -> tuple[int, int, Finished | Failed | None]:
     stream = await engine.submit(EngineRequest(rid, (Message("user", (TextPart(f"Question number {rid}?"),)),), True,
-                                               "ethan", SamplingParams(max_tokens=6, temperature=0)))
+                                               "ethan", SamplingParams(max_tokens=3, temperature=0)))
     tokens = samples = 0
     finished = None
     async for event in stream:
@@ -64,4 +64,4 @@ def test_128_replies_at_once_share_the_kv_pool(cache_dir: Path) -> None:
     assert len(first) == REPLIES
     for tokens, samples, finished in (*first, *second):
         assert isinstance(finished, Finished), finished
-        assert tokens == 6 and samples > 0
+        assert tokens == 3 and samples > 0
