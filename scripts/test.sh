@@ -46,4 +46,5 @@ pip install -e '.[dev]'
 pip install --no-deps --require-hashes -r requirements-assistant.txt
 checks
 bash scripts/docker_ci.sh  # builds the CPU image that tests/integration/test_docker_image.py starts
-exec python -m pytest "$@"
+# the slowest tests named at the end: the lane's time is a budget (a fresh clone within ~25 minutes)
+exec python -m pytest --durations=15 "$@"
