@@ -17,8 +17,10 @@ be measured anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -104,15 +106,15 @@ def _prompt_ids(source: ModelSource) -> list[int]:
     return AutoTokenizer.from_pretrained(source.path).encode(PROMPT, add_special_tokens=False)
 
 
-class _exact_float32:
+@contextlib.contextmanager
+def _exact_float32() -> Iterator[None]:
     """The reference in float32 proper: no TF32 matmuls on a GPU."""
-
-    def __enter__(self) -> None:
-        self._saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-
-    def __exit__(self, *exc: object) -> None:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._saved
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _greedy(thinker: Any, prompt: list[int], steps: int, device: str) -> torch.Tensor:

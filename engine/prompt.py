@@ -159,26 +159,25 @@ class PromptBuilder:
                     num_pads = audio_output_frames(mel.shape[-1], self.n_window)
                     audio_tokens += num_pads
                     ids += self._encode(AUDIO_START + AUDIO_PAD * num_pads + AUDIO_END)
-                elif isinstance(part, VideoPart) and part.audio is not None:
-                    if message.role != "user":
-                        raise EngineError(f"images and videos go in user messages, not in a {message.role} message")
-                    key, mel = self._clip(part.audio)
-                    features.append(mel)
-                    keys.append(key)
-                    image = self._video(part, sound=(key, audio_output_frames(mel.shape[-1], self.n_window)))
-                    audio_tokens += image.audio_tokens
-                    ids += self._encode(VISION_START + AUDIO_START)
-                    frames = video_layout(image.grid, image.merge)
-                    image_spans.append((len(ids), len(ids) + len(frames)))
-                    ids += self._encode("".join(VIDEO_PAD if f else AUDIO_PAD for f in frames) + AUDIO_END + VISION_END)
-                    images.append(image)
                 elif isinstance(part, ImagePart | VideoPart):
                     if message.role != "user":  # the Talker reads images from user turns only, as the model does
                         raise EngineError(f"images and videos go in user messages, not in a {message.role} message")
-                    image = self._image(part.pixels) if isinstance(part, ImagePart) else self._video(part)
-                    ids += self._encode(VISION_START)
-                    image_spans.append((len(ids), len(ids) + image.tokens))
-                    ids += self._encode((VIDEO_PAD if image.is_video else IMAGE_PAD) * image.tokens + VISION_END)
+                    if isinstance(part, VideoPart) and part.audio is not None:  # frames and sound, by time
+                        key, mel = self._clip(part.audio)
+                        features.append(mel)
+                        keys.append(key)
+                        image = self._video(part, sound=(key, audio_output_frames(mel.shape[-1], self.n_window)))
+                        audio_tokens += image.audio_tokens
+                        frames = video_layout(image.grid, image.merge)
+                        ids += self._encode(VISION_START + AUDIO_START)
+                        image_spans.append((len(ids), len(ids) + len(frames)))
+                        ids += self._encode("".join(VIDEO_PAD if f else AUDIO_PAD for f in frames) + AUDIO_END
+                                            + VISION_END)
+                    else:
+                        image = self._image(part.pixels) if isinstance(part, ImagePart) else self._video(part)
+                        ids += self._encode(VISION_START)
+                        image_spans.append((len(ids), len(ids) + image.tokens))
+                        ids += self._encode((VIDEO_PAD if image.is_video else IMAGE_PAD) * image.tokens + VISION_END)
                     images.append(image)
             has_text = any(isinstance(p, TextPart) and p.text for p in message.content)
             for k, call in enumerate(message.tool_calls):

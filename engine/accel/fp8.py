@@ -12,12 +12,9 @@ at load, so a benchmark reads what a real FP8 checkpoint would hold.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
-
-log = logging.getLogger(__name__)
 
 BLOCK = 128
 E4M3_MAX = 448.0

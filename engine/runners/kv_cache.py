@@ -4,8 +4,8 @@ Each request holds a slot from its first prompt piece to its finish; a slot hold
 positions each, out of one pool shared by all slots. A slot takes pages as its positions are written, and
 the Thinker's stage reserves a prompt's and its longest reply's when it starts (engine/stages/thinker.py), so
 memory follows what the conversations hold rather than `num_slots x max_len`: the pool's size (`num_pages`)
-is the budget, and a slot can still grow to `max_len`. A forward over any set of slots, each at its own position, goes
-through a packed batch (engine/runners/packed_batch.py), which the model's attention layers call as their
+is the budget, and a slot can still grow to `max_len`. A forward over any set of slots, each at its own
+position, goes through a packed batch (engine/runners/packed_batch.py), which the model's attention layers call as their
 `cache`; it carries each sequence's page list, so nothing on the device changes when pages move.
 """
 
@@ -65,9 +65,11 @@ class SlotKVCache:
 
     @classmethod
     def for_decoder(cls, config: Any, *, num_slots: int, max_len: int, dtype: torch.dtype,
-                    device: torch.device | str, num_pages: int | None = None) -> SlotKVCache:
-        """The cache of a transformers decoder with `config` (its layers, KV heads and head size)."""
+                    device: torch.device | str, pool_positions: int = 0) -> SlotKVCache:
+        """The cache of a transformers decoder with `config` (its layers, KV heads and head size); `pool_positions`:
+        the pool's size in positions (0: every slot its `max_len`)."""
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        num_pages = -(-pool_positions // PAGE_SIZE) if pool_positions else None
         return cls(num_layers=config.num_hidden_layers, num_slots=num_slots, num_kv_heads=config.num_key_value_heads,
                    head_dim=head_dim, max_len=max_len, dtype=dtype, device=device, num_pages=num_pages)
 

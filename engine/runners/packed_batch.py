@@ -215,9 +215,9 @@ def _layout(cache: SlotKVCache, block_q: int, tokens: int, seqs: int, pieces: li
     q0 = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if pieces else lengths
     pad_tokens, pad_seqs = tokens - used, seqs - len(pieces)
     starts = np.array([p.start for p in pieces], dtype=np.int64)
-    token_pos = np.concatenate([np.arange(used) - np.repeat(q0 - starts, lengths), np.zeros(pad_tokens)])
+    token_pos = np.concatenate([np.arange(used) - np.repeat(q0 - starts, lengths), np.zeros(pad_tokens, np.int64)])
     slots = np.array([p.slot for p in pieces], dtype=np.int64)
-    token_page = np.concatenate([cache.locate(np.repeat(slots, lengths), token_pos[:used].astype(np.int64)),
+    token_page = np.concatenate([cache.locate(np.repeat(slots, lengths), token_pos[:used]),
                                  np.full(pad_tokens, cache.scratch_page)])
     fill = np.zeros(pad_seqs, dtype=np.int64)
     last = np.concatenate([np.maximum(q0 + lengths - 1, 0), fill])

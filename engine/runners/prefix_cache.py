@@ -96,17 +96,19 @@ class PrefixCache:
             self._evict()
         return self.kv.allocate()
 
+    def _kept_pages(self) -> int:
+        return int(self.kv.held[list(self.entries)].sum())
+
     def count_pages(self) -> None:
         """The pool's pages by holder, into /metrics."""
-        kept = sum(int(self.kv.held[slot]) for slot in self.entries)
+        kept = self._kept_pages()
         free = self.kv.num_free_pages
         for holder, n in (("requests", self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):
             self.metrics.kv_pages.labels(holder).set(n)
 
     def can_hold(self, length: int) -> bool:
         """Whether a new sequence of `length` positions can have its pages, kept prefixes given up for them."""
-        kept = sum(int(self.kv.held[slot]) for slot in self.entries)
-        return self.kv.pages_for(length) <= self.kv.num_free_pages + kept
+        return self.kv.pages_for(length) <= self.kv.num_free_pages + self._kept_pages()
 
     def reserve(self, slot: int, length: int, *, spare: int | None = None) -> bool:
         """Pages for positions [0, length) of `slot`, kept prefixes given up for them least recently used first

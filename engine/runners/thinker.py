@@ -20,7 +20,7 @@ import torch
 
 from engine.cold_work import ColdWork
 from engine.runners.audio_encoder import AudioEncoder
-from engine.runners.kv_cache import PAGE_SIZE, SlotKVCache, cache_kwarg
+from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.vision_tower import VisionRows, VisionTower
@@ -97,7 +97,7 @@ class ThinkerRunner:
         param = next(thinker.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.kv = SlotKVCache.for_decoder(text_config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
-                                          device=self.device, num_pages=-(-kv_tokens // PAGE_SIZE) if kv_tokens else None)
+                                          device=self.device, pool_positions=kv_tokens)
         self._cache_kw = cache_kwarg(self.text_model)
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)
