@@ -56,6 +56,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 # turn it holds open ends only once this much silence has arrived (its longest wait is 4 s at eagerness auto).
 AFTER_SPEECH_S = 4.5
 _LIVE_CHUNK_S = 0.02  # a microphone's 20 ms frames
+# Words a reply must hold to count as an answer: an unseeded reply to the question can be as short as "Paris, France"
+ENOUGH_WORDS = 2
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,8 @@ def ears() -> WhisperEars:
 
 
 def alphabetic(text: str) -> list[str]:
-    return [w for w in words(text) if w.isalpha()]
+    """The words of `text` made of letters (an apostrophe inside one too: "it's", "L'Alma")."""
+    return [w for w in words(text) if w.replace("'", "").isalpha()]
 
 
 async def append_live(conn, samples: np.ndarray) -> None:
@@ -135,7 +138,7 @@ async def test_server_vad_ends_spoken_questions_and_the_replies_are_heard_as_the
     assert "sea" in words(heard_sea.transcript), heard_sea.transcript
 
     said, audio = reply_of(capital)
-    assert len(alphabetic(said)) >= 3, said
+    assert len(alphabetic(said)) >= ENOUGH_WORDS, said
     said_sea, audio_sea = reply_of(about_sea)
     heard_back = ears.transcribe_many([resample(a, RATE, 16_000) for a in (audio, audio_sea)])
     (e1, n1), (e2, n2) = edits(said, heard_back[0]), edits(said_sea, heard_back[1])
@@ -161,7 +164,7 @@ async def test_a_streamed_chat_reply_equals_the_one_shot_reply(assistant_server:
                 finish_reasons.append(chunk.choices[0].finish_reason)
         whole = await client.chat.completions.create(**ask)
     streamed = b"".join(pieces)
-    assert len(finish_reasons) == 1 and len(alphabetic(transcript)) >= 3, transcript
+    assert len(finish_reasons) == 1 and len(alphabetic(transcript)) >= ENOUGH_WORDS, transcript
     assert whole.choices[0].finish_reason == finish_reasons[0]
     assert whole.choices[0].message.audio is not None
     assert whole.choices[0].message.audio.transcript == transcript
@@ -200,7 +203,7 @@ async def test_a_livekit_realtime_session_answers_a_spoken_question(
             await session.aclose()
             await model.aclose()
     assert not spoken.user_initiated  # the server's turn detection made it
-    assert frames > 0 and len(alphabetic(text)) >= 3, text
+    assert frames > 0 and len(alphabetic(text)) >= ENOUGH_WORDS, text
     assert {"capital", "france"} <= set(words(transcript.transcript)), transcript.transcript
     assert errors == []
 
@@ -262,7 +265,7 @@ async def test_a_pipecat_pipeline_answers_a_spoken_question(assistant_server: Se
         await end_pipeline(worker, running)
     (_, greeting_frames), (answer, answer_frames) = replies.replies[:2]
     assert greeting_frames > 0 and answer_frames > 0, replies.replies
-    assert len(alphabetic(answer)) >= 3, replies.replies
+    assert len(alphabetic(answer)) >= ENOUGH_WORDS, replies.replies
     assert {"capital", "france"} <= set(words(replies.transcripts[0])), replies.transcripts
     assert speaker.audio_frames >= greeting_frames + answer_frames  # the audio went on down the pipeline
     assert seen.errors == []
