@@ -93,7 +93,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="only plot these bench JSONs into {out-dir}/compare.png; sends no traffic")
     add("--ladder", type=Path, metavar="YAML", default=None,
         help="start one server per row of this file, sweep each, write {out-dir}/<row>.json, ladder.json and figures")
-    add("--rows", type=_csv(str), default=None, metavar="NAMES", help="with --ladder: run only these rows")
+    add("--rows", type=_csv(str), default=None, metavar="NAMES", help="with --ladder: run (or --replot) only these rows")
     add("--repeats", type=_at_least(1), default=None, metavar="N",
         help="with --ladder: N rounds of every row, in turn (default 1)")
     add("--held", action="store_true",
@@ -271,7 +271,7 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
         try:
             ladder = load_ladder(args.ladder)
             if args.replot:
-                rounds = replot_ladder(ladder, config.out_dir, shlex.join(argv))
+                rounds = replot_ladder(ladder, config.out_dir, shlex.join(argv), only=args.rows)
             else:
                 rounds = run_ladder(ladder, config, cli_sweep(args), config.out_dir,
                                     startup_timeout_s=args.startup_timeout, only=args.rows, repeats=args.repeats,

@@ -40,7 +40,7 @@ import re
 import shlex
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -221,9 +221,7 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
     round in `round_order`, on fresh servers or, `held`, on servers kept for the whole run
     (bench/rows.py); returns each round's ladder.json summaries, in the ladder's order."""
     console = console or Console(stderr=True)
-    if only and (missing := sorted(set(only) - {r.name for r in ladder.rows})):
-        raise BenchError(f"--rows: no row named {missing[0]!r} in {ladder.path}")
-    rows = [r for r in ladder.rows if only is None or r.name in only]
+    rows = _select(ladder, only).rows
     count = repeats or 1
     sweep = with_overrides(base, ladder.bench, cli_sweep)
     configs = {row.name: with_overrides(sweep, row.bench) for row in rows}
@@ -238,6 +236,15 @@ def run_ladder(ladder: Ladder, base: BenchConfig, cli_sweep: dict[str, Any], out
             rounds.append(_round(ladder, rows, k, count, configs, servers, kept, out_dir, machine, commit, console))
     write_ladder(ladder, rounds, out_dir, command=shlex.join(base.argv), machine=machine, commit=commit)
     return rounds
+
+
+def _select(ladder: Ladder, only: list[str] | None) -> Ladder:
+    """The ladder with only the rows named in `only` (all when None), in the file's order."""
+    if only is None:
+        return ladder
+    if missing := sorted(set(only) - {r.name for r in ladder.rows}):
+        raise BenchError(f"--rows: no row named {missing[0]!r} in {ladder.path}")
+    return replace(ladder, rows=[r for r in ladder.rows if r.name in only])
 
 
 def _round(ladder: Ladder, rows: list[LadderRow], k: int, count: int, configs: dict[str, BenchConfig],
@@ -263,11 +270,12 @@ def _round(ladder: Ladder, rows: list[LadderRow], k: int, count: int, configs: d
     return [summaries[row.name] for row in rows]
 
 
-def replot_ladder(ladder: Ladder, out_dir: Path, command: str) -> list[list[dict[str, Any]]]:
+def replot_ladder(ladder: Ladder, out_dir: Path, command: str, *,
+                  only: list[str] | None = None) -> list[list[dict[str, Any]]]:
     """ladder.json and the figures again from the DIR/<row>.json files there (rows measured in
-    separate runs, e.g. a few rows at a time); a row without its file is listed as missing. Returns
-    the one round's summaries, as `run_ladder` returns its rounds'."""
-    summaries, machine = _read_rows(ladder, out_dir)
+    separate runs, e.g. a few rows at a time): every row, or those named in `only`; a row without its
+    file is listed as missing. Returns the one round's summaries, as `run_ladder` returns its rounds'."""
+    summaries, machine = _read_rows(_select(ladder, only), out_dir)
     write_ladder(ladder, [summaries], out_dir, command=command, machine=machine or {}, commit=git_commit())
     return [summaries]
 

@@ -180,6 +180,13 @@ rows:
                              "at_max_concurrency.png"]
     for name in data["plots"]:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
+    # rows measured apart as a ladder of their own: only those, in the file's order
+    [rows] = replot_ladder(ladder, tmp_path, "voice-gateway bench --ladder x --rows fast,slow --replot",
+                           only=["fast", "slow"])
+    assert [r["name"] for r in rows] == ["slow", "fast"]
+    assert [r["name"] for r in json.loads((tmp_path / "ladder.json").read_text())["rows"]] == ["slow", "fast"]
+    with pytest.raises(BenchError, match="no row named 'quick'"):
+        replot_ladder(ladder, tmp_path, "x", only=["quick"])
 
 
 def _row(name: str, levels: list[dict], status: str = "ok", cpu_s: dict[str, float] | None = None,
