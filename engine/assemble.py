@@ -182,6 +182,11 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
             started = time.perf_counter()
             count = thinker_runner.audio.warm_up()
             log.info("thinker: audio tower warmed at %d chunk counts in %.1f s", count, time.perf_counter() - started)
+            if triton:
+                started = time.perf_counter()
+                count = thinker_runner.warm_eager()
+                log.info("thinker: eager steps (images) warmed in %d steps in %.1f s", count,
+                         time.perf_counter() - started)
     _log_memory("the thinker (weights, KV, graphs)", tk.device)
     stages: list[Stage] = []
     to_talker = _route(talker_inboxes, lambda item: isinstance(item, ThinkerDone), routers) if has_talker else _no_talker

@@ -106,13 +106,11 @@ class PackedBatch:
         self.blocks = num_blocks(tokens, seqs, attention.block_q)
         self.meta = meta
         self.pieces = pieces
-        small = seqs if attention.block_q else 0
-        pages = cache.pages_per_slot
-        sizes = [tokens, tokens, tokens, seqs, seqs, seqs, seqs, small, self.blocks, self.blocks, 3 * tokens,
-                 seqs * pages]
+        sizes = _part_sizes(tokens, seqs, attention.block_q, cache.pages_per_slot)
         (self.token_page, self.token_offset, self.token_pos, self.seq_start, self.seq_q0, self.seq_len, self.last,
-         self.small_seq, self.block_seq, self.block_q, self.rope, seq_pages) = meta.split(sizes)
-        self.seq_pages = seq_pages.view(seqs, pages)
+         self.small_seq, self.block_seq, self.block_q, self.rope, seq_pages) = (
+            part[:n] for part, n in zip(meta.split([_aligned(n) for n in sizes]), sizes, strict=True))
+        self.seq_pages = seq_pages.view(seqs, cache.pages_per_slot)
 
     @classmethod
     def static(cls, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int) -> PackedBatch:
@@ -131,8 +129,7 @@ class PackedBatch:
 
     @staticmethod
     def meta_size(tokens: int, seqs: int, block_q: int, pages_per_slot: int) -> int:
-        tables = seqs + 2 * num_blocks(tokens, seqs, block_q) if block_q else 0
-        return 6 * tokens + 4 * seqs + tables + seqs * pages_per_slot
+        return sum(_aligned(n) for n in _part_sizes(tokens, seqs, block_q, pages_per_slot))
 
     def layout(self, pieces: list[Piece]) -> np.ndarray:
         """`meta`'s contents for these pieces, padded to this batch's tokens and sequences."""
@@ -230,4 +227,20 @@ def _layout(cache: SlotKVCache, block_q: int, tokens: int, seqs: int, pieces: li
         if p.rope is not None:
             rope[:, q : q + p.length] = p.rope
     parts += [rope.reshape(-1), cache.page_table(slots, pad_to=seqs).reshape(-1)]
-    return np.concatenate(parts).astype(np.int64)
+    return np.concatenate([np.pad(np.asarray(part, dtype=np.int64), (0, _aligned(part.size) - part.size))
+                           for part in parts])
+
+
+# Triton compiles a kernel once per alignment of its pointer arguments (16 bytes or not): with every part
+# of `meta` starting on 16 bytes, an eager step of any size runs the variant compiled at start-up.
+_ALIGN = 16 // 8  # int64s
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _part_sizes(tokens: int, seqs: int, block_q: int, pages_per_slot: int) -> list[int]:
+    """The lengths of `meta`'s parts, in order (each stored from a 16-byte boundary)."""
+    small, blocks = (seqs, num_blocks(tokens, seqs, block_q)) if block_q else (0, 0)
+    return [tokens, tokens, tokens, seqs, seqs, seqs, seqs, small, blocks, blocks, 3 * tokens, seqs * pages_per_slot]

@@ -2,7 +2,8 @@
 after what their slot holds) and replies' next tokens (engine/runners/packed_batch.py).
 
 A step with images in it runs eagerly: the vision tower's "deepstack" rows are added inside the first decoder
-layers at the images' places, which the captured steps have no input for.
+layers at the images' places, which the captured steps have no input for. Its kernels are met once at start-up
+(`warm_eager`).
 
 Owns the Thinker model and its KV cache. Scheduling lives in `engine/stages/thinker.py`.
 The Thinker stays behind this small interface (a step of rows in, rows out) so another
@@ -139,6 +140,21 @@ class ThinkerRunner:
             outs.append(RowOut(logits[b], embeds[first:end], hidden[first:end]))
             first = end
         return outs
+
+    def warm_eager(self) -> int:
+        """Runs, once at start-up, what a step with images runs uncaptured, so that its kernels compile now and
+        not under a user's first picture: the attention's small and block tables, the experts' decode and
+        prefill tiles (a step of 18 tokens, then of 512). -> the steps run; their slots are given back."""
+        slots = [self.kv.allocate() for _ in range(min(2, self.kv.num_slots))]
+        steps = 0
+        for first in (17, min(511, self.kv.max_len - 1)):
+            pieces = [Piece(slot, 0, first if slot == 0 else 1) for slot in slots]
+            embeds = self.embed([0] * sum(p.length for p in pieces))
+            self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces))
+            steps += 1
+        for slot in reversed(slots):  # the free list as it was
+            self.kv.free(slot)
+        return steps
 
     def packed_step(self, embeds: torch.Tensor, batch: PackedBatch,
                     vision: tuple[torch.Tensor, VisionRows] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -185,6 +185,25 @@ def test_kernel_attention_reads_a_batchs_tensors() -> None:
     assert relative_error(out, ReferenceAttention()(query, keys, values, eager, 0.25)) < TOLERANCE
 
 
+@pytest.mark.parametrize("lengths", [[1], [3, 1], [5, 1, 2], [7, 1, 1, 17]])
+def test_every_view_of_a_batch_starts_on_16_bytes(lengths: list[int]) -> None:
+    """Triton compiles a kernel again for a pointer off 16 bytes: an eager step's views of its metadata (any
+    number of tokens and sequences, odd ones too) all start on 16 bytes, as a graph's do."""
+    cache = paged_cache(8, 2, 16, torch.Generator().manual_seed(0))
+    pieces = [Piece(slot, 0, n) for slot, n in enumerate(lengths)]
+    attention = packed_attention.KernelAttention(block_n=32)
+    eager = PackedBatch.of(cache, attention, pieces)
+    for batch in (eager, PackedBatch.static(cache, attention, sum(lengths) + 1, 5)):
+        views = [batch.token_page, batch.token_offset, batch.token_pos, batch.seq_start, batch.seq_q0, batch.seq_len,
+                 batch.last, batch.small_seq, batch.block_seq, batch.block_q, batch.rope, batch.seq_pages]
+        assert [v.data_ptr() % 16 for v in views] == [0] * len(views)
+        assert batch.meta.numel() == PackedBatch.meta_size(batch.tokens, batch.seqs, BLOCK_Q, cache.pages_per_slot)
+    # the padding between the parts moves nothing: each view holds its own values
+    assert eager.seq_len.tolist() == lengths and eager.last.tolist() == (np.cumsum(lengths) - 1).tolist()
+    assert eager.token_pos.tolist() == [i for n in lengths for i in range(n)]
+    assert eager.seq_pages.tolist() == cache.page_table(list(range(len(lengths)))).tolist()
+
+
 def test_block_tables_put_short_sequences_in_the_small_table() -> None:
     assert BLOCK_Q == 16 and SMALL_Q == 2
     assert SMALL_Q * 8 >= 16  # a decode pair fills the smallest tile with the Thinker's 8 heads per group

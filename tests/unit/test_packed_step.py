@@ -131,3 +131,15 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, 
                    zip(scratch_rows(runner.kv), scratch, strict=True))
         # slots outside the step hold no pages, and no free page was written
         assert runner.kv.capacity(4) == runner.kv.capacity(5) == 0 and untouched(runner.kv)
+
+
+def test_warming_the_eager_step_gives_its_slots_back(parts: tuple[object, PromptBuilder]) -> None:
+    """Start-up's eager steps (the kernels of a step with images) leave the KV pool as they found it, and a
+    prompt after them reads what a fresh runner's does."""
+    loaded, builder = parts
+    prompt = builder.build((Message("user", (TextPart("what the warm-up must not change"),)),))
+    with torch.inference_mode():
+        runner = runner_of(loaded, max_len=600)
+        assert runner.warm_eager() == 2
+        assert runner.kv.num_free_pages == runner.kv.num_pages
+        assert_close(runner.step([whole(1, prompt)])[0], runner_of(loaded, max_len=600).step([whole(1, prompt)])[0])
