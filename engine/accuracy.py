@@ -9,10 +9,10 @@ rows the Talker takes (its `accept_hidden_layer`), averaged over the continuatio
 the reference's; how many of the reference's top 10 it keeps. The Talker reads the same number of random rows
 (the scale of its own embeddings) and its codec logits are compared the same way.
 
-Variants: `bf16` (weights and activations), `fp8` (the experts e4m3 with block scales, the rest bf16). On a
-GPU both run our fused MoE kernels, as served; on a CPU the FP8 experts are dequantized into bf16 weights and
-transformers' experts run them (the kernel's arithmetic up to where the rounding falls), so the tiny model can
-be measured anywhere.
+Variants: `bf16` (weights and activations), `fp8` (the experts e4m3 with block scales, their inputs e4m3 with
+a scale per row and 128 columns, the rest bf16). On a GPU both run our fused MoE kernels, as served; on a CPU
+the FP8 experts run the kernels' arithmetic in plain torch (`fused_moe.enable_fp8_reference`, float32 sums), so
+the tiny model can be measured anywhere.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _variants(model: Any, rows_of: Any, skip: int, on_gpu: bool) -> dict[str, Ag
         out["bf16"] = compare(logits[skip:], hidden[skip:], ref_logits, ref_hidden)
         fp8.quantize_experts(model)
         if not on_gpu:
-            fp8.dequantize_experts(model, torch.bfloat16)
+            fused_moe.enable_fp8_reference(model)
         logits, hidden = rows_of(model)
         out["fp8"] = compare(logits[skip:], hidden[skip:], ref_logits, ref_hidden)
     for name, agreement in out.items():

@@ -244,7 +244,7 @@ class DeployProfile:
     # reference: transformers' own modules
     kernels: Literal["reference", "triton"] = "reference"
     # fp8: the Thinker's and Talker's experts as e4m3 with block scales (engine/accel/fp8.py), quantized at
-    # load; read by the triton kernels only
+    # load, their inputs quantized per row as they arrive; read by the triton kernels only
     quantization: Literal["none", "fp8"] = "none"
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)

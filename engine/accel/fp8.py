@@ -2,12 +2,16 @@
 checkpoints store them (`weight_scale_inv`), read by the fused MoE kernels (engine/accel/fused_moe.py).
 
 A step of up to ~1,700 tokens costs the Thinker about one read of its experts (58 GB in bf16): e4m3 halves
-that read. Activations stay bf16; each weight tile is widened to bf16 in registers and its block's scale
-applied to the partial product, so a tile never spans two blocks (the kernels' `block_k` divides BLOCK).
+that read, and the H200's FP8 tensor cores do twice bf16's work a cycle. The experts' inputs are quantized too,
+as they arrive (`quantize_rows`: one scale per row and 128 columns), so that each tile's product is e4m3 x e4m3
+on the tensor cores, scaled by the row's and the weight block's scales (a tile never spans two blocks: the
+kernels' `block_k` divides BLOCK). Widening e4m3 weights to bf16 in registers instead (bf16 activations) was
+measured slower than bf16 weights on the H200 (benchmarks/h200/ladder-fp8/): the conversion costs more than
+the halved read saves.
 
-Quantization is per block: scale = the block's largest magnitude / 448 (e4m3's largest finite value), each
-weight divided by its block's scale and rounded to nearest e4m3. Dummy weights are quantized the same way
-at load, so a benchmark reads what a real FP8 checkpoint would hold.
+Quantization takes the largest magnitude of each block (weights: 128 x 128; activations: 1 x 128) over 448
+(e4m3's largest finite value) as its scale, and rounds each value over its scale to nearest e4m3. Dummy
+weights are quantized the same way at load, so a benchmark reads what a real FP8 checkpoint would hold.
 """
 
 from __future__ import annotations
@@ -33,6 +37,23 @@ def quantize(weight: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, to
     quantized = (blocks / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
     quantized = quantized.view(*lead, n + rows, k + cols)[..., :n, :k].contiguous()
     return quantized, scale.squeeze(-1).squeeze(-2).contiguous()
+
+
+def quantize_rows(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations [T, K] -> (e4m3 [T, K], float32 scales [T, ceil(K / block)]): one scale per row and block of
+    columns, taken from the values themselves (no host sync: a CUDA graph captures it)."""
+    t, k = x.shape
+    groups = torch.nn.functional.pad(x.float(), (0, -k % block)).view(t, -1, block)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    quantized = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).view(t, -1)[:, :k].contiguous()
+    return quantized, scale.squeeze(-1)
+
+
+def round_rows(x: torch.Tensor) -> torch.Tensor:
+    """What `quantize_rows` makes of activations, in float32 (the kernels' arithmetic, for a reference)."""
+    quantized, scale = quantize_rows(x)
+    return quantized.float() * scale.repeat_interleave(BLOCK, dim=-1)[:, : x.shape[1]]
 
 
 def dequantize(quantized: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
@@ -65,14 +86,3 @@ def quantize_experts(model: Any) -> int:
 
 def is_quantized(module: Any) -> bool:
     return getattr(module, "gate_up_proj", None) is not None and module.gate_up_proj.dtype == FP8
-
-
-def dequantize_experts(model: Any, dtype: torch.dtype) -> None:
-    """FP8 experts back to `dtype` weights holding exactly what e4m3 x scale stands for, in place: transformers'
-    own experts then compute what the kernels compute, up to rounding (a reference, and the CPU's emulation)."""
-    for module in model.modules():
-        if is_quantized(module):
-            for name in ("gate_up", "down"):
-                weight = dequantize(getattr(module, f"{name}_proj"), getattr(module, f"{name}_scale"), dtype)
-                setattr(module, f"{name}_proj", torch.nn.Parameter(weight, requires_grad=False))
-                delattr(module, f"{name}_scale")

@@ -10,13 +10,15 @@ the block layout has a fixed size for a given token count, so a CUDA graph can
 capture it.
 
 `enable(model)` registers the implementation under `EXPERTS_NAME` and sets it on
-the model. FP8 experts (engine/accel/fp8.py) are widened to the activations' dtype
-tile by tile, their block scales applied to each partial product. Runs on the GPU,
-or on the CPU under `TRITON_INTERPRET=1` (how CI tests it).
+the model. With FP8 experts (engine/accel/fp8.py) each kernel's input is quantized
+per row and 128 columns first, and every tile's product is e4m3 x e4m3, scaled by
+its row's and its weight block's scales. Runs on the GPU, or on the CPU under
+`TRITON_INTERPRET=1` (how CI tests it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from engine.accel import fp8
 from engine.accel.triton_launch import dot_precision, launch_guard
 
 EXPERTS_NAME = "vg_fused_moe"
+FP8_REFERENCE_NAME = "vg_fp8_reference"
 
 try:
     import triton
@@ -96,18 +99,30 @@ def block_layout(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> B
 
 def fused_experts_reference(
     hidden: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor,
+    top_k_weights: torch.Tensor, *, rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The same function pair by pair in float32: hidden [T, H], gate_up [E, 2I, H], down [E, H, I] -> [T, H]."""
+    """The same function expert by expert in float32: hidden [T, H], gate_up [E, 2I, H], down [E, H, I] ->
+    [T, H]. `rows`: what each projection's input goes through first, in `hidden`'s dtype as the kernels store it
+    (FP8 experts: `fp8.round_rows`, their inputs' quantization)."""
     inter = down.shape[-1]
+    through = rows or (lambda a: a.float())
+    x = through(hidden)
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-    for t in range(hidden.shape[0]):
-        for k in range(top_k_index.shape[1]):
-            e = int(top_k_index[t, k])
-            gu = gate_up[e].float() @ hidden[t].float()
-            act = torch.nn.functional.silu(gu[:inter]) * gu[inter:]
-            out[t] += float(top_k_weights[t, k]) * (down[e].float() @ act)
+    for e in top_k_index.unique().tolist():
+        tokens, k = (top_k_index == e).nonzero(as_tuple=True)
+        gu = x[tokens] @ gate_up[e].float().T
+        act = through((torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).to(hidden.dtype))
+        out.index_add_(0, tokens, top_k_weights[tokens, k].float()[:, None] * (act @ down[e].float().T))
     return out
+
+
+def fp8_reference_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                          top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' experts-function signature over FP8 experts, in plain torch: what the kernels compute, up
+    to the order of their sums (`enable_fp8_reference`)."""
+    return fused_experts_reference(
+        hidden_states, fp8.dequantize(self.gate_up_proj, self.gate_up_scale), fp8.dequantize(self.down_proj, self.down_scale),
+        top_k_index, top_k_weights, rows=fp8.round_rows).to(hidden_states.dtype)
 
 
 if triton is not None:
@@ -115,8 +130,8 @@ if triton is not None:
     # the pair count changes with every batch: no recompile for its divisibility
     @triton.jit(do_not_specialize=["num_pairs"])
     def _gate_up_kernel(
-        X, W, Scale, Act, PairIds, BlockExpert, num_pairs, num_experts,
-        stride_xt, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ap,
+        X, XScale, W, Scale, Act, PairIds, BlockExpert, num_pairs, num_experts,
+        stride_xt, stride_xst, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ap,
         hidden_dim: tl.constexpr, inter_dim: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     ):
@@ -142,12 +157,13 @@ if triton is not None:
             k_ok = (k0 + ks) < hidden_dim
             x = tl.load(x_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
             w_mask = k_ok[:, None] & col_ok[None, :]
-            if FP8:  # widened in registers; the tile lies in one block of scales along k
-                kb = (k0 // SCALE_BLOCK) * stride_sk
-                gate_w = tl.load(gate_ptrs, mask=w_mask, other=0.0).to(x.dtype)
-                up_w = tl.load(up_ptrs, mask=w_mask, other=0.0).to(x.dtype)
-                gate += tl.dot(x, gate_w, input_precision=PRECISION) * tl.load(gate_scales + kb, mask=col_ok, other=0.0)[None, :]
-                up += tl.dot(x, up_w, input_precision=PRECISION) * tl.load(up_scales + kb, mask=col_ok, other=0.0)[None, :]
+            if FP8:  # e4m3 x e4m3; the tile lies in one block of scales along k, the rows' and the weights'
+                kb = k0 // SCALE_BLOCK
+                rows = tl.load(XScale + tokens * stride_xst + kb, mask=real, other=0.0)[:, None]
+                gate_s = tl.load(gate_scales + kb * stride_sk, mask=col_ok, other=0.0)[None, :]
+                up_s = tl.load(up_scales + kb * stride_sk, mask=col_ok, other=0.0)[None, :]
+                gate += tl.dot(x, tl.load(gate_ptrs, mask=w_mask, other=0.0)) * (rows * gate_s)
+                up += tl.dot(x, tl.load(up_ptrs, mask=w_mask, other=0.0)) * (rows * up_s)
             else:
                 gate += tl.dot(x, tl.load(gate_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
                 up += tl.dot(x, tl.load(up_ptrs, mask=w_mask, other=0.0), input_precision=PRECISION)
@@ -160,8 +176,8 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["num_pairs"])
     def _down_kernel(
-        Act, W, Scale, Weights, Out, PairIds, BlockExpert, num_pairs, num_experts,
-        stride_ap, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_op,
+        Act, ActScale, W, Scale, Weights, Out, PairIds, BlockExpert, num_pairs, num_experts,
+        stride_ap, stride_as, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_op,
         hidden_dim: tl.constexpr, inter_dim: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         PRECISION: tl.constexpr, FP8: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     ):
@@ -183,8 +199,9 @@ if triton is not None:
             a = tl.load(a_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             if FP8:
-                scale = tl.load(scales + (k0 // SCALE_BLOCK) * stride_sk, mask=col_ok, other=0.0)
-                acc += tl.dot(a, w.to(a.dtype), input_precision=PRECISION) * scale[None, :]
+                kb = k0 // SCALE_BLOCK
+                rows = tl.load(ActScale + pairs * stride_as + kb, mask=real, other=0.0)[:, None]
+                acc += tl.dot(a, w) * (rows * tl.load(scales + kb * stride_sk, mask=col_ok, other=0.0)[None, :])
             else:
                 acc += tl.dot(a, w, input_precision=PRECISION)
             a_ptrs += BLOCK_K
@@ -221,21 +238,25 @@ def fused_experts(
     layout = block_layout(top_k_index, num_experts, block_m)
     num_blocks = layout.block_expert.numel()
     hidden = hidden.contiguous()
+    x, x_scale = fp8.quantize_rows(hidden) if is_fp8 else (hidden, hidden)
     act = torch.empty(num_pairs, inter_dim, dtype=hidden.dtype, device=hidden.device)
     out = torch.empty(num_pairs, hidden_dim, dtype=hidden.dtype, device=hidden.device)
     weights = top_k_weights.reshape(-1).contiguous()
     with launch_guard():
         _gate_up_kernel[(num_blocks, triton.cdiv(inter_dim, block_n))](
-            hidden, gate_up, gate_up_scale, act, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
-            hidden.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2), *_scale_strides(gate_up_scale),
-            act.stride(0), hidden_dim=hidden_dim, inter_dim=inter_dim, TOP_K=top_k, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, PRECISION=dot_precision(hidden.dtype), FP8=is_fp8, SCALE_BLOCK=fp8.BLOCK, **launch,
+            x, x_scale, gate_up, gate_up_scale, act, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
+            x.stride(0), x_scale.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
+            *_scale_strides(gate_up_scale), act.stride(0), hidden_dim=hidden_dim, inter_dim=inter_dim, TOP_K=top_k,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(hidden.dtype), FP8=is_fp8,
+            SCALE_BLOCK=fp8.BLOCK, **launch,
         )
+        a, a_scale = fp8.quantize_rows(act) if is_fp8 else (act, act)
         _down_kernel[(num_blocks, triton.cdiv(hidden_dim, block_n))](
-            act, down, down_scale, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
-            act.stride(0), down.stride(0), down.stride(1), down.stride(2), *_scale_strides(down_scale), out.stride(0),
-            hidden_dim=hidden_dim, inter_dim=inter_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            PRECISION=dot_precision(hidden.dtype), FP8=is_fp8, SCALE_BLOCK=fp8.BLOCK, **launch,
+            a, a_scale, down, down_scale, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
+            a.stride(0), a_scale.stride(0), down.stride(0), down.stride(1), down.stride(2),
+            *_scale_strides(down_scale), out.stride(0), hidden_dim=hidden_dim, inter_dim=inter_dim, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(hidden.dtype), FP8=is_fp8,
+            SCALE_BLOCK=fp8.BLOCK, **launch,
         )
     return out.view(num_tokens, top_k, hidden_dim).sum(dim=1)
 
@@ -266,3 +287,14 @@ def enable(model: Any) -> None:
                 raise ValueError(f"{type(module).__name__}: the fused MoE kernels need [gate; up] weights and SiLU")
     ALL_EXPERTS_FUNCTIONS.register(EXPERTS_NAME, fused_experts_forward)
     model.set_experts_implementation(EXPERTS_NAME)
+
+
+def enable_fp8_reference(model: Any) -> None:
+    """Make every experts module of `model`, quantized to FP8, compute in plain torch what the kernels compute
+    (`fp8_reference_forward`): a reference, and the CPU's emulation without Triton."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if not any(fp8.is_quantized(m) for m in model.modules()):
+        raise ValueError(f"{type(model).__name__} has no FP8 experts")
+    ALL_EXPERTS_FUNCTIONS.register(FP8_REFERENCE_NAME, fp8_reference_forward)
+    model.set_experts_implementation(FP8_REFERENCE_NAME)

@@ -1,5 +1,5 @@
-"""FP8 experts (engine/accel/fp8.py): block quantization's documented scales and round trip, and the fused MoE
-kernels on e4m3 weights against the float32 reference on the weights they stand for.
+"""FP8 experts (engine/accel/fp8.py): block and row quantization's documented scales and round trip, and the fused
+MoE kernels on e4m3 weights and inputs against the float32 reference of the same arithmetic.
 
 On a CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); on a GPU,
 compiled, in bf16 as deployed."""
@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from engine.accel import fp8
+from engine.accel import fp8, fused_moe
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -44,6 +44,21 @@ def test_round_trip_is_within_e4m3s_precision() -> None:
     assert 0.005 < relative < 0.03  # rounding happened, and only that
 
 
+def test_activations_take_a_scale_per_row_and_128_columns() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 300, generator=gen)  # 300 columns: blocks of 128, 128 and 44
+    x[:, 128:256] *= 50
+    x[3] = 0
+    quantized, scale = fp8.quantize_rows(x)
+    assert quantized.dtype == torch.float8_e4m3fn and quantized.shape == x.shape and scale.shape == (5, 3)
+    for t, j in [(0, 0), (1, 1), (4, 2)]:
+        assert scale[t, j] == pytest.approx(float(x[t, 128 * j : 128 * (j + 1)].abs().max()) / 448, rel=1e-6)
+    assert (scale[3] == 1).all() and quantized[3].float().abs().max() == 0
+    back = fp8.round_rows(x)
+    step = scale.repeat_interleave(128, -1)[:, :300] * 2.0**-9
+    assert ((back - x).abs() <= x.abs() / 16 + step).all()
+
+
 def test_quantize_experts_replaces_every_experts_weights(tiny_checkpoint) -> None:
     from engine.weights.checkpoint import load_stage
 
@@ -62,8 +77,6 @@ def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block
     """Dimensions across several 128-blocks of scales, and not multiples of them: each tile reads its own
     block's scale."""
     pytest.importorskip("triton")
-    from engine.accel import fused_moe
-
     gen = torch.Generator().manual_seed(num_tokens)
     num_experts, top_k, hidden, inter = 4, 2, 288, 200
     x = torch.randn(num_tokens, hidden, generator=gen).to(DEVICE, DTYPE)
@@ -78,7 +91,7 @@ def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block
                                   tiles=tiles, gate_up_scale=gate_up_s.to(DEVICE), down_scale=down_s.to(DEVICE))
     ref = fused_moe.fused_experts_reference(x, fp8.dequantize(gate_up_q, gate_up_s).to(DEVICE),
                                             fp8.dequantize(down_q, down_s).to(DEVICE), index.to(DEVICE),
-                                            weights.to(DEVICE))
+                                            weights.to(DEVICE), rows=fp8.round_rows)
     error = float((out.float() - ref).norm() / ref.norm())
     assert out.dtype == DTYPE and error < (2e-2 if DTYPE == torch.bfloat16 else 1e-5)
 
@@ -104,7 +117,7 @@ def check_fp8_engine_equals_generate(tiny_checkpoint, cache_dir, device: str, to
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for stage in (reference.thinker, reference.talker):
         fp8.quantize_experts(stage)
-        fp8.dequantize_experts(stage, torch.float32)
+        fused_moe.enable_fp8_reference(stage)
     assert_equals_generate(reference, device, prompt.token_ids, tokens, audio)
 
 
