@@ -83,7 +83,8 @@ def _to_mono_float(frame: av.AudioFrame) -> np.ndarray:
 
 # a camera frame is kept at most this large (the model sees 400 tokens' worth of pixels at most: 1280x720 is plenty)
 CAMERA_MAX_SIDE = 1280
-# a frame older than this when a turn ends is not what the user is showing any more (a frozen or stopped track)
+# a frame older than this when a turn ends is not what the user is showing any more (a frozen track, or one muted
+# without ending: a static screen share still sends a frame every few seconds)
 CAMERA_STALE_S = 5.0
 
 
@@ -92,16 +93,21 @@ class Camera:
 
     def __init__(self) -> None:
         self._frame: av.VideoFrame | None = None
+        self._source: MediaStreamTrack | None = None  # the track the frame came from
         self._at = 0.0
         self.frames = 0
 
     async def consume(self, track: MediaStreamTrack) -> None:
+        """Keeps `track`'s frames until it ends; its last frame goes with it (a stopped camera shows nothing),
+        unless another track's frame has come since (a camera switched for a screen mid-call)."""
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
                 if isinstance(frame, av.VideoFrame):
-                    self._frame, self._at = frame, time.monotonic()
+                    self._frame, self._source, self._at = frame, track, time.monotonic()
                     self.frames += 1
+        if self._source is track:
+            self._frame = self._source = None
 
     def latest(self) -> np.ndarray | None:
         """The newest frame as RGB uint8 [height, width, 3], its longer side at most CAMERA_MAX_SIDE; None when no
