@@ -435,3 +435,13 @@ def test_voice_gateway_bench_without_the_extra_says_what_to_install() -> None:
                      "from voice_gateway.cli import main; sys.exit(main(['bench', '--help']))")
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.strip() == "voice-gateway bench: matplotlib missing; pip install 'voice-gateway[bench]'"
+
+
+def test_a_result_file_holds_each_record_on_one_line() -> None:
+    from bench.sweep import dumps
+
+    payload = {"label": "x", "levels": [{"concurrency": 2, "records": [{"index": 0, "gaps": [0.1, 0.2]},
+                                                                        {"index": 1, "error": "\x00record 0"}]}]}
+    text = dumps(payload)
+    assert json.loads(text) == payload  # the same values, a record's own text left as it is
+    assert '        {"index": 0, "gaps": [0.1, 0.2]},\n' in text and '"concurrency": 2,\n' in text
