@@ -10,6 +10,15 @@ import numpy as np
 from bench.measure import RequestRecord
 
 
+@dataclass(frozen=True, slots=True)
+class StageSteps:
+    """One stage's steps of one phase over a level, as the server counted them."""
+
+    steps: int
+    mean_ms: float
+    busy_share: float  # its steps' wall time over the level's: above 1 where replicas step at once
+
+
 @dataclass
 class Stat:
     mean: float | None = None
@@ -64,6 +73,8 @@ class LevelResult:
     # request sent -> response headers: the server sends them with the engine's first event (text), so
     # this is about TTFT; much more than TTFT is the request's way in (client pool, connect, accept)
     headers_s: Stat = field(default_factory=Stat)
+    # each stage's steps over the level, by "stage/phase" (the server's /metrics): which stage held the GPU
+    server_steps: dict[str, StageSteps] = field(default_factory=dict)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -30,7 +30,7 @@ from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
 from bench.processes import Started, run_in_processes
 from bench.speech import load_questions
-from bench.stats import LevelResult, Stat, summarize_level
+from bench.stats import LevelResult, StageSteps, Stat, summarize_level
 from bench.video import BenchVideo, VideoInfo, load_video
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,8 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
     return replace(level, server_ttft_mean_s=means.get("engine_ttft_seconds"),
                    server_ttfp_mean_s=means.get("engine_ttfp_seconds"),
                    server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
-                   server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags))
+                   server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags),
+                   server_steps=step_shares(before, after, wall_s))
 
 
 async def _pool_work(job: tuple[BenchConfig, str, int, int, RequestMedia], indices: list[int], workers: int,
@@ -260,14 +261,16 @@ async def watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
         lags.append(1000 * (time.perf_counter() - t - period_s))
 
 
+STEP_HISTOGRAM = "engine_stage_step_seconds"
 _LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
-                       "gateway_chat_ttfp_seconds")
+                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM)
 
 
 async def server_latency_sums(client: httpx.AsyncClient,
                               names: Iterable[str] = _LATENCY_HISTOGRAMS) -> dict[str, tuple[float, float]]:
     """(sum, count) of the server's latency histograms `names` from its /metrics (by default TTFT and TTFP:
-    the engine's, from submit, and the gateway's, from the request's arrival); empty when it has none."""
+    the engine's, from submit, and the gateway's, from the request's arrival, and every stage's steps), keyed
+    by name, and `name{label=value,...}` for a labelled series; empty when it has none."""
     names = set(names)
     try:
         resp = await client.get("/metrics")
@@ -275,12 +278,30 @@ async def server_latency_sums(client: httpx.AsyncClient,
         families = list(text_string_to_metric_families(resp.text))
     except (httpx.HTTPError, ValueError):
         return {}
-    sums: dict[str, tuple[float, float]] = {}
+    sums: dict[str, list[float]] = {}
     for family in families:
-        if family.name in names:
-            values = {sample.name: sample.value for sample in family.samples}
-            sums[family.name] = (values[f"{family.name}_sum"], values[f"{family.name}_count"])
-    return sums
+        if family.name not in names:
+            continue
+        for sample in family.samples:
+            part = sample.name.removeprefix(family.name)
+            if part in ("_sum", "_count"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                pair = sums.setdefault(f"{family.name}{{{labels}}}" if labels else family.name, [0.0, 0.0])
+                pair[part == "_count"] = sample.value
+    return {key: (total, count) for key, (total, count) in sums.items()}
+
+
+def step_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
+                wall_s: float) -> dict[str, StageSteps]:
+    """Each stage's and phase's steps over a level, from its /metrics before and after (`server_latency_sums`)."""
+    shares: dict[str, StageSteps] = {}
+    for key, (total, count) in after.items():
+        if key.startswith(f"{STEP_HISTOGRAM}{{") and (steps := count - before.get(key, (0.0, 0.0))[1]) > 0:
+            spent = total - before.get(key, (0.0, 0.0))[0]
+            labels = dict(item.split("=", 1) for item in key[len(STEP_HISTOGRAM) + 1 : -1].split(","))
+            shares[f"{labels.get('stage')}/{labels.get('phase')}"] = StageSteps(
+                int(steps), 1000 * spent / steps, spent / wall_s if wall_s > 0 else 0.0)
+    return dict(sorted(shares.items()))
 
 
 async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:

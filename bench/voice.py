@@ -25,7 +25,16 @@ from bench.processes import Started, run_in_processes
 from bench.realtime_session import run_session
 from bench.speech import Question, load_questions
 from bench.stats import Stat
-from bench.sweep import first_send_delays, read_image, server_latency_sums, target_model, watch_loop_lag, write_json
+from bench.sweep import (
+    STEP_HISTOGRAM,
+    first_send_delays,
+    read_image,
+    server_latency_sums,
+    step_shares,
+    target_model,
+    watch_loop_lag,
+    write_json,
+)
 from bench.turn import TurnRecord
 from bench.voice_stats import VoiceLevelResult, summarize_voice_level
 
@@ -97,7 +106,7 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
         if failed := [r.error for r in warm if not r.ok]:
             log.warning("%d warm-up turn(s) failed at %s %s C=%d: %s", len(failed), level.mode, level.output_format,
                         concurrency, failed[0])
-    before = await server_latency_sums(client, [_TURN_HISTOGRAM])
+    before = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM])
     lags: list[float] = []
     watch = asyncio.create_task(watch_loop_lag(lags))
     t0 = time.perf_counter()
@@ -114,10 +123,11 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
         watch.cancel()
     records.sort(key=lambda r: (r.session, r.turn))
     result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s)
-    after = await server_latency_sums(client, [_TURN_HISTOGRAM])
+    after = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM])
     served = {name: (after[name][0] - before[name][0]) / count
               for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
-    return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags))
+    return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags),
+                   server_steps=step_shares(before, after, wall_s))
 
 
 async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.stats import Stat
+from bench.stats import StageSteps, Stat
 from bench.turn import TurnRecord
 
 
@@ -52,6 +52,7 @@ class VoiceLevelResult:
     # the server's own mean from speech_stopped to the first audio sent (its /metrics; server VAD turns only)
     server_turn_latency_mean_s: float | None = None
     client_lag_ms: Stat = field(default_factory=Stat)  # the client's event loop lateness meanwhile
+    server_steps: dict[str, StageSteps] = field(default_factory=dict)  # each stage's steps (bench/stats.py)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -90,6 +90,11 @@ rows:
             assert 0 < lv["headers_s"]["mean"] <= lv["ttft_s"]["mean"]
             # fixed length: max_tokens text tokens and the profile's codec frames, in both backends
             assert lv["audio_frames_mean"] == FRAMES and lv["completion_tokens_mean"] == TEXT_TOKENS + FRAMES
+            # which stage held the machine: each stage's steps over the level, as the server counted them
+            steps = lv["server_steps"]
+            assert steps and all(s["steps"] > 0 and s["mean_ms"] > 0 and s["busy_share"] > 0 for s in steps.values())
+    staged_stages = {key.split("/")[0] for key in rows[1]["levels"][0]["server_steps"]}
+    assert {"thinker", "talker", "code2wav"} <= staged_stages, staged_stages
 
     baseline = json.loads((out / "baseline.json").read_text())
     staged = json.loads((out / "staged.json").read_text())

@@ -63,6 +63,7 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
         for stats in [lv["overall"], *lv["by_turn"]]:
             assert stats["failures"] == 0 and stats["first_audio_s"]["p99"] > 0
         assert (lv["server_turn_latency_mean_s"] is not None) == (mode == "vad")
+        assert {"thinker", "talker", "code2wav"} <= {key.split("/")[0] for key in lv["server_steps"]}
     assert (tmp_path / "voice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench --realtime voice (tiny)" in result.stdout and "vad opus C=2: " in result.stdout
 
