@@ -31,7 +31,7 @@ def _ladder(tmp_path: Path, text: str) -> Path:
 def test_shipped_ladders_parse() -> None:
     h200 = load_ladder(REPO / "benchmarks/h200/ladder.yaml")
     assert [r.name for r in h200.rows] == ["baseline", "eager", "triton-kernels", "cuda-graphs", "first-packet",
-                                          "engine-process", "gpu-profile", "fp8-experts", "batch-128"]
+                                          "engine-process", "gpu-profile", "fp8-experts", "batch-128", "bf16-128"]
     assert (h200.model, h200.base) == ("dummy", Path("configs/qwen3_omni_moe.yaml"))
     assert (REPO / h200.base).is_file()
     assert h200.profile["load_format"] == "dummy" and h200.profile["stages"]["talker"]["max_frames"] == 125
@@ -44,7 +44,7 @@ def test_shipped_ladders_parse() -> None:
     changed = [sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)) for a, b in itertools.pairwise(deltas[1:])]
     assert changed[:4] == [["kernels"], ["cuda_graphs"], ["async_chunk", "first_packet"], ["engine"]]
     assert h200.rows[6].profile == {} and deltas[6] == h200.profile
-    assert changed[5:] == [["quantization"], ["stages"]]
+    assert changed[5:] == [["quantization"], ["stages"], ["quantization", "stages"]]
     for row in h200.rows:
         args = h200.serve_args(row)
         assert args[:3] == ["dummy", "--deploy-config", "configs/qwen3_omni_moe.yaml"] and args[3] == "--overrides"
