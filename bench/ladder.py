@@ -51,9 +51,10 @@ from rich.markup import escape
 from bench.config import BenchConfig, BenchError, sweep_overrides, with_overrides
 from bench.machine import git_commit, machine_info
 from bench.plots import plot_ladder
+from bench.result_file import write_json
 from bench.rounds import round_dir, round_order, summarize_rounds
 from bench.rows import HeldServers, RowOutcome, RowServer, run_row
-from bench.sweep import write_json
+from bench.sweep import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ def _round(ladder: Ladder, rows: list[LadderRow], k: int, count: int, configs: d
         outcome = kept.run(server, config) if kept is not None else run_row(server, config, where, console)
         profile = ladder.row_profile(row) if ladder.base is not None else None
         payload = row_payload(outcome, config, machine, profile, commit, place)
-        write_json(payload, where / f"{row.name}.json")
+        write_json(payload, where / f"{row.name}.json", SCHEMA_VERSION)
         if outcome.status != "ok":
             lines = [line for line in (outcome.error or "").splitlines() if line.strip()] or [""]
             tail = f"\n    {escape(lines[-1])}" if len(lines) > 1 else ""
@@ -317,4 +318,4 @@ def write_ladder(ladder: Ladder, rounds: list[list[dict[str, Any]]], out_dir: Pa
         "rows": rows,
         "rounds": summary,
         "plots": [p.name for p in plots],
-    }, out_dir / "ladder.json")
+    }, out_dir / "ladder.json", SCHEMA_VERSION)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 import random
-import re
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -19,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.progress import Progress
 
@@ -29,8 +26,10 @@ from bench.machine import machine_info
 from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
 from bench.processes import Started, run_in_processes
+from bench.result_file import write_json
+from bench.server_metrics import server_latency_sums, step_shares
 from bench.speech import load_questions
-from bench.stats import LevelResult, StageSteps, Stat, summarize_level
+from bench.stats import LevelResult, Stat, summarize_level
 from bench.video import BenchVideo, VideoInfo, load_video
 
 log = logging.getLogger(__name__)
@@ -261,49 +260,6 @@ async def watch_loop_lag(lags: list[float], period_s: float = 0.005) -> None:
         lags.append(1000 * (time.perf_counter() - t - period_s))
 
 
-STEP_HISTOGRAM = "engine_stage_step_seconds"
-_LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
-                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM)
-
-
-async def server_latency_sums(client: httpx.AsyncClient,
-                              names: Iterable[str] = _LATENCY_HISTOGRAMS) -> dict[str, tuple[float, float]]:
-    """(sum, count) of the server's latency histograms `names` from its /metrics (by default TTFT and TTFP:
-    the engine's, from submit, and the gateway's, from the request's arrival, and every stage's steps), keyed
-    by name, and `name{label=value,...}` for a labelled series; empty when it has none."""
-    names = set(names)
-    try:
-        resp = await client.get("/metrics")
-        resp.raise_for_status()
-        families = list(text_string_to_metric_families(resp.text))
-    except (httpx.HTTPError, ValueError):
-        return {}
-    sums: dict[str, list[float]] = {}
-    for family in families:
-        if family.name not in names:
-            continue
-        for sample in family.samples:
-            part = sample.name.removeprefix(family.name)
-            if part in ("_sum", "_count"):
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                pair = sums.setdefault(f"{family.name}{{{labels}}}" if labels else family.name, [0.0, 0.0])
-                pair[part == "_count"] = sample.value
-    return {key: (total, count) for key, (total, count) in sums.items()}
-
-
-def step_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
-                wall_s: float) -> dict[str, StageSteps]:
-    """Each stage's and phase's steps over a level, from its /metrics before and after (`server_latency_sums`)."""
-    shares: dict[str, StageSteps] = {}
-    for key, (total, count) in after.items():
-        if key.startswith(f"{STEP_HISTOGRAM}{{") and (steps := count - before.get(key, (0.0, 0.0))[1]) > 0:
-            spent = total - before.get(key, (0.0, 0.0))[0]
-            labels = dict(item.split("=", 1) for item in key[len(STEP_HISTOGRAM) + 1 : -1].split(","))
-            shares[f"{labels.get('stage')}/{labels.get('phase')}"] = StageSteps(
-                int(steps), 1000 * spent / steps, spent / wall_s if wall_s > 0 else 0.0)
-    return dict(sorted(shares.items()))
-
-
 async def fetch_models(client: httpx.AsyncClient) -> dict[str, Any] | None:
     try:
         resp = await client.get("/v1/models")
@@ -356,38 +312,8 @@ async def run_bench(config: BenchConfig) -> BenchResult:
     return result
 
 
-def write_json(payload: dict[str, Any], path: Path, schema_version: int = SCHEMA_VERSION) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps({"schema_version": schema_version, **payload}) + "\n")
-    return path
-
-
-def dumps(payload: dict[str, Any]) -> str:
-    """`payload` as indented JSON, but each per-request record (a `records` list's item) on one line: a run's
-    thousands of records would otherwise take most of its file in indentation."""
-    records: list[Any] = []
-
-    def hold(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: [_slot(records, r) for r in v] if k == "records" and isinstance(v, list) else hold(v)
-                    for k, v in value.items()}
-        return [hold(v) for v in value] if isinstance(value, list) else value
-
-    text = json.dumps(hold(payload), indent=2, default=str)
-    return _RECORD.sub(lambda m: json.dumps(records[int(m.group(1))], default=str), text)
-
-
-# a record's place in the indented text: a string no JSON value of the bench holds
-_RECORD = re.compile(r'"\\u0000record (\d+)"')
-
-
-def _slot(records: list[Any], record: Any) -> str:
-    records.append(record)
-    return f"\0record {len(records) - 1}"
-
-
 def write_outputs(result: BenchResult, out_dir: Path) -> tuple[Path, Path]:
-    json_path = write_json(asdict(result), out_dir / f"{result.label}.json")
+    json_path = write_json(asdict(result), out_dir / f"{result.label}.json", SCHEMA_VERSION)
     png_path = plot_runs([(result.label, [asdict(lv) for lv in result.levels])], out_dir / f"{result.label}.png",
                          title=f"voice-gateway bench: {result.label}")
     log.info("wrote %s and %s", json_path, png_path)

@@ -23,18 +23,11 @@ from bench.machine import machine_info
 from bench.plots import plot_voice
 from bench.processes import Started, run_in_processes
 from bench.realtime_session import run_session
+from bench.result_file import write_json
+from bench.server_metrics import STEP_HISTOGRAM, server_latency_sums, step_shares
 from bench.speech import Question, load_questions
 from bench.stats import Stat
-from bench.sweep import (
-    STEP_HISTOGRAM,
-    first_send_delays,
-    read_image,
-    server_latency_sums,
-    step_shares,
-    target_model,
-    watch_loop_lag,
-    write_json,
-)
+from bench.sweep import first_send_delays, read_image, target_model, watch_loop_lag
 from bench.turn import TurnRecord
 from bench.voice_stats import VoiceLevelResult, summarize_voice_level
 

@@ -438,7 +438,7 @@ def test_voice_gateway_bench_without_the_extra_says_what_to_install() -> None:
 
 
 def test_a_result_file_holds_each_record_on_one_line() -> None:
-    from bench.sweep import dumps
+    from bench.result_file import dumps
 
     payload = {"label": "x", "levels": [{"concurrency": 2, "records": [{"index": 0, "gaps": [0.1, 0.2]},
                                                                         {"index": 1, "error": "\x00record 0"}]}]}

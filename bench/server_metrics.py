@@ -1,0 +1,53 @@
+"""What a bench level reads from the server's own /metrics: its latency histograms' sums and counts before and
+after, and each stage's steps in between (which stage held the GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.stats import StageSteps
+
+STEP_HISTOGRAM = "engine_stage_step_seconds"
+_LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
+                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM)
+
+
+async def server_latency_sums(client: httpx.AsyncClient,
+                              names: Iterable[str] = _LATENCY_HISTOGRAMS) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the server's latency histograms `names` from its /metrics (by default TTFT and TTFP:
+    the engine's, from submit, and the gateway's, from the request's arrival, and every stage's steps), keyed
+    by name, and `name{label=value,...}` for a labelled series; empty when it has none."""
+    names = set(names)
+    try:
+        resp = await client.get("/metrics")
+        resp.raise_for_status()
+        families = list(text_string_to_metric_families(resp.text))
+    except (httpx.HTTPError, ValueError):
+        return {}
+    sums: dict[str, list[float]] = {}
+    for family in families:
+        if family.name not in names:
+            continue
+        for sample in family.samples:
+            part = sample.name.removeprefix(family.name)
+            if part in ("_sum", "_count"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                pair = sums.setdefault(f"{family.name}{{{labels}}}" if labels else family.name, [0.0, 0.0])
+                pair[part == "_count"] = sample.value
+    return {key: (total, count) for key, (total, count) in sums.items()}
+
+
+def step_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
+                wall_s: float) -> dict[str, StageSteps]:
+    """Each stage's and phase's steps over a level, from its /metrics before and after (`server_latency_sums`)."""
+    shares: dict[str, StageSteps] = {}
+    for key, (total, count) in after.items():
+        if key.startswith(f"{STEP_HISTOGRAM}{{") and (steps := count - before.get(key, (0.0, 0.0))[1]) > 0:
+            spent = total - before.get(key, (0.0, 0.0))[0]
+            labels = dict(item.split("=", 1) for item in key[len(STEP_HISTOGRAM) + 1 : -1].split(","))
+            shares[f"{labels.get('stage')}/{labels.get('phase')}"] = StageSteps(
+                int(steps), 1000 * spent / steps, spent / wall_s if wall_s > 0 else 0.0)
+    return dict(sorted(shares.items()))
