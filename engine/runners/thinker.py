@@ -145,10 +145,13 @@ class ThinkerRunner:
         """Runs, once at start-up, what a step with images runs uncaptured, so that its kernels compile now and
         not under a user's first picture: the attention's small and block tables, the experts' decode and
         prefill tiles (a step of 18 tokens, then of 512). -> the steps run; their slots are given back."""
-        slots = [self.kv.allocate() for _ in range(min(2, self.kv.num_slots))]
+        kv = self.kv
+        slots = [kv.allocate() for _ in range(2 if kv.num_slots > 1 and kv.num_pages > 1 else 1)]
+        # the first slot's piece in the pages the others' one row leaves it
+        longest = min(kv.max_len, (kv.num_pages - len(slots) + 1) * kv.page_size) - 1
         steps = 0
-        for first in (17, min(511, self.kv.max_len - 1)):
-            pieces = [Piece(slot, 0, first if slot == 0 else 1) for slot in slots]
+        for first in (min(17, longest), min(511, longest)):
+            pieces = [Piece(slot, 0, first if i == 0 else 1) for i, slot in enumerate(slots)]
             embeds = self.embed([0] * sum(p.length for p in pieces))
             self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces))
             steps += 1

@@ -143,3 +143,6 @@ def test_warming_the_eager_step_gives_its_slots_back(parts: tuple[object, Prompt
         assert runner.warm_eager() == 2
         assert runner.kv.num_free_pages == runner.kv.num_pages
         assert_close(runner.step([whole(1, prompt)])[0], runner_of(loaded, max_len=600).step([whole(1, prompt)])[0])
+        # a pool of one sequence's pages: the warm-up's pieces fit in it
+        small = runner_of(loaded, max_len=512, kv_tokens=512)
+        assert small.kv.num_pages == 2 and small.warm_eager() == 2 and small.kv.num_free_pages == 2
