@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.image import ImageInfo
+from bench.stats import StageSteps
 from bench.sweep import BenchResult
 from bench.video import VideoInfo
 from bench.voice import VoiceResult
@@ -41,6 +42,15 @@ def print_summary(result: BenchResult, console: Console) -> None:
         means = "; ".join(f"P={lv.prompt_words} C={lv.concurrency} {_fmt(lv.image_tokens_mean, '.0f')} of "
                           f"{_fmt(lv.prompt_tokens_mean, '.0f')}" for lv in result.levels)
         console.print(f"{' and '.join(shown)} in each request: image tokens of prompt tokens (mean): {means}")
+    for lv in result.levels:
+        if lv.server_steps:
+            console.print(f"P={lv.prompt_words} C={lv.concurrency} steps: {_steps(lv.server_steps)}")
+
+
+def _steps(steps: dict[str, StageSteps]) -> str:
+    """Each stage's share of the level's wall time and its mean step, busiest first."""
+    busiest = sorted(steps.items(), key=lambda item: -item[1].busy_share)
+    return ", ".join(f"{name} {100 * s.busy_share:.0f} % ({s.mean_ms:.1f} ms x {s.steps})" for name, s in busiest)
 
 
 def _picture(image: ImageInfo) -> str:
@@ -83,6 +93,8 @@ def print_voice_summary(result: VoiceResult, console: Console) -> None:
                       f"turn / first turn p50 {_fmt(ratio.p50, '.2f')}, p99 {_fmt(ratio.p99, '.2f')}; server "
                       f"speech_stopped -> first audio mean {_fmt(lv.server_turn_latency_mean_s)} s; client lag p99 "
                       f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}{picture}")
+        if lv.server_steps:
+            console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} steps: {_steps(lv.server_steps)}")
 
 
 def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:

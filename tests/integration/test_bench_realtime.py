@@ -66,6 +66,7 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
         assert {"thinker", "talker", "code2wav"} <= {key.split("/")[0] for key in lv["server_steps"]}
     assert (tmp_path / "voice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench --realtime voice (tiny)" in result.stdout and "vad opus C=2: " in result.stdout
+    assert "vad opus C=2 steps: " in result.stdout and " ms x " in result.stdout  # each stage's share, busiest first
 
 
 def test_chat_with_input_audio_sends_the_questions(short_replies: Server, tmp_path: Path) -> None:
@@ -77,3 +78,4 @@ def test_chat_with_input_audio_sends_the_questions(short_replies: Server, tmp_pa
     assert level["failures"] == 0 and level["ttfp_s"]["mean"] > 0
     # "#<index>" alone is about 10 tokens; each 3 s question adds its audio's
     assert all(r["prompt_tokens"] > 30 for r in level["records"])
+    assert "P=1 C=2 steps: " in result.stdout and "thinker/" in result.stdout
