@@ -45,8 +45,11 @@ def step_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[f
     """Each stage's and phase's steps over a level, from its /metrics before and after (`server_latency_sums`)."""
     shares: dict[str, StageSteps] = {}
     for key, (total, count) in after.items():
-        if key.startswith(f"{STEP_HISTOGRAM}{{") and (steps := count - before.get(key, (0.0, 0.0))[1]) > 0:
-            spent = total - before.get(key, (0.0, 0.0))[0]
+        if not key.startswith(f"{STEP_HISTOGRAM}{{"):
+            continue
+        total_before, count_before = before.get(key, (0.0, 0.0))
+        if (steps := count - count_before) > 0:
+            spent = total - total_before
             labels = dict(item.split("=", 1) for item in key[len(STEP_HISTOGRAM) + 1 : -1].split(","))
             shares[f"{labels.get('stage')}/{labels.get('phase')}"] = StageSteps(
                 int(steps), 1000 * spent / steps, spent / wall_s if wall_s > 0 else 0.0)

@@ -5,8 +5,8 @@ positions each, out of one pool shared by all slots. A slot takes pages as its p
 the Thinker's stage reserves a prompt's and its longest reply's when it starts (engine/stages/thinker.py), so
 memory follows what the conversations hold rather than `num_slots x max_len`: the pool's size (`num_pages`)
 is the budget, and a slot can still grow to `max_len`. A forward over any set of slots, each at its own
-position, goes through a packed batch (engine/runners/packed_batch.py), which the model's attention layers call as their
-`cache`; it carries each sequence's page list, so nothing on the device changes when pages move.
+position, goes through a packed batch (engine/runners/packed_batch.py), which the model's attention layers
+call as their `cache`; it carries each sequence's page list, so nothing on the device changes when pages move.
 """
 
 from __future__ import annotations

@@ -103,7 +103,6 @@ class PackedBatch:
         self.cache = cache
         self.attention = attention
         self.tokens, self.seqs = tokens, seqs
-        self.blocks = num_blocks(tokens, seqs, attention.block_q)
         self.meta = meta
         self.pieces = pieces
         sizes = _part_sizes(tokens, seqs, attention.block_q, cache.pages_per_slot)

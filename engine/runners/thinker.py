@@ -149,15 +149,13 @@ class ThinkerRunner:
         slots = [kv.allocate() for _ in range(2 if kv.num_slots > 1 and kv.num_pages > 1 else 1)]
         # the first slot's piece in the pages the others' one row leaves it
         longest = min(kv.max_len, (kv.num_pages - len(slots) + 1) * kv.page_size) - 1
-        steps = 0
-        for first in (min(17, longest), min(511, longest)):
+        firsts = (min(17, longest), min(511, longest))
+        for first in firsts:
             pieces = [Piece(slot, 0, first if i == 0 else 1) for i, slot in enumerate(slots)]
-            embeds = self.embed([0] * sum(p.length for p in pieces))
-            self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces))
-            steps += 1
+            self.packed_step(self.embed([0] * (first + len(slots) - 1)), PackedBatch.of(kv, self.attention, pieces))
         for slot in reversed(slots):  # the free list as it was
-            self.kv.free(slot)
-        return steps
+            kv.free(slot)
+        return len(firsts)
 
     def packed_step(self, embeds: torch.Tensor, batch: PackedBatch,
                     vision: tuple[torch.Tensor, VisionRows] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
