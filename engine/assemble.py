@@ -202,9 +202,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         for i, inbox in enumerate(talker_inboxes):
             with torch.inference_mode():
                 runner = TalkerRunner(
-                    talker, config, tts_embeds, max_batch=tl.max_batch,
-                    # a reply's talker sequence: the user turns plus one row per frame
-                    max_len=tk.max_model_len + tl.max_frames + 16, predictor=predictor,
+                    talker, config, tts_embeds, max_batch=tl.max_batch, max_len=profile.stages.talker_max_len,
+                    kv_tokens=tl.kv_cache_tokens, predictor=predictor,
                     attention=packed_attention.KernelAttention() if triton else None,
                     capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,

@@ -64,6 +64,9 @@ class EngineMetrics:
             "engine_talker_prompt_rows", "Talker prompt rows, by whether a slot kept from the conversation's last "
             "reply held them (cached) or a step prefilled them", ["source"], registry=r,
         )
+        self.talker_kv_pages = Gauge("engine_talker_kv_pages", "The Talker's KV pages by what holds them: replies "
+                                     "(speaking or prefilling), kept (a conversation's user rows) or free", ["holder"],
+                                     registry=r)
         self.cold_work = ColdWork(r)
         self.prefix = PrefixCacheMetrics(r)
 

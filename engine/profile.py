@@ -82,6 +82,10 @@ class TalkerConfig:
     max_batch: int = field(default=16, metadata=_at_least(1))
     replicas: int = field(default=1, metadata=_at_least(1))
     max_frames: int = field(default=4096, metadata=_at_least(1))
+    # the Talker's KV positions for all slots together; 0: every slot its whole reply (`StagesConfig.talker_max_len`).
+    # Less, and slots share the pool: a reply reserves its prompt's rows and `max_frames` when its prefill starts,
+    # so a prompt shorter than max_model_len holds no KV for the rest (20 KiB a row on the released model)
+    kv_cache_tokens: int = field(default=0, metadata=_at_least(0))
     # rows one step may carry: a row per speaking reply, prompt pieces in the rest (and the largest graph)
     max_step_tokens: int = field(default=2048, metadata=_at_least(1))
     ignore_eos: bool = False
@@ -226,6 +230,16 @@ class StagesConfig:
     thinker: ThinkerConfig = field(default_factory=ThinkerConfig)
     talker: TalkerConfig = field(default_factory=TalkerConfig)
     code2wav: Code2WavConfig = field(default_factory=Code2WavConfig)
+
+    def __post_init__(self) -> None:
+        if 0 < self.talker.kv_cache_tokens < self.talker_max_len:
+            raise ProfileError(f"stages.talker.kv_cache_tokens: must hold one reply of thinker.max_model_len + "
+                               f"talker.max_frames + 16 ({self.talker_max_len}), got {self.talker.kv_cache_tokens}")
+
+    @property
+    def talker_max_len(self) -> int:
+        """The rows a reply's Talker sequence can reach: its user turns, the assistant part, a row per frame."""
+        return self.thinker.max_model_len + self.talker.max_frames + 16
 
 
 @dataclass(frozen=True, slots=True)

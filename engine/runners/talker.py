@@ -62,12 +62,13 @@ class TalkerRunner:
     """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps.
 
     `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]).
+    `kv_tokens`: the KV pool's rows for all slots (engine/runners/kv_cache.py); 0, every slot its `max_len`.
     `predictor`: the 15 residual codebooks of a frame (engine/runners/code_predictor.py); by default
     transformers' own modules, the eager reference.
     `attention`, `capture` and `cold` as the Thinker runner's."""
 
     def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
-                 predictor: CodePredictor | None = None, attention: PackedAttention | None = None,
+                 kv_tokens: int = 0, predictor: CodePredictor | None = None, attention: PackedAttention | None = None,
                  capture: Callable[[TalkerRunner], StepGraphs] | None = None, cold: ColdWork | None = None) -> None:
         self.talker = talker
         use_packed_attention(talker.model)
@@ -99,16 +100,8 @@ class TalkerRunner:
         self.suppress[vocab - 1024 :] = True
         self.suppress[self.codec_eos_id] = False
         self.tts_bos, self.tts_eos, self.tts_pad = self.text_projection(tts_embeds.to(self.device, self.dtype))
-        text_config = tc.text_config
-        self.kv = SlotKVCache(
-            num_layers=text_config.num_hidden_layers,
-            num_slots=max_batch,
-            num_kv_heads=text_config.num_key_value_heads,
-            head_dim=text_config.head_dim,
-            max_len=max_len,
-            dtype=self.dtype,
-            device=self.device,
-        )
+        self.kv = SlotKVCache.for_decoder(tc.text_config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
+                                          device=self.device, pool_positions=kv_tokens)
         # per slot, the codebook-0 ids its reply has produced (the repetition penalty's history), kept on
         # the device: a step marks its tokens with one scatter, whatever the replies' lengths
         self.seen_codes = torch.zeros(max_batch, vocab, dtype=torch.bool, device=self.device)

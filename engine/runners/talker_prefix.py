@@ -7,9 +7,10 @@ history in the Talker on every turn. A Talker row at Thinker position p depends 
 p alone (its token, or the Thinker's causal hidden row there), so a kept slot's first rows hold for a new
 prompt as far as the two Thinker prompts agree: the rows that end at or before their longest common prefix.
 
-Kept slots are given back, least recently used first, whenever a reply needs a slot and none is free; a match
-moves the slot to the new reply (what it holds past the match is the old reply's assistant part and frames,
-which the new prompt overwrites).
+A kept slot holds the pages of its user rows alone (the assistant part and frames go back to the pool). Kept
+slots are given back, least recently used first, whenever a reply needs a slot and none is free, or pages and
+the pool is short; a match moves the slot to the new reply (what it holds past the match is the old reply's
+assistant part, which the new prompt overwrites).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from engine.runners.kv_cache import SlotKVCache
 
@@ -45,11 +46,13 @@ def user_row_ends(user_spans: tuple[tuple[int, int], ...]) -> np.ndarray:
 
 class TalkerPrefixCache:
     """Owns the kept slots (of `kv`, outside its free list), most recently kept or used last. `rows`: the
-    Talker's prompt rows, by whether a kept slot held them (cached) or a step prefilled them."""
+    Talker's prompt rows, by whether a kept slot held them (cached) or a step prefilled them; `pages`: the KV
+    pool's pages by holder (replies, kept, free)."""
 
-    def __init__(self, kv: SlotKVCache, rows: Counter, *, min_rows: int = 32) -> None:
+    def __init__(self, kv: SlotKVCache, rows: Counter, pages: Gauge, *, min_rows: int = 32) -> None:
         self.kv = kv
         self.rows = rows
+        self.pages = pages
         self.min_rows = min_rows
         self.entries: OrderedDict[int, KeptRows] = OrderedDict()
 
@@ -63,11 +66,34 @@ class TalkerPrefixCache:
             self.kv.free(self.entries.popitem(last=False)[1].slot)
         return self.kv.allocate()
 
+    def _kept_pages(self) -> int:
+        return int(self.kv.held[list(self.entries)].sum())
+
+    def can_hold(self, rows: int) -> bool:
+        """Whether a new reply of `rows` rows can have its pages, kept slots given up for them."""
+        return self.kv.pages_for(rows) <= self.kv.num_free_pages + self._kept_pages()
+
+    def reserve(self, slot: int, rows: int) -> bool:
+        """Pages for rows [0, rows) of `slot`, kept slots given up for them least recently used first; False
+        (and no kept slot given up) when even all of them would not do."""
+        if self.kv.pages_for(rows) - int(self.kv.held[slot]) > self.kv.num_free_pages + self._kept_pages():
+            return False
+        while not self.kv.reserve(slot, rows):
+            self.kv.free(self.entries.popitem(last=False)[1].slot)
+        return True
+
     def keep(self, entry: KeptRows) -> None:
         if len(entry.row_ends) < self.min_rows:
             self.kv.free(entry.slot)
             return
+        self.kv.trim(entry.slot, len(entry.row_ends))
         self.entries[entry.slot] = entry
+
+    def count_pages(self) -> None:
+        kept = self._kept_pages()
+        free = self.kv.num_free_pages
+        for holder, n in (("replies", self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):
+            self.pages.labels(holder).set(n)
 
     def claim(self, keys: np.ndarray, row_ends: np.ndarray) -> TalkerReuse | None:
         """The kept slot holding the most of a new prompt's user rows, now the caller's; None when no slot

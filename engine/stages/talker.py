@@ -8,7 +8,8 @@ piece), its assistant part once the first text token is here, so at that token a
 its last piece samples the reply's first codebook-0 id. No step is a prefill alone while anyone
 speaks, and a long conversation's prompt never holds the GPU at once. A conversation's next turn
 takes the slot its last reply left, with the user rows it holds (engine/runners/talker_prefix.py),
-and prefills only the new ones.
+and prefills only the new ones. Its first piece reserves the KV pages of its prompt and its longest reply
+(`max_frames`); a reply waits while the running ones hold the pool.
 When the Thinker paces its text (engine/stages/policy.py), each step tells it which replies
 consumed a row.
 """
@@ -38,7 +39,7 @@ from engine.handoff import (
 from engine.metrics import EngineMetrics
 from engine.profile import TalkerConfig
 from engine.runners.sampler import RowSampling, new_seed, sample
-from engine.runners.talker import PromptLayout, TalkerRow, TalkerRunner
+from engine.runners.talker import ASSISTANT_ROWS, PromptLayout, TalkerRow, TalkerRunner
 from engine.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
 from engine.stages.base import Stage
 from engine.vision import Rope
@@ -113,7 +114,7 @@ class TalkerStage(Stage):
         self.cfg = cfg
         self.to_code2wav = to_code2wav
         self.to_thinker = to_thinker
-        self.cache = TalkerPrefixCache(runner.kv, metrics.talker_prompt_rows)
+        self.cache = TalkerPrefixCache(runner.kv, metrics.talker_prompt_rows, metrics.talker_kv_pages)
         self.pending: dict[str, TalkerSeq] = {}
         self.running: dict[str, TalkerSeq] = {}
         self._consumed: list[str] = []  # this step's, for the next SpeechProgress
@@ -134,10 +135,6 @@ class TalkerStage(Stage):
             )
             if item.grids:
                 prompt.rope = Rope.of(self.runner.positions(layout, item.token_ids, list(item.grids)))
-            if (reuse := self.cache.claim(item.keys, prompt.row_ends)) is not None:
-                prompt.slot, prompt.position = reuse.slot, reuse.rows
-                prompt.held_until = int(prompt.row_ends[reuse.rows - 1])
-                self.runner.forget_codes([prompt.slot])
             return
         seq = self.pending.get(item.request_id) or self.running.get(item.request_id)
         if seq is None:  # aborted meanwhile
@@ -165,9 +162,26 @@ class TalkerStage(Stage):
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
 
     def _may_prefill(self, seq: TalkerSeq) -> bool:
-        if seq.slot < 0 and not self.cache.num_free:
+        if seq.slot < 0 and not (self.cache.num_free and self.cache.can_hold(self._room(seq))):
             return False
         return bool(seq.arrived) or (seq.todo is not None and bool(seq.todo.shape[0])) or self._header_ready(seq)
+
+    def _room(self, seq: TalkerSeq) -> int:
+        """The rows a reply can come to hold: its prompt's and a row per frame (reserved when its prefill starts,
+        so that a speaking reply never waits for the KV cache's pages)."""
+        return min(len(seq.row_ends) + ASSISTANT_ROWS + self.cfg.max_frames, self.runner.kv.max_len)
+
+    def _start(self, seq: TalkerSeq) -> None:
+        """Give a reply its slot, the one its conversation's last reply left when that holds enough of its user
+        rows, and the pages of its whole room."""
+        if (reuse := self.cache.claim(seq.prompt.keys, seq.row_ends)) is not None:
+            seq.slot, seq.position = reuse.slot, reuse.rows
+            seq.held_until = int(seq.row_ends[reuse.rows - 1])
+        else:
+            seq.slot = self.cache.allocate()
+        self.runner.forget_codes([seq.slot])
+        reserved = self.cache.reserve(seq.slot, self._room(seq))
+        assert reserved, "_may_prefill said its pages could be had"
 
     def _header_ready(self, seq: TalkerSeq) -> bool:
         """Its assistant part can be queued: the first text token and every prompt row are here."""
@@ -205,12 +219,11 @@ class TalkerStage(Stage):
                 break
             if not self._may_prefill(seq):
                 continue
+            if seq.slot < 0:
+                self._start(seq)
             self._queue_rows(seq)
             if seq.todo is None or not seq.todo.shape[0]:
                 continue  # nothing of it to prefill yet (rows with no user turn, or its first text token to come)
-            if seq.slot < 0:
-                seq.slot = self.cache.allocate()
-                self.runner.forget_codes([seq.slot])
             rows, seq.todo = seq.todo[:room], seq.todo[room:]
             pieces.append((seq, rows))
             room -= rows.shape[0]
@@ -275,6 +288,7 @@ class TalkerStage(Stage):
         if sampled:
             at = [i for i, _ in sampled]
             self._take_code0([seq for _, seq in sampled], logits[at], hidden[at])
+        self.cache.count_pages()
 
     def _next_text_rows(self, seqs: list[TalkerSeq]) -> torch.Tensor:
         """Each request's next text-track row [B, H]: its next Thinker token, then tts_eos once, then tts_pad."""

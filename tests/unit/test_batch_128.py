@@ -1,6 +1,7 @@
 """128 replies at once (the tiny model on the CPU): admission lets 128 run, the Thinker's 128 slots share a KV
-pool of a quarter of 128 x max_model_len, and every reply finishes with its text and speech; replies after
-them take the pages the first gave back."""
+pool of a quarter of 128 x max_model_len, the Talker's a pool of 64 pages (each reply reserves one, so half of
+them wait for the others' pages), and every reply finishes with its text and speech; replies after them take
+the pages the first gave back, and every page is back in the end."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from engine import (
     create_engine,
 )
 from engine.profile import load_profile
+from engine.runners.kv_cache import PAGE_SIZE
 
 REPLIES = 128
+TALKER_PAGES = 64
 GREEDY = {"temperature": 0}
 
 
@@ -30,7 +33,8 @@ def _engine(cache_dir: Path):
                            stage_overrides={
                                "thinker": {**on, "max_model_len": 512, "kv_cache_tokens": REPLIES * 512 // 4,
                                            "max_step_tokens": 2048},
-                               "talker": {**on, "max_frames": 4, "sampling": GREEDY, "code_sampling": GREEDY},
+                               "talker": {**on, "max_frames": 4, "kv_cache_tokens": TALKER_PAGES * PAGE_SIZE,
+                                          "sampling": GREEDY, "code_sampling": GREEDY},
                                "code2wav": on})
     return create_engine("tiny", profile, cache_dir)
 
@@ -56,11 +60,13 @@ def test_128_replies_at_once_share_the_kv_pool(cache_dir: Path) -> None:
         await engine.start()
         try:
             first = await asyncio.gather(*(_reply(engine, f"a{i}") for i in range(REPLIES)))
-            return first, await asyncio.gather(*(_reply(engine, f"b{i}") for i in range(16)))
+            second = await asyncio.gather(*(_reply(engine, f"b{i}") for i in range(16)))
+            return first, second, engine.registry.get_sample_value("engine_talker_kv_pages", {"holder": "free"})
         finally:
             await engine.stop()
 
-    first, second = asyncio.run(run())
+    first, second, talker_free = asyncio.run(run())
+    assert talker_free == TALKER_PAGES  # the prompts are too short to keep: every page back
     assert len(first) == REPLIES
     for tokens, samples, finished in (*first, *second):
         assert isinstance(finished, Finished), finished

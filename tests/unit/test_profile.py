@@ -62,6 +62,9 @@ def test_stage_overrides_refine_one_key() -> None:
         ('{"thinker": {"sampling": {"top_p": 1.5}}}', "stages.thinker.sampling.top_p: must be <= 1.0"),
         ('{"vocoder": {}}', "stages.vocoder: unknown key"),
         ('{"thinker": {"enforce_eager": false}}', "stages.thinker.enforce_eager: unknown key"),
+        ('{"thinker": {"kv_cache_tokens": 100}}', "stages.thinker.kv_cache_tokens: must hold one sequence"),
+        # the tiny profile's 1024 positions + 48 frames + 16
+        ('{"talker": {"kv_cache_tokens": 1000}}', "stages.talker.kv_cache_tokens: must hold one reply of .*1088"),
         ("{not json", "--stage-overrides: not valid JSON"),
         ("[1, 2]", "--stage-overrides: must be a mapping"),
     ],

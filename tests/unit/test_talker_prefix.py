@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from engine import (
     AudioChunk,
@@ -29,11 +29,13 @@ from engine.runners.kv_cache import SlotKVCache
 from engine.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
 
 
-def small_cache(slots: int, min_rows: int = 4) -> TalkerPrefixCache:
+def small_cache(slots: int, min_rows: int = 4, pages: int | None = None) -> TalkerPrefixCache:
+    """Slots of 64 rows, in pages of 8 (`pages` of them: every slot its 64 rows by default)."""
     kv = SlotKVCache(num_layers=1, num_slots=slots, num_kv_heads=1, head_dim=2, max_len=64, dtype=torch.float32,
-                     device="cpu")
-    rows = Counter("rows", "", ["source"], registry=CollectorRegistry())
-    return TalkerPrefixCache(kv, rows, min_rows=min_rows)
+                     device="cpu", num_pages=pages, page_size=8)
+    registry = CollectorRegistry()
+    rows = Counter("rows", "", ["source"], registry=registry)
+    return TalkerPrefixCache(kv, rows, Gauge("pages", "", ["holder"], registry=registry), min_rows=min_rows)
 
 
 def test_user_rows_end_where_their_thinker_positions_do() -> None:
@@ -83,13 +85,46 @@ def test_short_rows_are_not_kept_and_kept_slots_are_given_back_oldest_first() ->
     assert cache.allocate() == first and list(cache.entries) == [second]
 
 
+def test_a_kept_slot_holds_its_user_rows_pages_alone() -> None:
+    cache = small_cache(2, pages=10)
+    slot = cache.kv.allocate()
+    assert cache.reserve(slot, 60)  # 8 pages: a prompt of 20 user rows, the assistant part and frames
+    cache.keep(KeptRows(slot, np.arange(30), user_row_ends(((0, 20),))))
+    assert cache.kv.pages(slot) and cache.kv.held[slot] == 3 and cache.kv.num_free_pages == 7
+    cache.count_pages()
+    assert {h: cache.pages.labels(h)._value.get() for h in ("replies", "kept", "free")} == \
+        {"replies": 0, "kept": 3, "free": 7}
+
+
+def test_a_reply_takes_kept_pages_oldest_first_and_none_when_even_they_would_not_do() -> None:
+    cache = small_cache(4, pages=12)
+    speaking = cache.kv.allocate()
+    assert cache.reserve(speaking, 40)  # 5 pages
+    old, new = cache.kv.allocate(), cache.kv.allocate()
+    for slot, rows in ((old, 32), (new, 16)):  # 4 and 2 pages
+        assert cache.reserve(slot, rows)
+        cache.keep(KeptRows(slot, np.arange(100 * slot, 100 * slot + rows), user_row_ends(((0, rows),))))
+    reply = cache.allocate()
+    assert cache.kv.num_free_pages == 1 and cache.can_hold(56) and not cache.can_hold(64)
+    assert not cache.reserve(reply, 64)  # 8 pages: 1 free and 6 kept would not do
+    assert list(cache.entries) == [old, new]  # nothing given up for a reservation that failed
+    assert cache.reserve(reply, 40)  # 5 pages: the free one, then the oldest kept slot's 4
+    assert list(cache.entries) == [new] and cache.kv.num_free_pages == 0 and cache.kv.held[reply] == 5
+    cache.count_pages()
+    assert {h: cache.pages.labels(h)._value.get() for h in ("replies", "kept", "free")} == \
+        {"replies": 10, "kept": 2, "free": 0}
+
+
 # -- end to end on the tiny engine
 
 
 @pytest.fixture(scope="module")
 async def engines(tiny_checkpoint: Path, cache_dir: Path) -> AsyncIterator[tuple[Engine, Engine]]:
     profile = load_profile(model="tiny", platform="cpu", stage_overrides={"thinker": {"ignore_eos": True}})
-    served, fresh = create_engine("tiny", profile, cache_dir), create_engine("tiny", profile, cache_dir)
+    # the served engine's Talker on the smallest pool its profile allows: kept rows and replies share 5 pages
+    pooled = load_profile(model="tiny", platform="cpu", stage_overrides={
+        "thinker": {"ignore_eos": True}, "talker": {"kv_cache_tokens": profile.stages.talker_max_len}})
+    served, fresh = create_engine("tiny", pooled, cache_dir), create_engine("tiny", profile, cache_dir)
     await served.start()
     await fresh.start()
     yield served, fresh
