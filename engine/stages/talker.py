@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,10 +161,21 @@ class TalkerStage(Stage):
     def _ready(self) -> list[TalkerSeq]:
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
 
-    def _may_prefill(self, seq: TalkerSeq) -> bool:
-        if seq.slot < 0 and not (self.cache.num_free and self.cache.can_hold(self._room(seq))):
-            return False
-        return bool(seq.arrived) or (seq.todo is not None and bool(seq.todo.shape[0])) or self._header_ready(seq)
+    def _prefillable(self) -> Iterator[TalkerSeq]:
+        """Pending replies with rows to prefill now, first come first served; one without a slot only while a
+        slot and its pages can be had, and none after one that waits for pages (a long prompt is not passed
+        over for ever by short ones)."""
+        waiting = False
+        for seq in self.pending.values():
+            if not (seq.arrived or (seq.todo is not None and seq.todo.shape[0]) or self._header_ready(seq)):
+                continue
+            if seq.slot < 0:
+                if waiting:
+                    continue
+                if not (self.cache.num_free and self.cache.can_hold(self._room(seq))):
+                    waiting = True
+                    continue
+            yield seq
 
     def _room(self, seq: TalkerSeq) -> int:
         """The rows a reply can come to hold: its prompt's and a row per frame (reserved when its prefill starts,
@@ -181,7 +192,7 @@ class TalkerStage(Stage):
             seq.slot = self.cache.allocate()
         self.runner.forget_codes([seq.slot])
         reserved = self.cache.reserve(seq.slot, self._room(seq))
-        assert reserved, "_may_prefill said its pages could be had"
+        assert reserved, "_prefillable said its pages could be had"
 
     def _header_ready(self, seq: TalkerSeq) -> bool:
         """Its assistant part can be queued: the first text token and every prompt row are here."""
@@ -189,8 +200,8 @@ class TalkerStage(Stage):
                 and seq.received + sum(r.embeds.shape[0] for r in seq.arrived) == len(seq.prompt.token_ids))
 
     def has_work(self) -> bool:
-        return bool(self._ready()) or any(
-            (s.first_text is None and s.thinker_done) or self._may_prefill(s) for s in self.pending.values())
+        return (bool(self._ready()) or any(s.first_text is None and s.thinker_done for s in self.pending.values())
+                or next(self._prefillable(), None) is not None)
 
     def num_waiting(self) -> int:
         return len(self.pending)
@@ -214,11 +225,9 @@ class TalkerStage(Stage):
     def _take_pieces(self, room: int) -> list[tuple[TalkerSeq, torch.Tensor]]:
         """Prompt rows for one step, first come first served, until the step's `room` is used."""
         pieces = []
-        for seq in self.pending.values():
+        for seq in self._prefillable():  # it checks each reply's pages as the ones before it take theirs
             if room <= 0:
                 break
-            if not self._may_prefill(seq):
-                continue
             if seq.slot < 0:
                 self._start(seq)
             self._queue_rows(seq)

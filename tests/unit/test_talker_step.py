@@ -1,7 +1,8 @@
 """One packed Talker step (engine/runners/talker.py) equals its parts: a prompt and decode rows packed together
 equal each alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a step padded to a
 graph's bucket equals the exact step, its padding written only into the scratch page. And the stage's own
-rules: the repetition history per slot, no codec EOS before a reply's first frame."""
+rules: the repetition history per slot, no codec EOS before a reply's first frame, replies waiting for the KV pool
+in order."""
 
 from __future__ import annotations
 
@@ -156,3 +157,46 @@ def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
     assert int(seqs[0].code0) == 7  # the new reply speaks
     assert stage._finished == ["speaking"] and "speaking" not in stage.running
     assert [frames.is_final for frames in sent] == [True]  # only the reply with frames ended
+
+
+def test_replies_wait_for_the_talker_kv_pool_first_come_first_served(loaded: object) -> None:
+    """A Talker pool of 16 pages of 8 rows: a reply starts when its prompt's rows and `max_frames` can be
+    reserved; a short prompt behind a long one that waits for pages waits too, and they start in order."""
+    from engine.handoff import Inbox, PromptRows, ThinkerPrompt
+    from engine.metrics import EngineMetrics
+    from engine.profile import TalkerConfig
+    from engine.runners.kv_cache import SlotKVCache
+    from engine.stages.talker import TalkerStage
+
+    gen = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        runner = runner_of(loaded, 7)
+        text = runner.config.talker_config.text_config
+        runner.kv = SlotKVCache(num_layers=text.num_hidden_layers, num_slots=6, num_kv_heads=text.num_key_value_heads,
+                                head_dim=text.head_dim, max_len=128, dtype=torch.float32, device="cpu",
+                                num_pages=16, page_size=8)
+        stage = TalkerStage(runner, TalkerConfig(max_frames=8), Inbox(), lambda _: None, None, lambda _: None,
+                            EngineMetrics())
+        speaking = runner.kv.allocate()
+        assert runner.kv.reserve(speaking, 16)  # another reply holds 2 pages
+
+        def arrive(rid: str, user_tokens: int) -> None:
+            config = runner.config
+            ids = [config.im_start_token_id, config.user_token_id, *[9] * user_tokens,
+                   config.im_start_token_id, config.assistant_token_id, 198]
+            stage.accept(ThinkerPrompt(rid, ids, "ethan", 0, np.asarray(ids, dtype=np.int64)))
+            stage.accept(PromptRows(rid, torch.randn(len(ids), WIDTH, generator=gen),
+                                    torch.randn(len(ids), WIDTH, generator=gen)))
+
+        arrive("long", 98)  # 100 user rows + 9 + 8 frames: 15 pages, 14 free
+        arrive("short", 20)  # 22 + 9 + 8: 5 pages, which are free, but it came second
+        assert not stage.has_work()
+        runner.kv.free(speaking)
+        assert stage.has_work()
+        stage.step()  # the long prompt's user rows (its first text token has not come)
+        assert stage.last_batch == ["long"] and stage.pending["long"].position == 100
+        assert runner.kv.held[stage.pending["long"].slot] == 15 and stage.pending["short"].slot < 0
+        stage.release("long")  # its user rows are kept, 13 pages, and given up for the next reply
+        assert runner.kv.num_free_pages == 3 and list(stage.cache.entries)
+        stage.step()
+        assert stage.last_batch == ["short"] and not stage.cache.entries and runner.kv.num_free_pages == 11
