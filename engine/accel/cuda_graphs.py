@@ -114,10 +114,10 @@ class GraphedPacked:
     step's outputs are per sequence, then `per_token` of them per token."""
 
     def __init__(self, step: PackedStep, kv: SlotKVCache, attention: PackedAttention, hidden_size: int,
-                 dtype: torch.dtype, tokens: tuple[int, ...], *, per_token: int) -> None:
+                 dtype: torch.dtype, tokens: tuple[int, ...], *, seqs: int, per_token: int) -> None:
         device = kv.keys[0].device
         self.per_token = per_token
-        self.seqs = kv.num_slots  # a step holds each slot at most once
+        self.seqs = seqs  # the most sequences a step holds: its stage's `max_batch`
         self.buckets: dict[int, _PackedBucket] = {}
         pool = None
         capture_stream = torch.cuda.Stream(device)
@@ -192,13 +192,14 @@ def talker_capture(max_tokens: int) -> Callable[[TalkerRunner], StepGraphs]:
 
     def capture_all(runner: TalkerRunner) -> StepGraphs:
         def make() -> StepGraphs:
-            predictor = GraphedCodePredictor(runner, _buckets(runner.kv.num_slots))
+            predictor = GraphedCodePredictor(runner, _buckets(runner.max_batch))
             if not runner.attention.block_q:
                 log.warning("talker: packed steps are not graphed without the attention kernel (kernels: triton)")
                 return StepGraphs(predictor=predictor)
             hidden = runner.codec_embedding.embedding_dim
             packed = _compiled("talker", lambda: GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden,
-                                                               runner.dtype, packed_tokens(max_tokens), per_token=0),
+                                                               runner.dtype, packed_tokens(max_tokens),
+                                                               seqs=runner.max_batch, per_token=0),
                                runner.talker.model.layers)
             log.info("talker packed steps captured for %s rows", sorted(packed.buckets))
             return StepGraphs(packed=packed, predictor=predictor)
@@ -226,7 +227,7 @@ def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
             hidden = runner.text_model.embed_tokens.embedding_dim
             tokens = packed_tokens(max_tokens)
             packed = _compiled("thinker", lambda: GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden,
-                                                                runner.dtype, tokens, per_token=1),
+                                                                runner.dtype, tokens, seqs=runner.max_batch, per_token=1),
                                runner.text_model.layers)
             log.info("thinker packed steps captured for %s tokens", sorted(packed.buckets))
             return StepGraphs(packed=packed)

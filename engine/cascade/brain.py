@@ -80,7 +80,7 @@ class BrainRunner:
         self.attention = attention or ReferenceAttention()
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kv = SlotKVCache.for_decoder(model.config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
+        self.kv = SlotKVCache.for_decoder(model.config, max_batch=max_batch, max_len=max_len, dtype=self.dtype,
                                           device=self.device)
         self._cache_kw = cache_kwarg(self.text_model)
 

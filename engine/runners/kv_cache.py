@@ -64,14 +64,17 @@ class SlotKVCache:
         self.held = np.zeros(num_slots, dtype=np.int64)
 
     @classmethod
-    def for_decoder(cls, config: Any, *, num_slots: int, max_len: int, dtype: torch.dtype,
-                    device: torch.device | str, pool_positions: int = 0) -> SlotKVCache:
-        """The cache of a transformers decoder with `config` (its layers, KV heads and head size); `pool_positions`:
-        the pool's size in positions (0: every slot its `max_len`)."""
+    def for_decoder(cls, config: Any, *, max_batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                    pool_positions: int = 0, kept_slots: int = 0) -> SlotKVCache:
+        """The cache of a transformers decoder with `config` (its layers, KV heads and head size): a slot for each
+        of `max_batch` sequences at once and `kept_slots` more for kept prefixes (engine/runners/prefix_cache.py);
+        `pool_positions`: the pool's size in positions (0: `max_batch` x `max_len`, every sequence its whole
+        length)."""
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        num_pages = -(-pool_positions // PAGE_SIZE) if pool_positions else None
-        return cls(num_layers=config.num_hidden_layers, num_slots=num_slots, num_kv_heads=config.num_key_value_heads,
-                   head_dim=head_dim, max_len=max_len, dtype=dtype, device=device, num_pages=num_pages)
+        num_pages = -(-pool_positions // PAGE_SIZE) if pool_positions else max_batch * -(-max_len // PAGE_SIZE)
+        return cls(num_layers=config.num_hidden_layers, num_slots=max_batch + kept_slots,
+                   num_kv_heads=config.num_key_value_heads, head_dim=head_dim, max_len=max_len, dtype=dtype,
+                   device=device, num_pages=num_pages)
 
     @property
     def num_free(self) -> int:

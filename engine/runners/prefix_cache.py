@@ -6,8 +6,10 @@ takes the entry with the longest common prefix (at least `min_tokens`, so that t
 prompt shares, a chat template's header, never move a conversation's slot or cost a copy) and
 prefills only what follows. A match that covers the entry's prompt moves the slot to the new request (what is left
 past it is that conversation's reply); a shorter one (one system prompt, many users) copies the
-shared part into a free slot and leaves the entry for others. Kept slots are given back, least recently used first,
-whenever a request needs a slot and none is free, so the cache only ever holds slots nobody else
+shared part into a free slot and leaves the entry for others. The KV cache has `KEPT_PER_SLOT` slots for kept
+prefixes beside each request's (a slot is a row of the page table; what a kept prefix holds is pages of the shared
+pool), so more conversations than `max_batch` keep theirs; kept slots are given back, least recently used first,
+whenever a request needs a slot or pages and none are free, so the cache only ever holds what nobody else
 wants. Anything that does not match prefills in full, as it would without the cache.
 
 More conversations than slots would push one another out, so a kept slot given back moves its KV to a
@@ -30,6 +32,11 @@ import torch
 
 from engine.metrics import PrefixCacheMetrics
 from engine.runners.kv_cache import SlotKVCache
+from engine.runners.prefix_index import PrefixIndex
+
+# slots for kept prefixes per request slot: three listening conversations per running request keep their
+# prefixes, as long as the pool has room for their pages
+KEPT_PER_SLOT = 3
 
 
 def position_keys(token_ids: list[int], media_spans: list[tuple[int, int]], media_keys: list[int]) -> np.ndarray:
@@ -80,6 +87,9 @@ class PrefixCache:
         self.host_bytes = host_bytes
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self.host: OrderedDict[int, HostEntry] = OrderedDict()  # by the count of moves there
+        # a match shorter than `min_tokens` is never taken: blocks of that many find the candidates
+        self._in_slots: PrefixIndex[int] = PrefixIndex(min_tokens)
+        self._in_host: PrefixIndex[int] = PrefixIndex(min_tokens)
         self._moves = 0
         self._host_used = 0
 
@@ -123,7 +133,7 @@ class PrefixCache:
     def _evict(self, slot: int | None = None) -> None:
         """A kept prefix out of its slot (the least recently used one by default): to the host pool, its slot
         and pages free."""
-        entry = self.entries.pop(slot) if slot is not None else self.entries.popitem(last=False)[1]
+        entry = self._take(next(iter(self.entries)) if slot is None else slot)
         self._to_host(entry)
         self.kv.free(entry.slot)
 
@@ -139,10 +149,9 @@ class PrefixCache:
         moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv, nbytes)
         self.metrics.evictions.labels("to_host").inc()
         self._moves += 1
-        self.host[self._moves] = moved
-        self._host_used += moved.nbytes
+        self._host_add(self._moves, moved)
         while self._host_used > self.host_bytes:
-            self._host_used -= self.host.popitem(last=False)[1].nbytes
+            self._host_take(next(iter(self.host)))
             self.metrics.evictions.labels("dropped").inc()
         self.metrics.host_bytes.set(self._host_used)
 
@@ -150,17 +159,35 @@ class PrefixCache:
         """A finished sequence's slot, holding `entry.keys`: the pages past them go back to the pool."""
         self.kv.trim(entry.slot, len(entry.keys))
         self.entries[entry.slot] = entry
+        self._in_slots.add(entry.slot, entry.keys)
+
+    def _take(self, slot: int) -> Entry:
+        self._in_slots.remove(slot)
+        return self.entries.pop(slot)
+
+    def _host_add(self, key: int, entry: HostEntry) -> None:
+        self.host[key] = entry
+        self._in_host.add(key, entry.keys)
+        self._host_used += entry.nbytes
+
+    def _host_take(self, key: int) -> HostEntry:
+        self._in_host.remove(key)
+        entry = self.host.pop(key)
+        self._host_used -= entry.nbytes
+        return entry
 
     def claim(self, keys: np.ndarray, media_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
         """A slot holding the longest cached prefix of a prompt with these keys, now the caller's; None
         when nothing long enough matches (allocate a slot and prefill it all)."""
         best: Entry | HostEntry | None = None
         best_key, best_length = 0, 0
-        candidates: list[tuple[int, Entry | HostEntry]] = [*self.entries.items(), *self.host.items()]
+        prompt = keys[:-1]  # the last prompt position is always prefilled: its logits
+        in_slots = self._in_slots.candidates(prompt, lambda s: _has(self.entries[s], want_hidden))
+        in_host = self._in_host.candidates(prompt, lambda k: _has(self.host[k], want_hidden))
+        candidates: list[tuple[int, Entry | HostEntry]] = [
+            *((s, self.entries[s]) for s in in_slots), *((k, self.host[k]) for k in in_host)]
         for key, entry in candidates:
-            if want_hidden and entry.hidden is None:
-                continue
-            n = min(len(entry.keys), len(keys) - 1)  # the last prompt position is always prefilled: its logits
+            n = min(len(entry.keys), len(prompt))
             same = entry.keys[:n] == keys[:n]
             length = n if same.all() else int(np.argmin(same))
             if length > best_length:
@@ -180,7 +207,7 @@ class PrefixCache:
         # reply (a conversation's next turn re-tokenizes the reply text, which may part from the
         # tokens generated), or when no slot is free (a copy would push out another conversation's).
         if best_length >= best.prompt_len or self.kv.num_free == 0:
-            del self.entries[best.slot]
+            self._take(best.slot)
             self.metrics.lookups.labels("slot").inc()
             return Reuse(best.slot, best_length, embeds, hidden)
         slot = self.kv.allocate()
@@ -196,8 +223,7 @@ class PrefixCache:
         """Copy a host entry's first `length` positions into a slot; the entry leaves the pool when the new
         prompt continues it (as a slot would move), and stays for others when they only share a part."""
         if length >= entry.prompt_len:
-            del self.host[key]
-            self._host_used -= entry.nbytes
+            self._host_take(key)
             self.metrics.host_bytes.set(self._host_used)
         else:
             self.host.move_to_end(key)
@@ -205,8 +231,7 @@ class PrefixCache:
         if not self.reserve(slot, length):  # the running sequences hold the pool: a fresh prefill, later
             self.kv.free(slot)
             if key not in self.host:
-                self.host[key] = entry
-                self._host_used += entry.nbytes
+                self._host_add(key, entry)
                 self.metrics.host_bytes.set(self._host_used)
             return None
         for layer, held in enumerate(entry.kv):
@@ -214,6 +239,11 @@ class PrefixCache:
         embeds, hidden = _rows(entry, length)
         device = self.kv.keys[0].device
         return Reuse(slot, length, _to(embeds, device), _to(hidden, device))
+
+
+def _has(entry: Entry | HostEntry, hidden: bool) -> bool:
+    """Whether an entry can serve a prompt that wants (or not) the Talker's hidden rows."""
+    return not hidden or entry.hidden is not None
 
 
 def _rows(entry: Entry | HostEntry, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

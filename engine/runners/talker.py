@@ -20,6 +20,7 @@ from engine.cold_work import ColdWork
 from engine.runners.code_predictor import CodePredictor, TransformersCodePredictor
 from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
+from engine.runners.prefix_cache import KEPT_PER_SLOT
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.sampler import RowSampling, RowTensors, host_to_device, penalise_seen
 from engine.vision import Grid, media_spans, mrope_positions
@@ -100,11 +101,13 @@ class TalkerRunner:
         self.suppress[vocab - 1024 :] = True
         self.suppress[self.codec_eos_id] = False
         self.tts_bos, self.tts_eos, self.tts_pad = self.text_projection(tts_embeds.to(self.device, self.dtype))
-        self.kv = SlotKVCache.for_decoder(tc.text_config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
-                                          device=self.device, pool_positions=kv_tokens)
+        self.max_batch = max_batch
+        self.kv = SlotKVCache.for_decoder(tc.text_config, max_batch=max_batch, max_len=max_len, dtype=self.dtype,
+                                          device=self.device, pool_positions=kv_tokens,
+                                          kept_slots=KEPT_PER_SLOT * max_batch)
         # per slot, the codebook-0 ids its reply has produced (the repetition penalty's history), kept on
         # the device: a step marks its tokens with one scatter, whatever the replies' lengths
-        self.seen_codes = torch.zeros(max_batch, vocab, dtype=torch.bool, device=self.device)
+        self.seen_codes = torch.zeros(self.kv.num_slots, vocab, dtype=torch.bool, device=self.device)
         self._cache_kw = cache_kwarg(talker.model)
         self.graphs = EAGER if capture is None else capture(self)
 

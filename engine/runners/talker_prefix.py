@@ -22,6 +22,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge
 
 from engine.runners.kv_cache import SlotKVCache
+from engine.runners.prefix_index import PrefixIndex
 
 
 @dataclass(slots=True)
@@ -55,6 +56,8 @@ class TalkerPrefixCache:
         self.pages = pages
         self.min_rows = min_rows
         self.entries: OrderedDict[int, KeptRows] = OrderedDict()
+        # `min_rows` user rows end `min_rows` Thinker positions in at least: blocks of that many find the candidates
+        self._index: PrefixIndex[int] = PrefixIndex(min_rows)
 
     @property
     def num_free(self) -> int:
@@ -63,8 +66,14 @@ class TalkerPrefixCache:
 
     def allocate(self) -> int:
         if self.kv.num_free == 0:
-            self.kv.free(self.entries.popitem(last=False)[1].slot)
+            self._give_back_oldest()
         return self.kv.allocate()
+
+    def _give_back_oldest(self) -> None:
+        slot = next(iter(self.entries))
+        self._index.remove(slot)
+        del self.entries[slot]
+        self.kv.free(slot)
 
     def _kept_pages(self) -> int:
         return int(self.kv.held[list(self.entries)].sum())
@@ -79,7 +88,7 @@ class TalkerPrefixCache:
         if self.kv.pages_for(rows) - int(self.kv.held[slot]) > self.kv.num_free_pages + self._kept_pages():
             return False
         while not self.kv.reserve(slot, rows):
-            self.kv.free(self.entries.popitem(last=False)[1].slot)
+            self._give_back_oldest()
         return True
 
     def keep(self, entry: KeptRows) -> None:
@@ -88,6 +97,7 @@ class TalkerPrefixCache:
             return
         self.kv.trim(entry.slot, len(entry.row_ends))
         self.entries[entry.slot] = entry
+        self._index.add(entry.slot, entry.keys)
 
     def count_pages(self) -> None:
         kept = self._kept_pages()
@@ -100,7 +110,7 @@ class TalkerPrefixCache:
         holds `min_rows` of them. The prompt's last user row is always prefilled (so is its assistant part)."""
         best: KeptRows | None = None
         best_rows = 0
-        for entry in self.entries.values():
+        for entry in (self.entries[slot] for slot in self._index.candidates(keys)):
             n = min(len(entry.keys), len(keys))
             same = entry.keys[:n] == keys[:n]
             agree = n if same.all() else int(np.argmin(same))
@@ -110,6 +120,7 @@ class TalkerPrefixCache:
                 best, best_rows = entry, rows
         if best is None or best_rows < self.min_rows:
             return None
+        self._index.remove(best.slot)
         del self.entries[best.slot]
         self.rows.labels("cached").inc(best_rows)
         return TalkerReuse(best.slot, best_rows)

@@ -23,6 +23,7 @@ from engine.cold_work import ColdWork
 from engine.runners.audio_encoder import AudioEncoder
 from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
+from engine.runners.prefix_cache import KEPT_PER_SLOT
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.vision_tower import VisionRows, VisionTower
 from engine.vision import ImageInput
@@ -97,8 +98,10 @@ class ThinkerRunner:
         text_config = config.thinker_config.text_config
         param = next(thinker.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.kv = SlotKVCache.for_decoder(text_config, num_slots=max_batch, max_len=max_len, dtype=self.dtype,
-                                          device=self.device, pool_positions=kv_tokens)
+        self.max_batch = max_batch
+        self.kv = SlotKVCache.for_decoder(text_config, max_batch=max_batch, max_len=max_len, dtype=self.dtype,
+                                          device=self.device, pool_positions=kv_tokens,
+                                          kept_slots=KEPT_PER_SLOT * max_batch)
         self._cache_kw = cache_kwarg(self.text_model)
         self._captured: list[torch.Tensor] = []
         self.text_model.layers[self.capture_layer].register_forward_hook(self._capture)

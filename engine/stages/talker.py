@@ -162,19 +162,21 @@ class TalkerStage(Stage):
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
 
     def _prefillable(self) -> Iterator[TalkerSeq]:
-        """Pending replies with rows to prefill now, first come first served; one without a slot only while a
-        slot and its pages can be had, and none after one that waits for pages (a long prompt is not passed
-        over for ever by short ones)."""
+        """Pending replies with rows to prefill now, first come first served; one without a slot only while fewer
+        than `max_batch` hold one and its pages can be had, and none after one that waits for pages (a long
+        prompt is not passed over for ever by short ones)."""
         waiting = False
+        holding = len(self.running) + sum(s.slot >= 0 for s in self.pending.values())
         for seq in self.pending.values():
             if not (seq.arrived or (seq.todo is not None and seq.todo.shape[0]) or self._header_ready(seq)):
                 continue
             if seq.slot < 0:
-                if waiting:
+                if waiting or holding >= self.cfg.max_batch:
                     continue
                 if not (self.cache.num_free and self.cache.can_hold(self._room(seq))):
                     waiting = True
                     continue
+                holding += 1  # the caller starts it
             yield seq
 
     def _room(self, seq: TalkerSeq) -> int:

@@ -153,7 +153,8 @@ class ThinkerStage(Stage):
 
     def _may_start(self) -> bool:
         """A slot, and the pages of the next waiting prompt and its longest reply, can be had."""
-        return bool(self.waiting) and self.cache.num_free > 0 and self.cache.can_hold(self._room(self.waiting[0]))
+        return (bool(self.waiting) and len(self.running) + len(self.partial) < self.cfg.max_batch
+                and self.cache.num_free > 0 and self.cache.can_hold(self._room(self.waiting[0])))
 
     def _room(self, seq: ThinkerSeq) -> int:
         """The positions a request can come to hold: its prompt and its longest reply (reserved when it starts,

@@ -63,7 +63,7 @@ def test_graphed_packed_steps_equal_eager(tiny_checkpoint: Path, compiled: bool)
         hidden = runner.text_model.embed_tokens.embedding_dim
         with compiled_layers(runner.text_model.layers) if compiled else contextlib.nullcontext():
             graphed = GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden, runner.dtype,
-                                    tokens=(1, 4, 16, 64), per_token=1)
+                                    tokens=(1, 4, 16, 64), seqs=runner.max_batch, per_token=1)
         ids = [151644, 872, 198, 9707, 11, 1246, 525, 498, 30, 151645, 198, 151644, 77091, 198]
         steps = [
             [StepRow(0, ids), StepRow(1, ids[:9])],  # 23 tokens: the 64 bucket
@@ -107,7 +107,7 @@ def test_graphed_talker_steps_equal_eager(tiny_checkpoint: Path, compiled: bool)
         width = talk.codec_embedding.embedding_dim
         with compiled_layers(talk.talker.model.layers) if compiled else contextlib.nullcontext():
             graphed = GraphedPacked(talk.packed_step, talk.kv, talk.attention, width, talk.dtype, tokens=(1, 4, 16, 32),
-                                    per_token=0)
+                                    seqs=talk.max_batch, per_token=0)
         gen = torch.Generator(device="cuda").manual_seed(0)
 
         def rows(n: int) -> torch.Tensor:

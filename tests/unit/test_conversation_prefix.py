@@ -1,6 +1,7 @@
 """A conversation on the tiny engine: turn 2 prefills only what turn 1 did not leave in the cache, and
-replies exactly as a full prefill would; kept prefixes give way to new requests; a long prompt prefilled in
-pieces replies as one prefilled whole; a steady run does no cold work."""
+replies exactly as a full prefill would; more conversations than request slots keep their prefixes, and kept
+prefixes give way to new requests; a long prompt prefilled in pieces replies as one prefilled whole; a steady
+run does no cold work."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from engine import (
     load_profile,
 )
 from engine.cold_work import EAGER_FALLBACK, TORCH_COMPILE, TRITON_COMPILE, UNWARMED_SHAPE
+from engine.runners.prefix_cache import KEPT_PER_SLOT
 
 
 def _engine(cache_dir: Path, **thinker: object) -> Engine:
@@ -86,14 +88,15 @@ async def test_turn_two_prefills_only_what_is_new_and_replies_as_a_full_prefill(
 
 @pytest.mark.parametrize("host_gib", [0.0, 1.0])
 async def test_kept_prefixes_give_way_to_new_requests(cache_dir: Path, host_gib: float) -> None:
-    """Two requests of their own take both slots, so the conversation's kept prefix gives its slot back: to the
-    host pool, whence its next turn copies it back and replies as a full prefill would; with no pool, gone."""
+    """Requests of their own take every slot (two for requests, and those for kept prefixes), so the
+    conversation's kept prefix gives its slot back: to the host pool, whence its next turn copies it back and
+    replies as a full prefill would; with no pool, gone."""
     engine, whole = _engine(cache_dir, max_batch=2, kept_prefix_host_gib=host_gib), _engine(cache_dir)
     await engine.start()
     await whole.start()
     try:
         first = await _ask(engine, "a1", FIRST)
-        for i in range(2):
+        for i in range(2 * (1 + KEPT_PER_SLOT)):
             await _ask(engine, f"other{i}", Message("user", (TextPart(f"an unrelated question number {i}"),)))
         history = (FIRST, Message("assistant", (TextPart(first.text),)), SECOND)
         again = await _ask(engine, "a2", *history)
@@ -112,6 +115,25 @@ async def test_kept_prefixes_give_way_to_new_requests(cache_dir: Path, host_gib:
     finally:
         await engine.stop()
         await whole.stop()
+
+
+async def test_more_conversations_than_request_slots_keep_their_prefixes(cache_dir: Path) -> None:
+    """Five conversations on two request slots and no host pool: each one's turn 1 stays in a kept slot while
+    the others speak, and its turn 2 prefills only what is new, in the Thinker and in the Talker."""
+    engine = _engine(cache_dir, max_batch=2, kept_prefix_host_gib=0.0)
+    await engine.start()
+    try:
+        firsts = [Message("user", (AudioPart(_tone(4.5, 0.05 + 0.01 * i)), TextPart("what is this sound")))
+                  for i in range(5)]
+        replies = [await _ask(engine, f"c{i}-1", first) for i, first in enumerate(firsts)]
+        for i, (first, reply) in enumerate(zip(firsts, replies, strict=True)):
+            again = await _ask(engine, f"c{i}-2", first, Message("assistant", (TextPart(reply.text),)), SECOND)
+            assert again.finished.timings.cached_tokens >= reply.finished.timings.prompt_tokens, i
+        metrics = _metrics(engine)
+        assert metrics.prefix.evictions.labels("dropped")._value.get() == 0
+        assert metrics.talker_prompt_rows.labels("cached")._value.get() >= 5 * 32
+    finally:
+        await engine.stop()
 
 
 async def test_a_long_prompt_in_pieces_replies_as_one_prefill(cache_dir: Path) -> None:
