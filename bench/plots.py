@@ -92,12 +92,19 @@ def plot_runs(runs: list[Run], out_png: Path, title: str) -> Path:
 
 
 def plot_compare(json_paths: list[Path], out_png: Path) -> Path:
-    """Overlay several bench JSONs (e.g. async chunk on vs off, or ladder rows) on the same three panels."""
+    """Overlay several bench JSONs (e.g. async chunk on vs off, or ladder rows) on the same three panels; realtime
+    runs on the realtime figure's panels, each level named by its run's label."""
     runs = []
     for path in json_paths:
         data = json.loads(Path(path).read_text())
-        runs.append((str(data.get("label") or Path(path).stem), data["levels"]))
-    return plot_runs(runs, out_png, title="voice-gateway bench: " + " vs ".join(r[0] for r in runs))
+        runs.append((str(data.get("label") or Path(path).stem), data["levels"], data.get("benchmark") == "realtime"))
+    title = "voice-gateway bench: " + " vs ".join(label for label, _, _ in runs)
+    if all(realtime for _, _, realtime in runs):
+        return plot_voice([lv for _, levels, _ in runs for lv in levels], out_png, title,
+                          names=[label for label, levels, _ in runs for _ in levels])
+    if any(realtime for _, _, realtime in runs):
+        raise ValueError("realtime and chat results cannot share a figure")
+    return plot_runs([(label, levels) for label, levels, _ in runs], out_png, title=title)
 
 
 # The ladder's figures: file stem, title, y label, how to read a level.
@@ -222,11 +229,13 @@ def _percent(part: int, whole: int) -> float:
     return 100.0 * part / whole if whole else np.nan
 
 
-def plot_voice(levels: list[Level], out_png: Path, title: str) -> Path:
-    """First-audio latency, underruns and conversation length against the turn's index in its conversation."""
+def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] | None = None) -> Path:
+    """First-audio latency, underruns, conversation length and cached share against the turn's index in its
+    conversation; `names`: a run's name per level, before its mode, format and concurrency."""
     fig, axes = _figure(20, 4.5, 4)
     for i, lv in enumerate(levels):
-        name, color = f"{lv['mode']} {lv['output_format']} C={lv['concurrency']}", f"C{i % 10}"
+        name = f"{lv['mode']} {lv['output_format']} C={lv['concurrency']}"
+        name, color = (name if names is None else f"{names[i]}: {name}"), f"C{i % 10}"
         turns = lv["by_turn"]
         xs = [t["turn"] + 1 for t in turns]
         for pct, marker in (("p50", "o-"), ("p99", "x--")):

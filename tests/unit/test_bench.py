@@ -379,6 +379,19 @@ def test_bench_main_without_model_or_server_returns_2(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_bench_main_compares_realtime_runs_by_label_and_not_beside_chat(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_bench_arguments(parser)
+    runs = Path(__file__).parents[2] / "benchmarks" / "cpu-tiny"
+    argv = ["--compare", str(runs / "kept-slots" / "before.json"), str(runs / "kept-slots" / "after.json"),
+            "--out-dir", str(tmp_path / "voice")]
+    assert bench.bench_main(parser.parse_args(argv), argv) == 0
+    assert (tmp_path / "voice" / "compare.png").read_bytes().startswith(PNG_MAGIC)
+    argv = ["--compare", str(runs / "kept-slots" / "after.json"), str(runs / "async-chunk-on.json"),
+            "--out-dir", str(tmp_path / "mixed")]
+    assert bench.bench_main(parser.parse_args(argv), argv) == 2
+
+
 def test_bench_main_compare_with_missing_json_returns_2(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     bench.add_bench_arguments(parser)
