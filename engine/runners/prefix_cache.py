@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from engine.metrics import PrefixCacheMetrics
+from engine.runners.kept_slots import KeptSlots
 from engine.runners.kv_cache import SlotKVCache
 from engine.runners.prefix_index import PrefixIndex
 
@@ -75,20 +76,18 @@ class Reuse:
     hidden: torch.Tensor | None
 
 
-class PrefixCache:
-    """Owns the kept slots (of `kv`, outside its free list) and the host pool, each most recently kept or
-    used last."""
+class PrefixCache(KeptSlots[Entry]):
+    """Owns the kept slots (engine/runners/kept_slots.py) and the host pool, each most recently kept or used
+    last."""
 
     def __init__(self, kv: SlotKVCache, metrics: PrefixCacheMetrics, *, min_tokens: int = 64,
                  host_bytes: int = 0) -> None:
-        self.kv = kv
+        # a match shorter than `min_tokens` is never taken: blocks of that many find the candidates
+        super().__init__(kv, metrics.kv_pages, "requests", min_tokens)
         self.metrics = metrics
         self.min_tokens = min_tokens
         self.host_bytes = host_bytes
-        self.entries: OrderedDict[int, Entry] = OrderedDict()
         self.host: OrderedDict[int, HostEntry] = OrderedDict()  # by the count of moves there
-        # a match shorter than `min_tokens` is never taken: blocks of that many find the candidates
-        self._in_slots: PrefixIndex[int] = PrefixIndex(min_tokens)
         self._in_host: PrefixIndex[int] = PrefixIndex(min_tokens)
         self._moves = 0
         self._host_used = 0
@@ -96,29 +95,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    @property
-    def num_free(self) -> int:
-        """Slots a request can have now: free ones and kept ones."""
-        return self.kv.num_free + len(self.entries)
-
     def allocate(self) -> int:
         if self.kv.num_free == 0:
             self._evict()
         return self.kv.allocate()
-
-    def _kept_pages(self) -> int:
-        return int(self.kv.held[list(self.entries)].sum())
-
-    def count_pages(self) -> None:
-        """The pool's pages by holder, into /metrics."""
-        kept = self._kept_pages()
-        free = self.kv.num_free_pages
-        for holder, n in (("requests", self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):
-            self.metrics.kv_pages.labels(holder).set(n)
-
-    def can_hold(self, length: int) -> bool:
-        """Whether a new sequence of `length` positions can have its pages, kept prefixes given up for them."""
-        return self.kv.pages_for(length) <= self.kv.num_free_pages + self._kept_pages()
 
     def reserve(self, slot: int, length: int, *, spare: int | None = None) -> bool:
         """Pages for positions [0, length) of `slot`, kept prefixes given up for them least recently used first
@@ -158,12 +138,7 @@ class PrefixCache:
     def keep(self, entry: Entry) -> None:
         """A finished sequence's slot, holding `entry.keys`: the pages past them go back to the pool."""
         self.kv.trim(entry.slot, len(entry.keys))
-        self.entries[entry.slot] = entry
-        self._in_slots.add(entry.slot, entry.keys)
-
-    def _take(self, slot: int) -> Entry:
-        self._in_slots.remove(slot)
-        return self.entries.pop(slot)
+        self._file(entry)
 
     def _host_add(self, key: int, entry: HostEntry) -> None:
         self.host[key] = entry

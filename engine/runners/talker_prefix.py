@@ -15,14 +15,13 @@ assistant part, which the new prompt overwrites).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 from prometheus_client import Counter, Gauge
 
+from engine.runners.kept_slots import KeptSlots
 from engine.runners.kv_cache import SlotKVCache
-from engine.runners.prefix_index import PrefixIndex
 
 
 @dataclass(slots=True)
@@ -45,24 +44,15 @@ def user_row_ends(user_spans: tuple[tuple[int, int], ...]) -> np.ndarray:
     return np.concatenate([np.arange(a + 1, b + 1, dtype=np.int64) for a, b in user_spans])
 
 
-class TalkerPrefixCache:
-    """Owns the kept slots (of `kv`, outside its free list), most recently kept or used last. `rows`: the
-    Talker's prompt rows, by whether a kept slot held them (cached) or a step prefilled them; `pages`: the KV
-    pool's pages by holder (replies, kept, free)."""
+class TalkerPrefixCache(KeptSlots[KeptRows]):
+    """Owns the kept slots (engine/runners/kept_slots.py). `rows`: the Talker's prompt rows, by whether a kept slot
+    held them (cached) or a step prefilled them; `pages`: the KV pool's pages by holder (replies, kept, free)."""
 
     def __init__(self, kv: SlotKVCache, rows: Counter, pages: Gauge, *, min_rows: int = 32) -> None:
-        self.kv = kv
-        self.rows = rows
-        self.pages = pages
-        self.min_rows = min_rows
-        self.entries: OrderedDict[int, KeptRows] = OrderedDict()
         # `min_rows` user rows end `min_rows` Thinker positions in at least: blocks of that many find the candidates
-        self._index: PrefixIndex[int] = PrefixIndex(min_rows)
-
-    @property
-    def num_free(self) -> int:
-        """Slots a reply can have now: free ones and kept ones."""
-        return self.kv.num_free + len(self.entries)
+        super().__init__(kv, pages, "replies", min_rows)
+        self.rows = rows
+        self.min_rows = min_rows
 
     def allocate(self) -> int:
         if self.kv.num_free == 0:
@@ -70,17 +60,7 @@ class TalkerPrefixCache:
         return self.kv.allocate()
 
     def _give_back_oldest(self) -> None:
-        slot = next(iter(self.entries))
-        self._index.remove(slot)
-        del self.entries[slot]
-        self.kv.free(slot)
-
-    def _kept_pages(self) -> int:
-        return int(self.kv.held[list(self.entries)].sum())
-
-    def can_hold(self, rows: int) -> bool:
-        """Whether a new reply of `rows` rows can have its pages, kept slots given up for them."""
-        return self.kv.pages_for(rows) <= self.kv.num_free_pages + self._kept_pages()
+        self.kv.free(self._take(next(iter(self.entries))).slot)
 
     def reserve(self, slot: int, rows: int) -> bool:
         """Pages for rows [0, rows) of `slot`, kept slots given up for them least recently used first; False
@@ -96,21 +76,14 @@ class TalkerPrefixCache:
             self.kv.free(entry.slot)
             return
         self.kv.trim(entry.slot, len(entry.row_ends))
-        self.entries[entry.slot] = entry
-        self._index.add(entry.slot, entry.keys)
-
-    def count_pages(self) -> None:
-        kept = self._kept_pages()
-        free = self.kv.num_free_pages
-        for holder, n in (("replies", self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):
-            self.pages.labels(holder).set(n)
+        self._file(entry)
 
     def claim(self, keys: np.ndarray, row_ends: np.ndarray) -> TalkerReuse | None:
         """The kept slot holding the most of a new prompt's user rows, now the caller's; None when no slot
         holds `min_rows` of them. The prompt's last user row is always prefilled (so is its assistant part)."""
         best: KeptRows | None = None
         best_rows = 0
-        for entry in (self.entries[slot] for slot in self._index.candidates(keys)):
+        for entry in (self.entries[slot] for slot in self._in_slots.candidates(keys)):
             n = min(len(entry.keys), len(keys))
             same = entry.keys[:n] == keys[:n]
             agree = n if same.all() else int(np.argmin(same))
@@ -120,7 +93,6 @@ class TalkerPrefixCache:
                 best, best_rows = entry, rows
         if best is None or best_rows < self.min_rows:
             return None
-        self._index.remove(best.slot)
-        del self.entries[best.slot]
+        self._take(best.slot)
         self.rows.labels("cached").inc(best_rows)
         return TalkerReuse(best.slot, best_rows)
