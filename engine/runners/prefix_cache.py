@@ -157,16 +157,13 @@ class PrefixCache(KeptSlots[Entry]):
         best: Entry | HostEntry | None = None
         best_key, best_length = 0, 0
         prompt = keys[:-1]  # the last prompt position is always prefilled: its logits
-        in_slots = self._in_slots.candidates(prompt, lambda s: _has(self.entries[s], want_hidden))
-        in_host = self._in_host.candidates(prompt, lambda k: _has(self.host[k], want_hidden))
-        candidates: list[tuple[int, Entry | HostEntry]] = [
-            *((s, self.entries[s]) for s in in_slots), *((k, self.host[k]) for k in in_host)]
-        for key, entry in candidates:
-            n = min(len(entry.keys), len(prompt))
-            same = entry.keys[:n] == keys[:n]
-            length = n if same.all() else int(np.argmin(same))
-            if length > best_length:
-                best, best_key, best_length = entry, key, length
+        in_slots = self._in_slots.longest(prompt, lambda s: self.entries[s].keys,
+                                          lambda s: _has(self.entries[s], want_hidden))
+        if in_slots is not None:
+            best, best_key, best_length = self.entries[in_slots.name], in_slots.name, in_slots.length
+        in_host = self._in_host.longest(prompt, lambda k: self.host[k].keys, lambda k: _has(self.host[k], want_hidden))
+        if in_host is not None and in_host.length > best_length:
+            best, best_key, best_length = self.host[in_host.name], in_host.name, in_host.length
         for a, b in media_spans:  # never inside a clip or an image
             if a < best_length < b:
                 best_length = a

@@ -81,17 +81,13 @@ class TalkerPrefixCache(KeptSlots[KeptRows]):
     def claim(self, keys: np.ndarray, row_ends: np.ndarray) -> TalkerReuse | None:
         """The kept slot holding the most of a new prompt's user rows, now the caller's; None when no slot
         holds `min_rows` of them. The prompt's last user row is always prefilled (so is its assistant part)."""
-        best: KeptRows | None = None
-        best_rows = 0
-        for entry in (self.entries[slot] for slot in self._in_slots.candidates(keys)):
-            n = min(len(entry.keys), len(keys))
-            same = entry.keys[:n] == keys[:n]
-            agree = n if same.all() else int(np.argmin(same))
-            rows = int(np.searchsorted(entry.row_ends, agree, side="right"))
-            rows = min(rows, len(row_ends) - 1)
-            if rows > best_rows:
-                best, best_rows = entry, rows
-        if best is None or best_rows < self.min_rows:
+        match = self._in_slots.longest(keys, lambda slot: self.entries[slot].keys)
+        if match is None:
+            return None
+        best = self.entries[match.name]
+        # the rows that end where the prompts still agree, less the prompt's last: most where they agree longest
+        best_rows = min(int(np.searchsorted(best.row_ends, match.length, side="right")), len(row_ends) - 1)
+        if best_rows < self.min_rows:
             return None
         self._take(best.slot)
         self.rows.labels("cached").inc(best_rows)

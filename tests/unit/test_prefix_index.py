@@ -1,11 +1,12 @@
 """The kept prefixes' index (engine/runners/prefix_index.py): a prompt's candidates are the prefixes that share
-the most of its whole blocks, and the longest match among them is the longest among all kept prefixes."""
+the most of its whole blocks, and the longest match among them is the longest among all kept prefixes, found
+by comparing each only past the blocks they share."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.runners.prefix_index import PrefixIndex
+from engine.runners.prefix_index import Match, PrefixIndex
 
 
 def common(a: np.ndarray, b: np.ndarray) -> int:
@@ -47,3 +48,18 @@ def test_the_longest_match_is_among_the_candidates() -> None:
         best = max(common(k, prompt) for k in kept.values())
         found = max((common(kept[n], prompt) for n in index.candidates(prompt)), default=0)
         assert found == best or best < block, (best, found)
+        match = index.longest(prompt, kept.__getitem__)
+        assert (match.length if match else 0) == found
+        assert match is None or common(kept[match.name], prompt) == match.length
+
+
+def test_a_digest_collision_shortens_a_match_and_never_makes_a_wrong_one() -> None:
+    index: PrefixIndex[str] = PrefixIndex(4)
+    system = np.arange(12)
+    index.add("a", system)
+    # what "a" really holds parts from the prompt at position 2, though its digests say 12 (as a collision would)
+    held = {"a": np.array([0, 1, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7])}
+    assert index.longest(system, held.__getitem__) == Match("a", 2)
+    held["a"] = system
+    assert index.longest(np.concatenate([system, [5]]), held.__getitem__) == Match("a", 12)
+    assert index.longest(np.array([9, 9, 9, 9]), held.__getitem__) is None
