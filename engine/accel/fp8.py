@@ -45,7 +45,9 @@ def quantize_rows(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, to
     t, k = x.shape
     groups = torch.nn.functional.pad(x.float(), (0, -k % block)).view(t, -1, block)
     amax = groups.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    # times the reciprocal, not over 448: a CUDA tensor divided by a number is multiplied by its reciprocal,
+    # a CPU one divided; this is the same on both, and in the kernels (engine/accel/fused_moe.py)
+    scale = torch.where(amax > 0, amax * (1 / E4M3_MAX), torch.ones_like(amax))
     quantized = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).view(t, -1)[:, :k].contiguous()
     return quantized, scale.squeeze(-1)
 

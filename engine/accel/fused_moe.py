@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from engine.accel import fp8
-from engine.accel.triton_launch import dot_precision, launch_guard
+from engine.accel.triton_launch import dot_precision, interpreted, launch_guard
 
 EXPERTS_NAME = "vg_fused_moe"
 FP8_REFERENCE_NAME = "vg_fp8_reference"
@@ -126,6 +126,29 @@ def fp8_reference_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
 
 
 if triton is not None:
+
+    @triton.jit(do_not_specialize=["num_rows"])
+    def _quantize_rows_kernel(X, Q, S, num_rows, stride_x, stride_q, stride_s, num_cols: tl.constexpr,
+                              ROWS: tl.constexpr, BLOCK: tl.constexpr, E4M3_MAX: tl.constexpr, ROUND: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = (rows < num_rows)[:, None] & (cols < num_cols)[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.where(amax > 0, amax * (1.0 / E4M3_MAX), 1.0)
+        # a rounded division, as torch divides tensors: `/` on a GPU is a faster one, off by an ulp at times
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[:, None]), -E4M3_MAX), E4M3_MAX)
+        if ROUND:  # Triton's interpreter rounds casts to FP8 its own way: y goes there on e4m3's grid already
+            # adding 2^20 times the largest power of two under |y| (2^-6 at least: e4m3's subnormals are steps
+            # of 2^-9) leaves float32 one bit for each step of e4m3 there, and float32 rounds ties to even
+            bits = y.to(tl.int32, bitcast=True)
+            magnitude = bits & 0x7FFFFFFF
+            exponent = tl.maximum((magnitude >> 23) - 127, -6)
+            magic = ((exponent + 20 + 127) << 23).to(tl.float32, bitcast=True)
+            rounded = (magnitude.to(tl.float32, bitcast=True) + magic) - magic
+            y = (rounded.to(tl.int32, bitcast=True) | (bits ^ magnitude)).to(tl.float32, bitcast=True)
+        tl.store(Q + rows[:, None] * stride_q + cols[None, :], y.to(Q.dtype.element_ty), mask=ok)
+        tl.store(S + rows * stride_s + tl.program_id(1), scale, mask=rows < num_rows)
 
     # the pair count changes with every batch: no recompile for its divisibility
     @triton.jit(do_not_specialize=["num_pairs"])
@@ -238,7 +261,7 @@ def fused_experts(
     layout = block_layout(top_k_index, num_experts, block_m)
     num_blocks = layout.block_expert.numel()
     hidden = hidden.contiguous()
-    x, x_scale = fp8.quantize_rows(hidden) if is_fp8 else (hidden, hidden)
+    x, x_scale = quantize_rows(hidden) if is_fp8 else (hidden, hidden)
     act = torch.empty(num_pairs, inter_dim, dtype=hidden.dtype, device=hidden.device)
     out = torch.empty(num_pairs, hidden_dim, dtype=hidden.dtype, device=hidden.device)
     weights = top_k_weights.reshape(-1).contiguous()
@@ -250,7 +273,8 @@ def fused_experts(
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(hidden.dtype), FP8=is_fp8,
             SCALE_BLOCK=fp8.BLOCK, **launch,
         )
-        a, a_scale = fp8.quantize_rows(act) if is_fp8 else (act, act)
+    a, a_scale = quantize_rows(act) if is_fp8 else (act, act)
+    with launch_guard():
         _down_kernel[(num_blocks, triton.cdiv(hidden_dim, block_n))](
             a, a_scale, down, down_scale, weights, out, layout.pair_ids, layout.block_expert, num_pairs, num_experts,
             a.stride(0), a_scale.stride(0), down.stride(0), down.stride(1), down.stride(2),
@@ -259,6 +283,20 @@ def fused_experts(
             SCALE_BLOCK=fp8.BLOCK, **launch,
         )
     return out.view(num_tokens, top_k, hidden_dim).sum(dim=1)
+
+
+def quantize_rows(x: torch.Tensor, rows_per_program: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fp8.quantize_rows` in one launch: the experts' inputs are quantized on every layer of every step, where
+    its dozen torch operations (and their float32 copy of the input) would cost more than the FP8 product saves."""
+    num_rows, num_cols = x.shape
+    quantized = torch.empty(num_rows, num_cols, dtype=fp8.FP8, device=x.device)
+    scale = torch.empty(num_rows, triton.cdiv(num_cols, fp8.BLOCK), dtype=torch.float32, device=x.device)
+    with launch_guard():
+        _quantize_rows_kernel[(triton.cdiv(num_rows, rows_per_program), scale.shape[1])](
+            x, quantized, scale, num_rows, x.stride(0), quantized.stride(0), scale.stride(0), num_cols=num_cols,
+            ROWS=rows_per_program, BLOCK=fp8.BLOCK, E4M3_MAX=fp8.E4M3_MAX, ROUND=interpreted(),
+        )
+    return quantized, scale
 
 
 def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:

@@ -16,8 +16,13 @@ import torch
 _interpreter_lock = threading.Lock()
 
 
+def interpreted() -> bool:
+    """Whether kernels run in Triton's interpreter (the CPU tests) rather than compiled."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def launch_guard() -> contextlib.AbstractContextManager:
-    return _interpreter_lock if os.environ.get("TRITON_INTERPRET") == "1" else contextlib.nullcontext()
+    return _interpreter_lock if interpreted() else contextlib.nullcontext()
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -59,6 +59,25 @@ def test_activations_take_a_scale_per_row_and_128_columns() -> None:
     assert ((back - x).abs() <= x.abs() / 16 + step).all()
 
 
+@pytest.mark.parametrize("num_rows", [1, 5, 37])
+def test_the_row_quantization_kernel_is_the_documented_one(num_rows: int) -> None:
+    """The experts' one-launch quantization of their inputs gives `fp8.quantize_rows`'s codes and scales exactly:
+    the references compare with that arithmetic (and the interpreter's casts to FP8 round otherwise). 300 columns:
+    blocks of 128, 128 and 44; a row of zeros."""
+    pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(num_rows)
+    x = torch.randn(num_rows, 300, generator=gen)
+    x[:, 128:256] *= 50
+    x[0, :3] = torch.tensor([-0.0, 1e-5, -3e-5])  # e4m3's signed zero and its subnormals
+    x[num_rows // 2] = 0
+    x = x.to(DEVICE, DTYPE)
+    quantized, scale = fused_moe.quantize_rows(x)
+    expected, expected_scale = fp8.quantize_rows(x)
+    assert quantized.dtype == expected.dtype and scale.shape == expected_scale.shape
+    torch.testing.assert_close(scale, expected_scale, rtol=0, atol=0)
+    assert torch.equal(quantized.view(torch.uint8), expected.view(torch.uint8))
+
+
 def test_quantize_experts_replaces_every_experts_weights(tiny_checkpoint) -> None:
     from engine.weights.checkpoint import load_stage
 
