@@ -259,3 +259,21 @@ def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] 
     axes[3].set_ylim(0, 100)
     fig.suptitle(title)
     return _save(fig, out_png)
+
+
+def plot_experts_timing(json_path: Path, out_png: Path) -> Path:
+    """`voice-gateway kernels`' figure: per stage, one layer's experts by tokens a step, bf16 against FP8."""
+    data = json.loads(Path(json_path).read_text())
+    stages = sorted({row["stage"] for row in data["rows"]}, reverse=True)  # thinker, talker
+    fig, grid = _figure(5.0 * len(stages), 4.0, len(stages))
+    for ax, stage in zip(grid, stages, strict=True):
+        rows = [row for row in data["rows"] if row["stage"] == stage]
+        tokens = [row["tokens"] for row in rows]
+        for key, label, style in (("bf16_us", "bf16", "-"), ("fp8_us", "FP8 (e4m3 weights and inputs)", "--")):
+            ax.plot(tokens, [row[key] for row in rows], style, marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="tokens in the step", ylabel="us a layer",
+               title=f"{stage}'s experts")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"fused experts, each call in a CUDA graph: {data['machine']['gpu']}")
+    return _save(fig, out_png)

@@ -7,10 +7,12 @@ reaches through `attach_engine`; `ReplicaHost` launches the engine replicas on R
 reaches through `attach_replicas`. `EngineAt` is either address: what a server process is told of where
 its engine is. `freeze_startup_heap` / `thaw_heap`: a serving process's start-up objects out of the
 collector, and back (engine/heap.py). `measure_accuracy`: bf16 and FP8 against float32 on one model's weights
-(engine/accuracy.py), for `voice-gateway accuracy`.
+(engine/accuracy.py), for `voice-gateway accuracy`; `measure_experts_timing`: bf16 and FP8 experts' time
+(engine/experts_timing.py), for `voice-gateway kernels`.
 """
 
 from engine.accuracy import measure as measure_accuracy
+from engine.experts_timing import measure as measure_experts_timing
 from engine.factory import attach_engine, attach_replicas
 from engine.heap import freeze_startup_heap, thaw_heap
 from engine.remote.host import EngineHost
@@ -29,5 +31,6 @@ __all__ = [
     "attach_replicas",
     "freeze_startup_heap",
     "measure_accuracy",
+    "measure_experts_timing",
     "thaw_heap",
 ]

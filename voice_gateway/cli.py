@@ -1,4 +1,4 @@
-"""`voice-gateway serve [MODEL]`, `voice-gateway accuracy` and `voice-gateway bench`."""
+"""`voice-gateway serve [MODEL]`, `voice-gateway accuracy`, `voice-gateway kernels` and `voice-gateway bench`."""
 
 from __future__ import annotations
 
@@ -225,6 +225,50 @@ def accuracy(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--out-dir", type=Path, required=True, help="where experts.json and experts.png go")
+    add("--tokens", default=None, help="comma-separated token counts (default: 1 to 4,096)")
+    add("--replays", type=int, default=30, help="graph replays a measurement (default 30)")
+    add("--log-level", default="info")
+
+
+def kernels(args: argparse.Namespace, argv: list[str]) -> int:
+    """`voice-gateway kernels`: engine/experts_timing.py's figures as JSON and a plot, and a table on stdout."""
+    import json
+    import platform
+
+    import torch
+
+    from engine.deploy import measure_experts_timing
+
+    try:
+        tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
+        if (tokens and min(tokens) < 1) or args.replays < 1:
+            raise ValueError("--tokens and --replays take positive counts")
+        timings = measure_experts_timing(tokens, replays=args.replays)
+    except (ValueError, RuntimeError) as e:
+        print(f"voice-gateway kernels: {e}", file=sys.stderr)
+        return 1
+    report = {"what": "one layer's fused experts, bf16 against FP8, each call in a CUDA graph (microseconds)",
+              "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                          "gpu": torch.cuda.get_device_name()},
+              "command": shlex.join(["voice-gateway", *argv]), "rows": [t.as_dict() for t in timings]}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / "experts.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'stage':8} {'tokens':>7} {'bf16 us':>9} {'fp8 us':>9} {'fp8/bf16':>9}")
+    for t in timings:
+        print(f"{t.stage:8} {t.tokens:7d} {t.bf16_us:9.1f} {t.fp8_us:9.1f} {t.fp8_over_bf16:9.2f}")
+    if importlib.util.find_spec("matplotlib") is not None:
+        from bench.plots import plot_experts_timing
+
+        print(f"wrote {out} and {plot_experts_timing(out, args.out_dir / 'experts.png')}")
+    else:
+        print(f"wrote {out} (no plot: matplotlib is the bench extra's)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="voice-gateway", description=__doc__)
@@ -232,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     _serve_arguments(sub.add_parser("serve", help="run the server"))
     _accuracy_arguments(sub.add_parser("accuracy", help="bf16 and FP8 experts against float32 on one model's "
                                        "weights: logits, the Talker's rows, top-token agreement"))
+    _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time on a CUDA GPU, at the released "
+                                      "model's shapes"))
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it
@@ -249,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if args.command == "accuracy":
         return accuracy(args, argv)
+    if args.command == "kernels":
+        return kernels(args, argv)
     return bench.bench_main(args, ["voice-gateway", *argv])
 
 

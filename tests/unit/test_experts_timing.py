@@ -1,0 +1,37 @@
+"""`voice-gateway kernels` (engine/experts_timing.py): where there is no CUDA GPU it says so and fails, as it
+does for counts that are not counts; its figure is drawn from the JSON it writes (tests/gpu times for real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.plots import plot_experts_timing
+from engine.experts_timing import ExpertsTiming
+from voice_gateway.cli import main
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is what a machine without CUDA gets")
+def test_without_a_gpu_it_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["kernels", "--out-dir", str(tmp_path)]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "experts.json").exists()
+
+
+def test_bad_counts_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["kernels", "--out-dir", str(tmp_path), "--tokens", "64,0"]) == 1
+    assert main(["kernels", "--out-dir", str(tmp_path), "--tokens", "many"]) == 1
+    assert main(["kernels", "--out-dir", str(tmp_path), "--replays", "0"]) == 1
+    assert capsys.readouterr().err.count("voice-gateway kernels:") == 3
+
+
+def test_the_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
+    rows = [ExpertsTiming(stage, n, 10.0 * n, 7.0 * n, 2.0).as_dict() for stage in ("thinker", "talker")
+            for n in (1, 64)]
+    assert rows[0]["fp8_over_bf16"] == 0.7
+    (tmp_path / "experts.json").write_text(json.dumps({"machine": {"gpu": "a GPU"}, "rows": rows}))
+    png = plot_experts_timing(tmp_path / "experts.json", tmp_path / "experts.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
