@@ -4,7 +4,6 @@ prefills eagerly; its reply's decode steps replay graphs with the prompt's M-RoP
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,21 +12,7 @@ from tests.equivalence import assert_equals_generate
 from tests.unit.test_vision import _engine, _generate_inputs, every_conversation
 
 
-@pytest.fixture
-def convolutions_in_float32() -> Iterator[None]:
-    """cuDNN convolutions in float32, not TF32 (PyTorch's default for them): generate()'s vision tower embeds
-    patches with a Conv3d, the engine's with a float32 matmul of the same weights (engine/runners/vision_tower.py),
-    and TF32's rounding of every image row would reach the speech through the Talker's image rows."""
-    import torch
-
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = saved
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.usefixtures("convolutions_in_float32")
 def test_images_and_a_video_on_cuda_equal_generate(tiny_checkpoint: Path, cache_dir: Path) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
