@@ -91,10 +91,11 @@ def test_quantize_experts_replaces_every_experts_weights(tiny_checkpoint) -> Non
         torch.testing.assert_close(fp8.dequantize(m.down_proj, m.down_scale), down, rtol=0.07, atol=1e-6)
 
 
-@pytest.mark.parametrize(("num_tokens", "block_m", "block_k"), [(3, 16, 32), (40, 64, 64)])
-def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block_m: int, block_k: int) -> None:
+@pytest.mark.parametrize(("num_tokens", "block_m", "block_k"), [(3, 16, 32), (40, 64, 64), (40, None, None)])
+def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block_m: int | None,
+                                                         block_k: int | None) -> None:
     """Dimensions across several 128-blocks of scales, and not multiples of them: each tile reads its own
-    block's scale."""
+    block's scale. No tiles given: FP8's own for prefill (80 pairs over 4 experts)."""
     pytest.importorskip("triton")
     gen = torch.Generator().manual_seed(num_tokens)
     num_experts, top_k, hidden, inter = 4, 2, 288, 200
@@ -105,7 +106,8 @@ def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block
     down[:, 128:, :] *= 0.1
     (gate_up_q, gate_up_s), (down_q, down_s) = fp8.quantize(gate_up), fp8.quantize(down)
     weights, index = torch.topk(torch.randn(num_tokens, num_experts, generator=gen).softmax(-1), top_k)
-    tiles = fused_moe.Tiles(block_m, block_n=64, block_k=block_k)
+    tiles = fused_moe.Tiles(block_m, block_n=64, block_k=block_k) if block_m and block_k else None
+    assert tiles or fused_moe.default_tiles(num_tokens * top_k, num_experts, True) == fused_moe.FP8_PREFILL_TILES
     out = fused_moe.fused_experts(x, gate_up_q.to(DEVICE), down_q.to(DEVICE), index.to(DEVICE), weights.to(DEVICE),
                                   tiles=tiles, gate_up_scale=gate_up_s.to(DEVICE), down_scale=down_s.to(DEVICE))
     ref = fused_moe.fused_experts_reference(x, fp8.dequantize(gate_up_q, gate_up_s).to(DEVICE),
