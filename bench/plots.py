@@ -275,5 +275,6 @@ def plot_experts_timing(json_path: Path, out_png: Path) -> Path:
                title=f"{stage}'s experts")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"fused experts, each call in a CUDA graph: {data['machine']['gpu']}")
+    gpu = data["machine"]["gpu"]  # machine_info's record; the first runs kept the name alone
+    fig.suptitle(f"fused experts, each call in a CUDA graph: {gpu['name'] if isinstance(gpu, dict) else gpu}")
     return _save(fig, out_png)

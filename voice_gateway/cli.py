@@ -234,13 +234,17 @@ def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def kernels(args: argparse.Namespace, argv: list[str]) -> int:
-    """`voice-gateway kernels`: engine/experts_timing.py's figures as JSON and a plot, and a table on stdout."""
+    """`voice-gateway kernels`: engine/experts_timing.py's figures as JSON (with the machine and the commit, as
+    the bench records its runs) and a figure, and a table on stdout."""
     import json
-    import platform
-
-    import torch
 
     from engine.deploy import measure_experts_timing
+
+    if missing := _missing_bench_extra():
+        print(f"voice-gateway kernels: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
+        return 2
+    from bench.machine import git_commit, machine_info
+    from bench.plots import plot_experts_timing
 
     try:
         tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
@@ -251,8 +255,7 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"voice-gateway kernels: {e}", file=sys.stderr)
         return 1
     report = {"what": "one layer's fused experts, bf16 against FP8, each call in a CUDA graph (microseconds)",
-              "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                          "gpu": torch.cuda.get_device_name()},
+              "machine": machine_info(with_gpu=True), "git_commit": git_commit(),
               "command": shlex.join(["voice-gateway", *argv]), "rows": [t.as_dict() for t in timings]}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "experts.json"
@@ -260,13 +263,12 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"{'stage':8} {'tokens':>7} {'bf16 us':>9} {'fp8 us':>9} {'fp8/bf16':>9}")
     for t in timings:
         print(f"{t.stage:8} {t.tokens:7d} {t.bf16_us:9.1f} {t.fp8_us:9.1f} {t.fp8_over_bf16:9.2f}")
-    if importlib.util.find_spec("matplotlib") is not None:
-        from bench.plots import plot_experts_timing
-
-        print(f"wrote {out} and {plot_experts_timing(out, args.out_dir / 'experts.png')}")
-    else:
-        print(f"wrote {out} (no plot: matplotlib is the bench extra's)")
+    print(f"wrote {out} and {plot_experts_timing(out, args.out_dir / 'experts.png')}")
     return 0
+
+
+def _missing_bench_extra() -> list[str]:
+    return [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it
-        if missing := [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]:
+        if missing := _missing_bench_extra():
             print(f"voice-gateway bench: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'",
                   file=sys.stderr)
             return 2

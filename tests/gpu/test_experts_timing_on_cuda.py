@@ -14,4 +14,4 @@ def test_the_experts_are_timed(tmp_path: Path) -> None:
     assert [(r["stage"], r["tokens"]) for r in report["rows"]] == [("thinker", 1), ("thinker", 64), ("talker", 1),
                                                                    ("talker", 64)]
     assert all(r["bf16_us"] > 0 and r["fp8_us"] > 0 and r["quantize_us"] > 0 for r in report["rows"])
-    assert report["machine"]["gpu"] and (tmp_path / "experts.png").stat().st_size > 0
+    assert report["machine"]["gpu"]["name"] and report["git_commit"] and (tmp_path / "experts.png").stat().st_size > 0

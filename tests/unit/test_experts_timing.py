@@ -32,6 +32,6 @@ def test_the_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
     rows = [ExpertsTiming(stage, n, 10.0 * n, 7.0 * n, 2.0).as_dict() for stage in ("thinker", "talker")
             for n in (1, 64)]
     assert rows[0]["fp8_over_bf16"] == 0.7
-    (tmp_path / "experts.json").write_text(json.dumps({"machine": {"gpu": "a GPU"}, "rows": rows}))
+    (tmp_path / "experts.json").write_text(json.dumps({"machine": {"gpu": {"name": "a GPU"}}, "rows": rows}))
     png = plot_experts_timing(tmp_path / "experts.json", tmp_path / "experts.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
