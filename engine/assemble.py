@@ -57,11 +57,17 @@ def _check_triton(profile: DeployProfile) -> None:
 
 
 def _load(source: ModelSource, stage: str, device: str, dtype: str, triton: bool, quantization: str) -> Any:
-    model = source.load_stage(stage, device=device, dtype=dtype)  # type: ignore[arg-type]
-    if quantization == "fp8" and stage in ("thinker", "talker"):
+    fp8_experts = quantization == "fp8" and stage in ("thinker", "talker")
+    # dummy FP8 experts are drawn straight into e4m3: the bf16 model never exists whole
+    unmade = fp8_experts and source.load_format == "dummy"
+    model: Any = source.load_stage(stage, device=device, dtype=dtype, experts_on_meta=unmade)  # type: ignore[arg-type]
+    if fp8_experts:
         started = time.perf_counter()
         with torch.inference_mode():
-            held = fp8.quantize_experts(model)
+            if unmade:
+                held = fp8.random_experts(model, std=model.config.initializer_range, device=device)
+            else:
+                held = fp8.quantize_experts(model)
         log.info("%s: experts quantized to fp8 (%.2f GiB) in %.1f s", stage, held / 2**30, time.perf_counter() - started)
     if triton and stage in ("thinker", "talker"):
         fused_moe.enable(model)

@@ -71,19 +71,39 @@ def quantize_experts(model: Any) -> int:
     (`gate_up_scale`, `down_scale` beside them); one module at a time, so memory peaks at one module's bf16
     copy. -> the bytes the experts hold now."""
     held = 0
-    for module in model.modules():
-        if not hasattr(module, "gate_up_proj"):
-            continue
+    for module in _experts(model):
         for name in ("gate_up_proj", "down_proj"):
-            weight = getattr(module, name)
-            quantized, scale = quantize(weight.detach())
-            setattr(module, name, torch.nn.Parameter(quantized, requires_grad=False))
-            module.register_buffer(name.replace("_proj", "_scale"), scale)
-            held += quantized.numel() + scale.numel() * scale.element_size()
-            del weight
-    if held == 0:
-        raise ValueError(f"{type(model).__name__} has no experts to quantize")
+            held += _replace(module, name, getattr(module, name).detach())
     return held
+
+
+def random_experts(model: Any, *, std: float, device: str | torch.device) -> int:
+    """Dummy FP8 experts: every experts module's weights, left on the meta device at build
+    (engine/weights/full_size.py), drawn from N(0, std) as the bf16 dummy weights are, then quantized as
+    `quantize_experts` does, one weight at a time on `device`. -> the bytes the experts hold."""
+    held = 0
+    for module in _experts(model):
+        for name in ("gate_up_proj", "down_proj"):
+            unmade = getattr(module, name)
+            assert unmade.is_meta, f"{type(module).__name__}.{name} already holds weights"
+            weight = torch.empty(unmade.shape, dtype=unmade.dtype, device=device).normal_(0.0, std)
+            held += _replace(module, name, weight)
+    return held
+
+
+def _experts(model: Any) -> list[Any]:
+    experts = [module for module in model.modules() if hasattr(module, "gate_up_proj")]
+    if not experts:
+        raise ValueError(f"{type(model).__name__} has no experts to quantize")
+    return experts
+
+
+def _replace(module: Any, name: str, weight: torch.Tensor) -> int:
+    """`module.name` <- e4m3 of `weight`, its scales beside it (`gate_up_scale`, `down_scale`); -> their bytes."""
+    quantized, scale = quantize(weight)
+    setattr(module, name, torch.nn.Parameter(quantized, requires_grad=False))
+    module.register_buffer(name.replace("_proj", "_scale"), scale)
+    return quantized.numel() + scale.numel() * scale.element_size()
 
 
 def is_quantized(module: Any) -> bool:

@@ -4,11 +4,16 @@ The transformers class defaults are not these (the Thinker default has 28
 layers and a 3584 vocab). Dummy weights are random bf16 created directly on the
 target device: for benchmarks where the real weights are absent. Random models
 rarely stop on their own, so dummy profiles fix output lengths (ignore_eos).
+With `experts_on_meta` the experts' weights are left unmade (the meta device), for
+FP8 experts to be drawn straight into e4m3 one module at a time (engine/accel/fp8.py):
+58 GB of bf16 experts never exist at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -57,11 +62,38 @@ def full_size_config_dict() -> dict[str, Any]:
     return config
 
 
-def build_dummy_stage(stage: StageName, *, device: str, dtype: str) -> tuple[torch.nn.Module, Any]:
-    """One stage at full size with random weights, created on `device` (no host copy)."""
+def build_dummy_stage(stage: StageName, *, device: str, dtype: str,
+                      experts_on_meta: bool = False) -> tuple[torch.nn.Module, Any]:
+    """One stage at full size with random weights, created on `device` (no host copy); `experts_on_meta`: the
+    experts' weights left unmade."""
     config = omni_config(full_size_config_dict())
     cls, sub = stage_class(stage, config)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    with torch.device(device):
+    with torch.device(device), (experts_on_meta_device() if experts_on_meta else contextlib.nullcontext()):
         model = cls._from_config(sub, dtype=torch_dtype)
     return model.eval(), config
+
+
+@contextlib.contextmanager
+def experts_on_meta_device() -> Iterator[None]:
+    """Qwen3-Omni's experts modules built in here make their two weights on the meta device: shapes, no memory.
+    transformers allocates them in the modules' constructors, so the constructors run under the meta device
+    (start-up builds one stage at a time)."""
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
+
+    classes = [modeling.Qwen3OmniMoeThinkerTextExperts, modeling.Qwen3OmniMoeTalkerTextExperts]
+    constructors = [cls.__init__ for cls in classes]
+
+    def on_meta(constructor: Any) -> Any:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            with torch.device("meta"):
+                constructor(self, *args, **kwargs)
+        return __init__
+
+    for cls, constructor in zip(classes, constructors, strict=True):
+        cls.__init__ = on_meta(constructor)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, constructor in zip(classes, constructors, strict=True):
+            cls.__init__ = constructor  # type: ignore[method-assign]

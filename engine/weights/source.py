@@ -83,12 +83,15 @@ class ModelSource:
 
         return WhisperFeatureExtractor.from_pretrained(self.path)
 
-    def load_stage(self, stage: StageName, *, device: str, dtype: str) -> torch.nn.Module:
-        """One stage's sub-model on `device`, strictly loaded (or random, for dummy weights)."""
+    def load_stage(self, stage: StageName, *, device: str, dtype: str,
+                   experts_on_meta: bool = False) -> torch.nn.Module:
+        """One stage's sub-model on `device`, strictly loaded (or random, for dummy weights; with
+        `experts_on_meta`, dummy experts are left unmade: engine/weights/full_size.py)."""
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"the deploy profile asks for {device}, but CUDA is not available here")
         if self.load_format == "dummy":
-            return build_dummy_stage(stage, device=device, dtype=dtype)[0]
+            return build_dummy_stage(stage, device=device, dtype=dtype, experts_on_meta=experts_on_meta)[0]
+        assert not experts_on_meta, "only dummy weights are made rather than loaded"
         return load_stage(self.path, stage, device=device, dtype=dtype).model
 
 

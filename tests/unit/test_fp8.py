@@ -91,6 +91,38 @@ def test_quantize_experts_replaces_every_experts_weights(tiny_checkpoint) -> Non
         torch.testing.assert_close(fp8.dequantize(m.down_proj, m.down_scale), down, rtol=0.07, atol=1e-6)
 
 
+@pytest.mark.parametrize("stage", ["thinker", "talker"])
+def test_dummy_fp8_experts_are_drawn_straight_into_e4m3(stage: str) -> None:
+    """`load_format: dummy` with FP8: the experts are built unmade (meta) and drawn into e4m3 one weight at a
+    time, with the documented scales (each block's largest magnitude over 448, so its largest code is 448) and
+    the bf16 dummy weights' spread; the rest of the stage is made as without FP8."""
+    from engine.weights.checkpoint import stage_class
+    from engine.weights.full_size import experts_on_meta_device
+    from engine.weights.omni_config import omni_config
+    from engine.weights.tiny import tiny_config_dict
+
+    cls, config = stage_class(stage, omni_config(tiny_config_dict()))
+    with experts_on_meta_device():
+        model = cls._from_config(config, dtype=torch.bfloat16)
+    modules = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
+    assert modules and all(m.gate_up_proj.is_meta and m.down_proj.is_meta for m in modules)
+    assert not any(p.is_meta for n, p in model.named_parameters() if not n.endswith("_proj") or "experts" not in n)
+    torch.manual_seed(0)
+    held = fp8.random_experts(model, std=0.02, device="cpu")
+    assert held == sum(m.gate_up_proj.numel() + m.down_proj.numel() + 4 * (m.gate_up_scale.numel() + m.down_scale.numel())
+                       for m in modules)
+    for m in modules:
+        for weight, scale in ((m.gate_up_proj, m.gate_up_scale), (m.down_proj, m.down_scale)):
+            assert weight.dtype == fp8.FP8 and not weight.is_meta and scale.dtype == torch.float32
+            back = fp8.dequantize(weight, scale)
+            blocks = torch.nn.functional.pad(back, (0, -back.shape[-1] % 128, 0, -back.shape[-2] % 128))
+            amax = blocks.unflatten(-1, (-1, 128)).unflatten(-3, (-1, 128)).abs().amax(dim=(-3, -1))
+            torch.testing.assert_close(scale, amax / 448, rtol=1e-6, atol=0)
+            assert 0.018 < float(back.std()) < 0.022
+    with pytest.raises(AssertionError, match="already holds weights"):
+        fp8.random_experts(model, std=0.02, device="cpu")
+
+
 @pytest.mark.parametrize(("num_tokens", "block_m", "block_k"), [(3, 16, 32), (40, 64, 64), (40, None, None)])
 def test_fused_experts_on_fp8_weights_match_the_reference(num_tokens: int, block_m: int | None,
                                                          block_k: int | None) -> None:
