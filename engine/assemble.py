@@ -18,6 +18,7 @@ import torch
 
 from engine.accel import fp8, fused_moe, packed_attention, snake
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
+from engine.accel.triton_launch import interpreted
 from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
@@ -52,7 +53,7 @@ def _check_triton(profile: DeployProfile) -> None:
         raise EngineError("kernels: triton needs the triton package (pip install triton)") from None
     stages = profile.stages
     devices = (stages.thinker.device, stages.talker.device, stages.code2wav.device)
-    if not all(d.startswith("cuda") for d in devices) and os.environ.get("TRITON_INTERPRET") != "1":
+    if not all(d.startswith("cuda") for d in devices) and not interpreted():
         raise EngineError("kernels: triton needs CUDA devices (or TRITON_INTERPRET=1 on the CPU)")
 
 

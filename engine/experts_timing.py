@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.accel import fp8, fused_moe
+from engine.runners.replay import capture
 
 # per stage: experts, their intermediate width, the hidden width (Qwen3-Omni-30B-A3B's Thinker and Talker)
 SHAPES = {"thinker": (128, 768, 2048), "talker": (128, 384, 1024)}
@@ -76,16 +77,7 @@ def _timing(stage: str, n: int, as_bf16: tuple[torch.Tensor, torch.Tensor], as_f
 
 def _graphed(call: Callable[[], object], replays: int) -> float:
     """Microseconds a call, from the median replay of a graph of CALLS_PER_GRAPH calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compiled and warmed off the capture
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            call()
+    graph, _ = capture(lambda: [call() for _ in range(CALLS_PER_GRAPH)], None, torch.cuda.Stream())
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

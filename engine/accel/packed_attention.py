@@ -30,12 +30,11 @@ the CPU path of `kernels: reference`. `KernelAttention` hands a runner's
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
-from engine.accel.triton_launch import dot_precision, launch_guard
+from engine.accel.triton_launch import dot_precision, interpreted, launch_guard
 from engine.runners.packed_batch import SMALL_Q
 
 if TYPE_CHECKING:
@@ -167,7 +166,7 @@ def packed_attention(
                 HEAD_DIM=head_dim, BLOCK_N=block_n,
                 # a constant, not an argument: torch.compile would pass a Python float as float64
                 PRECISION=dot_precision(query.dtype), SCALE=scale,
-                PIPELINED=os.environ.get("TRITON_INTERPRET") != "1",
+                PIPELINED=not interpreted(),
                 # on an H200 with Hq 32, Hkv 4, D 128 (128-row tiles) 8 warps and 3 stages ran 1.5x faster
                 # than 4 warps on decode, prefill and mixed steps; smaller tiles keep Triton's usual 4 warps,
                 # 2 stages
