@@ -192,7 +192,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
             if triton:
                 started = time.perf_counter()
                 count = thinker_runner.warm_eager()
-                log.info("thinker: eager steps (images) warmed in %d steps in %.1f s", count,
+                log.info("thinker: eager steps (those no graph fits) warmed in %d steps in %.1f s", count,
                          time.perf_counter() - started)
     _log_memory("the thinker (weights, KV, graphs)", tk.device)
     stages: list[Stage] = []

@@ -97,7 +97,7 @@ class GraphedCodePredictor:
 # (padding wastes at most a third of a step's rows) up to the step budget
 PACKED_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
-PackedStep = Callable[[torch.Tensor, PackedBatch], tuple[torch.Tensor, ...]]
+PackedStep = Callable[..., tuple[torch.Tensor, ...]]  # (embeds [T, H], batch[, deepstack [layers, T, H]])
 
 
 @dataclass(slots=True)
@@ -111,24 +111,30 @@ class _PackedBucket:
 class GraphedPacked:
     """Packed steps (engine/runners/packed_batch.py) captured per token bucket: any mix of prompt pieces and
     decode rows whose tokens fit a bucket replays it. Its spare tokens write the KV cache's scratch page. The
-    step's outputs are per sequence, then `per_token` of them per token."""
+    step's outputs are per sequence, then `per_token` of them per token. With `deepstack` layers the step also
+    reads the rows its images add inside those first layers, dense ([layers, T, H]): zeros, but for the
+    images' rows while a step with images replays."""
 
     def __init__(self, step: PackedStep, kv: SlotKVCache, attention: PackedAttention, hidden_size: int,
-                 dtype: torch.dtype, tokens: tuple[int, ...], *, seqs: int, per_token: int) -> None:
+                 dtype: torch.dtype, tokens: tuple[int, ...], *, seqs: int, per_token: int, deepstack: int = 0) -> None:
         device = kv.keys[0].device
         self.per_token = per_token
         self.seqs = seqs  # the most sequences a step holds: its stage's `max_batch`
         self.buckets: dict[int, _PackedBucket] = {}
+        # one buffer for every bucket (each reads its first T rows); zeros between steps with images
+        self.deepstack = torch.zeros(deepstack, max(tokens), hidden_size, device=device, dtype=dtype) if deepstack else None
         pool = None
         capture_stream = torch.cuda.Stream(device)
         for size in sorted(tokens, reverse=True):
             embeds = torch.zeros(size, hidden_size, device=device, dtype=dtype)
             batch = PackedBatch.static(kv, attention, size, self.seqs)
-            graph, outputs = capture(functools.partial(step, embeds, batch), pool, capture_stream)
+            inputs = (embeds, batch) if self.deepstack is None else (embeds, batch, self.deepstack[:, :size])
+            graph, outputs = capture(functools.partial(step, *inputs), pool, capture_stream)
             pool = graph.pool()
             self.buckets[size] = _PackedBucket(graph, embeds, batch, outputs)
 
-    def __call__(self, embeds: torch.Tensor, pieces: list[Piece]) -> tuple[torch.Tensor, ...] | None:
+    def __call__(self, embeds: torch.Tensor, pieces: list[Piece],
+                 deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         n = embeds.shape[0]
         size = smallest_bucket(self.buckets, n)
         if size is None or len(pieces) > self.seqs:
@@ -137,7 +143,12 @@ class GraphedPacked:
         bucket.embeds[:n].copy_(embeds)
         meta = torch.from_numpy(bucket.batch.layout(pieces))
         bucket.batch.meta.copy_(meta.to(bucket.batch.meta.device, non_blocking=True))
+        if deepstack is not None:
+            assert self.deepstack is not None, "a step with images, replayed by graphs captured without their rows"
+            self.deepstack[:, :n].copy_(deepstack)
         bucket.graph.replay()
+        if self.deepstack is not None and deepstack is not None:
+            self.deepstack[:, :n].zero_()  # after the replay, in stream order: the next step without images reads zeros
         first_per_token = len(bucket.outputs) - self.per_token
         return tuple(out[: n if i >= first_per_token else len(pieces)].clone() for i, out in enumerate(bucket.outputs))
 
@@ -227,7 +238,8 @@ def thinker_capture(max_tokens: int) -> Callable[[ThinkerRunner], StepGraphs]:
             hidden = runner.text_model.embed_tokens.embedding_dim
             tokens = packed_tokens(max_tokens)
             packed = _compiled("thinker", lambda: GraphedPacked(runner.packed_step, runner.kv, runner.attention, hidden,
-                                                                runner.dtype, tokens, seqs=runner.max_batch, per_token=1),
+                                                                runner.dtype, tokens, seqs=runner.max_batch, per_token=1,
+                                                                deepstack=runner.deepstack_layers),
                                runner.text_model.layers)
             log.info("thinker packed steps captured for %s tokens", sorted(packed.buckets))
             return StepGraphs(packed=packed)

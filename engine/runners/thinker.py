@@ -1,9 +1,10 @@
 """The Thinker's tensor work: one packed step over any mix of prompt pieces (text, audio and images; whole, or
 after what their slot holds) and replies' next tokens (engine/runners/packed_batch.py).
 
-A step with images in it runs eagerly: the vision tower's "deepstack" rows are added inside the first decoder
-layers at the images' places, which the captured steps have no input for. Its kernels are met once at start-up
-(`warm_eager`).
+A step with images in it replays the same graphs as any other: the vision tower's "deepstack" rows, added inside
+the first decoder layers at the images' places, go in dense (zeros elsewhere) and are added whole, where
+transformers picks the images' rows by a mask (a host sync, which no graph can hold). A step no graph fits runs
+eagerly; its kernels are met once at start-up (`warm_eager`).
 
 Owns the Thinker model and its KV cache. Scheduling lives in `engine/stages/thinker.py`.
 The Thinker stays behind this small interface (a step of rows in, rows out) so another
@@ -25,7 +26,7 @@ from engine.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
 from engine.runners.prefix_cache import KEPT_PER_SLOT
 from engine.runners.replay import EAGER, StepGraphs, run_packed
-from engine.runners.vision_tower import VisionRows, VisionTower
+from engine.runners.vision_tower import VisionTower
 from engine.vision import ImageInput
 
 
@@ -92,6 +93,8 @@ class ThinkerRunner:
         self.visual_token_ids = (tc.image_token_id, tc.video_token_id)
         self.audio = AudioEncoder(thinker, buckets=audio_buckets, graphed=audio_graphed, cold=cold, timed=audio_timed)
         self.vision = VisionTower(thinker)
+        self.deepstack_layers = len(tc.vision_config.deepstack_visual_indexes)
+        self.text_model._deepstack_process = _add_dense
         self.cold = cold
         # hidden_states[k] is the output of decoder layer k-1 (index 0 is the embedding).
         self.capture_layer = config.talker_config.accept_hidden_layer - 1
@@ -127,16 +130,17 @@ class ThinkerRunner:
             at_audio = host_ids == self.audio_token_id
             embeds[at_audio.to(self.device, non_blocking=True)] = self.audio(clips, int(at_audio.sum())).to(embeds.dtype)
         pieces = [Piece(r.slot, r.start, len(r.token_ids), r.rope) for r in rows]
-        images = [image for row in rows for image in row.images]
-        if images:
+        deepstack = None
+        if images := [image for row in rows for image in row.images]:
             at_image = torch.isin(host_ids, torch.tensor(self.visual_token_ids)).to(self.device, non_blocking=True)
             vision = self.vision(images)
             embeds[at_image] = vision.embeds.to(embeds.dtype)
-            logits, hidden = self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces), (at_image, vision))
-        else:
-            logits, hidden = run_packed(
-                self.graphs, embeds, pieces, lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces)),
-                self.cold, f"thinker step of {len(ids)} tokens in {len(rows)} rows")
+            deepstack = embeds.new_zeros(len(vision.deepstack), *embeds.shape)
+            deepstack[:, at_image] = torch.stack(vision.deepstack).to(embeds.dtype)
+        logits, hidden = run_packed(
+            self.graphs, embeds, pieces,
+            lambda: self.packed_step(embeds, PackedBatch.of(self.kv, self.attention, pieces), deepstack),
+            self.cold, f"thinker step of {len(ids)} tokens in {len(rows)} rows", deepstack)
         outs, first = [], 0
         for b, row in enumerate(rows):
             end = first + len(row.token_ids)
@@ -145,8 +149,8 @@ class ThinkerRunner:
         return outs
 
     def warm_eager(self) -> int:
-        """Runs, once at start-up, what a step with images runs uncaptured, so that its kernels compile now and
-        not under a user's first picture: the attention's small and block tables, the experts' decode and
+        """Runs, once at start-up, what a step runs uncaptured, so that its kernels compile now and not under a
+        user's first step that no graph fits: the attention's small and block tables, the experts' decode and
         prefill tiles (a step of 18 tokens, then of 512). -> the steps run; their slots are given back."""
         kv = self.kv
         slots = [kv.allocate() for _ in range(2 if kv.num_slots > 1 and kv.num_pages > 1 else 1)]
@@ -161,16 +165,20 @@ class ThinkerRunner:
         return len(firsts)
 
     def packed_step(self, embeds: torch.Tensor, batch: PackedBatch,
-                    vision: tuple[torch.Tensor, VisionRows] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed rows, embeds [T, H] -> (logits at each sequence's last token [N, V], the captured layer's rows
-        [T, H]); device work only (a CUDA graph captures this). `vision`: where the images' rows are [T], and
-        their deepstack rows, added inside the first decoder layers."""
+        [T, H]); device work only (a CUDA graph captures this). `deepstack` [layers, T, H]: what the images add
+        after each of the first decoder layers, zeros at every other row."""
         self._captured = []
         kwargs: dict[str, Any] = {self._cache_kw: batch, "packed": batch}
-        if vision is not None:
-            at_image, rows = vision
-            kwargs.update(visual_pos_masks=at_image[None],
-                          deepstack_visual_embeds=[d.to(embeds.dtype) for d in rows.deepstack])
+        if deepstack is not None:
+            kwargs["deepstack_visual_embeds"] = deepstack.unbind()
         out = self.text_model(inputs_embeds=embeds[None], position_ids=batch.rope_positions(), use_cache=True, **kwargs)
         hidden = out.last_hidden_state[0]
         return self.thinker.lm_head(hidden[batch.last]), self._captured[0][0]
+
+
+def _add_dense(hidden: torch.Tensor, mask: Any, rows: torch.Tensor) -> torch.Tensor:
+    """The text model's deepstack step, for rows given dense ([T, H], zeros off the images): added whole. Adding a
+    zero leaves a row as it was, so this equals transformers' masked add."""
+    return hidden + rows
