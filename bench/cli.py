@@ -129,9 +129,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
              "--prompt-tokens text and then one of them as input_audio, in turn (--prompt-tokens 1: the text is "
              "only the request's index)")
     opt("--image", type=_spec(check_image_spec), metavar="PATH|WxH",
-        help="a PNG, JPEG or WebP file, or WxH (e.g. 1280x720) for a synthetic camera-like JPEG (quality 85, the "
-             "same for the same size): each request's user message carries it as an image_url part before its "
-             "text; with --realtime each turn sends it as an input_image user item before its question")
+        help="a PNG, JPEG or WebP file, or WxH (e.g. 1280x720) for synthetic camera-like JPEGs (quality 85, one "
+             "room, every frame its own sensor noise: a distinct picture for each request or turn, up to 256 a run, "
+             "the same for the same size): each request's user message carries one as an image_url part before its "
+             "text; with --realtime each turn sends one as an input_image user item before its question")
     opt("--video", type=_spec(check_video_spec), metavar="PATH|WxHxS",
         help="chat only: an MP4 or WebM file, or WxHxS (e.g. 640x360x4) for a synthetic clip of that size and "
              "length in seconds (shapes moving over a gradient, 10 frames a second, H.264 in MP4, the same for the "

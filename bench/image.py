@@ -1,5 +1,10 @@
-"""The picture `--image` sends with each chat request or realtime turn: a PNG/JPEG/WebP file as it is, or a
-synthetic camera-like frame of a given size (`WxH`), read or drawn once per run and carried as one data URL."""
+"""The pictures `--image` sends with chat requests and realtime turns: a PNG/JPEG/WebP file as it is, or synthetic
+camera-like frames of a given size (`WxH`), read or drawn once per run, before any clock starts, as data URLs.
+
+Synthetic frames are all distinct, as a camera's are and as different users' pictures are: the same room, each
+frame its own sensor noise. A server that knows a picture it has seen (a prefix cache keyed by the pixels) would
+find every repeated one in its cache, and a run that sent one picture to every request measured that, not a new
+picture's cost. Up to `MAX_FRAMES` are drawn a run; past that the run's pictures repeat in order."""
 
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ _SIZE = re.compile(r"(\d+)x(\d+)")
 MAX_SIDE_PX = 4096
 FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}  # Pillow's name -> the data URL's image/<subtype>
 JPEG_QUALITY = 85  # a phone or webcam JPEG's usual quality
-_SEED = 0  # the same picture for the same size, run after run
+_SEED = 0  # the same pictures for the same size, run after run
+# distinct frames a run draws at most (~10 ms and ~140 KiB of base64 each at 1280x720)
+MAX_FRAMES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +36,14 @@ class ImageInfo:
     width: int
     height: int
     format: str  # jpeg, png or webp
-    size_bytes: int  # the encoded file, before base64
+    size_bytes: int  # the first picture's encoded file, before base64
+    distinct: int = 1  # pictures drawn: the run's n-th picture sent is picture n % distinct (a file: 1)
 
 
 @dataclass(frozen=True, slots=True)
 class BenchImage:
     info: ImageInfo
-    data_url: str  # data:image/<format>;base64,...: built once, sent as it is
+    data_urls: tuple[str, ...]  # data:image/<format>;base64,...: built once, each sent as it is
 
 
 def synthetic_size(spec: str) -> tuple[int, int] | None:
@@ -73,8 +81,15 @@ def _file_format(path: Path) -> tuple[str, int, int]:
 
 
 def synthetic_picture(width: int, height: int) -> bytes:
-    """A camera-like frame as a JPEG: a lit room's gradients, some objects in it, and sensor noise, so that it
-    compresses as a real frame would rather than to nothing. The same bytes for the same size."""
+    """A camera-like frame as a JPEG (the first of `synthetic_frames`); the same bytes for the same size."""
+    return synthetic_frames(width, height, 1)[0]
+
+
+def synthetic_frames(width: int, height: int, count: int) -> list[bytes]:
+    """`count` camera-like frames of one scene as JPEGs: a lit room's gradients, some objects in it, and sensor
+    noise, so that each compresses as a real frame would rather than to nothing. Each frame has its own noise
+    (one field of it, read from another offset), so no two frames have the same pixels. The same bytes for the
+    same size and count."""
     rng = np.random.default_rng(_SEED)
     # float32 [H, W, 3]: a wall fading into a floor, light falling off from one side
     y = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None, None]
@@ -92,22 +107,30 @@ def synthetic_picture(width: int, height: int) -> bytes:
             draw.rectangle(box, fill=colour, outline=(20, 20, 20), width=max(1, width // 400))
         else:
             draw.ellipse(box, fill=colour)
-    noisy = np.asarray(img, dtype=np.float32) + rng.standard_normal((height, width, 3), dtype=np.float32) * 6
-    out = io.BytesIO()
-    Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(out, format="JPEG", quality=JPEG_QUALITY)
-    return out.getvalue()
+    scene = np.asarray(img, dtype=np.float32).reshape(-1)
+    # one noise field: frame f reads it f pixels on, so each pixel's noise differs from frame to frame
+    noise = rng.standard_normal(scene.size + count * 3, dtype=np.float32) * 6
+    frames = []
+    for frame in range(count):
+        noisy = scene + noise[frame * 3: frame * 3 + scene.size]
+        out = io.BytesIO()
+        Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8).reshape(height, width, 3)).save(
+            out, format="JPEG", quality=JPEG_QUALITY)
+        frames.append(out.getvalue())
+    return frames
 
 
-def load_image(spec: str) -> BenchImage:
-    """The picture `spec` names (see check_image_spec), as it is sent; ValueError if it cannot be read."""
+def load_image(spec: str, count: int = 1) -> BenchImage:
+    """The pictures `spec` names (see check_image_spec), as they are sent: `count` distinct synthetic frames (at
+    most MAX_FRAMES), or the file; ValueError if it cannot be read."""
     check_image_spec(spec)
     if (size := synthetic_size(spec)) is not None:
-        data, (kind, width, height) = synthetic_picture(*size), ("jpeg", *size)
+        pictures, (kind, width, height) = synthetic_frames(*size, max(1, min(count, MAX_FRAMES))), ("jpeg", *size)
     else:
         try:
-            data = Path(spec).read_bytes()
+            pictures = [Path(spec).read_bytes()]
         except OSError as exc:
             raise ValueError(f"{spec!r}: {exc}") from exc
         kind, width, height = _file_format(Path(spec))
-    url = f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
-    return BenchImage(ImageInfo(spec, width, height, kind, len(data)), url)
+    urls = tuple(f"data:image/{kind};base64,{base64.b64encode(data).decode()}" for data in pictures)
+    return BenchImage(ImageInfo(spec, width, height, kind, len(pictures[0]), len(urls)), urls)

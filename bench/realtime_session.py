@@ -118,14 +118,14 @@ async def _expect(ws: Any, kind: str) -> None:
 
 async def run_session(config: VoiceConfig, model: str, mode: str, output_format: str,
                       questions: Sequence[Question], index: int, turns: int,
-                      image_url: str | None = None) -> list[TurnRecord]:
-    """Session `index`'s turns (turn t asks question (index + t) % count, after the picture `image_url` when
-    t % config.image_every == 0); one that fails ends the session."""
+                      pictures: Sequence[str] = ()) -> list[TurnRecord]:
+    """Session `index`'s turns (turn t asks question (index + t) % count, after picture t % len(pictures), a data
+    URL, when t % config.image_every == 0); one that fails ends the session."""
     def ask(turn: int) -> Question:
         return questions[(index + turn) % len(questions)]
 
     def shows(turn: int) -> str | None:
-        return image_url if turn % config.image_every == 0 else None
+        return pictures[turn % len(pictures)] if pictures and turn % config.image_every == 0 else None
 
     def record(turn: int) -> TurnRecord:
         return TurnRecord(index, turn, ask(turn).name, ask(turn).duration_s, image=shows(turn) is not None)

@@ -54,7 +54,8 @@ def _steps(steps: dict[str, StageSteps]) -> str:
 
 
 def _picture(image: ImageInfo) -> str:
-    return f"the {image.width}x{image.height} {image.format.upper()} of {image.size_bytes / 1024:.0f} KiB"
+    which = "" if image.distinct == 1 else f" ({image.distinct} distinct, in turn)"
+    return f"the {image.width}x{image.height} {image.format.upper()} of {image.size_bytes / 1024:.0f} KiB{which}"
 
 
 def _clip(video: VideoInfo) -> str:

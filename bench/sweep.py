@@ -48,7 +48,7 @@ class BenchResult:  # serialized as-is (plus schema_version) to {label}.json
     machine: dict[str, Any]
     server_models: dict[str, Any] | None
     levels: list[LevelResult]
-    image: ImageInfo | None = None  # the picture every request carried (--image)
+    image: ImageInfo | None = None  # the pictures the requests carried (--image)
     video: VideoInfo | None = None  # the clip every request carried (--video)
 
 
@@ -57,14 +57,20 @@ class RequestMedia:
     """What a request's user message carries besides its text; read or made once, before any clock starts."""
 
     input_audio: tuple[str, ...] = ()  # base64 WAV files: request i carries file i % count
-    image_url: str | None = None  # one data URL, the same in every request
-    video_url: str | None = None  # the clip's, likewise
+    image_urls: tuple[str, ...] = ()  # the run's pictures (bench/image.py): each request one, in turn
+    first_image: int = 0  # the picture of this level's first warm-up request
+    video_url: str | None = None  # one data URL, the same in every request
+
+    def image_url(self, index: int, warmup: int) -> str | None:
+        """Request `index`'s picture (warm-ups are -warmup..-1): the run's pictures in order, level after level."""
+        return self.image_urls[(self.first_image + warmup + index) % len(self.image_urls)] if self.image_urls else None
 
 
-def read_image(spec: str | None) -> BenchImage | None:
-    """The run's --image, once; BenchError (the run cannot start) if it cannot be read."""
+def read_image(spec: str | None, pictures: int = 1) -> BenchImage | None:
+    """The run's --image, once, as `pictures` distinct ones where it is synthetic; BenchError (the run cannot start)
+    if it cannot be read."""
     try:
-        return None if spec is None else load_image(spec)
+        return None if spec is None else load_image(spec, pictures)
     except ValueError as exc:
         raise BenchError(f"--image {exc}") from exc
 
@@ -116,8 +122,8 @@ async def one_request(client: httpx.AsyncClient, config: BenchConfig, model: str
                       prompt_words: int, media: RequestMedia) -> RequestRecord:
     rec = RequestRecord(index=index, concurrency=concurrency, prompt_words=prompt_words)
     decoder = SSEDecoder()
-    payload = build_payload(config, model, index, prompt_words, media.input_audio, media.image_url,
-                            media.video_url)
+    payload = build_payload(config, model, index, prompt_words, media.input_audio,
+                            media.image_url(index, config.warmup), media.video_url)
     t_send = time.perf_counter()
     timer = StreamTimer(rec, t_send)
     try:
@@ -192,9 +198,14 @@ def own_client(client: httpx.AsyncClient) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_connections=1))
 
 
+def requests(config: BenchConfig, concurrency: int) -> int:
+    """Recorded requests of a level at `concurrency`."""
+    return config.num_requests or max(2 * concurrency, 4)
+
+
 async def run_level(client: httpx.AsyncClient, config: BenchConfig, model: str, prompt_words: int,
                     concurrency: int, media: RequestMedia, progress: Progress) -> LevelResult:
-    n = config.num_requests or max(2 * concurrency, 4)
+    n = requests(config, concurrency)
     task = progress.add_task(f"P={prompt_words} C={concurrency}", total=config.warmup + n)
     advance = lambda: progress.advance(task)  # noqa: E731
     async with AsyncExitStack() as stack:
@@ -283,7 +294,8 @@ async def target_model(client: httpx.AsyncClient, model: str | None, url: str) -
 async def measure(config: BenchConfig, console: Console | None = None) -> BenchResult:
     """Run every level against the server at config.url; writes nothing."""
     # before the server is asked anything: a bad picture or clip ends the run at once
-    image, video = read_image(config.image), read_video(config.video)
+    pictures = sum(config.warmup + requests(config, c) for _, c in config.levels())
+    image, video = read_image(config.image, pictures), read_video(config.video)
     # trust_env=False: proxies from the environment would distort latency numbers.
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout,
                                  limits=httpx.Limits(max_connections=max(config.concurrency)),
@@ -292,11 +304,12 @@ async def measure(config: BenchConfig, console: Console | None = None) -> BenchR
         # read once, before any clock starts: each request sends one of these as it is
         input_audio = tuple(base64.b64encode(q.wav).decode() for q in load_questions(config.input_audio)) \
             if config.input_audio else ()
-        media = RequestMedia(input_audio, image.data_url if image else None, video.data_url if video else None)
+        media = RequestMedia(input_audio, image.data_urls if image else (), video_url=video.data_url if video else None)
         levels = []
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
             for prompt_words, concurrency in config.levels():
                 levels.append(await run_level(client, config, model, prompt_words, concurrency, media, progress))
+                media = replace(media, first_image=media.first_image + config.warmup + requests(config, concurrency))
     cfg = asdict(replace(config, model=model))
     for key in ("argv", "show_progress"):
         cfg.pop(key)

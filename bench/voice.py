@@ -48,7 +48,7 @@ class VoiceResult:  # serialized as-is (plus schema_version) to {label}.json
     server_models: dict[str, Any] | None
     questions: dict[str, float]  # name -> seconds of speech
     levels: list[VoiceLevelResult]
-    image: ImageInfo | None = None  # the picture the turns sent (--image)
+    image: ImageInfo | None = None  # the pictures the turns sent (--image)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,15 @@ class _Level:
     mode: str
     output_format: str
     questions: tuple[Question, ...]
-    image_url: str | None = None  # the picture's data URL (--image), made once per run
+    image_urls: tuple[str, ...] = ()  # the run's pictures (--image), made once per run: each turn one, in turn
+    first_image: int = 0  # the picture of this level's first warm-up session's first turn
+
+    def pictures(self, index: int, turns: int) -> tuple[str, ...]:
+        """Session `index`'s pictures, turn by turn (warm-ups are -warmup..-1): the run's in order."""
+        if not self.image_urls:
+            return ()
+        first = self.first_image + (index + self.config.warmup) * turns
+        return tuple(self.image_urls[(first + t) % len(self.image_urls)] for t in range(turns))
 
 
 async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, turns: int,
@@ -75,7 +83,7 @@ async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, tur
         await asyncio.sleep(delay)
         for index in pending:
             records.extend(await run_session(level.config, level.model, level.mode, level.output_format,
-                                             level.questions, index, turns, level.image_url))
+                                             level.questions, index, turns, level.pictures(index, turns)))
             on_done()
 
     delays = first_send_delays(f"voice:{indices[:1]}", workers, level.config.spread_s)
@@ -126,14 +134,17 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
 async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:
     """Run every level against the server at config.url; writes nothing."""
     questions: Sequence[Question] = load_questions(config.questions)
-    image = read_image(config.image)
+    per_level = [(config.warmup + (config.num_sessions or c)) * config.turns for _, _, c in config.levels()]
+    image = read_image(config.image, sum(per_level))
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False) as client:
         model, models = await target_model(client, config.model, config.url)
-        levels = []
+        levels, first_image = [], 0
         with Progress(console=console or Console(stderr=True), disable=not config.show_progress) as progress:
-            for mode, output_format, concurrency in config.levels():
-                level = _Level(config, model, mode, output_format, tuple(questions), image.data_url if image else None)
+            for (mode, output_format, concurrency), pictures in zip(config.levels(), per_level, strict=True):
+                level = _Level(config, model, mode, output_format, tuple(questions),
+                               image.data_urls if image else (), first_image)
                 levels.append(await run_level(client, level, concurrency, progress))
+                first_image += pictures
     cfg = asdict(replace(config, model=model))
     for key in ("argv", "show_progress"):
         cfg.pop(key)

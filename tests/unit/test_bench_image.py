@@ -24,11 +24,12 @@ import bench
 from bench import BenchConfig, RequestRecord, StreamTimer, TurnRecord, TurnTimer, VoiceConfig
 from bench.cli import config_from_args, voice_config_from_args
 from bench.config import sweep_overrides
-from bench.image import JPEG_QUALITY, check_image_spec, load_image, synthetic_picture
+from bench.image import JPEG_QUALITY, MAX_FRAMES, check_image_spec, load_image, synthetic_picture
 from bench.realtime_session import image_item, run_session
 from bench.speech import Question
 from bench.stats import summarize_level
 from bench.sweep import read_image
+from bench.voice import _Level
 from bench.voice_stats import turn_stats
 from tests.conftest import REPO, Server, start_server, stop_server
 from tests.unit.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
@@ -69,17 +70,26 @@ def test_the_synthetic_picture_is_a_jpeg_of_its_size_and_the_same_every_time() -
 def test_load_image_makes_the_data_url_once_and_says_what_it_sent(tmp_path: Path) -> None:
     synthetic = load_image("64x48")
     assert synthetic.info == bench.image.ImageInfo("64x48", 64, 48, "jpeg", len(synthetic_picture(64, 48)))
-    assert _jpeg_of(synthetic.data_url).size == (64, 48)
-    assert base64.b64decode(synthetic.data_url.partition(",")[2]) == synthetic_picture(64, 48)
+    (url,) = synthetic.data_urls
+    assert _jpeg_of(url).size == (64, 48)
+    assert base64.b64decode(url.partition(",")[2]) == synthetic_picture(64, 48)
+    # frames of one room, each its own: the first is the picture, no two have the same pixels
+    frames = load_image("64x48", 5)
+    assert frames.info.distinct == 5 and frames.data_urls[0] == url
+    pixels = [np.asarray(_jpeg_of(u), dtype=np.int16) for u in frames.data_urls]
+    assert all(not np.array_equal(a, b) for i, a in enumerate(pixels) for b in pixels[i + 1:])
+    assert max(float(np.abs(a - pixels[0]).mean()) for a in pixels) < 12  # the same scene: sensor noise apart
+    assert len(load_image("8x8", MAX_FRAMES + 9).data_urls) == MAX_FRAMES
 
     png = tmp_path / "desk.png"
     Image.new("RGB", (40, 30), (200, 10, 10)).save(png)
     shown = load_image(str(png))
     assert shown.info == bench.image.ImageInfo(str(png), 40, 30, "png", png.stat().st_size)
-    assert shown.data_url == "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()  # as it is
+    assert shown.data_urls == ("data:image/png;base64," + base64.b64encode(png.read_bytes()).decode(),)  # as it is
+    assert load_image(str(png), 7).data_urls == shown.data_urls  # a file is one picture
     webp = tmp_path / "frame.webp"
     Image.new("RGB", (8, 8)).save(webp)
-    assert load_image(str(webp)).data_url.startswith("data:image/webp;base64,")
+    assert load_image(str(webp)).data_urls[0].startswith("data:image/webp;base64,")
     assert read_image(None) is None
     with pytest.raises(bench.BenchError, match="--image 'gone.png': no such file"):
         read_image("gone.png")
@@ -206,11 +216,12 @@ async def test_every_chat_request_carries_the_picture_and_the_json_says_which(
     for body in handler.requests:
         first = body["messages"][0]["content"][0]
         assert first["type"] == "image_url" and _jpeg_of(first["image_url"]["url"]).size == (64, 48)
-    assert len({b["messages"][0]["content"][0]["image_url"]["url"] for b in handler.requests}) == 1
+    # each its own picture, as each user's is: none a server has seen before
+    assert len({b["messages"][0]["content"][0]["image_url"]["url"] for b in handler.requests}) == 4
     data = json.loads((tmp_path / "img.json").read_text())
     assert data["schema_version"] == 2 and data["config"]["image"] == "64x48"
     assert data["image"] == {"spec": "64x48", "width": 64, "height": 48, "format": "jpeg",
-                             "size_bytes": len(synthetic_picture(64, 48))}
+                             "size_bytes": len(synthetic_picture(64, 48)), "distinct": 4}
     level = data["levels"][0]
     assert level["image_tokens_mean"] == 24 and level["prompt_tokens_mean"] == 34
     assert [r["image_tokens"] for r in level["records"]] == [24, 24, 24]
@@ -267,7 +278,7 @@ async def test_each_turn_shows_its_picture_before_its_question() -> None:
     question = Question("hum", b"", b"\0\0" * 1920)  # 80 ms: two appends of 40 ms
     async with _fake_realtime(reply) as (url, received):
         config = VoiceConfig(url=url, image="64x48", image_every=2, input_speed=20, timeout=10)
-        records = await run_session(config, "m", "commit", "pcm16", [question], 0, 3, image_url=DATA_URL)
+        records = await run_session(config, "m", "commit", "pcm16", [question], 0, 3, pictures=(DATA_URL, "x", DATA_URL))
     assert [r.error for r in records] == [None, None, None]
     kinds = [e["type"] for e in received]
     turn = ["input_audio_buffer.append", "input_audio_buffer.append", "input_audio_buffer.commit", "response.create"]
@@ -275,6 +286,19 @@ async def test_each_turn_shows_its_picture_before_its_question() -> None:
     assert kinds == ["session.update", "conversation.item.create", *turn, *turn, "conversation.item.create", *turn]
     assert [e for e in received if e["type"] == "conversation.item.create"] == [image_item(DATA_URL)] * 2
     assert [(r.image, r.image_tokens) for r in records] == [(True, 30), (False, 30), (True, 60)]
+
+
+def test_each_turn_of_a_realtime_run_shows_a_picture_of_its_own() -> None:
+    """Warm-up sessions (one turn each) and each session's turns, level after level: no picture twice until the
+    run's pictures are used up."""
+    urls = tuple(f"data:image/jpeg;base64,{i}" for i in range(2 * (2 + 4) * 3))  # what measure_voice draws
+    config = VoiceConfig(warmup=2, turns=3)
+    first = _Level(config, "m", "commit", "pcm16", (), urls, 0)
+    second = _Level(config, "m", "commit", "pcm16", (), urls, (2 + 4) * 3)
+    shown = [p for level in (first, second) for p in [*level.pictures(-2, 1), *level.pictures(-1, 1),
+                                                      *(u for s in range(4) for u in level.pictures(s, 3))]]
+    assert len(shown) == len(set(shown)) == 28
+    assert _Level(config, "m", "commit", "pcm16", ()).pictures(0, 3) == ()
 
 
 async def test_a_refused_picture_fails_its_turn() -> None:
@@ -285,7 +309,7 @@ async def test_a_refused_picture_fails_its_turn() -> None:
     async with _fake_realtime(refuse) as (url, _):
         config = VoiceConfig(url=url, image="64x48", input_speed=20, timeout=10)
         records = await run_session(config, "m", "commit", "pcm16", [Question("q", b"", b"\0\0" * 960)], 0, 2,
-                                    image_url=DATA_URL)
+                                    pictures=(DATA_URL,))
     assert len(records) == 1 and not records[0].ok
     assert records[0].error == "error event: invalid_image: no" and not records[0].refused
 
