@@ -73,6 +73,9 @@ class PromptRows:
     request_id: str
     embeds: torch.Tensor  # [n, thinker_hidden]: layer-0 (input embedding) rows
     hidden: torch.Tensor  # [n, thinker_hidden]: rows of the talker's `accept_hidden_layer`
+    # on a GPU, recorded on the Thinker's stream after the rows were written: sent as soon as the step is queued,
+    # they are read once the receiver's stream has waited on it (engine/stages/base.py)
+    written: torch.cuda.Event | None = None
 
 
 @dataclass(frozen=True, slots=True)

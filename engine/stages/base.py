@@ -7,8 +7,10 @@ step. A failing step fails the requests in it, and the loop goes on.
 On a GPU each stage queues its kernels on its own CUDA stream, so one stage's host
 sync (reading sampled tokens, copying audio out) never waits for another stage's
 queued work, and the stages' kernels can overlap. A GPU tensor handed to the next
-stage is complete when sent (the sender has synced on a result computed after it);
-the receiver ties its lifetime to its own stream (`adopt`).
+stage is complete when sent (the sender has synced on a result computed after it), or
+comes with an event recorded after it on the sender's stream (`written`), which the
+receiver's stream waits on before anything reads it; either way the receiver ties its
+lifetime to its own stream (`adopt`).
 """
 
 from __future__ import annotations
@@ -99,11 +101,24 @@ class Stage(ABC):
                 self.metrics.running.labels(self.name).set(self.num_running())
 
     @staticmethod
-    def adopt(tensor: torch.Tensor) -> torch.Tensor:
-        """Keep a tensor made on another stage's stream alive until this stage's queued reads of it finish."""
+    def adopt(tensor: torch.Tensor, written: torch.cuda.Event | None = None) -> torch.Tensor:
+        """Keep a tensor made on another stage's stream alive until this stage's queued reads of it finish; with
+        `written`, this stage's stream first waits until the sender's has written it."""
         if tensor.is_cuda:
-            tensor.record_stream(torch.cuda.current_stream(tensor.device))
+            stream = torch.cuda.current_stream(tensor.device)
+            if written is not None:
+                stream.wait_event(written)
+            tensor.record_stream(stream)
         return tensor
+
+    def written(self) -> torch.cuda.Event | None:
+        """On a GPU, an event recorded now on this stage's stream: what it has queued so far is written once the
+        event is reached (`adopt`)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _accept_safely(self, item: Any) -> None:
         try:

@@ -140,7 +140,7 @@ class TalkerStage(Stage):
         if seq is None:  # aborted meanwhile
             return
         if isinstance(item, PromptRows):
-            self.adopt(item.embeds), self.adopt(item.hidden)
+            self.adopt(item.embeds, item.written), self.adopt(item.hidden)
             seq.arrived.append(item)
         elif isinstance(item, ThinkerToken):
             self.adopt(item.embed)

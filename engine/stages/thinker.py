@@ -194,12 +194,14 @@ class ThinkerStage(Stage):
             self.last_phase, self.last_batch = "decode", [seq.job.request_id for seq in replies]
             outs = self.runner.step(rows)
         finishing = []
+        # the step is queued, not done: the Talker's stream waits for it before reading the rows
+        written = self.written() if pieces else None
         for (seq, end), out in zip(pieces, outs, strict=False):
             seq.position = end
             if seq.job.want_audio:
                 seq.embeds.append(out.embeds)
                 seq.hidden.append(out.hidden)
-                self.to_talker(PromptRows(seq.job.request_id, out.embeds, out.hidden))
+                self.to_talker(PromptRows(seq.job.request_id, out.embeds, out.hidden, written))
             if end == seq.prompt_len:
                 finishing.append((seq, out))
         sampled = finishing + list(zip(replies, outs[len(pieces):], strict=True))
@@ -298,7 +300,8 @@ class ThinkerStage(Stage):
                 # the cached reply's rows: text, which the Talker reads only from user turns
                 seq.embeds.append(self.runner.embed(job.token_ids[reuse.embeds.shape[0] : reuse.length]))
                 seq.hidden.append(reuse.hidden.new_zeros(reply, reuse.hidden.shape[-1]))
-            self.to_talker(PromptRows(job.request_id, torch.cat(seq.embeds), torch.cat(seq.hidden)))
+            embeds, hidden = torch.cat(seq.embeds), torch.cat(seq.hidden)
+            self.to_talker(PromptRows(job.request_id, embeds, hidden, self.written()))
         return seq
 
     def _begin_reply(self, seq: ThinkerSeq) -> None:
