@@ -4,9 +4,10 @@ open files as /proc tells them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,13 @@ def ws_url(server: Server) -> str:
     return server.base_url.replace("http://", "ws://") + "/v1/realtime?model=tiny"
 
 
-def open_session(server: Server) -> ClientConnection:
-    ws = connect(ws_url(server), open_timeout=30, max_size=None)
-    assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
-    return ws
+@contextlib.contextmanager
+def open_session(server: Server) -> Iterator[ClientConnection]:
+    """A realtime session past its `session.created`; the connection entered as a context manager, as websockets
+    17 requires before anything is received."""
+    with connect(ws_url(server), open_timeout=30, max_size=None) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        yield ws
 
 
 def events_until(ws: ClientConnection, done: Callable[[dict[str, Any]], bool], timeout_s: float = 60,
