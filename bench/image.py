@@ -24,7 +24,7 @@ MAX_SIDE_PX = 4096
 FORMATS = {"PNG": "png", "JPEG": "jpeg", "WEBP": "webp"}  # Pillow's name -> the data URL's image/<subtype>
 JPEG_QUALITY = 85  # a phone or webcam JPEG's usual quality
 _SEED = 0  # the same pictures for the same size, run after run
-# distinct frames a run draws at most (~10 ms and ~140 KiB of base64 each at 1280x720)
+# distinct frames a run draws at most (~25 ms and ~190 KiB of base64 each at 1280x720)
 MAX_FRAMES = 256
 
 

@@ -97,9 +97,14 @@ async def _sessions_work(level: _Level, indices: list[int], workers: int, starte
     return await _run_sessions(level, indices, workers, level.config.turns, lambda: None)
 
 
+def sessions(config: VoiceConfig, concurrency: int) -> int:
+    """Recorded conversations of a level at `concurrency`."""
+    return config.num_sessions or concurrency
+
+
 async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, progress: Progress) -> VoiceLevelResult:
     config = level.config
-    n = config.num_sessions or concurrency
+    n = sessions(config, concurrency)
     task = progress.add_task(f"{level.mode} {level.output_format} C={concurrency}", total=config.warmup + n)
     advance = lambda: progress.advance(task)  # noqa: E731
     if config.warmup:
@@ -134,7 +139,7 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
 async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:
     """Run every level against the server at config.url; writes nothing."""
     questions: Sequence[Question] = load_questions(config.questions)
-    per_level = [(config.warmup + (config.num_sessions or c)) * config.turns for _, _, c in config.levels()]
+    per_level = [(config.warmup + sessions(config, c)) * config.turns for _, _, c in config.levels()]
     image = read_image(config.image, sum(per_level))
     async with httpx.AsyncClient(base_url=config.url.rstrip("/"), timeout=config.timeout, trust_env=False) as client:
         model, models = await target_model(client, config.model, config.url)

@@ -143,12 +143,14 @@ class GraphedPacked:
         bucket.embeds[:n].copy_(embeds)
         meta = torch.from_numpy(bucket.batch.layout(pieces))
         bucket.batch.meta.copy_(meta.to(bucket.batch.meta.device, non_blocking=True))
+        images = None
         if deepstack is not None:
             assert self.deepstack is not None, "a step with images, replayed by graphs captured without their rows"
-            self.deepstack[:, :n].copy_(deepstack)
+            images = self.deepstack[:, :n]
+            images.copy_(deepstack)
         bucket.graph.replay()
-        if self.deepstack is not None and deepstack is not None:
-            self.deepstack[:, :n].zero_()  # after the replay, in stream order: the next step without images reads zeros
+        if images is not None:
+            images.zero_()  # after the replay, in stream order: the next step without images reads zeros
         first_per_token = len(bucket.outputs) - self.per_token
         return tuple(out[: n if i >= first_per_token else len(pieces)].clone() for i, out in enumerate(bucket.outputs))
 

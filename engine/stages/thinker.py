@@ -300,8 +300,7 @@ class ThinkerStage(Stage):
                 # the cached reply's rows: text, which the Talker reads only from user turns
                 seq.embeds.append(self.runner.embed(job.token_ids[reuse.embeds.shape[0] : reuse.length]))
                 seq.hidden.append(reuse.hidden.new_zeros(reply, reuse.hidden.shape[-1]))
-            embeds, hidden = torch.cat(seq.embeds), torch.cat(seq.hidden)
-            self.to_talker(PromptRows(job.request_id, embeds, hidden, self.written()))
+            self.to_talker(PromptRows(job.request_id, torch.cat(seq.embeds), torch.cat(seq.hidden), self.written()))
         return seq
 
     def _begin_reply(self, seq: ThinkerSeq) -> None:
