@@ -11,8 +11,8 @@ if ! ldconfig -p 2>/dev/null | grep -q libespeak-ng.so.1; then
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq && $sudo apt-get install -y -qq espeak-ng
 fi
-# torch 2.13.0 first keeps pip on the CPU wheel.
+# torch 2.13.0 first keeps pip on the CPU wheel; the rest at the versions constraints.txt holds (scripts/lock.sh)
 pip install torch==2.13.0
-pip install -e '.[webrtc,semantic-vad,assistant]'
+pip install -c constraints.txt -e '.[webrtc,semantic-vad,assistant]'
 pip install --no-deps --require-hashes -r requirements-assistant.txt
 exec voice-gateway serve "$@"

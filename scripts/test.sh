@@ -40,9 +40,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"
 fi
-# torch 2.13.0 first keeps pip on the CPU wheel.
+# torch 2.13.0 first keeps pip on the CPU wheel; the rest at the versions constraints.txt holds (scripts/lock.sh)
 pip install torch==2.13.0
-pip install -e '.[dev]'
+pip install -c constraints.txt -e '.[dev]'
 pip install --no-deps --require-hashes -r requirements-assistant.txt
 checks
 bash scripts/docker_ci.sh  # builds the CPU image that tests/integration/test_docker_image.py starts
