@@ -9,7 +9,10 @@ transformers runs the predictor through a DynamicCache that grows by one key per
 so every pass has new shapes, and each of its 5 layers launches ~55 small kernels: at
 batch 64 the 15 passes of one frame take 17 ms on an H200 for 0.6 ms of weight reads
 (docs/performance.md). Here every position runs the same step: one token per row
-against a zeroed KV buffer of all 16 positions, masked past the current one. The math is
+against a zeroed KV buffer of all 16 positions, masked from the current one on, beside the
+token's own key and value, which the step returns and its caller writes at its position. The
+compiled step only reads the buffer: a write into one layer's view of it (a graph input) makes
+inductor copy the whole buffer, every layer and row, out and back on every step. The math is
 transformers' (eager attention, its RMSNorm and RoPE, the same weights); q/k/v and
 gate/up are each one GEMM, over fused weights that the transformers modules keep as
 views, so no memory is duplicated and the eager path still works. With `compiled`, the
@@ -130,8 +133,7 @@ class StaticCodePredictor:
         first = self.embeddings[0](code0)
         codes, total, step_input = [code0], first, first
         for group in range(self.num_groups - 1):
-            self._dynamic_batch((step_input, 0))
-            hidden = self.step(step_input, self.position_ids[group + 1], keys, values)
+            hidden = self._run_step(step_input, group + 1, keys, values)
             logits = F.linear(hidden, self.lm_heads[group])
             settings = RowTensors(rows.temperature, rows.top_p, rows.top_k, rows.seeds, rows.draws + group)
             self._dynamic_batch((logits, 0), *((getattr(settings, f.name), 0) for f in dataclasses.fields(settings)))
@@ -148,8 +150,7 @@ class StaticCodePredictor:
         logits = []
         for group in range(self.num_groups - 1):
             step_input = self.embeddings[group](codes[:, group])
-            self._dynamic_batch((step_input, 0))
-            hidden = self.step(step_input, self.position_ids[group + 1], keys, values)
+            hidden = self._run_step(step_input, group + 1, keys, values)
             logits.append(F.linear(hidden, self.lm_heads[group]))
         return torch.stack(logits, dim=1)
 
@@ -159,9 +160,17 @@ class StaticCodePredictor:
         # zeroed, not empty: a masked position still multiplies its value by a weight of 0
         keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
         values = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        self._dynamic_batch((keys, 1), (values, 1), (past_hidden, 0))
-        self.step(past_hidden, self.position_ids[0], keys, values)
+        self._run_step(past_hidden, 0, keys, values)
         return keys, values
+
+    def _run_step(self, x: torch.Tensor, position: int, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The step at `position`, then its key and value written there (the last position's never read)."""
+        self._dynamic_batch((x, 0), (keys, 1), (values, 1))
+        hidden, key, value = self.step(x, self.position_ids[position], keys, values)
+        if position < self.num_groups - 1:
+            keys[:, :, :, position] = key
+            values[:, :, :, position] = value
+        return hidden
 
     def _dynamic_batch(self, *dims: tuple[torch.Tensor, int]) -> None:
         """Compile once for every batch size above 1 (torch.compile would first specialise on the first it saw)."""
@@ -169,25 +178,32 @@ class StaticCodePredictor:
             for tensor, dim in dims:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
-    def _step(self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """One token per row at `position` (a [1] tensor) -> the final-normed hidden state [B, H];
-        writes each layer's key and value at `position`."""
+    def _step(
+        self, x: torch.Tensor, position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One token per row at `position` (a [1] tensor), attending to the buffer's earlier positions and
+        to itself -> the final-normed hidden state [B, H] and every layer's key and value for `position`
+        [L, B, kv heads, D]; reads `keys` and `values`, never writes them."""
         batch = x.shape[0]
         cos, sin = self.cos.index_select(0, position), self.sin.index_select(0, position)
-        masked = self.positions > position
+        earlier = self.positions < position
         groups = self.num_heads // self.num_kv_heads
+        new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
             h = layer.input_norm(x)
             q, k, v = F.linear(h, layer.qkv).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
             q = _rotate(layer.q_norm(q.view(batch, self.num_heads, self.head_dim)), cos, sin)
             k = _rotate(layer.k_norm(k.view(batch, self.num_kv_heads, self.head_dim)), cos, sin)
-            keys[i].index_copy_(2, position, k[:, :, None])
-            values[i].index_copy_(2, position, v.view(batch, self.num_kv_heads, 1, self.head_dim))
-            # [B, kv heads, query heads per kv head, D] against [B, kv heads, positions, D]
-            scores = q.view(batch, self.num_kv_heads, groups, self.head_dim) @ keys[i].transpose(-1, -2) * self.scaling
-            weights = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1, dtype=torch.float32)
-            attn = (weights.to(v.dtype) @ values[i]).reshape(batch, self.num_heads * self.head_dim)
-            x = x + F.linear(attn, layer.o)
+            v = v.view(batch, self.num_kv_heads, self.head_dim)
+            new_keys.append(k)
+            new_values.append(v)
+            # [B, kv heads, query heads per kv head, D] against the buffer's positions, then against its own key
+            q = q.view(batch, self.num_kv_heads, groups, self.head_dim)
+            scores = torch.cat([(q @ keys[i].transpose(-1, -2)).masked_fill(~earlier, float("-inf")),
+                                q @ k[:, :, :, None]], dim=-1) * self.scaling
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+            attn = weights[..., :-1] @ values[i] + weights[..., -1:] * v[:, :, None]
+            x = x + F.linear(attn.reshape(batch, self.num_heads * self.head_dim), layer.o)
             gate, up = F.linear(layer.post_norm(x), layer.gate_up).split(layer.intermediate, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
-        return self.norm(x)
+        return self.norm(x), torch.stack(new_keys), torch.stack(new_values)

@@ -96,3 +96,18 @@ def test_fused_weights_are_shared_with_transformers(tiny_checkpoint: Path) -> No
     layer = static.layers[0]
     assert attn.k_proj.weight.data_ptr() == layer.qkv[layer.q_size :].data_ptr()
     assert torch.equal(attn.k_proj.weight, before)
+
+
+def test_a_step_reads_the_frame_buffer_and_never_writes_it(tiny_checkpoint: Path) -> None:
+    """The compiled step must not write its KV buffer (inductor copies a written graph input whole, every
+    step); it hands back the position's key and value, which a step at the next position then attends to."""
+    loaded = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32")
+    static = StaticCodePredictor(loaded.model.code_predictor, loaded.model.model.codec_embedding)
+    with torch.inference_mode():
+        past = torch.randn(3, loaded.model.model.codec_embedding.embedding_dim)
+        keys, values = static._start_frame(past)
+        assert keys[:, :, :, 0].abs().sum() > 0 and keys[:, :, :, 1:].abs().sum() == 0  # position 0 written by the caller
+        before = keys.clone(), values.clone()
+        hidden, key, value = static.step(static.embeddings[0](torch.tensor([1, 2, 3])), static.position_ids[1], keys, values)
+        assert torch.equal(keys, before[0]) and torch.equal(values, before[1])
+        assert key.shape == value.shape == (len(static.layers), 3, static.num_kv_heads, static.head_dim)
