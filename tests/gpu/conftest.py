@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
+
+# A serving process builds one engine; the lane builds dozens, each compiling its decoder layers for its own
+# batch and cache sizes. At Dynamo's default of 8 compilations a function, the later engines captured
+# uncompiled layers, so their graphed == eager no longer checked what a server runs.
+torch._dynamo.config.recompile_limit = 64
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
