@@ -1,8 +1,11 @@
-"""The prompt builder's features of recent clips (engine/prompt.py): a long call sends its whole history's
-audio every turn, and none of it is turned into features again while it fits the cache's bytes."""
+"""The prompt builder's work on a long history (engine/prompt.py): a long call sends its whole history's audio
+every turn, and none of it is turned into features again while it fits the cache's bytes, nor hashed again, nor
+its placeholders tokenized."""
 
 from __future__ import annotations
 
+import gc
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +61,37 @@ def test_the_oldest_features_go_past_the_bytes(builder: PromptBuilder, monkeypat
     assert calls == []
     builder.build(messages[:1])  # the oldest was dropped
     assert len(calls) == 1
+
+
+def test_a_history_is_hashed_once_and_keys_stay_content_addressed(builder: PromptBuilder,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    hashed: list[int] = []
+    blake2b = hashlib.blake2b
+    monkeypatch.setattr(prompt_module.hashlib, "blake2b",
+                        lambda data, **kw: (hashed.append(len(data)), blake2b(data, **kw))[1])
+    messages = history(30)
+    first = builder.build(messages)
+    assert len(hashed) == 30
+    new_clip = Message("user", (AudioPart(np.full(4_000, 0.25, dtype=np.float32)),))
+    again = builder.build((*messages, new_clip))
+    assert len(hashed) == 31  # the new clip alone
+    assert again.audio_keys[:30] == first.audio_keys
+    # the same samples in another array: hashed, the same key (prefix reuse matches content, not objects)
+    copy = tuple(Message(m.role, tuple(AudioPart(p.samples.copy()) if isinstance(p, AudioPart) else p
+                                       for p in m.content)) for m in messages)
+    assert builder.build(copy).audio_keys == first.audio_keys and len(hashed) == 61
+    # an array's entry goes with it
+    held = len(builder._digests)
+    del copy, messages, first, again
+    gc.collect()
+    assert len(builder._digests) <= held - 60
+
+
+def test_placeholders_are_the_tokens_their_text_encodes_to(builder: PromptBuilder) -> None:
+    prompt = builder.build(history(3))
+    encoded = builder._encode(prompt_module.AUDIO_START + prompt_module.AUDIO_PAD * 13 + prompt_module.AUDIO_END)
+    assert builder._placeholders((prompt_module.AUDIO_START, 1), (prompt_module.AUDIO_PAD, 13),
+                                 (prompt_module.AUDIO_END, 1)) == encoded
+    assert prompt.token_ids.count(encoded[1]) == prompt.audio_tokens
+    # text that is not one token is tokenized as the repeated text would be
+    assert builder._placeholders(("ab", 3)) == builder._encode("ababab")
