@@ -36,7 +36,19 @@ from engine.core import Sink, deliver
 from engine.handoff import AdmittedRequest
 from engine.metrics import ProcessMetrics
 from engine.profile import SupervisionConfig
-from engine.remote.messages import STATE_PERIOD_S, Cancel, Closed, EngineSpec, Events, State, Stop, Stopped, Submit
+from engine.remote.clips import SentClips
+from engine.remote.messages import (
+    STATE_PERIOD_S,
+    Cancel,
+    Closed,
+    EngineSpec,
+    Events,
+    Resend,
+    State,
+    Stop,
+    Stopped,
+    Submit,
+)
 from engine.remote.pipe import cut, read_into, send
 from engine.remote.silence import Silence
 
@@ -91,7 +103,7 @@ class PushedFamilies(Collector):
 
 class RemoteCore:
     """Owns the connection to the engine, the sinks of the requests sent on it (and how many it sent and saw
-    end), the engine's last pushed state, and the supervision: whether the engine serves, its restarts, and
+    end), which clips' features it sent on it (engine/remote/clips.py), the engine's last pushed state, and the supervision: whether the engine serves, its restarts, and
     the task that watches it for a stall and reaches another once it is lost."""
 
     def __init__(self, reach: Reach) -> None:
@@ -108,6 +120,8 @@ class RemoteCore:
         self._stopping = False
         self._silence = Silence()  # on this connection
         self._sent = self._ended = self._ended_at_state = 0  # on this connection
+        self._clips = SentClips()  # the clips' features sent on this connection, which its engine holds
+        self._whole: dict[str, AdmittedRequest] = {}  # requests sent without some clips, until the engine begins them
         self._down = "not started"  # why it does not serve: health's detail
         self._cause = "exited"  # how it was last lost (exited, stalled): the restarts' label
         self._serving_since = 0.0
@@ -170,10 +184,24 @@ class RemoteCore:
             raise EngineError(f"request id {rid} is already in use")
         self._sinks[rid] = sink
         self._sent += 1
-        if not send(self._conn, Submit(request)):  # the reader's Closed ends it with the others
+        wire = self._clips.strip(request)
+        if any(mel is None for mel in wire.audio_features):
+            self._whole[rid] = request
+        if not send(self._conn, Submit(wire)):  # the reader's Closed ends it with the others
             log.error("%s: its connection is closed", self.reach.what)
 
+    def _resend(self, request_id: str) -> None:
+        """The engine let go of a clip this request named: send it with every clip's features."""
+        request = self._whole.pop(request_id, None)
+        if request is None or request_id not in self._sinks or self._conn is None:
+            return  # it ended meanwhile
+        self._clips.forget(request.audio_keys)
+        log.info("request %s: sent again with its clips' features, which %s no longer held", request_id,
+                 self.reach.what)
+        send(self._conn, Submit(self._clips.strip(request)))
+
     def abort(self, request_id: str) -> None:
+        self._whole.pop(request_id, None)  # a resend asked for now finds nothing to send: the engine ends it
         if self._conn is not None and request_id in self._sinks:
             send(self._conn, Cancel(request_id))  # the engine answers with the request's Failed("aborted")
 
@@ -195,6 +223,8 @@ class RemoteCore:
         self._start_s = time.monotonic() - began
         self._conn, self._stopped = conn, asyncio.Event()
         self._sent = self._ended = self._ended_at_state = 0
+        self._clips.clear()  # a new engine holds none of them
+        self._whole.clear()
         self._silence, self._serving_since = Silence(), time.monotonic()
         self.serving = True
         self._metrics.up.set(1)
@@ -211,7 +241,10 @@ class RemoteCore:
             match message:
                 case Events(events):
                     for event in events:
+                        self._whole.pop(event.request_id, None)  # begun: no resend will come
                         self._ended += deliver(self._sinks, event)
+                case Resend(request_id):
+                    self._resend(request_id)
                 case State():
                     self._state, self._ended_at_state = message, self._ended
                 case Stopped():
@@ -283,6 +316,7 @@ class RemoteCore:
 
     def _end_all(self, reason: str, code: str | None = None, retry_after_s: float | None = None) -> None:
         sinks, self._sinks = self._sinks, {}
+        self._whole.clear()
         self._ended += len(sinks)
         for rid, sink in sinks.items():
             sink(Failed(rid, reason, code, retry_after_s))

@@ -25,7 +25,19 @@ from prometheus_client import generate_latest
 from engine.api import EngineError, Failed, Finished, OutputEvent
 from engine.core import EngineCore
 from engine.handoff import AdmittedRequest
-from engine.remote.messages import STATE_PERIOD_S, Cancel, Closed, EngineSpec, Events, Heartbeat, Ready, State, Submit
+from engine.remote.clips import HeldClips
+from engine.remote.messages import (
+    STATE_PERIOD_S,
+    Cancel,
+    Closed,
+    EngineSpec,
+    Events,
+    Heartbeat,
+    Ready,
+    Resend,
+    State,
+    Submit,
+)
 from engine.remote.pipe import portable, read_into, send
 
 log = logging.getLogger(__name__)
@@ -43,6 +55,8 @@ class CoreService:
         self.loop = loop
         self.clients: dict[Connection, int] = {}  # -> the submits it made
         self.routes: dict[str, Connection] = {}  # request id -> the connection that submitted it
+        self.clips = HeldClips()  # the features its connections sent, which later requests name by key
+        self._resent: dict[str, Connection] = {}  # requests asked for whole, not begun: a Cancel still ends them
         self._told: dict[Connection, State] = {}
         self._outbox: dict[Connection, list[OutputEvent]] = {}
         self._flush_scheduled = False
@@ -73,7 +87,10 @@ class CoreService:
                 case Submit(request):
                     self._begin(conn, request)
                 case Cancel(request_id):
-                    self.core.abort(request_id)
+                    if self._resent.pop(request_id, None) is not None:
+                        send(conn, Events((Failed(request_id, "aborted"),)))
+                    else:
+                        self.core.abort(request_id)
                 case Closed():
                     self.leave(conn)
 
@@ -89,6 +106,8 @@ class CoreService:
         if self.clients.pop(conn, None) is None:
             return
         self._told.pop(conn, None)
+        for rid in [rid for rid, owner in self._resent.items() if owner is conn]:
+            del self._resent[rid]
         for rid in [rid for rid, owner in self.routes.items() if owner is conn]:
             self.core.abort(rid)
         conn.close()
@@ -133,7 +152,14 @@ class CoreService:
         rid = request.request_id
         if conn not in self.clients:
             return  # it left: nobody would hear the request's events
-        self.clients[conn] += 1
+        if self._resent.pop(rid, None) is None:
+            self.clients[conn] += 1  # a request counts once, sent again or not (the server's load figure)
+        if (whole := self.clips.fill(request)) is None:
+            log.info("request %s: it names a clip no longer held; asked for it whole", rid)
+            self._resent[rid] = conn
+            send(conn, Resend(rid))
+            return
+        request = whole
         self.routes[rid] = conn
         try:
             self.core.begin(request, functools.partial(self._queue, rid))

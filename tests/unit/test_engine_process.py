@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine import (
     UNAVAILABLE,
     AudioChunk,
+    AudioPart,
     EngineError,
     EngineRequest,
     Failed,
@@ -30,7 +31,10 @@ from engine import (
     create_engine,
     load_profile,
 )
+from engine.handoff import AdmittedRequest
+from engine.remote import client as client_module
 from engine.remote.client import RemoteCore
+from engine.remote.messages import Submit
 
 
 def _request(rid: str, text: str = "tell me about the sea", **kwargs) -> EngineRequest:
@@ -267,3 +271,66 @@ async def test_an_engine_host_replaces_its_engine_and_server_processes_reconnect
         for pid in pids:
             _release(pid)
     assert _reaped(host.pid)
+
+
+def _turns(n: int) -> list[tuple[Message, ...]]:
+    """A spoken conversation's requests, each holding every turn before it."""
+    rng = np.random.default_rng(3)
+    history: list[Message] = []
+    requests = []
+    for i in range(n):
+        history.append(Message("user", (AudioPart((0.1 * rng.standard_normal(8_000)).astype(np.float32)),)))
+        requests.append(tuple(history))
+        history.append(Message("assistant", (TextPart(f"reply {i}"),)))
+    return requests
+
+
+async def _text(engine, rid: str, messages: tuple[Message, ...]) -> list[int]:
+    request = EngineRequest(rid, messages, want_audio=False, sampling=SamplingParams(max_tokens=5, temperature=0.9,
+                                                                                     seed=11))
+    events = [event async for event in await engine.submit(request)]
+    assert isinstance(events[-1], Finished), events[-1]
+    return [t for event in events if isinstance(event, TextDelta) for t in event.token_ids]
+
+
+async def test_a_spoken_conversation_sends_each_clip_once(tiny_checkpoint: Path, cache_dir: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each turn's request names the earlier turns' clips by key (engine/remote/clips.py); an engine that lacks
+    one asks for the request whole; the replies are the in-process engine's."""
+    turns = _turns(3)
+    local = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    await local.start()
+    try:
+        expected = [await _text(local, f"t{i}", messages) for i, messages in enumerate(turns)]
+    finally:
+        await local.stop()
+
+    submits: list[AdmittedRequest] = []
+    send = client_module.send
+    monkeypatch.setattr(client_module, "send",
+                        lambda conn, message: (isinstance(message, Submit) and submits.append(message.request),
+                                               send(conn, message))[1])
+    remote = create_engine("tiny", load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process"}}),
+                           cache_dir)
+    await remote.start()
+    try:
+        got = [await _text(remote, f"t{i}", messages) for i, messages in enumerate(turns)]
+        assert [[mel is None for mel in s.audio_features] for s in submits] == [[False], [True, False],
+                                                                                [True, True, False]]
+        # a clip the engine never got (as if it had let it go): it asks, and the request goes again whole
+        fourth = (*turns[2], Message("assistant", (TextPart("reply 2"),)), Message("user", (TextPart("and?"),)))
+        extra = dataclasses.replace(turns[0][0], content=(AudioPart(np.full(8_000, 0.05, dtype=np.float32)),))
+        core = remote.core
+        prompt = remote.admission.prompts.build((extra,))
+        core._clips._sent[prompt.audio_keys[0]] = 0  # believed sent, never sent
+        resent = await _text(remote, "t3", (extra, *fourth))
+        assert [mel is None for mel in submits[-2].audio_features][0] and submits[-1].audio_features[0] is not None
+    finally:
+        await remote.stop()
+    assert got == expected
+    local = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    await local.start()
+    try:
+        assert resent == await _text(local, "t3", (extra, *fourth))
+    finally:
+        await local.stop()
