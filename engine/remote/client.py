@@ -36,7 +36,7 @@ from engine.core import Sink, deliver
 from engine.handoff import AdmittedRequest
 from engine.metrics import ProcessMetrics
 from engine.profile import SupervisionConfig
-from engine.remote.clips import SentClips
+from engine.remote.media import SentMedia
 from engine.remote.messages import (
     STATE_PERIOD_S,
     Cancel,
@@ -103,8 +103,9 @@ class PushedFamilies(Collector):
 
 class RemoteCore:
     """Owns the connection to the engine, the sinks of the requests sent on it (and how many it sent and saw
-    end), which clips' features it sent on it (engine/remote/clips.py), the engine's last pushed state, and the supervision: whether the engine serves, its restarts, and
-    the task that watches it for a stall and reaches another once it is lost."""
+    end), which clips and images it sent on it (engine/remote/media.py), the engine's last pushed state, and
+    the supervision: whether the engine serves, its restarts, and the task that watches it for a stall and
+    reaches another once it is lost."""
 
     def __init__(self, reach: Reach) -> None:
         self.reach = reach
@@ -120,8 +121,8 @@ class RemoteCore:
         self._stopping = False
         self._silence = Silence()  # on this connection
         self._sent = self._ended = self._ended_at_state = 0  # on this connection
-        self._clips = SentClips()  # the clips' features sent on this connection, which its engine holds
-        self._whole: dict[str, AdmittedRequest] = {}  # requests sent without some clips, until the engine begins them
+        self._media = SentMedia()  # the clips and images sent on this connection, which its engine holds
+        self._whole: dict[str, AdmittedRequest] = {}  # requests sent without some media, until the engine begins them
         self._down = "not started"  # why it does not serve: health's detail
         self._cause = "exited"  # how it was last lost (exited, stalled): the restarts' label
         self._serving_since = 0.0
@@ -184,21 +185,21 @@ class RemoteCore:
             raise EngineError(f"request id {rid} is already in use")
         self._sinks[rid] = sink
         self._sent += 1
-        wire = self._clips.strip(request)
-        if any(mel is None for mel in wire.audio_features):
+        wire = self._media.strip(request)
+        if self._media.leaves_out(wire):
             self._whole[rid] = request
         if not send(self._conn, Submit(wire)):  # the reader's Closed ends it with the others
             log.error("%s: its connection is closed", self.reach.what)
 
     def _resend(self, request_id: str) -> None:
-        """The engine let go of a clip this request named: send it with every clip's features."""
+        """The engine let go of a clip or image this request named: send it with all of them."""
         request = self._whole.pop(request_id, None)
         if request is None or request_id not in self._sinks or self._conn is None:
             return  # it ended meanwhile
-        self._clips.forget(request.audio_keys)
-        log.info("request %s: sent again with its clips' features, which %s no longer held", request_id,
+        self._media.forget(request)
+        log.info("request %s: sent again with its clips and images, which %s no longer held", request_id,
                  self.reach.what)
-        send(self._conn, Submit(self._clips.strip(request)))
+        send(self._conn, Submit(self._media.strip(request)))
 
     def abort(self, request_id: str) -> None:
         self._whole.pop(request_id, None)  # a resend asked for now finds nothing to send: the engine ends it
@@ -223,7 +224,7 @@ class RemoteCore:
         self._start_s = time.monotonic() - began
         self._conn, self._stopped = conn, asyncio.Event()
         self._sent = self._ended = self._ended_at_state = 0
-        self._clips.clear()  # a new engine holds none of them
+        self._media.clear()  # a new engine holds none of them
         self._whole.clear()
         self._silence, self._serving_since = Silence(), time.monotonic()
         self.serving = True

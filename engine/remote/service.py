@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 from engine.api import EngineError, Failed, Finished, OutputEvent
 from engine.core import EngineCore
 from engine.handoff import AdmittedRequest
-from engine.remote.clips import HeldClips
+from engine.remote.media import HeldMedia
 from engine.remote.messages import (
     STATE_PERIOD_S,
     Cancel,
@@ -55,7 +55,7 @@ class CoreService:
         self.loop = loop
         self.clients: dict[Connection, int] = {}  # -> the submits it made
         self.routes: dict[str, Connection] = {}  # request id -> the connection that submitted it
-        self.clips = HeldClips()  # the features its connections sent, which later requests name by key
+        self.media = HeldMedia()  # the features and pixels its connections sent, which later requests name by key
         self._resent: dict[str, Connection] = {}  # requests asked for whole, not begun: a Cancel still ends them
         self._told: dict[Connection, State] = {}
         self._outbox: dict[Connection, list[OutputEvent]] = {}
@@ -154,8 +154,8 @@ class CoreService:
             return  # it left: nobody would hear the request's events
         if self._resent.pop(rid, None) is None:
             self.clients[conn] += 1  # a request counts once, sent again or not (the server's load figure)
-        if (whole := self.clips.fill(request)) is None:
-            log.info("request %s: it names a clip no longer held; asked for it whole", rid)
+        if (whole := self.media.fill(request)) is None:
+            log.info("request %s: it names a clip or image no longer held; asked for it whole", rid)
             self._resent[rid] = conn
             send(conn, Resend(rid))
             return

@@ -24,6 +24,7 @@ from engine import (
     EngineRequest,
     Failed,
     Finished,
+    ImagePart,
     Message,
     SamplingParams,
     TextDelta,
@@ -274,12 +275,13 @@ async def test_an_engine_host_replaces_its_engine_and_server_processes_reconnect
 
 
 def _turns(n: int) -> list[tuple[Message, ...]]:
-    """A spoken conversation's requests, each holding every turn before it."""
+    """A spoken conversation's requests, each holding every turn before it; a picture with the first turn."""
     rng = np.random.default_rng(3)
     history: list[Message] = []
     requests = []
     for i in range(n):
-        history.append(Message("user", (AudioPart((0.1 * rng.standard_normal(8_000)).astype(np.float32)),)))
+        picture = (ImagePart(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)),) if i == 0 else ()
+        history.append(Message("user", (AudioPart((0.1 * rng.standard_normal(8_000)).astype(np.float32)), *picture)))
         requests.append(tuple(history))
         history.append(Message("assistant", (TextPart(f"reply {i}"),)))
     return requests
@@ -293,10 +295,10 @@ async def _text(engine, rid: str, messages: tuple[Message, ...]) -> list[int]:
     return [t for event in events if isinstance(event, TextDelta) for t in event.token_ids]
 
 
-async def test_a_spoken_conversation_sends_each_clip_once(tiny_checkpoint: Path, cache_dir: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each turn's request names the earlier turns' clips by key (engine/remote/clips.py); an engine that lacks
-    one asks for the request whole; the replies are the in-process engine's."""
+async def test_a_conversation_sends_each_clip_and_picture_once(tiny_checkpoint: Path, cache_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each turn's request names the earlier turns' clips and pictures by key (engine/remote/media.py); an
+    engine that lacks one asks for the request whole; the replies are the in-process engine's."""
     turns = _turns(3)
     local = create_engine("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
     await local.start()
@@ -317,12 +319,13 @@ async def test_a_spoken_conversation_sends_each_clip_once(tiny_checkpoint: Path,
         got = [await _text(remote, f"t{i}", messages) for i, messages in enumerate(turns)]
         assert [[mel is None for mel in s.audio_features] for s in submits] == [[False], [True, False],
                                                                                 [True, True, False]]
+        assert [[image.pixel_values is None for image in s.images] for s in submits] == [[False], [True], [True]]
         # a clip the engine never got (as if it had let it go): it asks, and the request goes again whole
         fourth = (*turns[2], Message("assistant", (TextPart("reply 2"),)), Message("user", (TextPart("and?"),)))
         extra = dataclasses.replace(turns[0][0], content=(AudioPart(np.full(8_000, 0.05, dtype=np.float32)),))
         core = remote.core
         prompt = remote.admission.prompts.build((extra,))
-        core._clips._sent[prompt.audio_keys[0]] = 0  # believed sent, never sent
+        core._media._sent[prompt.audio_keys[0]] = 0  # believed sent, never sent
         resent = await _text(remote, "t3", (extra, *fourth))
         assert [mel is None for mel in submits[-2].audio_features][0] and submits[-1].audio_features[0] is not None
     finally:

@@ -1,0 +1,67 @@
+"""Audio features and image pixels cross to the engine's process once (engine/remote/media.py): a server process
+leaves out what it sent lately, the engine fills it in from what it holds, and asks for a request whole when it
+let one go (tests/unit/test_engine_process.py: a spoken conversation with pictures through an engine process)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.handoff import AdmittedRequest
+from engine.remote.media import HeldMedia, SentMedia
+from engine.vision import ImageInput
+
+ONE = 128 * 10 * 4  # the bytes of the smallest clip's features below
+
+
+def _admitted(keys: list[int], images: tuple[int, ...] = (), rid: str = "r") -> AdmittedRequest:
+    features = [torch.full((128, 10 * (1 + k % 3)), float(k)) for k in keys]
+    pictures = [ImageInput(torch.full((16, 24), float(k)), (1, 4, 4), k) for k in images]
+    return AdmittedRequest(rid, [1, 2, 3], features, 0, keys, False, "ethan", 4, 0.0, 1.0, 0, None, images=pictures)
+
+
+def _equal(a: AdmittedRequest, b: AdmittedRequest) -> bool:
+    return (all(torch.equal(x, y) for x, y in zip(a.audio_features, b.audio_features, strict=True))
+            and all(torch.equal(x.pixel_values, y.pixel_values) for x, y in zip(a.images, b.images, strict=True)))
+
+
+def test_clips_and_images_cross_once_and_are_filled_in_after() -> None:
+    sent, held = SentMedia(), HeldMedia()
+    first = sent.strip(_admitted([-1, -2], images=(-7,)))
+    assert not sent.leaves_out(first)
+    assert held.fill(first) is not None
+    # a conversation's next turn, a clip twice in it
+    second = sent.strip(_admitted([-1, -2, -3, -2], images=(-7, -8)))
+    assert sent.leaves_out(second)
+    assert [mel is None for mel in second.audio_features] == [True, True, False, True]
+    assert [image.pixel_values is None for image in second.images] == [True, False]
+    whole = held.fill(second)
+    assert whole is not None and _equal(whole, _admitted([-1, -2, -3, -2], images=(-7, -8)))
+
+
+def test_what_crosses_is_a_copy() -> None:
+    """Sending a tensor between processes moves it into shared memory (a descriptor held open): never the
+    server process's own tensors."""
+    request = _admitted([-5], images=(-6,))
+    wire = SentMedia().strip(request)
+    assert wire.audio_features[0].data_ptr() != request.audio_features[0].data_ptr()
+    assert wire.images[0].pixel_values.data_ptr() != request.images[0].pixel_values.data_ptr()
+
+
+def test_an_engine_that_let_one_go_asks_for_the_request_whole() -> None:
+    sent, held = SentMedia(), HeldMedia(budget=2 * ONE)  # room for two of the smallest clips
+    for key in (-3, -6, -9):  # 128 x 10 each: -3 goes
+        held.fill(sent.strip(_admitted([key])))
+    again = sent.strip(_admitted([-3, -9]))
+    assert held.fill(again) is None
+    sent.forget(again)
+    whole = held.fill(sent.strip(_admitted([-3, -9])))
+    assert whole is not None and _equal(whole, _admitted([-3, -9]))
+
+
+def test_the_server_side_forgets_its_oldest_past_its_budget() -> None:
+    sent = SentMedia(budget=2 * ONE)
+    for key in (-3, -6, -9):
+        sent.strip(_admitted([key]))
+    assert [mel is None for mel in sent.strip(_admitted([-3, -6, -9])).audio_features] == [False, True, True]
+    sent.clear()
+    assert not sent.leaves_out(sent.strip(_admitted([-6, -9])))
