@@ -4,11 +4,19 @@ let one go (tests/unit/test_engine_process.py: a spoken conversation with pictur
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
 import torch
 
+from engine import AudioPart, EngineRequest, Failed, Finished, Message, SamplingParams, load_profile
 from engine.handoff import AdmittedRequest
 from engine.remote.media import HeldMedia, SentMedia
 from engine.vision import ImageInput
+from engine.weights.source import ModelSource
 
 ONE = 128 * 10 * 4  # the bytes of the smallest clip's features below
 
@@ -65,3 +73,57 @@ def test_the_server_side_forgets_its_oldest_past_its_budget() -> None:
     assert [mel is None for mel in sent.strip(_admitted([-3, -6, -9])).audio_features] == [False, True, True]
     sent.clear()
     assert not sent.leaves_out(sent.strip(_admitted([-6, -9])))
+
+
+async def test_a_request_cancelled_while_asked_for_whole_ends(cache_dir: Path) -> None:
+    """The engine's side: a request naming a clip it never got is not begun but asked for whole; a Cancel before
+    it comes ends it with `aborted` (its stream must end), and a request that comes whole is begun."""
+    from engine.local import load_core
+    from engine.remote.messages import Cancel, EngineSpec, Events, Resend, Submit
+    from engine.remote.service import CoreService
+
+    profile = load_profile(model="tiny", platform="cpu")
+    core = load_core(ModelSource.open("tiny", cache_dir=cache_dir), profile)
+    await core.start()
+    engine_end, server_end = multiprocessing.Pipe()
+    service = CoreService(core, EngineSpec("tiny", profile, cache_dir), asyncio.get_running_loop())
+    try:
+        service.join(engine_end, read=False)
+        admitted = await _admit(cache_dir, profile)
+        named = SentMedia()
+        named._sent[admitted.audio_keys[0]] = 0  # believed sent, never sent
+        service.on_messages(engine_end, [Submit(named.strip(admitted)), Cancel(admitted.request_id)])
+        replies = await _drain(server_end, until=lambda m: isinstance(m, Events))
+        assert [type(m) for m in replies] == [Resend, Events]
+        assert replies[-1].events[0] == Failed(admitted.request_id, "aborted")
+        service.on_messages(engine_end, [Submit(SentMedia().strip(admitted))])  # whole: begun, and ends
+        events = await _drain(server_end, until=lambda m: isinstance(m, Events) and isinstance(m.events[-1], Finished))
+        assert isinstance(events[-1], Events) and isinstance(events[-1].events[-1], Finished)
+    finally:
+        await service.stop()
+
+
+async def _admit(cache_dir: Path, profile) -> AdmittedRequest:
+    from engine.admission import Admission
+
+    admission = Admission.open(ModelSource.open("tiny", cache_dir=cache_dir), profile, text_on_loop=True)
+    clip = AudioPart(np.full(8_000, 0.05, dtype=np.float32))
+    return await admission.admit(EngineRequest("spoken", (Message("user", (clip,)),), want_audio=False,
+                                               sampling=SamplingParams(max_tokens=3)))
+
+
+async def _drain(conn, until) -> list:
+    """What the engine sent, less its state beats, up to the first message `until` accepts (30 s at most)."""
+    from engine.remote.messages import Heartbeat, State
+
+    got: list = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # the engine's loop runs meanwhile: it sends what its requests made
+        while conn.poll():
+            message = conn.recv()
+            if not isinstance(message, State | Heartbeat):
+                got.append(message)
+                if until(message):
+                    return got
+    raise AssertionError(f"timed out; got {got}")
