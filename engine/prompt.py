@@ -182,7 +182,8 @@ class PromptBuilder:
                         image = self._image(part.pixels) if isinstance(part, ImagePart) else self._video(part)
                         ids += self._placeholders((VISION_START, 1))
                         image_spans.append((len(ids), len(ids) + image.tokens))
-                        ids += self._placeholders((VIDEO_PAD if image.is_video else IMAGE_PAD, image.tokens), (VISION_END, 1))
+                        pad = VIDEO_PAD if image.is_video else IMAGE_PAD
+                        ids += self._placeholders((pad, image.tokens), (VISION_END, 1))
                     images.append(image)
             has_text = any(isinstance(p, TextPart) and p.text for p in message.content)
             for k, call in enumerate(message.tool_calls):

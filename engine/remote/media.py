@@ -40,8 +40,10 @@ class SentMedia:
         """The request as it crosses: what was sent lately left out (None), the rest copied, so that sending
         never moves the server process's own tensors into shared memory."""
         features = [self._send(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
-        images = [dataclasses.replace(image, pixel_values=self._send(image.key, image.pixel_values))  # type: ignore[arg-type]
-                  for image in request.images]
+        pixels = [self._send(image.key, image.pixel_values) for image in request.images]
+        # the wire form: None where the engine holds it already (HeldMedia.fill puts it back)
+        images = [dataclasses.replace(image, pixel_values=p)  # type: ignore[arg-type]
+                  for image, p in zip(request.images, pixels, strict=True)]
         while self._bytes > self.budget:
             self._bytes -= self._sent.popitem(last=False)[1]
         return dataclasses.replace(request, audio_features=features, images=images)  # type: ignore[arg-type]

@@ -312,8 +312,8 @@ async def test_a_conversation_sends_each_clip_and_picture_once(tiny_checkpoint: 
     monkeypatch.setattr(client_module, "send",
                         lambda conn, message: (isinstance(message, Submit) and submits.append(message.request),
                                                send(conn, message))[1])
-    remote = create_engine("tiny", load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process"}}),
-                           cache_dir)
+    in_a_process = load_profile(model="tiny", platform="cpu", overrides={"engine": {"where": "process"}})
+    remote = create_engine("tiny", in_a_process, cache_dir)
     await remote.start()
     try:
         got = [await _text(remote, f"t{i}", messages) for i, messages in enumerate(turns)]

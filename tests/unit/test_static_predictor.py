@@ -106,8 +106,10 @@ def test_a_step_reads_the_frame_buffer_and_never_writes_it(tiny_checkpoint: Path
     with torch.inference_mode():
         past = torch.randn(3, loaded.model.model.codec_embedding.embedding_dim)
         keys, values = static._start_frame(past)
-        assert keys[:, :, :, 0].abs().sum() > 0 and keys[:, :, :, 1:].abs().sum() == 0  # position 0 written by the caller
+        # position 0 written by the caller
+        assert keys[:, :, :, 0].abs().sum() > 0 and keys[:, :, :, 1:].abs().sum() == 0
         before = keys.clone(), values.clone()
-        hidden, key, value = static.step(static.embeddings[0](torch.tensor([1, 2, 3])), static.position_ids[1], keys, values)
+        step_input = static.embeddings[0](torch.tensor([1, 2, 3]))
+        hidden, key, value = static.step(step_input, static.position_ids[1], keys, values)
         assert torch.equal(keys, before[0]) and torch.equal(values, before[1])
         assert key.shape == value.shape == (len(static.layers), 3, static.num_kv_heads, static.head_dim)
