@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import torch
 
@@ -26,34 +28,68 @@ from engine.handoff import AdmittedRequest
 SENT_MEDIA_BYTES = 512 << 20  # what a server process counts on its engine holding (80 turns of ~30 calls' audio)
 HELD_MEDIA_BYTES = 4 << 30  # what an engine's process holds: eight server processes' counts
 
+V = TypeVar("V")
+
+
+class _Recent(Generic[V]):
+    """Values by key, least recently used first, trimmed to a byte budget when asked (after a whole request, so
+    that none of its own goes while it is read)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._items: OrderedDict[int, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: int) -> V | None:
+        if (item := self._items.get(key)) is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def add(self, key: int, value: V, nbytes: int) -> None:
+        self._items[key] = (value, nbytes)
+        self._bytes += nbytes
+
+    def pop(self, key: int) -> None:
+        if (item := self._items.pop(key, None)) is not None:
+            self._bytes -= item[1]
+
+    def trim(self) -> None:
+        while self._bytes > self.budget:
+            self._bytes -= self._items.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
+
+
+def _each(request: AdmittedRequest, media: Callable[[int, torch.Tensor], torch.Tensor | None]) -> AdmittedRequest:
+    """The request with `media(key, tensor)` in place of every clip's features and every image's pixels; None
+    there is the wire form's "the engine holds it already"."""
+    features = [media(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
+    images = [dataclasses.replace(image, pixel_values=media(image.key, image.pixel_values))  # type: ignore[arg-type]
+              for image in request.images]
+    return dataclasses.replace(request, audio_features=features, images=images)  # type: ignore[arg-type]
+
 
 class SentMedia:
     """The clips and images a server process sent on one connection lately, by key, oldest first, within a
     byte budget."""
 
     def __init__(self, budget: int = SENT_MEDIA_BYTES) -> None:
-        self.budget = budget
-        self._sent: OrderedDict[int, int] = OrderedDict()  # key -> bytes
-        self._bytes = 0
+        self._sent: _Recent[bool] = _Recent(budget)
 
     def strip(self, request: AdmittedRequest) -> AdmittedRequest:
         """The request as it crosses: what was sent lately left out (None), the rest copied, so that sending
         never moves the server process's own tensors into shared memory."""
-        features = [self._send(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
-        pixels = [self._send(image.key, image.pixel_values) for image in request.images]
-        # the wire form: None where the engine holds it already (HeldMedia.fill puts it back)
-        images = [dataclasses.replace(image, pixel_values=p)  # type: ignore[arg-type]
-                  for image, p in zip(request.images, pixels, strict=True)]
-        while self._bytes > self.budget:
-            self._bytes -= self._sent.popitem(last=False)[1]
-        return dataclasses.replace(request, audio_features=features, images=images)  # type: ignore[arg-type]
+        wire = _each(request, self._send)
+        self._sent.trim()
+        return wire
 
     def _send(self, key: int, tensor: torch.Tensor) -> torch.Tensor | None:
-        if key in self._sent:
-            self._sent.move_to_end(key)
+        if self._sent.get(key):
             return None
-        self._sent[key] = tensor.nbytes
-        self._bytes += tensor.nbytes
+        self._sent.add(key, True, tensor.nbytes)
         return tensor.clone()
 
     @staticmethod
@@ -64,12 +100,11 @@ class SentMedia:
     def forget(self, request: AdmittedRequest) -> None:
         """The engine no longer holds the request's media: they cross again with the next that names them."""
         for key in [*request.audio_keys, *(image.key for image in request.images)]:
-            self._bytes -= self._sent.pop(key, 0)
+            self._sent.pop(key)
 
     def clear(self) -> None:
         """A new connection: its engine holds nothing yet."""
         self._sent.clear()
-        self._bytes = 0
 
 
 class HeldMedia:
@@ -77,31 +112,20 @@ class HeldMedia:
     byte budget."""
 
     def __init__(self, budget: int = HELD_MEDIA_BYTES) -> None:
-        self.budget = budget
-        self._held: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self._bytes = 0
+        self._held: _Recent[torch.Tensor] = _Recent(budget)
 
     def fill(self, request: AdmittedRequest) -> AdmittedRequest | None:
         """The request with every clip's features and image's pixels, those it names by key from the ones
         held; None when it names one no longer held (then it must come whole)."""
-        taken = [self._take(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
-        taken_pixels = [self._take(image.key, image.pixel_values) for image in request.images]
-        while self._bytes > self.budget:
-            self._bytes -= self._held.popitem(last=False)[1].nbytes
-        features = [mel for mel in taken if mel is not None]
-        pixels = [p for p in taken_pixels if p is not None]
-        if len(features) < len(taken) or len(pixels) < len(taken_pixels):
-            return None
-        images = [dataclasses.replace(image, pixel_values=p) for image, p in zip(request.images, pixels, strict=True)]
-        return dataclasses.replace(request, audio_features=features, images=images)
+        whole = _each(request, self._take)
+        self._held.trim()
+        return None if SentMedia.leaves_out(whole) else whole
 
     def _take(self, key: int, tensor: torch.Tensor | None) -> torch.Tensor | None:
-        if tensor is None:
-            if (held := self._held.get(key)) is not None:
-                self._held.move_to_end(key)
-            return held
-        if key not in self._held:
-            # a copy in this process's memory: the one received holds a descriptor of shared memory
-            self._held[key] = tensor.clone()
-            self._bytes += tensor.nbytes
-        return tensor
+        """What the request reads: the copy held, made now from what came if nothing was (the one received
+        holds a descriptor of shared memory, let go of once the request is built)."""
+        held = self._held.get(key)
+        if held is None and tensor is not None:
+            held = tensor.clone()
+            self._held.add(key, held, tensor.nbytes)
+        return held

@@ -91,7 +91,7 @@ async def test_a_request_cancelled_while_asked_for_whole_ends(cache_dir: Path) -
         service.join(engine_end, read=False)
         admitted = await _admit(cache_dir, profile)
         named = SentMedia()
-        named._sent[admitted.audio_keys[0]] = 0  # believed sent, never sent
+        named._sent.add(admitted.audio_keys[0], True, 0)  # believed sent, never sent
         service.on_messages(engine_end, [Submit(named.strip(admitted)), Cancel(admitted.request_id)])
         replies = await _drain(server_end, until=lambda m: isinstance(m, Events))
         assert [type(m) for m in replies] == [Resend, Events]
