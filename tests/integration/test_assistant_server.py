@@ -83,7 +83,7 @@ async def test_a_spoken_turn_over_realtime_is_heard_and_answered(assistant_serve
     done = events[-1].response
     assert done.status == "completed", done
     said = done.output[0].content[0].transcript  # sampled at the session's temperature: English, not always right
-    assert len([w for w in words(said) if w.isalpha()]) >= 3, said
+    assert len([w for w in words(said) if w.replace("'", "").isalpha()]) >= 3, said  # "L'Alma" is a word
     assert any(e.type == "response.output_audio.delta" for e in events)
 
 
