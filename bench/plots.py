@@ -278,3 +278,22 @@ def plot_experts_timing(json_path: Path, out_png: Path) -> Path:
     gpu = data["machine"]["gpu"]  # machine_info's record; the first runs kept the name alone
     fig.suptitle(f"fused experts, each call in a CUDA graph: {gpu['name'] if isinstance(gpu, dict) else gpu}")
     return _save(fig, out_png)
+
+
+def plot_predictor_timing(json_path: Path, out_png: Path) -> Path:
+    """`voice-gateway kernels`' second figure: a code predictor frame's time and kernels by batch, per attention form."""
+    data = json.loads(Path(json_path).read_text())
+    forms = list(dict.fromkeys(row["attention"] for row in data["rows"]))
+    fig, (time_ax, count_ax) = _figure(10.0, 4.0, 2)
+    for form in forms:
+        rows = [row for row in data["rows"] if row["attention"] == form]
+        batches = [row["batch"] for row in rows]
+        time_ax.plot(batches, [row["frame_ms"] for row in rows], marker="o", label=f"{form} attention")
+        count_ax.plot(batches, [row["kernels"] for row in rows], marker="o", label=f"{form} attention")
+    time_ax.set(xscale="log", xlabel="rows (speaking replies)", ylabel="ms a frame", title="a frame, graphed")
+    count_ax.set(xscale="log", xlabel="rows (speaking replies)", ylabel="kernels a frame", title="its kernels")
+    for ax in (time_ax, count_ax):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"the code predictor, 15 passes a frame: {data['machine']['gpu']['name']}")
+    return _save(fig, out_png)

@@ -18,6 +18,7 @@ import torch
 
 from engine.accel import fp8, fused_moe, packed_attention, snake
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
+from engine.accel.predictor_attention import predictor_attention
 from engine.accel.triton_launch import interpreted
 from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
@@ -26,7 +27,7 @@ from engine.orchestrator import Orchestrator
 from engine.profile import DeployProfile
 from engine.runners.audio_encoder import CHUNK_BUCKETS
 from engine.runners.code2wav import StreamingCode2Wav
-from engine.runners.code_predictor import CodePredictor, StaticCodePredictor, TransformersCodePredictor
+from engine.runners.code_predictor import CodePredictor, StaticCodePredictor, TransformersCodePredictor, frame_attention
 from engine.runners.talker import TalkerRunner
 from engine.runners.thinker import ThinkerRunner
 from engine.stages.base import Stage
@@ -111,11 +112,12 @@ def _log_memory(what: str, device: str) -> None:
              total / gib)
 
 
-def _code_predictor(talker: Any, compiled: bool) -> CodePredictor:
+def _code_predictor(talker: Any, compiled: bool, triton: bool) -> CodePredictor:
     """One for all replicas: it holds no per-request state (and fuses the shared weights once)."""
     with torch.inference_mode():
         if compiled:
-            return StaticCodePredictor(talker.code_predictor, talker.model.codec_embedding, compiled=True)
+            return StaticCodePredictor(talker.code_predictor, talker.model.codec_embedding, compiled=True,
+                                       attention=predictor_attention if triton else frame_attention)
         return TransformersCodePredictor(talker.code_predictor, talker.model.codec_embedding)
 
 
@@ -204,7 +206,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
             tts_embeds = thinker_runner.embed(tts_ids)
-        predictor = _code_predictor(talker, compiled=graphs)
+        predictor = _code_predictor(talker, compiled=graphs, triton=triton)
         to_thinker = thinker_inbox.put if policy.paces_text else None
         for i, inbox in enumerate(talker_inboxes):
             with torch.inference_mode():

@@ -8,13 +8,15 @@ reaches through `attach_replicas`. `EngineAt` is either address: what a server p
 its engine is. `freeze_startup_heap` / `thaw_heap`: a serving process's start-up objects out of the
 collector, and back (engine/heap.py). `measure_accuracy`: bf16 and FP8 against float32 on one model's weights
 (engine/accuracy.py), for `voice-gateway accuracy`; `measure_experts_timing`: bf16 and FP8 experts' time
-(engine/experts_timing.py), for `voice-gateway kernels`.
+(engine/experts_timing.py) and `measure_predictor_timing`: a code predictor frame's (engine/predictor_timing.py),
+for `voice-gateway kernels`.
 """
 
 from engine.accuracy import measure as measure_accuracy
 from engine.experts_timing import measure as measure_experts_timing
 from engine.factory import attach_engine, attach_replicas
 from engine.heap import freeze_startup_heap, thaw_heap
+from engine.predictor_timing import measure as measure_predictor_timing
 from engine.remote.host import EngineHost
 from engine.remote.messages import Address
 from engine.replicas.cluster import RayAddress, ReplicaHost
@@ -32,5 +34,6 @@ __all__ = [
     "freeze_startup_heap",
     "measure_accuracy",
     "measure_experts_timing",
+    "measure_predictor_timing",
     "thaw_heap",
 ]

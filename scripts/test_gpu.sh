@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python -m pytest tests/gpu tests/unit/test_code2wav_stream.py tests/unit/test_static_predictor.py \
-    tests/unit/test_triton_kernels.py tests/unit/test_packed_attention.py tests/unit/test_fp8.py "$@"
+    tests/unit/test_predictor_attention.py tests/unit/test_triton_kernels.py tests/unit/test_packed_attention.py \
+    tests/unit/test_fp8.py "$@"

@@ -227,44 +227,66 @@ def accuracy(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--out-dir", type=Path, required=True, help="where experts.json and experts.png go")
-    add("--tokens", default=None, help="comma-separated token counts (default: 1 to 4,096)")
+    add("--out-dir", type=Path, required=True, help="where experts.json, predictor.json and their figures go")
+    add("--tokens", default=None, help="the experts' comma-separated token counts (default: 1 to 4,096)")
+    add("--batches", default=None, help="the code predictor's comma-separated batch sizes (default: 1,16,64,128)")
     add("--replays", type=int, default=30, help="graph replays a measurement (default 30)")
     add("--log-level", default="info")
 
 
 def kernels(args: argparse.Namespace, argv: list[str]) -> int:
-    """`voice-gateway kernels`: engine/experts_timing.py's figures as JSON (with the machine and the commit, as
-    the bench records its runs) and a figure, and a table on stdout."""
+    """`voice-gateway kernels`: engine/experts_timing.py's and engine/predictor_timing.py's figures as JSON (with
+    the machine and the commit, as the bench records its runs), a figure each, and tables on stdout."""
     import json
 
-    from engine.deploy import measure_experts_timing
+    from engine.deploy import measure_experts_timing, measure_predictor_timing
 
     if missing := _missing_bench_extra():
         print(f"voice-gateway kernels: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
         return 2
     from bench.machine import git_commit, machine_info
-    from bench.plots import plot_experts_timing
+    from bench.plots import plot_experts_timing, plot_predictor_timing
 
     try:
-        tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None
-        if (tokens and min(tokens) < 1) or args.replays < 1:
-            raise ValueError("--tokens and --replays take positive counts")
+        tokens, batches = _counts(args.tokens, "--tokens"), _counts(args.batches, "--batches")
+        if args.replays < 1:
+            raise ValueError("--replays takes a positive count")
         timings = measure_experts_timing(tokens, replays=args.replays)
+        frames = measure_predictor_timing(batches, replays=args.replays)
     except (ValueError, RuntimeError) as e:
         print(f"voice-gateway kernels: {e}", file=sys.stderr)
         return 1
-    report = {"what": "one layer's fused experts, bf16 against FP8, each call in a CUDA graph (microseconds)",
-              "machine": machine_info(with_gpu=True), "git_commit": git_commit(),
-              "command": shlex.join(["voice-gateway", *argv]), "rows": [t.as_dict() for t in timings]}
+    record = {"machine": machine_info(with_gpu=True), "git_commit": git_commit(), "command": shlex.join(["voice-gateway", *argv])}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "experts.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.write_text(json.dumps({"what": "one layer's fused experts, bf16 against FP8, each call in a CUDA graph "
+                                       "(microseconds)", **record, "rows": [t.as_dict() for t in timings]}, indent=2) + "\n")
     print(f"{'stage':8} {'tokens':>7} {'bf16 us':>9} {'fp8 us':>9} {'fp8/bf16':>9}")
     for t in timings:
         print(f"{t.stage:8} {t.tokens:7d} {t.bf16_us:9.1f} {t.fp8_us:9.1f} {t.fp8_over_bf16:9.2f}")
     print(f"wrote {out} and {plot_experts_timing(out, args.out_dir / 'experts.png')}")
+    out = args.out_dir / "predictor.json"
+    out.write_text(json.dumps({"what": "one frame of the code predictor (15 passes, sampling included), compiled "
+                                       "and replayed from a CUDA graph, by its attention's form (milliseconds)",
+                               **record, "rows": [f.as_dict() for f in frames]}, indent=2) + "\n")
+    print(f"{'attention':10} {'batch':>6} {'frame ms':>9} {'kernels':>8} {'codes = torch':>14}")
+    for f in frames:
+        print(f"{f.attention:10} {f.batch:6d} {f.frame_ms:9.3f} {f.kernels:8d} {f.codes_equal_torch:14.4f}")
+    print(f"wrote {out} and {plot_predictor_timing(out, args.out_dir / 'predictor.png')}")
     return 0
+
+
+def _counts(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """A comma-separated list of positive counts, or None for the default."""
+    if text is None:
+        return None
+    try:
+        counts = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated positive counts, not {text!r}") from None
+    if min(counts) < 1:
+        raise ValueError(f"{flag} takes comma-separated positive counts, not {text!r}")
+    return counts
 
 
 def _missing_bench_extra() -> list[str]:
@@ -278,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     _serve_arguments(sub.add_parser("serve", help="run the server"))
     _accuracy_arguments(sub.add_parser("accuracy", help="bf16 and FP8 experts against float32 on one model's "
                                        "weights: logits, the Talker's rows, top-token agreement"))
-    _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time on a CUDA GPU, at the released "
-                                      "model's shapes"))
+    _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time and a code predictor frame's on a "
+                                      "CUDA GPU, at the released model's shapes"))
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it

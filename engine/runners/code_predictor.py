@@ -36,6 +36,19 @@ from engine.runners.kv_cache import cache_kwarg
 from engine.runners.sampler import RowTensors, sample_tensors, token_terms
 
 
+class FrameAttention(Protocol):
+    """One layer's attention at `position` of a frame, a token per row: qkv [B, (Hq + 2 Hkv) D], the q/k
+    RMSNorm weights [D] and epsilon, the rotary table cos/sin [positions, D], the frame's buffer keys/values
+    [B, Hkv, positions, D] (read before `position` only) -> (output [B, Hq D], the position's key and value
+    [B, Hkv, D]). `frame_attention` below in torch; engine/accel/predictor_attention.py in one kernel."""
+
+    def __call__(
+        self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torch.Tensor,
+        sin: torch.Tensor, position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_heads: int,
+        num_kv_heads: int, scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
 class CodePredictor(Protocol):
     def __call__(self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: RowTensors) -> tuple[torch.Tensor, torch.Tensor]:
         ...
@@ -73,6 +86,33 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: float32 statistics, the weight applied in the model's dtype."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def frame_attention(
+    qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_heads: int, num_kv_heads: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`FrameAttention` in torch, as transformers computes it (eager attention, in the model's dtype)."""
+    batch, head_dim = qkv.shape[0], cos.shape[-1]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    cos, sin = cos.index_select(0, position), sin.index_select(0, position)
+    q = _rotate(_rms_norm(q.view(batch, num_heads, head_dim), q_norm, eps), cos, sin)
+    k = _rotate(_rms_norm(k.view(batch, num_kv_heads, head_dim), k_norm, eps), cos, sin)
+    v = v.view(batch, num_kv_heads, head_dim)
+    earlier = torch.arange(keys.shape[2], device=keys.device) < position
+    # [B, kv heads, query heads per kv head, D] against the buffer's positions, then against its own key
+    q = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.cat([(q @ keys.transpose(-1, -2)).masked_fill(~earlier, float("-inf")), q @ k[:, :, :, None]],
+                       dim=-1) * scale
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    attn = weights[..., :-1] @ values + weights[..., -1:] * v[:, :, None]
+    return attn.reshape(batch, num_heads * head_dim), k, v
+
+
 def _fuse(modules: list[Any]) -> torch.Tensor:
     """One weight for several Linear layers of the same input; the layers keep views into it."""
     fused = torch.cat([m.weight.detach() for m in modules])
@@ -93,15 +133,18 @@ class _Layer:
         self.gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
         self.o, self.down = attn.o_proj.weight, mlp.down_proj.weight
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
-        self.q_size, self.kv_size = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
+        self.q_norm, self.k_norm = attn.q_norm.weight, attn.k_norm.weight
+        self.eps = attn.q_norm.variance_epsilon
+        if attn.k_norm.variance_epsilon != self.eps:
+            raise ValueError("static code predictor: q and k norms with different epsilons are not supported")
         self.intermediate = mlp.gate_proj.weight.shape[0]
 
 
 class StaticCodePredictor:
     """predictor(past_hidden [B, H], code0 [B], rows) -> codes [B, G], summed codec embedding [B, H]."""
 
-    def __init__(self, predictor: Any, codec_embedding: Any, *, compiled: bool = False) -> None:
+    def __init__(self, predictor: Any, codec_embedding: Any, *, compiled: bool = False,
+                 attention: FrameAttention = frame_attention) -> None:
         config = predictor.config
         model = predictor.model
         if getattr(config, "sliding_window", None) and "sliding_attention" in (config.layer_types or ()):
@@ -116,11 +159,11 @@ class StaticCodePredictor:
         self.lm_heads = [head.weight for head in predictor.lm_head]
         self.embeddings = [codec_embedding, *model.codec_embedding]
         self.device, self.dtype = self.lm_heads[0].device, self.lm_heads[0].dtype
-        self.positions = torch.arange(self.num_groups, device=self.device)
         # transformers' rotary embedding for the 16 positions, in the model dtype as it hands them over
-        cos, sin = model.rotary_emb(self.lm_heads[0][None], self.positions[None])
-        self.cos, self.sin = cos[0], sin[0]
+        cos, sin = model.rotary_emb(self.lm_heads[0][None], torch.arange(self.num_groups, device=self.device)[None])
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
         self.position_ids = [torch.tensor([p], device=self.device) for p in range(self.num_groups)]
+        self.attention = attention
         self.token_terms = token_terms(self.lm_heads[0].shape[0], self.device)
         self.step, self.sample = self._step, sample_tensors
         self.compiled = compiled
@@ -184,26 +227,14 @@ class StaticCodePredictor:
         """One token per row at `position` (a [1] tensor), attending to the buffer's earlier positions and
         to itself -> the final-normed hidden state [B, H] and every layer's key and value for `position`
         [L, B, kv heads, D]; reads `keys` and `values`, never writes them."""
-        batch = x.shape[0]
-        cos, sin = self.cos.index_select(0, position), self.sin.index_select(0, position)
-        earlier = self.positions < position
-        groups = self.num_heads // self.num_kv_heads
         new_keys, new_values = [], []
         for i, layer in enumerate(self.layers):
-            h = layer.input_norm(x)
-            q, k, v = F.linear(h, layer.qkv).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
-            q = _rotate(layer.q_norm(q.view(batch, self.num_heads, self.head_dim)), cos, sin)
-            k = _rotate(layer.k_norm(k.view(batch, self.num_kv_heads, self.head_dim)), cos, sin)
-            v = v.view(batch, self.num_kv_heads, self.head_dim)
+            qkv = F.linear(layer.input_norm(x), layer.qkv)
+            attn, k, v = self.attention(qkv, layer.q_norm, layer.k_norm, layer.eps, self.cos, self.sin, position,
+                                        keys[i], values[i], self.num_heads, self.num_kv_heads, self.scaling)
             new_keys.append(k)
             new_values.append(v)
-            # [B, kv heads, query heads per kv head, D] against the buffer's positions, then against its own key
-            q = q.view(batch, self.num_kv_heads, groups, self.head_dim)
-            scores = torch.cat([(q @ keys[i].transpose(-1, -2)).masked_fill(~earlier, float("-inf")),
-                                q @ k[:, :, :, None]], dim=-1) * self.scaling
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-            attn = weights[..., :-1] @ values[i] + weights[..., -1:] * v[:, :, None]
-            x = x + F.linear(attn.reshape(batch, self.num_heads * self.head_dim), layer.o)
+            x = x + F.linear(attn, layer.o)
             gate, up = F.linear(layer.post_norm(x), layer.gate_up).split(layer.intermediate, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)
         return self.norm(x), torch.stack(new_keys), torch.stack(new_values)

@@ -1,5 +1,6 @@
-"""`voice-gateway kernels` (engine/experts_timing.py): where there is no CUDA GPU it says so and fails, as it
-does for counts that are not counts; its figure is drawn from the JSON it writes (tests/gpu times for real)."""
+"""`voice-gateway kernels` (engine/experts_timing.py, engine/predictor_timing.py): where there is no CUDA GPU it
+says so and fails, as it does for counts that are not counts; its figures are drawn from the JSON it writes
+(tests/gpu times for real)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.plots import plot_experts_timing
+from bench.plots import plot_experts_timing, plot_predictor_timing
 from engine.experts_timing import ExpertsTiming
+from engine.predictor_timing import PredictorTiming
 from voice_gateway.cli import main
 
 
@@ -25,7 +27,8 @@ def test_bad_counts_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert main(["kernels", "--out-dir", str(tmp_path), "--tokens", "64,0"]) == 1
     assert main(["kernels", "--out-dir", str(tmp_path), "--tokens", "many"]) == 1
     assert main(["kernels", "--out-dir", str(tmp_path), "--replays", "0"]) == 1
-    assert capsys.readouterr().err.count("voice-gateway kernels:") == 3
+    assert main(["kernels", "--out-dir", str(tmp_path), "--batches", "1,,64"]) == 1
+    assert capsys.readouterr().err.count("voice-gateway kernels:") == 4
 
 
 def test_the_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
@@ -34,4 +37,12 @@ def test_the_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
     assert rows[0]["fp8_over_bf16"] == 0.7
     (tmp_path / "experts.json").write_text(json.dumps({"machine": {"gpu": {"name": "a GPU"}}, "rows": rows}))
     png = plot_experts_timing(tmp_path / "experts.json", tmp_path / "experts.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_predictor_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
+    rows = [PredictorTiming(form, n, 0.1 * n, 1800 - 300 * (form == "kernel"), 1.0).as_dict()
+            for form in ("torch", "kernel") for n in (1, 64, 128)]
+    (tmp_path / "predictor.json").write_text(json.dumps({"machine": {"gpu": {"name": "a GPU"}}, "rows": rows}))
+    png = plot_predictor_timing(tmp_path / "predictor.json", tmp_path / "predictor.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.code_predictor import StaticCodePredictor
+from engine.runners.code_predictor import FrameAttention, StaticCodePredictor, frame_attention
 from engine.runners.sampler import RowSampling, RowTensors
 from engine.runners.talker import TalkerRunner
 from engine.weights.checkpoint import load_stage
@@ -43,13 +43,14 @@ def test_static_predictor_equals_transformers(tiny_checkpoint: Path) -> None:
     _compare(tiny_checkpoint, "cpu", compiled=False, atol=1e-5)
 
 
-def _teacher_forced(tiny_checkpoint: Path, device: str, compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _teacher_forced(tiny_checkpoint: Path, device: str, compiled: bool,
+                    attention: FrameAttention = frame_attention) -> tuple[torch.Tensor, torch.Tensor]:
     """Both predictors' logits for the same frames: transformers' in one forward over the frame."""
     loaded = load_stage(tiny_checkpoint, "talker", device=device, dtype="float32")
     predictor, codec_embedding = loaded.model.code_predictor, loaded.model.model.codec_embedding
     gen = torch.Generator(device=device).manual_seed(1)
     with torch.inference_mode():
-        static = StaticCodePredictor(predictor, codec_embedding, compiled=compiled)
+        static = StaticCodePredictor(predictor, codec_embedding, compiled=compiled, attention=attention)
         past = torch.randn(6, codec_embedding.embedding_dim, device=device, generator=gen)
         codes = torch.randint(0, 2048, (6, static.num_groups), device=device, generator=gen)
         embeds = [codec_embedding(codes[:, 0]), *(predictor.model.codec_embedding[g](codes[:, g + 1]) for g in range(14))]
@@ -65,17 +66,21 @@ def test_static_predictor_logits_equal_transformers(tiny_checkpoint: Path) -> No
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.compile's Triton kernels need a CUDA GPU")
 @pytest.mark.filterwarnings("ignore:TensorFloat32")  # inductor's advice; float32 stays exact here on purpose
-def test_compiled_static_predictor_on_cuda(tiny_checkpoint: Path) -> None:
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch-attention", "attention-kernel"])
+def test_compiled_static_predictor_on_cuda(tiny_checkpoint: Path, kernel: bool) -> None:
     """On a GPU, other kernels round differently, and a sampled code can flip on a near-tie: the
     compiled step's logits are compared over the same frames, and its CUDA graph with itself."""
     from engine.accel.cuda_graphs import GraphedCodePredictor
+    from engine.accel.predictor_attention import predictor_attention
 
-    logits, expected = _teacher_forced(tiny_checkpoint, "cuda", compiled=True)
+    attention = predictor_attention if kernel else frame_attention
+    logits, expected = _teacher_forced(tiny_checkpoint, "cuda", compiled=True, attention=attention)
     assert torch.allclose(logits, expected, atol=1e-4, rtol=1e-4), (logits - expected).abs().max()
     loaded = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="float32")
     hidden = loaded.config.thinker_config.text_config.hidden_size
     with torch.inference_mode():
-        static = StaticCodePredictor(loaded.model.code_predictor, loaded.model.model.codec_embedding, compiled=True)
+        static = StaticCodePredictor(loaded.model.code_predictor, loaded.model.model.codec_embedding, compiled=True,
+                                     attention=attention)
         runner = TalkerRunner(loaded.model, loaded.config, torch.randn(3, hidden), max_batch=8, max_len=64,
                               predictor=static)
         graphed = GraphedCodePredictor(runner, buckets=(1, 8))
@@ -94,7 +99,7 @@ def test_fused_weights_are_shared_with_transformers(tiny_checkpoint: Path) -> No
     before = attn.k_proj.weight.detach().clone()
     static = StaticCodePredictor(loaded.model.code_predictor, loaded.model.model.codec_embedding)
     layer = static.layers[0]
-    assert attn.k_proj.weight.data_ptr() == layer.qkv[layer.q_size :].data_ptr()
+    assert attn.k_proj.weight.data_ptr() == layer.qkv[attn.q_proj.weight.shape[0] :].data_ptr()
     assert torch.equal(attn.k_proj.weight, before)
 
 
