@@ -9,14 +9,13 @@ their values), the routing uniform over the experts, eight of them a token, as t
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from engine.accel import fp8, fused_moe
-from engine.runners.replay import capture
+from engine.runners.replay import capture, median_replay_ms
 
 # per stage: experts, their intermediate width, the hidden width (Qwen3-Omni-30B-A3B's Thinker and Talker)
 SHAPES = {"thinker": (128, 768, 2048), "talker": (128, 384, 1024)}
@@ -78,12 +77,4 @@ def _timing(stage: str, n: int, as_bf16: tuple[torch.Tensor, torch.Tensor], as_f
 def _graphed(call: Callable[[], object], replays: int) -> float:
     """Microseconds a call, from the median replay of a graph of CALLS_PER_GRAPH calls."""
     graph, _ = capture(lambda: [call() for _ in range(CALLS_PER_GRAPH)], None, torch.cuda.Stream())
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / CALLS_PER_GRAPH)
-    return round(statistics.median(times), 1)
+    return round(median_replay_ms(graph, replays) * 1000 / CALLS_PER_GRAPH, 1)

@@ -13,7 +13,6 @@ in a fused kernel, so a near-tie can flip a code; the float32 equality tests are
 from __future__ import annotations
 
 import functools
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 
 from engine.accel.predictor_attention import predictor_attention
 from engine.runners.code_predictor import FrameAttention, StaticCodePredictor, frame_attention
-from engine.runners.replay import capture
+from engine.runners.replay import capture, median_replay_ms
 from engine.runners.sampler import RowSampling, RowTensors
 from engine.weights.full_size import build_dummy_stage
 
@@ -63,7 +62,7 @@ def measure(batches: tuple[int, ...] | None = None, *, replays: int = 30, seed: 
                 codes = codes.clone()
                 torch_codes.setdefault(batch, codes)
                 timings.append(PredictorTiming(
-                    name, batch, frame_ms=_median_replay_ms(graph, replays),
+                    name, batch, frame_ms=round(median_replay_ms(graph, replays), 3),
                     kernels=_kernel_count(frame),
                     codes_equal_torch=round(float((codes == torch_codes[batch]).float().mean()), 4),
                 ))
@@ -75,18 +74,6 @@ def _inputs(batch: int, width: int, gen: torch.Generator) -> tuple[torch.Tensor,
     rows = [RowSampling(temperature=0.9 if b % 2 else 0.0, top_p=0.8, top_k=50, seed=b, draws=3) for b in range(batch)]
     return (torch.randn(batch, width, device="cuda", generator=gen).bfloat16(),
             torch.randint(0, 2048, (batch,), device="cuda", generator=gen), RowTensors.of(rows, "cuda"))
-
-
-def _median_replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(statistics.median(times), 3)
 
 
 def _kernel_count(frame: Callable[[], object]) -> int:

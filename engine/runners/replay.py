@@ -8,6 +8,7 @@ graphed one is tested against.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,3 +75,14 @@ def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tupl
     return graph, outputs
 
 
+def median_replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """The median of `replays` replays of a captured graph, by CUDA events (what the kernel timings report)."""
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
