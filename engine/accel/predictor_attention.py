@@ -36,8 +36,11 @@ if triton is not None:
         x_partner = tl.load(row + partner).to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, axis=0) / HEAD_DIM + EPS)
         dtype = weight.dtype.element_ty
-        normed = (tl.load(weight + dims) * (x * inv).to(dtype)).to(tl.float32)
-        normed_partner = (tl.load(weight + partner) * (x_partner * inv).to(dtype)).to(tl.float32)
+        # products in float32, rounded as torch rounds a product of two bf16 tensors (Triton's CPU interpreter
+        # cannot multiply bf16 values themselves)
+        w, w_partner = tl.load(weight + dims).to(tl.float32), tl.load(weight + partner).to(tl.float32)
+        normed = (w * (x * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        normed_partner = (w_partner * (x_partner * inv).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
         return (normed * cos + sign * normed_partner * sin).to(dtype)
 
     @triton.jit
