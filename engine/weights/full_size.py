@@ -71,7 +71,18 @@ def build_dummy_stage(stage: StageName, *, device: str, dtype: str,
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     with torch.device(device), (experts_on_meta_device() if experts_on_meta else contextlib.nullcontext()):
         model = cls._from_config(sub, dtype=torch_dtype)
+    if stage == "talker" and not experts_on_meta:
+        draw_talker_experts(model, std=sub.initializer_range)
     return model.eval(), config
+
+
+def draw_talker_experts(talker: torch.nn.Module, *, std: float) -> None:
+    """transformers' init skips the Talker's stacked experts: they hold whatever `torch.empty` found (on a GPU
+    at times NaN, which made every Talker logit NaN). Drawn from N(0, std), as transformers draws the Thinker's."""
+    with torch.no_grad():
+        for name, weight in talker.named_parameters():
+            if ".experts." in name:
+                weight.normal_(0.0, std)
 
 
 @contextlib.contextmanager

@@ -40,3 +40,27 @@ def test_dummy_weights_front_door_builds_once(tmp_path) -> None:
     assert again.path == source.path and (again.path / "tokenizer.json").stat().st_mtime_ns == built
     assert again.tokenizer().convert_tokens_to_ids("<|im_start|>") == 151644
     assert [p.name for p in tmp_path.iterdir()] == [source.path.name]  # no half-built folder left behind
+
+
+def test_the_talkers_experts_are_drawn_not_left_empty() -> None:
+    """transformers leaves the Talker's stacked experts as `torch.empty`; dummy weights draw them as the Thinker's."""
+    import torch
+
+    from engine.weights.checkpoint import stage_class
+    from engine.weights.full_size import draw_talker_experts
+    from engine.weights.omni_config import omni_config
+    from engine.weights.tiny import tiny_config_dict
+
+    cls, sub = stage_class("talker", omni_config(tiny_config_dict()))
+    talker = cls._from_config(sub, dtype=torch.float32)
+    experts = [w for name, w in talker.named_parameters() if ".experts." in name]
+    assert len(experts) == 2 * sub.text_config.num_hidden_layers
+    with torch.no_grad():
+        for weight in experts:
+            weight.fill_(float("nan"))  # what torch.empty may hold
+    draw_talker_experts(talker, std=0.02)
+    drawn = torch.cat([w.detach().flatten() for w in experts])
+    assert torch.isfinite(drawn).all() and abs(float(drawn.std()) - 0.02) < 0.002
+    rows = torch.randn(1, 5, sub.text_config.hidden_size)
+    with torch.no_grad():
+        assert torch.isfinite(talker.model(inputs_embeds=rows, use_cache=False).last_hidden_state).all()
