@@ -95,10 +95,9 @@ class Admission:
     @classmethod
     def open(cls, source: ModelSource, profile: DeployProfile, *, text_on_loop: bool) -> Admission:
         thinker, vision = profile.stages.thinker, source.config.thinker_config.vision_config
-        images = ImagePreprocessor.for_checkpoint(source.path, vision, min_pixels=thinker.image_min_pixels,
-                                                  max_pixels=thinker.image_max_pixels)
-        videos = ImagePreprocessor.for_checkpoint(source.path, vision, min_pixels=thinker.image_min_pixels,
-                                                  max_pixels=thinker.video_frame_max_pixels)
+        images = ImagePreprocessor(vision, min_pixels=thinker.image_min_pixels, max_pixels=thinker.image_max_pixels)
+        videos = ImagePreprocessor(vision, min_pixels=thinker.image_min_pixels,
+                                   max_pixels=thinker.video_frame_max_pixels)
         tc = source.config.thinker_config
         prompts = PromptBuilder(source.tokenizer(), source.feature_extractor(), n_window=tc.audio_config.n_window,
                                 images=images, videos=videos, positions_per_second=int(tc.position_id_per_seconds))

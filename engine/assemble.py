@@ -36,6 +36,7 @@ from engine.stages.playback import PlaybackClock
 from engine.stages.policy import FirstPacketPolicy
 from engine.stages.talker import TalkerStage
 from engine.stages.thinker import ThinkerStage
+from engine.vision import Normalisation
 from engine.weights.source import ModelSource
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                        capture=thinker_capture(tk.max_step_tokens) if graphs else None,
                                        audio_buckets=CHUNK_BUCKETS if on_gpu else (),
                                        audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
-                                       audio_timed=metrics.audio_tower.observe, kv_tokens=tk.kv_cache_tokens)
+                                       audio_timed=metrics.audio_tower.observe, kv_tokens=tk.kv_cache_tokens,
+                                       image_normalisation=Normalisation.for_checkpoint(source.path))
         if on_gpu:
             started = time.perf_counter()
             count = thinker_runner.audio.warm_up()

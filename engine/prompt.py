@@ -343,7 +343,7 @@ def _forget(digests: dict[int, tuple[weakref.ref, int]], ident: int, _: weakref.
 
 
 def _nbytes(value: torch.Tensor | ImageInput) -> int:
-    return value.pixel_values.nbytes if isinstance(value, ImageInput) else value.nbytes
+    return value.pixels.nbytes if isinstance(value, ImageInput) else value.nbytes
 
 
 def _plain_text_copy(backend: Tokenizer | None) -> Tokenizer | None:

@@ -1,11 +1,12 @@
 """Images and videos -> what the Thinker takes: pixel patches, the prompt's placeholders, M-RoPE's 3-D positions.
 
-Pixels go through transformers' own Qwen2-VL image processor (the one Qwen3-Omni's processor holds), resized
-so that the image's pixels lie within the profile's budget (`min_pixels`, `max_pixels`): each placeholder
-stands for a 2x2 merge of 16x16 patches, 32x32 pixels. An image becomes `<|vision_start|>`, one
-`<|image_pad|>` per merged patch, `<|vision_end|>`. A video is its frames two by two (the tower's temporal
-patch), each frame resized and normalised by the same processor: `<|video_pad|>` placeholders, one per merged
-patch of each pair. A video with its sound (`use_audio_in_video`) becomes `<|vision_start|><|audio_start|>`, its
+Pixels are resized as transformers' own Qwen2-VL image processor resizes them (the one Qwen3-Omni's processor
+holds), so that the image's pixels lie within the profile's budget (`min_pixels`, `max_pixels`), and cross to
+the engine so, as uint8; where the tower runs, `patches` scales, normalises and cuts them as that processor
+does. Each placeholder stands for a 2x2 merge of 16x16 patches, 32x32 pixels. An image becomes
+`<|vision_start|>`, one `<|image_pad|>` per merged patch, `<|vision_end|>`. A video is its frames two by two
+(the tower's temporal patch), each frame resized alike: `<|video_pad|>` placeholders, one per merged patch of
+each pair. A video with its sound (`use_audio_in_video`) becomes `<|vision_start|><|audio_start|>`, its
 `<|video_pad|>` and `<|audio_pad|>` placeholders interleaved by time (each frame pair's at its start time, each
 audio token at its own: one position per audio token), `<|audio_end|><|vision_end|>`, as Qwen3-Omni's processor
 lays it out.
@@ -27,8 +28,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from engine.api import EngineError
+
+try:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+except ImportError:  # transformers before the PIL backends
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 VISION_START = "<|vision_start|>"
 IMAGE_PAD = "<|image_pad|>"
@@ -40,10 +47,13 @@ _MEAN_STD = (0.5, 0.5, 0.5)
 
 @dataclass(frozen=True, slots=True)
 class ImageInput:
-    """One image as the vision tower takes it: `pixel_values` [patches, 3 * 2 * 16 * 16] and its patch grid
-    (t, h, w); `key`: a digest of its pixels, negative so that no token id equals it (prefix reuse)."""
+    """One image or video as it crosses to the engine: `pixels` uint8 [frames, height, width, 3], resized to a
+    whole number of merged patches (an image is one frame; a video's frames fill its temporal patches), its patch
+    grid (t, h, w); `key`: a digest of its pixels, negative so that no token id equals it (prefix reuse). The
+    tower's input is `patches(...)` of it, made where the tower runs: uint8 is a quarter of the float32 patches'
+    bytes, and an image's patches hold it twice over (the tower's temporal patch)."""
 
-    pixel_values: torch.Tensor
+    pixels: torch.Tensor
     grid_thw: tuple[int, int, int]
     key: int
     merge: int = 2
@@ -62,32 +72,63 @@ class ImageInput:
         return t * h * w // (self.merge * self.merge)
 
 
-class ImagePreprocessor:
-    """Pixels -> `ImageInput`, within a pixel budget, by transformers' Qwen2-VL image processor (its PIL backend
-    where transformers has one: no torchvision needed)."""
+@dataclass(frozen=True, slots=True)
+class Normalisation:
+    """How the tower's processor scales pixels: (x / 255 - mean) / std per channel."""
 
-    def __init__(self, vision_config: Any, *, min_pixels: int, max_pixels: int,
-                 mean_std: tuple[tuple[float, ...], tuple[float, ...]] = (_MEAN_STD, _MEAN_STD)) -> None:
-        self.merge = vision_config.spatial_merge_size
-        self.temporal = vision_config.temporal_patch_size  # frames in one of the tower's patches
-        try:
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil as Cls
-        except ImportError:  # transformers before the PIL backends: the torchvision one
-            from transformers import Qwen2VLImageProcessor as Cls  # type: ignore[assignment]
-        self.processor = Cls(patch_size=vision_config.patch_size, temporal_patch_size=vision_config.temporal_patch_size,
-                             merge_size=self.merge, min_pixels=min_pixels, max_pixels=max_pixels,
-                             image_mean=list(mean_std[0]), image_std=list(mean_std[1]))
+    mean: tuple[float, ...] = _MEAN_STD
+    std: tuple[float, ...] = _MEAN_STD
 
     @classmethod
-    def for_checkpoint(cls, path: Path, vision_config: Any, *, min_pixels: int, max_pixels: int) -> ImagePreprocessor:
-        """With the normalisation the checkpoint's `preprocessor_config.json` names, where it names one."""
-        mean_std = (_MEAN_STD, _MEAN_STD)
+    def for_checkpoint(cls, path: Path) -> Normalisation:
+        """The one the checkpoint's `preprocessor_config.json` names, where it names one."""
         config = path / "preprocessor_config.json"
         if config.exists():
             saved = json.loads(config.read_text())
             if "image_mean" in saved and "image_std" in saved:
-                mean_std = (tuple(saved["image_mean"]), tuple(saved["image_std"]))
-        return cls(vision_config, min_pixels=min_pixels, max_pixels=max_pixels, mean_std=mean_std)
+                return cls(tuple(saved["image_mean"]), tuple(saved["image_std"]))
+        return cls()
+
+
+QWEN_NORMALISATION = Normalisation()
+
+
+def patches(image: ImageInput, normalisation: Normalisation, *, temporal: int, patch: int,
+            device: torch.device | str | None = None) -> torch.Tensor:
+    """[patches, 3 * temporal * patch * patch] float32 on `device` (the pixels' own by default): what transformers' Qwen2-VL image
+    processor makes of the resized pixels. Scaled and normalised, cut into patches, each merge x merge block of
+    patches in raster order, a patch's values (channel, frame, row, column); an image is repeated over the
+    temporal patch."""
+    t, h, w = image.grid_thw
+    m = image.merge
+    x = image.pixels.to(device).permute(0, 3, 1, 2).float() / 255  # [frames, 3, height, width]
+    mean = torch.tensor(normalisation.mean, device=x.device)[:, None, None]
+    std = torch.tensor(normalisation.std, device=x.device)[:, None, None]
+    x = (x - mean) / std
+    if x.shape[0] == 1:
+        x = x.expand(temporal * t, -1, -1, -1)
+    x = x.reshape(t, temporal, 3, h // m, m, patch, w // m, m, patch)
+    return x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(t * h * w, 3 * temporal * patch * patch)
+
+
+class ImagePreprocessor:
+    """Pixels -> `ImageInput`: resized as transformers' Qwen2-VL image processor resizes (the one Qwen3-Omni's
+    processor holds): its `smart_resize` to whole merged patches within the pixel budget, PIL's bicubic. The
+    rest of that processor's work is `patches`, where the tower runs."""
+
+    def __init__(self, vision_config: Any, *, min_pixels: int, max_pixels: int) -> None:
+        self.merge = vision_config.spatial_merge_size
+        self.patch = vision_config.patch_size
+        self.temporal = vision_config.temporal_patch_size  # frames in one of the tower's patches
+        self.min_pixels, self.max_pixels = min_pixels, max_pixels
+
+    def _resized(self, pixels: np.ndarray) -> np.ndarray:
+        try:
+            height, width = smart_resize(pixels.shape[0], pixels.shape[1], factor=self.patch * self.merge,
+                                         min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        except ValueError as e:  # e.g. an aspect ratio past 200:1
+            raise EngineError(f"cannot use this image: {e}") from e
+        return np.array(Image.fromarray(pixels).resize((width, height), Image.Resampling.BICUBIC))  # writable
 
     def __call__(self, pixels: np.ndarray, key: int) -> ImageInput:
         """`key`: the image's digest (negative, so that no token id equals it)."""
@@ -95,34 +136,26 @@ class ImagePreprocessor:
             raise EngineError(f"an image must be RGB uint8 [height, width, 3], got {pixels.dtype} {list(pixels.shape)}")
         if min(pixels.shape[:2]) < 2:
             raise EngineError(f"an image must be at least 2x2 pixels, got {pixels.shape[1]}x{pixels.shape[0]}")
-        try:
-            out = self.processor(images=[pixels], return_tensors="pt")
-        except ValueError as e:  # e.g. an aspect ratio past 200:1
-            raise EngineError(f"cannot use this image: {e}") from e
-        t, h, w = (int(v) for v in out["image_grid_thw"][0])
-        return ImageInput(out["pixel_values"], (t, h, w), key, self.merge)
+        resized = self._resized(pixels)
+        grid = (1, resized.shape[0] // self.patch, resized.shape[1] // self.patch)
+        return ImageInput(torch.from_numpy(resized)[None], grid, key, self.merge)
 
     def video(self, frames: np.ndarray, fps: float, key: int, positions_per_second: int) -> ImageInput:
-        """Frames [n, height, width, 3] uint8 sampled at `fps` -> the tower's input: each frame through the image
-        processor, then `temporal` at a time into the tower's temporal patches (the last frame repeated to fill the
-        last one, as Qwen's processors pad)."""
+        """Frames [n, height, width, 3] uint8 sampled at `fps` -> each frame resized, `temporal` of them to each of
+        the tower's temporal patches (the last frame repeated to fill the last one, as Qwen's processors pad)."""
         if frames.ndim != 4 or frames.shape[3] != 3 or frames.dtype != np.uint8 or not len(frames):
             raise EngineError(f"a video is RGB uint8 frames [n, height, width, 3], got {frames.dtype} "
                               f"{list(frames.shape)}")
+        if min(frames.shape[1:3]) < 2:
+            raise EngineError(f"a video's frames must be at least 2x2 pixels, got {frames.shape[2]}x{frames.shape[1]}")
         step = self.temporal / fps * positions_per_second
         if step != round(step):
             raise EngineError(f"a video's frame rate must give whole position steps, got {fps:g} frames a second")
         if pad := -len(frames) % self.temporal:
             frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
-        groups = len(frames) // self.temporal
-        per_frame = [self(frame, key) for frame in frames]
-        rows, channels = per_frame[0].pixel_values.shape[0], 3
-        # an image's rows hold it `temporal` times over the patch (C, T, P, P): one copy of each frame, grouped
-        singles = torch.stack([f.pixel_values.view(rows, channels, self.temporal, -1)[:, :, 0] for f in per_frame])
-        patches = singles.view(groups, self.temporal, rows, channels, -1).permute(0, 2, 3, 1, 4)
-        _, h, w = per_frame[0].grid_thw
-        return ImageInput(patches.reshape(groups * rows, -1), (groups, h, w), key, self.merge, time_step=round(step),
-                          is_video=True)
+        resized = np.stack([self._resized(frame) for frame in frames])
+        grid = (len(frames) // self.temporal, resized.shape[1] // self.patch, resized.shape[2] // self.patch)
+        return ImageInput(torch.from_numpy(resized), grid, key, self.merge, time_step=round(step), is_video=True)
 
 
 @dataclass(frozen=True, slots=True)

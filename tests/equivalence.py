@@ -88,7 +88,7 @@ def check_engine_equals_generate(
 def assert_equals_generate(reference, device: str, prompt_ids: list[int], tokens: list[int],
                            chunks: list[np.ndarray], parting_frames: int = 0, **inputs) -> None:
     """A reply of TEXT_TOKENS tokens and FRAMES frames equals greedy `generate(return_audio=True)` on its prompt
-    (and `inputs`: its images' pixel_values and image_grid_thw). The last `parting_frames` frames' samples may
+    (and `inputs`: its images' pixel_values and image_grid_thw, engine/vision.py's `patches`). The last `parting_frames` frames' samples may
     part: Code2Wav is causal, so a code drawn otherwise in a near tie changes its own frame's samples on, none
     before."""
     audio = np.concatenate(chunks)

@@ -3,8 +3,8 @@ them every turn.
 
 A realtime conversation's prompt holds every earlier turn's audio and pictures, so each turn's request
 carried all of them: by turn 80 of a call, 80 clips of 4 s, 16 MB of features, ~16 ms between two processes
-on a 2-core CPU; a session that sends a camera frame with every turn, 16 pictures of 9.6 MB of pixels each
-once it holds its most. The engine reads only those past its cached prefix. Passed as tensors, each also kept
+on a 2-core CPU; a session that sends a camera frame with every turn, 16 pictures of 1.2 MB each (the GPU
+profile's 1,560 patches a picture, as uint8 pixels) once it holds its most. The engine reads only those past its cached prefix. Passed as tensors, each also kept
 a file descriptor open in both processes for as long as either held it (torch shares a tensor's memory
 through one), so a server process that held thousands of clips' features held thousands of descriptors.
 
@@ -67,7 +67,7 @@ def _each(request: AdmittedRequest, media: Callable[[int, torch.Tensor], torch.T
     """The request with `media(key, tensor)` in place of every clip's features and every image's pixels; None
     there is the wire form's "the engine holds it already"."""
     features = [media(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
-    images = [dataclasses.replace(image, pixel_values=media(image.key, image.pixel_values))  # type: ignore[arg-type]
+    images = [dataclasses.replace(image, pixels=media(image.key, image.pixels))  # type: ignore[arg-type]
               for image in request.images]
     return dataclasses.replace(request, audio_features=features, images=images)  # type: ignore[arg-type]
 
@@ -95,7 +95,7 @@ class SentMedia:
     @staticmethod
     def leaves_out(wire: AdmittedRequest) -> bool:
         """Whether a stripped request names a clip or image it does not carry."""
-        return any(mel is None for mel in wire.audio_features) or any(i.pixel_values is None for i in wire.images)
+        return any(mel is None for mel in wire.audio_features) or any(i.pixels is None for i in wire.images)
 
     def forget(self, request: AdmittedRequest) -> None:
         """The engine no longer holds the request's media: they cross again with the next that names them."""

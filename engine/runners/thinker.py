@@ -27,7 +27,7 @@ from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, Ref
 from engine.runners.prefix_cache import KEPT_PER_SLOT
 from engine.runners.replay import EAGER, StepGraphs, run_packed
 from engine.runners.vision_tower import VisionTower
-from engine.vision import ImageInput
+from engine.vision import QWEN_NORMALISATION, ImageInput, Normalisation
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +76,15 @@ class ThinkerRunner:
     step fits (engine/accel/cuda_graphs.py). `audio_buckets`: chunk counts the audio tower's batch is
     padded to (engine/runners/audio_encoder.py), and `audio_graphed`: the small ones replayed from CUDA
     graphs. `cold`: told of steps that graphs exist for but that run eagerly. `audio_timed`: told how
-    long each tower call took. `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`)."""
+    long each tower call took. `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`).
+    `image_normalisation`: how the checkpoint scales images' pixels (engine/vision.py)."""
 
     def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int,
                  attention: PackedAttention | None = None,
                  capture: Callable[[ThinkerRunner], StepGraphs] | None = None, audio_buckets: tuple[int, ...] = (),
                  audio_graphed: bool = False, cold: ColdWork | None = None,
-                 audio_timed: Callable[[float], None] | None = None, kv_tokens: int = 0) -> None:
+                 audio_timed: Callable[[float], None] | None = None, kv_tokens: int = 0,
+                 image_normalisation: Normalisation = QWEN_NORMALISATION) -> None:
         self.thinker = thinker
         # transformers 5.2x nests the text decoder under `model.language_model`.
         self.text_model = getattr(thinker.model, "language_model", thinker.model)
@@ -92,7 +94,7 @@ class ThinkerRunner:
         tc = config.thinker_config
         self.visual_token_ids = (tc.image_token_id, tc.video_token_id)
         self.audio = AudioEncoder(thinker, buckets=audio_buckets, graphed=audio_graphed, cold=cold, timed=audio_timed)
-        self.vision = VisionTower(thinker)
+        self.vision = VisionTower(thinker, normalisation=image_normalisation)
         self.deepstack_layers = len(tc.vision_config.deepstack_visual_indexes)
         self.text_model._deepstack_process = _add_dense
         self.cold = cold

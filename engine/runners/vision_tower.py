@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine.vision import ImageInput
+from engine.vision import QWEN_NORMALISATION, ImageInput, Normalisation, patches
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +43,24 @@ class PatchMatmul(torch.nn.Module):
 
 
 class VisionTower:
-    """`timed`: told the host time of each call."""
+    """`normalisation`: the checkpoint's, for the images' pixels; `timed`: told the host time of each call."""
 
-    def __init__(self, thinker: Any, *, timed: Callable[[float], None] | None = None) -> None:
+    def __init__(self, thinker: Any, *, normalisation: Normalisation = QWEN_NORMALISATION,
+                 timed: Callable[[float], None] | None = None) -> None:
         # transformers 5.2x keeps the towers under `thinker.model`
         self.tower = getattr(thinker, "visual", None) or thinker.model.visual
         if isinstance(getattr(self.tower.patch_embed, "proj", None), torch.nn.Conv3d):
             self.tower.patch_embed = PatchMatmul(self.tower.patch_embed.proj)
         param = next(self.tower.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.normalisation = normalisation
+        self.temporal, self.patch = self.tower.config.temporal_patch_size, self.tower.config.patch_size
         self.timed = timed
 
     def __call__(self, images: list[ImageInput]) -> VisionRows:
         started = time.perf_counter()
-        pixels = torch.cat([image.pixel_values for image in images]).to(self.device, self.dtype, non_blocking=True)
+        pixels = torch.cat([patches(image, self.normalisation, temporal=self.temporal, patch=self.patch,
+                                    device=self.device) for image in images]).to(self.dtype)
         grid = torch.tensor([image.grid_thw for image in images], device=self.device)
         out = self.tower(pixels, grid_thw=grid)
         # transformers before 5.2x returns (merged rows, deepstack rows)

@@ -319,7 +319,7 @@ async def test_a_conversation_sends_each_clip_and_picture_once(tiny_checkpoint: 
         got = [await _text(remote, f"t{i}", messages) for i, messages in enumerate(turns)]
         assert [[mel is None for mel in s.audio_features] for s in submits] == [[False], [True, False],
                                                                                 [True, True, False]]
-        assert [[image.pixel_values is None for image in s.images] for s in submits] == [[False], [True], [True]]
+        assert [[image.pixels is None for image in s.images] for s in submits] == [[False], [True], [True]]
         # a clip the engine never got (as if it had let it go): it asks, and the request goes again whole
         fourth = (*turns[2], Message("assistant", (TextPart("reply 2"),)), Message("user", (TextPart("and?"),)))
         extra = dataclasses.replace(turns[0][0], content=(AudioPart(np.full(8_000, 0.05, dtype=np.float32)),))

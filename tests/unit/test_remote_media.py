@@ -23,13 +23,13 @@ ONE = 128 * 10 * 4  # the bytes of the smallest clip's features below
 
 def _admitted(keys: list[int], images: tuple[int, ...] = (), rid: str = "r") -> AdmittedRequest:
     features = [torch.full((128, 10 * (1 + k % 3)), float(k)) for k in keys]
-    pictures = [ImageInput(torch.full((16, 24), float(k)), (1, 4, 4), k) for k in images]
+    pictures = [ImageInput(torch.full((1, 64, 64, 3), -k, dtype=torch.uint8), (1, 4, 4), k) for k in images]
     return AdmittedRequest(rid, [1, 2, 3], features, 0, keys, False, "ethan", 4, 0.0, 1.0, 0, None, images=pictures)
 
 
 def _equal(a: AdmittedRequest, b: AdmittedRequest) -> bool:
     return (all(torch.equal(x, y) for x, y in zip(a.audio_features, b.audio_features, strict=True))
-            and all(torch.equal(x.pixel_values, y.pixel_values) for x, y in zip(a.images, b.images, strict=True)))
+            and all(torch.equal(x.pixels, y.pixels) for x, y in zip(a.images, b.images, strict=True)))
 
 
 def test_clips_and_images_cross_once_and_are_filled_in_after() -> None:
@@ -41,7 +41,7 @@ def test_clips_and_images_cross_once_and_are_filled_in_after() -> None:
     second = sent.strip(_admitted([-1, -2, -3, -2], images=(-7, -8)))
     assert sent.leaves_out(second)
     assert [mel is None for mel in second.audio_features] == [True, True, False, True]
-    assert [image.pixel_values is None for image in second.images] == [True, False]
+    assert [image.pixels is None for image in second.images] == [True, False]
     whole = held.fill(second)
     assert whole is not None and _equal(whole, _admitted([-1, -2, -3, -2], images=(-7, -8)))
 
@@ -52,7 +52,7 @@ def test_what_crosses_is_a_copy() -> None:
     request = _admitted([-5], images=(-6,))
     wire = SentMedia().strip(request)
     assert wire.audio_features[0].data_ptr() != request.audio_features[0].data_ptr()
-    assert wire.images[0].pixel_values.data_ptr() != request.images[0].pixel_values.data_ptr()
+    assert wire.images[0].pixels.data_ptr() != request.images[0].pixels.data_ptr()
 
 
 def test_an_engine_that_let_one_go_asks_for_the_request_whole() -> None:

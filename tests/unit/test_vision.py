@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ from engine import (
 from engine.profile import load_profile
 from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.runners.vision_tower import PatchMatmul, VisionTower
-from engine.vision import Rope, placeholder_spans
+from engine.vision import ImagePreprocessor, Normalisation, Rope, patches, placeholder_spans
 from engine.weights.checkpoint import load_stage
 from tests.equivalence import FRAMES, TEXT_TOKENS, assert_equals_generate
 
@@ -70,16 +71,20 @@ def _video(frames: int, height: int, width: int, seed: int) -> VideoPart:
     return VideoPart(np.stack([_image(height, width, seed + i) for i in range(frames)]), fps=2.0)
 
 
+def _patches(images) -> torch.Tensor:
+    """The images' pixels as the tiny tower takes them (its 16-pixel patches, two frames deep)."""
+    return torch.cat([patches(i, Normalisation(), temporal=2, patch=16) for i in images])
+
+
 def _generate_inputs(prompt) -> dict:
     """A prompt's images, videos and speech as generate() takes them."""
     inputs: dict = {}
     images = [i for i in prompt.images if not i.is_video]
     videos = [i for i in prompt.images if i.is_video]
     if images:
-        inputs.update(pixel_values=torch.cat([i.pixel_values for i in images]),
-                      image_grid_thw=torch.tensor([i.grid_thw for i in images]))
+        inputs.update(pixel_values=_patches(images), image_grid_thw=torch.tensor([i.grid_thw for i in images]))
     if videos:
-        inputs.update(pixel_values_videos=torch.cat([i.pixel_values for i in videos]),
+        inputs.update(pixel_values_videos=_patches(videos),
                       video_grid_thw=torch.tensor([i.grid_thw for i in videos]),
                       video_second_per_grid=torch.tensor([i.time_step / 13 for i in videos]))
     if prompt.audio_features:
@@ -261,9 +266,31 @@ def test_a_still_video_is_its_frame_as_an_image(cache_dir: Path) -> None:
     video = prompts.videos.video(np.stack([frame, frame]), 2.0, -1, 13)
     image = prompts.videos(frame, -1)
     assert video.grid_thw == image.grid_thw and video.time_step == 13
-    torch.testing.assert_close(video.pixel_values, image.pixel_values, rtol=0, atol=0)
+    torch.testing.assert_close(_patches([video]), _patches([image]), rtol=0, atol=0)
     moving = prompts.videos.video(np.stack([frame, 255 - frame, frame, frame]), 2.0, -1, 13)
     assert moving.grid_thw[0] == 2 and moving.tokens == 2 * image.tokens
+
+
+@pytest.mark.parametrize(("height", "width", "max_pixels", "mean_std"), [
+    (720, 1280, 1280 * 720, (0.5, 0.5)),
+    (720, 1280, 200_000, (0.5, 0.5)),  # shrunk to the budget
+    (100, 150, 1280 * 720, ((0.48, 0.46, 0.41), (0.27, 0.26, 0.28))),  # another checkpoint's normalisation
+    (9, 1500, 1280 * 720, (0.5, 0.5)),  # grown to the least budget, a long strip
+])
+def test_pixels_resized_then_cut_where_the_tower_runs_are_transformers(height, width, max_pixels, mean_std) -> None:
+    """The image crosses to the engine resized, as uint8; `patches` there makes what transformers' Qwen2-VL image
+    processor makes of the whole image."""
+    pil = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    mean, std = ((m,) * 3 if isinstance(m, float) else m for m in mean_std)
+    vision = SimpleNamespace(spatial_merge_size=2, patch_size=16, temporal_patch_size=2)
+    pixels = _image(height, width, 60)
+    ours = ImagePreprocessor(vision, min_pixels=56 * 56, max_pixels=max_pixels)(pixels, -1)
+    theirs = pil.Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=56 * 56,
+                                          max_pixels=max_pixels, image_mean=list(mean), image_std=list(std))(
+        images=[pixels], return_tensors="pt")
+    assert ours.pixels.dtype == torch.uint8 and list(ours.grid_thw) == theirs["image_grid_thw"][0].tolist()
+    torch.testing.assert_close(patches(ours, Normalisation(mean, std), temporal=2, patch=16), theirs["pixel_values"],
+                               rtol=0, atol=1e-6)
 
 
 def test_the_patch_matmul_is_the_convolution(reference) -> None:
