@@ -17,6 +17,12 @@ pool in host memory (at most `host_bytes`, least recently used dropped first); a
 there is copied back into a slot, which costs a PCIe copy (~25 GB/s) where a prefill would cost the
 whole prefix again.
 
+A kept prefix also holds the Talker's rows of its prompt (the Thinker's layer-0 and captured rows, 8 KiB a
+position at full size): a conversation whose Talker lost its own kept rows prefills them from these. They wait
+in host memory (`host_rows`), where they cost the GPU nothing: on the GPU, outside the KV pool that start-up
+sizes to the memory left, a long call's kept rows grew by gigabytes and a step ran out of memory. The part a
+new prompt reuses goes back to the GPU with it (a PCIe copy, ~25 GB/s, queued without waiting).
+
 A position's key is its token id, except under an audio clip, where every position carries the
 clip's digest (engine/prompt.py: a negative number no token id can equal): the same placeholders over other audio do
 not match. A match never ends inside a clip, so a clip is encoded whole or not at all.
@@ -52,8 +58,8 @@ class Entry:
     slot: int
     keys: np.ndarray  # [n]: what positions 0..n-1 of the slot hold
     prompt_len: int  # of those, the prompt's; the rest is its reply
-    embeds: torch.Tensor | None  # [p, H] layer-0 rows of the prompt that made it (p <= n), for the Talker
-    hidden: torch.Tensor | None  # [p, H] its captured layer's rows; None when that request spoke no audio
+    embeds: torch.Tensor | None  # [p, H] layer-0 rows of the prompt that made it (p <= n), for the Talker, on the host
+    hidden: torch.Tensor | None  # [p, H] its captured layer's rows (host); None when that request spoke no audio
 
 
 @dataclass(slots=True)
@@ -126,7 +132,7 @@ class PrefixCache(KeptSlots[Entry]):
             self.metrics.evictions.labels("dropped").inc()
             return
         kv = [torch.stack(self.kv.read(entry.slot, n, layer)).to("cpu", copy=True) for layer in range(len(self.kv.keys))]
-        moved = HostEntry(entry.keys, entry.prompt_len, _to(entry.embeds, "cpu"), _to(entry.hidden, "cpu"), kv, nbytes)
+        moved = HostEntry(entry.keys, entry.prompt_len, entry.embeds, entry.hidden, kv, nbytes)
         self.metrics.evictions.labels("to_host").inc()
         self._moves += 1
         self._host_add(self._moves, moved)
@@ -174,7 +180,8 @@ class PrefixCache(KeptSlots[Entry]):
             self.metrics.lookups.labels("host").inc()
             return self._from_host(best_key, best, best_length)
         self.entries.move_to_end(best.slot)
-        embeds, hidden = _rows(best, best_length)
+        device = self.kv.keys[0].device
+        embeds, hidden = (_to(rows, device) for rows in _rows(best, best_length))
         # The slot moves to the new request when what it holds past the match is nobody else's: its
         # reply (a conversation's next turn re-tokenizes the reply text, which may part from the
         # tokens generated), or when no slot is free (a copy would push out another conversation's).
@@ -225,4 +232,19 @@ def _rows(entry: Entry | HostEntry, length: int) -> tuple[torch.Tensor | None, t
 
 
 def _to(rows: torch.Tensor | None, device: torch.device | str) -> torch.Tensor | None:
-    return None if rows is None else rows.to(device, copy=True)
+    return None if rows is None else rows.to(device, copy=True, non_blocking=True)
+
+
+def host_rows(pieces: list[torch.Tensor]) -> torch.Tensor | None:
+    """Row pieces end to end in host memory: from a GPU, into pinned memory, copied without waiting (the copy back
+    to the GPU, on the same stream, comes after it; nothing reads them on the host)."""
+    if not pieces:
+        return None
+    if not pieces[0].is_cuda:
+        return torch.cat(pieces)
+    host = torch.empty((sum(p.shape[0] for p in pieces), *pieces[0].shape[1:]), dtype=pieces[0].dtype, pin_memory=True)
+    at = 0
+    for piece in pieces:
+        host[at : at + piece.shape[0]].copy_(piece, non_blocking=True)
+        at += piece.shape[0]
+    return host

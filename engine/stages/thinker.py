@@ -35,7 +35,7 @@ from engine.handoff import (
 from engine.metrics import EngineMetrics
 from engine.profile import ThinkerConfig
 from engine.runners.audio_encoder import DENSE_CHUNKS
-from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
+from engine.runners.prefix_cache import Entry, PrefixCache, host_rows, position_keys
 from engine.runners.sampler import RowSampling, new_seed, sample
 from engine.runners.thinker import StepRow, StepRunner
 from engine.stages.base import Stage
@@ -144,9 +144,7 @@ class ThinkerStage(Stage):
     def _keep(self, seq: ThinkerSeq) -> None:
         """A finished (or aborted) request's slot stays filled for a prompt that begins the same."""
         kept = np.concatenate([seq.keys, np.asarray(seq.generated[: seq.position - seq.prompt_len], dtype=np.int64)])
-        embeds = torch.cat(seq.embeds) if seq.embeds else None
-        hidden = torch.cat(seq.hidden) if seq.hidden else None
-        self.cache.keep(Entry(seq.slot, kept, seq.prompt_len, embeds, hidden))
+        self.cache.keep(Entry(seq.slot, kept, seq.prompt_len, host_rows(seq.embeds), host_rows(seq.hidden)))
 
     def has_work(self) -> bool:
         return self._wants_decode() or bool(self.partial) or self._may_start()
