@@ -78,9 +78,10 @@ class TalkerSeq:
     header: list[torch.Tensor] = field(default_factory=list)  # the Thinker's rows of the assistant header
     todo: torch.Tensor | None = None  # [n, H] talker prompt rows not yet prefilled
     header_queued: bool = False  # the assistant part is in `todo` or prefilled: the prompt's end is known
-    # set by the prefill, before the first decode step that reads them
-    code0: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [] the next frame's codebook-0 id
-    past_hidden: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [H]
+    # its next frame, set by the step that sampled the frame's codebook-0 id (the prefill's last piece, then each
+    # decode step): all its codes [num_code_groups] and their summed embedding [H], the talker's next input
+    next_codes: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    next_sum: torch.Tensor = field(default_factory=lambda: torch.empty(0))
     frames: int = 0
     last_frame_at: float = 0.0  # perf_counter() of its latest frame
 
@@ -268,15 +269,13 @@ class TalkerStage(Stage):
         rows = [TalkerRow(seq.slot, seq.position, embeds, seq.next_rope(embeds.shape[0])) for seq, embeds in pieces]
         frames, copied = torch.empty(0), lambda: None
         if speaking:
-            code0 = torch.stack([s.code0 for s in speaking])
-            past_hidden = torch.stack([s.past_hidden for s in speaking])
-            codes, codec_sum = self.runner.residual_codes(past_hidden, code0, [s.code_sampling for s in speaking])
-            inputs = codec_sum + self._next_text_rows(speaking)
+            codes = torch.stack([s.next_codes for s in speaking])
+            inputs = torch.stack([s.next_sum for s in speaking]) + self._next_text_rows(speaking)
             rows += [TalkerRow(seq.slot, seq.position, inputs[i : i + 1], seq.next_rope(1)) for i, seq in enumerate(speaking)]
             frames, copied = _to_host(codes)  # one copy for the batch, queued before the step
         # the step is queued before the host waits for the codes: the GPU goes straight on
         logits, hidden = self.runner.step(rows)
-        sampled: list[tuple[int, TalkerSeq]] = []  # (its row in the step, the reply whose next code0 it gives)
+        sampled: list[tuple[int, TalkerSeq]] = []  # (its row in the step, the reply whose next frame it gives)
         for i, (seq, embeds) in enumerate(pieces):
             seq.position += embeds.shape[0]
             if seq.header_queued and not seq.todo.shape[0]:  # type: ignore[union-attr]
@@ -298,7 +297,7 @@ class TalkerStage(Stage):
                 sampled.append((i, seq))
         if sampled:
             at = [i for i, _ in sampled]
-            self._take_code0([seq for _, seq in sampled], logits[at], hidden[at])
+            self._next_frames([seq for _, seq in sampled], logits[at], hidden[at])
         self.cache.count_pages()
 
     def _next_text_rows(self, seqs: list[TalkerSeq]) -> torch.Tensor:
@@ -321,7 +320,9 @@ class TalkerStage(Stage):
                 rows[i] = row
         return torch.stack(rows)  # type: ignore[arg-type]
 
-    def _take_code0(self, seqs: list[TalkerSeq], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+    def _next_frames(self, seqs: list[TalkerSeq], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Each reply's next frame from its row of this step: codebook 0 sampled from `logits`, the other codebooks
+        predicted from it and `hidden`; a reply whose codebook 0 is codec EOS ends."""
         slots = torch.tensor([s.slot for s in seqs]).to(logits.device, non_blocking=True)
         logits = self.runner.mask_logits(logits, allow_eos=not self.cfg.ignore_eos)
         if silent := [i for i, s in enumerate(seqs) if s.frames == 0]:
@@ -330,11 +331,16 @@ class TalkerStage(Stage):
         logits = self.runner.penalise_repeats(logits, slots, self.cfg.sampling.repetition_penalty)
         tokens = sample(logits, [s.sampling for s in seqs])
         self.runner.remember_codes(slots, tokens)
-        for seq, token_id, token, h in zip(seqs, tokens.tolist(), tokens, hidden, strict=True):
+        ids, copied = _to_host(tokens)
+        # the next frames' code predictor (15 passes) is queued before the host waits for the ids: the GPU runs it
+        # while the host reads them, ends replies and prepares the next step; an ended reply's frame is dropped
+        codes, total = self.runner.residual_codes(hidden, tokens, [s.code_sampling for s in seqs])
+        copied()
+        for seq, token_id, frame, frame_sum in zip(seqs, ids.tolist(), codes, total, strict=True):
             if token_id == self.runner.codec_eos_id:
                 self._finish(seq)
                 continue
-            seq.code0, seq.past_hidden = token, h
+            seq.next_codes, seq.next_sum = frame, frame_sum
 
     def _finish(self, seq: TalkerSeq) -> None:
         self.release(seq.request_id)

@@ -153,8 +153,8 @@ def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
         logits = torch.zeros(2, vocab)
         logits[:, runner.codec_eos_id] = 10.0
         logits[:, 7] = 5.0
-        stage._take_code0(seqs, logits, torch.zeros(2, 64))
-    assert int(seqs[0].code0) == 7  # the new reply speaks
+        stage._next_frames(seqs, logits, torch.zeros(2, runner.codec_embedding.embedding_dim))
+    assert int(seqs[0].next_codes[0]) == 7  # the new reply speaks
     assert stage._finished == ["speaking"] and "speaking" not in stage.running
     assert [frames.is_final for frames in sent] == [True]  # only the reply with frames ended
 
