@@ -4,9 +4,10 @@ them every turn.
 A realtime conversation's prompt holds every earlier turn's audio and pictures, so each turn's request
 carried all of them: by turn 80 of a call, 80 clips of 4 s, 16 MB of features, ~16 ms between two processes
 on a 2-core CPU; a session that sends a camera frame with every turn, 16 pictures of 1.2 MB each (the GPU
-profile's 1,560 patches a picture, as uint8 pixels) once it holds its most. The engine reads only those past its cached prefix. Passed as tensors, each also kept
-a file descriptor open in both processes for as long as either held it (torch shares a tensor's memory
-through one), so a server process that held thousands of clips' features held thousands of descriptors.
+profile's 1,560 patches a picture, as uint8 pixels) once it holds its most. The engine reads only those past
+its cached prefix. Passed as tensors, each also kept a file descriptor open in both processes for as long as
+either held it (torch shares a tensor's memory through one), so a server process that held thousands of
+clips' features held thousands of descriptors.
 
 Now a server process sends a clip's features or an image's pixels once (`SentMedia`, per connection) and
 names it by its key after; the engine's process holds what it was sent (`HeldMedia`, one for all its
