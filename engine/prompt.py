@@ -99,6 +99,12 @@ class Prompts(Protocol):
 # recomputed every clip of their histories each turn: first audio grew with the history, 1.3-1.7 s by turn 50
 # (docs/performance.md, "Long calls"). 512 MiB holds 80 turns of ~30 calls per server process.
 RECENT_FEATURE_BYTES = 512 << 20
+# A conversation's prompt is its whole history, every turn: its texts (the instructions, every earlier turn's
+# words, the template's pieces) are tokenized once each, up to this many distinct ones (8 KiB each at most: the
+# text and its ids as int32); a text longer than MAX_REMEMBERED_TEXT characters is tokenized every time. An
+# 80-message history took ~4 ms of the server's thread a turn to tokenize again.
+REMEMBERED_TEXTS = 4096
+MAX_REMEMBERED_TEXT = 4096
 
 
 class PromptBuilder:
@@ -124,16 +130,18 @@ class PromptBuilder:
         self._lock = threading.Lock()
         self._digests: dict[int, tuple[weakref.ref, int]] = {}
         self._single: dict[str, list[int]] = {}
+        self._remembered = functools.lru_cache(maxsize=REMEMBERED_TEXTS)(self._tokenize)  # thread-safe
 
     # the copy's setting does not survive pickling (the engine process sends this builder to its server)
     def __getstate__(self) -> dict:
-        held = ("_content", "_recent", "_recent_bytes", "_lock", "_digests")
+        held = ("_content", "_recent", "_recent_bytes", "_lock", "_digests", "_remembered")
         return {k: v for k, v in self.__dict__.items() if k not in held}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._content = _plain_text_copy(self._backend)
         self._recent, self._recent_bytes, self._lock, self._digests = OrderedDict(), 0, threading.Lock(), {}
+        self._remembered = functools.lru_cache(maxsize=REMEMBERED_TEXTS)(self._tokenize)
 
     def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt:
         ids: list[int] = []
@@ -226,9 +234,7 @@ class PromptBuilder:
 
     def _encode(self, text: str) -> list[int]:
         """Our own template text: its special tokens are meant."""
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return (self._remembered(text, True) if len(text) <= MAX_REMEMBERED_TEXT else self._tokenize(text, True)).tolist()
 
     def _placeholders(self, *runs: tuple[str, int]) -> list[int]:
         """Runs of special tokens (`<|audio_pad|>` x frames, ...) without tokenizing their text: each is one id,
@@ -242,9 +248,18 @@ class PromptBuilder:
 
     def _encode_text(self, text: str) -> list[int]:
         """A message's text: special tokens in it are plain characters."""
-        if self._content is not None:
-            return self._content.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        return (self._remembered(text, False) if len(text) <= MAX_REMEMBERED_TEXT else self._tokenize(text, False)).tolist()
+
+    def _tokenize(self, text: str, special: bool) -> np.ndarray:
+        """`special`: the text's special tokens are meant (our template's), else plain characters (a message's)."""
+        if special:
+            ids = (self._backend.encode(text, add_special_tokens=False).ids if self._backend is not None
+                   else self.tokenizer.encode(text, add_special_tokens=False))
+        elif self._content is not None:
+            ids = self._content.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        return np.asarray(ids, dtype=np.int32)
 
     def _digest(self, data: np.ndarray, person: bytes = b"") -> int:
         """A contiguous clip's or image's key: a digest of its bytes, taken once per array. A conversation hands

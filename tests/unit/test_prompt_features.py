@@ -95,3 +95,25 @@ def test_placeholders_are_the_tokens_their_text_encodes_to(builder: PromptBuilde
     assert prompt.token_ids.count(encoded[1]) == prompt.audio_tokens
     # text that is not one token is tokenized as the repeated text would be
     assert builder._placeholders(("ab", 3)) == builder._encode("ababab")
+
+
+def test_a_history_s_texts_are_tokenized_once_and_prompts_stay_equal(builder: PromptBuilder) -> None:
+    """Each text of a history is tokenized once however many turns resend it (the template's pieces too), and a
+    prompt built from remembered tokens is the one built afresh: callers extending what they were handed never
+    change what is remembered."""
+    def fresh(messages: tuple[Message, ...]) -> list[int]:
+        return PromptBuilder(builder.tokenizer, builder.feature_extractor, n_window=50).build(messages).token_ids
+
+    messages = tuple(Message(role, (TextPart(f"{role} {k}: the quick brown fox"),))
+                     for k in range(20) for role in ("user", "assistant"))
+    seen: list[str] = []
+    tokenize = builder._tokenize
+    builder._tokenize = lambda text, special: (seen.append(text), tokenize(text, special))[1]  # type: ignore[method-assign]
+    builder._remembered = prompt_module.functools.lru_cache(maxsize=64)(builder._tokenize)
+    first = builder.build(messages[:-2])
+    calls = len(seen)
+    again = builder.build(messages)
+    assert seen[calls:] == ["user 19: the quick brown fox", "assistant 19: the quick brown fox"]  # the new turn's
+    assert first.token_ids == fresh(messages[:-2]) and again.token_ids == fresh(messages)
+    long = (Message("system", (TextPart("a long instruction " * (prompt_module.MAX_REMEMBERED_TEXT // 10)),)),)
+    assert builder.build(long).token_ids == builder.build(long).token_ids == fresh(long)
