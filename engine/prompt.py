@@ -120,10 +120,11 @@ class PromptBuilder:
         self.videos = videos
         self.positions_per_second = positions_per_second
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-        # the Rust tokenizer itself when there is one: the same ids without transformers' Python around
-        # each call (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst)
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._content = _plain_text_copy(self._backend)
+        # the Rust tokenizer when there is one: the same ids without transformers' Python around each call
+        # (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst); copies of our own,
+        # since transformers' encode(split_special_tokens=...) sets its backend's flag and leaves it there
+        self._backend = _copy(getattr(tokenizer, "backend_tokenizer", None), plain_text=False)
+        self._content = _copy(self._backend, plain_text=True)
         # clip or image key -> features; builds run in threads
         self._recent: OrderedDict[int, torch.Tensor | ImageInput] = OrderedDict()
         self._recent_bytes = 0
@@ -132,14 +133,15 @@ class PromptBuilder:
         self._single: dict[str, list[int]] = {}
         self._remembered = functools.lru_cache(maxsize=REMEMBERED_TEXTS)(self._tokenize)  # thread-safe
 
-    # the copy's setting does not survive pickling (the engine process sends this builder to its server)
+    # the copies' settings do not survive pickling (the engine process sends this builder to its server)
     def __getstate__(self) -> dict:
         held = ("_content", "_recent", "_recent_bytes", "_lock", "_digests", "_remembered")
         return {k: v for k, v in self.__dict__.items() if k not in held}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._content = _plain_text_copy(self._backend)
+        self._backend = _copy(self._backend, plain_text=False)
+        self._content = _copy(self._backend, plain_text=True)
         self._recent, self._recent_bytes, self._lock, self._digests = OrderedDict(), 0, threading.Lock(), {}
         self._remembered = functools.lru_cache(maxsize=REMEMBERED_TEXTS)(self._tokenize)
 
@@ -361,11 +363,11 @@ def _nbytes(value: torch.Tensor | ImageInput) -> int:
     return value.pixels.nbytes if isinstance(value, ImageInput) else value.nbytes
 
 
-def _plain_text_copy(backend: Tokenizer | None) -> Tokenizer | None:
-    """A copy of the Rust tokenizer that reads special-token text as plain text; None without one."""
+def _copy(backend: Tokenizer | None, *, plain_text: bool) -> Tokenizer | None:
+    """A copy of the Rust tokenizer that reads special-token text as plain text or as the special tokens; None
+    without one."""
     if backend is None:
         return None
-
     copy = Tokenizer.from_str(backend.to_str())
-    copy.encode_special_tokens = True
+    copy.encode_special_tokens = plain_text
     return copy

@@ -107,6 +107,19 @@ def test_prompt_builder_ids_equal_transformers_encode(tokenizer: PreTrainedToken
     assert fast.build(messages).token_ids == plain.build(messages).token_ids
 
 
+def test_the_builder_reads_its_template_whatever_the_tokenizer_was_last_asked(
+        tokenizer: PreTrainedTokenizerBase) -> None:
+    """transformers' encode(split_special_tokens=True) leaves its Rust backend reading special-token text as plain
+    text; the builder's template pieces are still its special tokens after such a call elsewhere."""
+    from engine import Message, TextPart
+    from engine.prompt import PromptBuilder
+
+    builder = PromptBuilder(tokenizer, None, n_window=50)
+    tokenizer.encode("<|im_start|>", add_special_tokens=False, split_special_tokens=True)
+    ids = builder.build((Message("system", (TextPart("hi"),)),)).token_ids
+    assert ids[0] == SPECIAL_TOKENS["<|im_start|>"] and ids[-3] == SPECIAL_TOKENS["<|im_start|>"]
+
+
 def test_special_tokens_in_message_text_are_plain_text(tokenizer: PreTrainedTokenizerBase) -> None:
     """A message cannot open a turn of its own: the control tokens it types are characters (also in the
     pickled copy the engine process sends its server)."""
