@@ -236,7 +236,7 @@ class PromptBuilder:
 
     def _encode(self, text: str) -> list[int]:
         """Our own template text: its special tokens are meant."""
-        return (self._remembered(text, True) if len(text) <= MAX_REMEMBERED_TEXT else self._tokenize(text, True)).tolist()
+        return self._ids(text, special=True)
 
     def _placeholders(self, *runs: tuple[str, int]) -> list[int]:
         """Runs of special tokens (`<|audio_pad|>` x frames, ...) without tokenizing their text: each is one id,
@@ -250,7 +250,12 @@ class PromptBuilder:
 
     def _encode_text(self, text: str) -> list[int]:
         """A message's text: special tokens in it are plain characters."""
-        return (self._remembered(text, False) if len(text) <= MAX_REMEMBERED_TEXT else self._tokenize(text, False)).tolist()
+        return self._ids(text, special=False)
+
+    def _ids(self, text: str, *, special: bool) -> list[int]:
+        """A list of the caller's own: remembered for a text of at most MAX_REMEMBERED_TEXT characters."""
+        remember = len(text) <= MAX_REMEMBERED_TEXT
+        return (self._remembered(text, special) if remember else self._tokenize(text, special)).tolist()
 
     def _tokenize(self, text: str, special: bool) -> np.ndarray:
         """`special`: the text's special tokens are meant (our template's), else plain characters (a message's)."""

@@ -95,8 +95,8 @@ QWEN_NORMALISATION = Normalisation()
 
 def patches(image: ImageInput, normalisation: Normalisation, *, temporal: int, patch: int,
             device: torch.device | str | None = None) -> torch.Tensor:
-    """[patches, 3 * temporal * patch * patch] float32 on `device` (the pixels' own by default): what transformers' Qwen2-VL image
-    processor makes of the resized pixels. Scaled and normalised, cut into patches, each merge x merge block of
+    """[patches, 3 * temporal * patch * patch] float32 on `device` (the pixels' own by default): what
+    transformers' Qwen2-VL image processor makes of the resized pixels. Scaled and normalised, cut into patches, each merge x merge block of
     patches in raster order, a patch's values (channel, frame, row, column); an image is repeated over the
     temporal patch."""
     t, h, w = image.grid_thw
