@@ -280,6 +280,24 @@ def plot_experts_timing(json_path: Path, out_png: Path) -> Path:
     return _save(fig, out_png)
 
 
+def plot_attention_timing(json_path: Path, out_png: Path) -> Path:
+    """`voice-gateway kernels`' third figure: decode rows' attention by context, a panel per row count, a line
+    per split of the keys."""
+    data = json.loads(Path(json_path).read_text())
+    batches = list(dict.fromkeys(row["batch"] for row in data["rows"]))
+    fig, axes = _figure(4.0 * len(batches), 4.0, len(batches))
+    for ax, batch in zip(np.atleast_1d(axes), batches, strict=True):
+        for splits in dict.fromkeys(row["splits"] for row in data["rows"]):
+            rows = [row for row in data["rows"] if row["batch"] == batch and row["splits"] == splits]
+            ax.plot([row["context"] for row in rows], [row["call_us"] for row in rows], marker="o",
+                    label=f"{splits} share{'s' if splits > 1 else ''}")
+        ax.set(xscale="log", xlabel="context (positions)", ylabel="us a layer", title=f"{batch} decode rows")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"decode attention over long contexts: {data['machine']['gpu']['name']}")
+    return _save(fig, out_png)
+
+
 def plot_predictor_timing(json_path: Path, out_png: Path) -> Path:
     """`voice-gateway kernels`' second figure: a code predictor frame's time and kernels by batch, per attention form."""
     data = json.loads(Path(json_path).read_text())

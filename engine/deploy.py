@@ -8,11 +8,13 @@ reaches through `attach_replicas`. `EngineAt` is either address: what a server p
 its engine is. `freeze_startup_heap` / `thaw_heap`: a serving process's start-up objects out of the
 collector, and back (engine/heap.py). `measure_accuracy`: bf16 and FP8 against float32 on one model's weights
 (engine/accuracy.py), for `voice-gateway accuracy`; `measure_experts_timing`: bf16 and FP8 experts' time
-(engine/experts_timing.py) and `measure_predictor_timing`: a code predictor frame's (engine/predictor_timing.py),
-for `voice-gateway kernels`.
+(engine/experts_timing.py), `measure_predictor_timing`: a code predictor frame's (engine/predictor_timing.py) and
+`measure_attention_timing`: decode rows' attention over long contexts (engine/attention_timing.py), for
+`voice-gateway kernels`.
 """
 
 from engine.accuracy import measure as measure_accuracy
+from engine.attention_timing import measure as measure_attention_timing
 from engine.experts_timing import measure as measure_experts_timing
 from engine.factory import attach_engine, attach_replicas
 from engine.heap import freeze_startup_heap, thaw_heap
@@ -33,6 +35,7 @@ __all__ = [
     "attach_replicas",
     "freeze_startup_heap",
     "measure_accuracy",
+    "measure_attention_timing",
     "measure_experts_timing",
     "measure_predictor_timing",
     "thaw_heap",

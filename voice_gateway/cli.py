@@ -227,7 +227,8 @@ def accuracy(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--out-dir", type=Path, required=True, help="where experts.json, predictor.json and their figures go")
+    add("--out-dir", type=Path, required=True,
+        help="where experts.json, predictor.json, attention.json and their figures go")
     add("--tokens", default=None, help="the experts' comma-separated token counts (default: 1 to 4,096)")
     add("--batches", default=None, help="the code predictor's comma-separated batch sizes (default: 1,16,64,128)")
     add("--replays", type=int, default=30, help="graph replays a measurement (default 30)")
@@ -235,17 +236,18 @@ def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def kernels(args: argparse.Namespace, argv: list[str]) -> int:
-    """`voice-gateway kernels`: engine/experts_timing.py's and engine/predictor_timing.py's figures as JSON (with
-    the machine and the commit, as the bench records its runs), a figure each, and tables on stdout."""
+    """`voice-gateway kernels`: engine/experts_timing.py's, engine/predictor_timing.py's and
+    engine/attention_timing.py's figures as JSON (with the machine and the commit, as the bench records its runs),
+    a figure each, and tables on stdout."""
     import json
 
-    from engine.deploy import measure_experts_timing, measure_predictor_timing
+    from engine.deploy import measure_attention_timing, measure_experts_timing, measure_predictor_timing
 
     if missing := _missing_bench_extra():
         print(f"voice-gateway kernels: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
         return 2
     from bench.machine import git_commit, machine_info
-    from bench.plots import plot_experts_timing, plot_predictor_timing
+    from bench.plots import plot_attention_timing, plot_experts_timing, plot_predictor_timing
 
     try:
         tokens, batches = _counts(args.tokens, "--tokens"), _counts(args.batches, "--batches")
@@ -253,6 +255,7 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
             raise ValueError("--replays takes a positive count")
         timings = measure_experts_timing(tokens, replays=args.replays)
         frames = measure_predictor_timing(batches, replays=args.replays)
+        calls = measure_attention_timing(replays=args.replays)
     except (ValueError, RuntimeError) as e:
         print(f"voice-gateway kernels: {e}", file=sys.stderr)
         return 1
@@ -273,6 +276,14 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
     for f in frames:
         print(f"{f.attention:10} {f.batch:6d} {f.frame_ms:9.3f} {f.kernels:8d} {f.codes_equal_torch:14.4f}")
     print(f"wrote {out} and {plot_predictor_timing(out, args.out_dir / 'predictor.png')}")
+    out = args.out_dir / "attention.json"
+    out.write_text(json.dumps({"what": "one layer's attention for decode rows over a context, the keys split into "
+                                       "shares or not, replayed from a CUDA graph (microseconds)",
+                               **record, "rows": [c.as_dict() for c in calls]}, indent=2) + "\n")
+    print(f"{'rows':>5} {'context':>8} {'splits':>7} {'us':>8} {'GB/s':>8}")
+    for c in calls:
+        print(f"{c.batch:5d} {c.context:8d} {c.splits:7d} {c.call_us:8.1f} {c.gb_per_s:8.1f}")
+    print(f"wrote {out} and {plot_attention_timing(out, args.out_dir / 'attention.png')}")
     return 0
 
 

@@ -65,26 +65,29 @@ if triton is not None:
         v = tl.load(V + page * stride_vs + at * stride_vl + dims[None, :], mask=inside[:, None], other=0.0)
         # scores in log2 units: exp2 is the hardware's instruction, exp costs a multiply more
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * (SCALE * 1.4426950408889634)
-        # every row sees key 0, so m is finite after the first block and no row computes -inf - -inf
         scores = tl.where(pos[None, :] <= position[:, None], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
+        # a row that has seen no key yet (a split of the keys past its position) keeps m = -inf: subtract 0
+        # there, not -inf, so that nothing computes -inf - -inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
         total = total * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         return m_new, total, acc
 
     @triton.jit
     def _packed_kernel(
-        Q, K, V, Out, SeqPages, SeqStart, SeqQ0, SeqLen, BlockSeq, BlockQ,
+        Q, K, V, Out, SeqPages, SeqStart, SeqQ0, SeqLen, BlockSeq, BlockQ, PartAcc, PartM, PartTotal,
         stride_qt, stride_qh, stride_ks, stride_kh, stride_kl, stride_vs, stride_vh, stride_vl,
         stride_ot, stride_oh, stride_pages,
         PAGE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr,
         SINGLE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-        SCALE: tl.constexpr, PIPELINED: tl.constexpr,
+        SCALE: tl.constexpr, PIPELINED: tl.constexpr, SPLITS: tl.constexpr,
     ):
         block = tl.program_id(0)
         kv_head = tl.program_id(1)
+        split = tl.program_id(2)
         seq = tl.load(BlockSeq + block)
         if seq < 0:  # graph padding: no work
             return
@@ -113,19 +116,64 @@ if triton is not None:
         total = tl.zeros((ROWS,), dtype=tl.float32)
         acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
         end = start + tl.minimum(first + BLOCK_Q, length)  # keys past the block's last query never matter
+        # split `split` of SPLITS takes its share of the key blocks; the combine kernel merges the shares
+        per_split = tl.cdiv(tl.cdiv(end, BLOCK_N), SPLITS) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(end, lo + per_split)
         if PIPELINED:
             # a for loop over a runtime bound is what the compiler software-pipelines (the next keys load
             # while this block computes); on an H200 it ran 1.3-1.6x faster than the while loop below
-            for key_start in range(0, end, BLOCK_N):
+            for key_start in range(lo, hi, BLOCK_N):
                 m, total, acc = _key_block(q, k_head, v_head, pages, key_start, end, position, m, total, acc, dims,
                                            stride_ks, stride_kl, stride_vs, stride_vl, BLOCK_N, PAGE, PRECISION, SCALE)
         else:
-            key_start = 0
-            while key_start < end:  # Triton's CPU interpreter cannot range over a loaded value
+            key_start = lo
+            while key_start < hi:  # Triton's CPU interpreter cannot range over a loaded value
                 m, total, acc = _key_block(q, k_head, v_head, pages, key_start, end, position, m, total, acc, dims,
                                            stride_ks, stride_kl, stride_vs, stride_vl, BLOCK_N, PAGE, PRECISION, SCALE)
                 key_start += BLOCK_N
-        out = acc / total[:, None]
+        if SPLITS == 1:
+            out = acc / total[:, None]
+            tl.store(Out + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                     out.to(Out.dtype.element_ty), mask=real[:, None])
+        else:  # this split's share, unnormalised, for the combine kernel: [block, kv head, split, row]
+            part = ((block * tl.num_programs(1) + kv_head) * SPLITS + split) * ROWS + rows
+            tl.store(PartM + part, m)
+            tl.store(PartTotal + part, total)
+            tl.store(PartAcc + part[:, None] * HEAD_DIM + dims[None, :], acc)
+
+    @triton.jit
+    def _combine_kernel(
+        Out, SeqQ0, SeqLen, BlockSeq, PartAcc, PartM, PartTotal, stride_ot, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, ROWS: tl.constexpr,
+        HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+    ):
+        """The small table's split shares merged into its rows of `Out` (the softmax's log-sum-exp rule)."""
+        block = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        seq = tl.load(BlockSeq + block)
+        if seq < 0:
+            return
+        q0 = tl.load(SeqQ0 + seq)
+        length = tl.load(SeqLen + seq)
+        rows = tl.arange(0, ROWS)
+        token = rows // GROUP_PAD
+        heads = kv_head * GROUP + rows % GROUP_PAD
+        real = (rows < BLOCK_Q * GROUP_PAD) & (token < length) & (rows % GROUP_PAD < GROUP)
+        dims = tl.arange(0, HEAD_DIM)
+        base = (block * tl.num_programs(1) + kv_head) * SPLITS * ROWS + rows
+        m = tl.full((ROWS,), float("-inf"), dtype=tl.float32)
+        for s in tl.static_range(SPLITS):
+            m = tl.maximum(m, tl.load(PartM + base + s * ROWS))
+        m = tl.where(m == float("-inf"), 0.0, m)  # padding rows: no key at all
+        total = tl.zeros((ROWS,), dtype=tl.float32)
+        acc = tl.zeros((ROWS, HEAD_DIM), dtype=tl.float32)
+        for s in tl.static_range(SPLITS):
+            weight = tl.exp2(tl.load(PartM + base + s * ROWS) - m)
+            total += weight * tl.load(PartTotal + base + s * ROWS)
+            acc += weight[:, None] * tl.load(PartAcc + (base + s * ROWS)[:, None] * HEAD_DIM + dims[None, :])
+        out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+        q_rows = (q0 + token).to(tl.int64)
         tl.store(Out + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  out.to(Out.dtype.element_ty), mask=real[:, None])
 
@@ -133,14 +181,15 @@ if triton is not None:
 def packed_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seq_pages: torch.Tensor,
     seq_start: torch.Tensor, seq_q0: torch.Tensor, seq_len: torch.Tensor, small_seq: torch.Tensor,
-    block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *, block_n: int = 64,
+    block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *, block_n: int = 64, splits: int = 1,
 ) -> torch.Tensor:
     """query [T, Hq, D] packed tokens; keys/values [pages, Hkv, page_size, D]; per sequence: its page list
     `seq_pages` [N, pages per slot], and [N] (int32 or int64) `start` (keys its slot held before this step),
     its first token's index in `query` and its query length; the tables of packed_batch.py's `block_tables`: `small_seq` [NS] (the sequences of up to
     SMALL_Q tokens), `block_seq`/`block_q` [NB] (blocks of BLOCK_Q tokens of the longer ones). -> [T, Hq, D]
-    in query's dtype; rows no sequence covers are zeros. Two launches, no host syncs: a CUDA graph
-    captures it."""
+    in query's dtype; rows no sequence covers are zeros. `splits`: the small table's keys in that many shares,
+    each its own program, merged by a third launch (decode rows over long contexts: more programs read the KV
+    at once). Two or three launches, no host syncs: a CUDA graph captures it."""
     if triton is None:
         raise RuntimeError("packed attention needs triton (pip install triton), or set kernels: reference")
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -160,10 +209,18 @@ def packed_attention(
             if table.shape[0] == 0:
                 continue
             rows = max(tokens * group_pad, MIN_ROWS)
-            _packed_kernel[(table.shape[0], num_kv_heads)](
-                query, keys, values, out, seq_pages, seq_start, seq_q0, seq_len, table, firsts, *strides,
+            shares = splits if single else 1
+            part_acc = part_m = part_total = out  # unread when a table runs in one share
+            if shares > 1:
+                part_m = torch.empty((table.shape[0], num_kv_heads, shares, rows), dtype=torch.float32,
+                                     device=query.device)
+                part_total = torch.empty_like(part_m)
+                part_acc = torch.empty((*part_m.shape, head_dim), dtype=torch.float32, device=query.device)
+            _packed_kernel[(table.shape[0], num_kv_heads, shares)](
+                query, keys, values, out, seq_pages, seq_start, seq_q0, seq_len, table, firsts, part_acc, part_m,
+                part_total, *strides,
                 PAGE=page, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tokens, ROWS=rows, SINGLE=single,
-                HEAD_DIM=head_dim, BLOCK_N=block_n,
+                HEAD_DIM=head_dim, BLOCK_N=block_n, SPLITS=shares,
                 # a constant, not an argument: torch.compile would pass a Python float as float64
                 PRECISION=dot_precision(query.dtype), SCALE=scale,
                 PIPELINED=not interpreted(),
@@ -173,6 +230,11 @@ def packed_attention(
                 **({"num_warps": 8, "num_stages": 3} if rows * head_dim >= 128 * 128
                    else {"num_warps": 4, "num_stages": 2}),
             )
+            if shares > 1:
+                _combine_kernel[(table.shape[0], num_kv_heads)](
+                    out, seq_q0, seq_len, table, part_acc, part_m, part_total, out.stride(0), out.stride(1),
+                    GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=tokens, ROWS=rows, HEAD_DIM=head_dim, SPLITS=shares,
+                )
     return out
 
 
@@ -182,10 +244,12 @@ class KernelAttention:
 
     block_q = BLOCK_Q
 
-    def __init__(self, *, block_n: int = 64) -> None:
+    def __init__(self, *, block_n: int = 64, splits: int = 1) -> None:
         self.block_n = block_n
+        self.splits = splits
 
     def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
                  scale: float) -> torch.Tensor:
         return packed_attention(query, keys, values, batch.seq_pages, batch.seq_start, batch.seq_q0, batch.seq_len,
-                                batch.small_seq, batch.block_seq, batch.block_q, scale, block_n=self.block_n)
+                                batch.small_seq, batch.block_seq, batch.block_q, scale, block_n=self.block_n,
+                                splits=self.splits)

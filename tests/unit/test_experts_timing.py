@@ -1,4 +1,4 @@
-"""`voice-gateway kernels` (engine/experts_timing.py, engine/predictor_timing.py): where there is no CUDA GPU it
+"""`voice-gateway kernels` (engine/experts_timing.py, engine/predictor_timing.py, engine/attention_timing.py): where there is no CUDA GPU it
 says so and fails, as it does for counts that are not counts; its figures are drawn from the JSON it writes
 (tests/gpu times for real)."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.plots import plot_experts_timing, plot_predictor_timing
+from bench.plots import plot_attention_timing, plot_experts_timing, plot_predictor_timing
+from engine.attention_timing import AttentionTiming
 from engine.experts_timing import ExpertsTiming
 from engine.predictor_timing import PredictorTiming
 from voice_gateway.cli import main
@@ -45,4 +46,11 @@ def test_the_predictor_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
             for form in ("torch", "kernel") for n in (1, 64, 128)]
     (tmp_path / "predictor.json").write_text(json.dumps({"machine": {"gpu": {"name": "a GPU"}}, "rows": rows}))
     png = plot_predictor_timing(tmp_path / "predictor.json", tmp_path / "predictor.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_attention_figure_is_drawn_from_the_rows(tmp_path: Path) -> None:
+    rows = [AttentionTiming(b, n, s, n / s / 10, 1000.0).as_dict() for b in (1, 64) for n in (512, 8192) for s in (1, 4)]
+    (tmp_path / "attention.json").write_text(json.dumps({"machine": {"gpu": {"name": "a GPU"}}, "rows": rows}))
+    png = plot_attention_timing(tmp_path / "attention.json", tmp_path / "attention.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

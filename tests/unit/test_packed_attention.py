@@ -108,9 +108,10 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm())
 
 
-def run_kernel(query, cache: SlotKVCache, step: Step, scale: float, block_n: int, spare_seqs: int = 0):
+def run_kernel(query, cache: SlotKVCache, step: Step, scale: float, block_n: int, spare_seqs: int = 0,
+               splits: int = 1):
     """The kernel over the step's tables, sized for a batch of the step's tokens and `spare_seqs` more
-    sequences (each table gets that many more -1 entries)."""
+    sequences (each table gets that many more -1 entries); the small table's keys in `splits` shares."""
     seqs = len(step.lengths) + step.spare_seqs + spare_seqs
     small_seq, block_seq, block_q = block_tables(step.lengths, BLOCK_Q, step.num_tokens, seqs)
     ints = {"device": DEVICE, "dtype": step.index_dtype}
@@ -118,7 +119,7 @@ def run_kernel(query, cache: SlotKVCache, step: Step, scale: float, block_n: int
     return packed_attention.packed_attention(
         query, cache.keys[0], cache.values[0], pages, torch.tensor(step.starts, **ints),
         torch.tensor(step.q0s, **ints), torch.tensor(step.lengths, **ints), torch.tensor(small_seq, **ints),
-        torch.tensor(block_seq, **ints), torch.tensor(block_q, **ints), scale, block_n=block_n,
+        torch.tensor(block_seq, **ints), torch.tensor(block_q, **ints), scale, block_n=block_n, splits=splits,
     )
 
 
@@ -217,3 +218,22 @@ def test_block_tables_put_short_sequences_in_the_small_table() -> None:
     assert block_tables([1, 1], BLOCK_Q, tokens=2, seqs=2) == ([0, 1], [-1] * 3, [0] * 3)
     with pytest.raises(AssertionError):
         block_tables([1, 1, 1], BLOCK_Q, tokens=3, seqs=2)
+
+
+@pytest.mark.parametrize("name", ["decode", "mixed", "both_tables"])
+@pytest.mark.parametrize("splits", [2, 3, 8])  # 8: more shares than a short row has key blocks (empty ones)
+def test_decode_rows_split_over_their_keys_equal_one_share(name: str, splits: int) -> None:
+    """The small table's keys in shares, each its own program, merged after: the same rows as one share (to
+    float rounding: another summation order), the big table's rows untouched, and the ground truth."""
+    step = STEPS[name]
+    gen = torch.Generator().manual_seed(splits)
+    cache = paged_cache(max(step.slots) + 1, 4, 32, gen)
+    query = torch.randn(step.num_tokens, 32, 32, generator=gen).to(DEVICE, DTYPE)
+    scale = 32**-0.5
+    whole = run_kernel(query, cache, step, scale, 16)
+    split = run_kernel(query, cache, step, scale, 16, spare_seqs=2, splits=splits)
+    torch.testing.assert_close(split, whole, rtol=TOLERANCE, atol=TOLERANCE)
+    assert relative_error(split, ground_truth(query, cache, step, scale)) < TOLERANCE
+    big = [q0 + i for q0, length in zip(step.q0s, step.lengths, strict=True) if length > SMALL_Q for i in range(length)]
+    assert torch.equal(split[big], whole[big])
+    assert not split[sum(step.lengths):].any()
