@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -239,8 +240,6 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
     """`voice-gateway kernels`: engine/experts_timing.py's, engine/predictor_timing.py's and
     engine/attention_timing.py's figures as JSON (with the machine and the commit, as the bench records its runs),
     a figure each, and tables on stdout."""
-    import json
-
     from engine.deploy import measure_attention_timing, measure_experts_timing, measure_predictor_timing
 
     if missing := _missing_bench_extra():
@@ -261,30 +260,32 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     record = {"machine": machine_info(with_gpu=True), "git_commit": git_commit(), "command": shlex.join(["voice-gateway", *argv])}
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / "experts.json"
-    out.write_text(json.dumps({"what": "one layer's fused experts, bf16 against FP8, each call in a CUDA graph "
-                                       "(microseconds)", **record, "rows": [t.as_dict() for t in timings]}, indent=2) + "\n")
-    print(f"{'stage':8} {'tokens':>7} {'bf16 us':>9} {'fp8 us':>9} {'fp8/bf16':>9}")
-    for t in timings:
-        print(f"{t.stage:8} {t.tokens:7d} {t.bf16_us:9.1f} {t.fp8_us:9.1f} {t.fp8_over_bf16:9.2f}")
-    print(f"wrote {out} and {plot_experts_timing(out, args.out_dir / 'experts.png')}")
-    out = args.out_dir / "predictor.json"
-    out.write_text(json.dumps({"what": "one frame of the code predictor (15 passes, sampling included), compiled "
-                                       "and replayed from a CUDA graph, by its attention's form (milliseconds)",
-                               **record, "rows": [f.as_dict() for f in frames]}, indent=2) + "\n")
-    print(f"{'attention':10} {'batch':>6} {'frame ms':>9} {'kernels':>8} {'codes = torch':>14}")
-    for f in frames:
-        print(f"{f.attention:10} {f.batch:6d} {f.frame_ms:9.3f} {f.kernels:8d} {f.codes_equal_torch:14.4f}")
-    print(f"wrote {out} and {plot_predictor_timing(out, args.out_dir / 'predictor.png')}")
-    out = args.out_dir / "attention.json"
-    out.write_text(json.dumps({"what": "one layer's attention for decode rows over a context, the keys split into "
-                                       "shares or not, replayed from a CUDA graph (microseconds)",
-                               **record, "rows": [c.as_dict() for c in calls]}, indent=2) + "\n")
-    print(f"{'rows':>5} {'context':>8} {'splits':>7} {'us':>8} {'GB/s':>8}")
-    for c in calls:
-        print(f"{c.batch:5d} {c.context:8d} {c.splits:7d} {c.call_us:8.1f} {c.gb_per_s:8.1f}")
-    print(f"wrote {out} and {plot_attention_timing(out, args.out_dir / 'attention.png')}")
+    print(f"{'stage':8} {'tokens':>7} {'bf16 us':>9} {'fp8 us':>9} {'fp8/bf16':>9}", *(
+        f"{t.stage:8} {t.tokens:7d} {t.bf16_us:9.1f} {t.fp8_us:9.1f} {t.fp8_over_bf16:9.2f}" for t in timings), sep="\n")
+    _write_timings(args.out_dir / "experts.json", "one layer's fused experts, bf16 against FP8, each call in a CUDA "
+                   "graph (microseconds)", record, [t.as_dict() for t in timings], plot_experts_timing)
+    print(f"{'attention':10} {'batch':>6} {'frame ms':>9} {'kernels':>8} {'codes = torch':>14}", *(
+        f"{f.attention:10} {f.batch:6d} {f.frame_ms:9.3f} {f.kernels:8d} {f.codes_equal_torch:14.4f}" for f in frames),
+        sep="\n")
+    _write_timings(args.out_dir / "predictor.json", "one frame of the code predictor (15 passes, sampling included), "
+                   "compiled and replayed from a CUDA graph, by its attention's form (milliseconds)", record,
+                   [f.as_dict() for f in frames], plot_predictor_timing)
+    print(f"{'rows':>5} {'context':>8} {'splits':>7} {'us':>8} {'GB/s':>8}", *(
+        f"{c.batch:5d} {c.context:8d} {c.splits:7d} {c.call_us:8.1f} {c.gb_per_s:8.1f}" for c in calls), sep="\n")
+    _write_timings(args.out_dir / "attention.json", "one layer's attention for decode rows over a context, the keys "
+                   "split into shares or not, replayed from a CUDA graph (microseconds)", record,
+                   [c.as_dict() for c in calls], plot_attention_timing)
     return 0
+
+
+def _write_timings(out: Path, what: str, record: dict[str, Any], rows: list[dict[str, Any]],
+                   plot: Callable[[Path, Path], Path]) -> None:
+    """One of the kernels command's JSON files (what it measured, the machine and commit, its rows) and its figure
+    beside it."""
+    import json
+
+    out.write_text(json.dumps({"what": what, **record, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out} and {plot(out, out.with_suffix('.png'))}")
 
 
 def _counts(text: str | None, flag: str) -> tuple[int, ...] | None:
