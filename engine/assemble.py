@@ -183,7 +183,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     with torch.inference_mode():
         on_gpu = tk.device.startswith("cuda")
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
-                                       attention=packed_attention.KernelAttention() if triton else None,
+                                       attention=packed_attention.KernelAttention.on(tk.device) if triton else None,
                                        capture=thinker_capture(tk.max_step_tokens) if graphs else None,
                                        audio_buckets=CHUNK_BUCKETS if on_gpu else (),
                                        audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
@@ -215,7 +215,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                 runner = TalkerRunner(
                     talker, config, tts_embeds, max_batch=tl.max_batch, max_len=profile.stages.talker_max_len,
                     kv_tokens=tl.kv_cache_tokens, predictor=predictor,
-                    attention=packed_attention.KernelAttention() if triton else None,
+                    attention=packed_attention.KernelAttention.on(tl.device) if triton else None,
                     capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
                                       _name("talker", i, tl.replicas)))

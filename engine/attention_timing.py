@@ -25,7 +25,7 @@ from engine.runners.replay import capture, median_replay_ms
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 4, 128
 CONTEXTS = (512, 2048, 8192)
-BATCHES = (1, 16, 64)
+BATCHES = (1, 16, 32, 64)
 SPLITS = (1, 2, 4, 8)
 
 

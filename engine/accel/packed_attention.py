@@ -238,18 +238,43 @@ def packed_attention(
     return out
 
 
+# Most decode rows' keys in one share each, unless their programs would leave the GPU half idle: on an H100
+# (132 SMs; benchmarks/h100/kernels/attention.json) 16 rows over 8,192 keys took 229 us in one share and 110 in
+# four, one row 175 and 40 in eight, while 64 rows (256 programs) ran 1-17 % slower in any split
+MAX_SHARES = 8
+
+
+def shares_for(rows: int, kv_heads: int, programs: int) -> int:
+    """How many shares a small table of `rows` decode rows splits its keys into: the largest power of two (at
+    most MAX_SHARES) that keeps its programs within `programs`, the count that fills the GPU (0: never split).
+    A loop of comparisons, not a logarithm: under torch.compile `rows` may be symbolic."""
+    shares = 1
+    while shares < MAX_SHARES and rows * kv_heads * shares * 2 <= programs:
+        shares *= 2
+    return shares
+
+
 class KernelAttention:
     """The kernel as a runner's packed attention (engine/runners/packed_batch.py's `PackedAttention`): it
-    reads the batch's per-sequence tensors and both block tables, so a graph replays it for any step."""
+    reads the batch's per-sequence tensors and both block tables, so a graph replays it for any step.
+    `programs`: how many programs fill the device (twice its SMs on a GPU: two resident per SM), which decides
+    how far decode rows' keys are split; 0 keeps them whole (the CPU)."""
 
     block_q = BLOCK_Q
 
-    def __init__(self, *, block_n: int = 64, splits: int = 1) -> None:
+    def __init__(self, *, block_n: int = 64, programs: int = 0) -> None:
         self.block_n = block_n
-        self.splits = splits
+        self.programs = programs
+
+    @classmethod
+    def on(cls, device: str) -> KernelAttention:
+        if not device.startswith("cuda"):
+            return cls()
+        return cls(programs=2 * torch.cuda.get_device_properties(torch.device(device)).multi_processor_count)
 
     def __call__(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch: PackedBatch,
                  scale: float) -> torch.Tensor:
+        splits = shares_for(batch.small_seq.shape[0], keys.shape[1], self.programs)
         return packed_attention(query, keys, values, batch.seq_pages, batch.seq_start, batch.seq_q0, batch.seq_len,
                                 batch.small_seq, batch.block_seq, batch.block_q, scale, block_n=self.block_n,
-                                splits=self.splits)
+                                splits=splits)

@@ -237,3 +237,12 @@ def test_decode_rows_split_over_their_keys_equal_one_share(name: str, splits: in
     big = [q0 + i for q0, length in zip(step.q0s, step.lengths, strict=True) if length > SMALL_Q for i in range(length)]
     assert torch.equal(split[big], whole[big])
     assert not split[sum(step.lengths):].any()
+
+
+def test_decode_rows_split_only_while_their_programs_leave_the_gpu_idle() -> None:
+    """Shares double while the small table's programs stay within what fills the device, up to MAX_SHARES;
+    a device of 0 programs (the CPU) never splits."""
+    programs = 2 * 132  # an H100's SMs, two programs each
+    assert [packed_attention.shares_for(rows, 4, programs) for rows in (1, 8, 16, 32, 64, 128)] == [8, 8, 4, 2, 1, 1]
+    assert packed_attention.shares_for(1, 4, 0) == 1
+    assert packed_attention.KernelAttention.on("cpu").programs == 0
