@@ -119,7 +119,6 @@ class GraphedPacked:
                  dtype: torch.dtype, tokens: tuple[int, ...], *, seqs: int, per_token: int, deepstack: int = 0) -> None:
         device = kv.keys[0].device
         self.per_token = per_token
-        self.seqs = seqs  # the most sequences a step holds: its stage's `max_batch`
         self.buckets: dict[int, _PackedBucket] = {}
         # one buffer for every bucket (each reads its first T rows); zeros between steps with images
         self.deepstack = torch.zeros(deepstack, max(tokens), hidden_size, device=device, dtype=dtype) if deepstack else None
@@ -127,7 +126,9 @@ class GraphedPacked:
         capture_stream = torch.cuda.Stream(device)
         for size in sorted(tokens, reverse=True):
             embeds = torch.zeros(size, hidden_size, device=device, dtype=dtype)
-            batch = PackedBatch.static(kv, attention, size, self.seqs)
+            # a bucket of T tokens holds at most T sequences: its small table no longer than that, so that
+            # decode buckets of few rows split their keys (engine/accel/packed_attention.py's `shares_for`)
+            batch = PackedBatch.static(kv, attention, size, min(size, seqs))
             inputs = (embeds, batch) if self.deepstack is None else (embeds, batch, self.deepstack[:, :size])
             graph, outputs = capture(functools.partial(step, *inputs), pool, capture_stream)
             pool = graph.pool()
@@ -137,7 +138,7 @@ class GraphedPacked:
                  deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         n = embeds.shape[0]
         size = smallest_bucket(self.buckets, n)
-        if size is None or len(pieces) > self.seqs:
+        if size is None or len(pieces) > self.buckets[size].batch.seqs:
             return None
         bucket = self.buckets[size]
         bucket.embeds[:n].copy_(embeds)
