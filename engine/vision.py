@@ -21,6 +21,7 @@ before them, so a kept prefix holds the same positions in every turn that begins
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,13 @@ class Normalisation:
 QWEN_NORMALISATION = Normalisation()
 
 
+@functools.lru_cache(maxsize=8)
+def _mean_std(normalisation: Normalisation, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[3, 1, 1] each, made once per device rather than copied to it with every image."""
+    return (torch.tensor(normalisation.mean, device=device)[:, None, None],
+            torch.tensor(normalisation.std, device=device)[:, None, None])
+
+
 def patches(image: ImageInput, normalisation: Normalisation, *, temporal: int, patch: int,
             device: torch.device | str | None = None) -> torch.Tensor:
     """[patches, 3 * temporal * patch * patch] float32 on `device` (the pixels' own by default): what
@@ -102,8 +110,7 @@ def patches(image: ImageInput, normalisation: Normalisation, *, temporal: int, p
     t, h, w = image.grid_thw
     m = image.merge
     x = image.pixels.to(device).permute(0, 3, 1, 2).float() / 255  # [frames, 3, height, width]
-    mean = torch.tensor(normalisation.mean, device=x.device)[:, None, None]
-    std = torch.tensor(normalisation.std, device=x.device)[:, None, None]
+    mean, std = _mean_std(normalisation, x.device)
     x = (x - mean) / std
     if x.shape[0] == 1:
         x = x.expand(temporal * t, -1, -1, -1)
