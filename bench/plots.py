@@ -225,6 +225,18 @@ _VOICE_PANELS = (("first audio (s)", "input end -> first audio (p50 o, p99 x)"),
                  ("cached (%)", "the prompt's share a cached prefix held"))
 
 
+_STEPS_PANEL = ("ms a step", "the server's steps by stage (mean a window)")
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _plot_steps(ax: Any, windows: list[dict[str, Any]], linestyle: str, prefix: str) -> None:
+    """Each stage's and phase's mean step over the windows (bench/timeline.py), placed at their median turn."""
+    for j, key in enumerate(sorted({key for w in windows for key in w["steps"]})):
+        ax.plot([w["turn_median"] + 1 for w in windows],
+                [w["steps"][key]["mean_ms"] if key in w["steps"] else np.nan for w in windows], linestyle,
+                color=f"C{j % 10}", label=f"{prefix}{key}")
+
+
 def _percent(part: int, whole: int) -> float:
     return 100.0 * part / whole if whole else np.nan
 
@@ -232,7 +244,9 @@ def _percent(part: int, whole: int) -> float:
 def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] | None = None) -> Path:
     """First-audio latency, underruns, conversation length and cached share against the turn's index in its
     conversation; `names`: a run's name per level, before its mode, format and concurrency."""
-    fig, axes = _figure(20, 4.5, 4)
+    timed = any(lv.get("timeline") for lv in levels)  # runs before the timeline have none
+    panels = _VOICE_PANELS + ((_STEPS_PANEL,) if timed else ())
+    fig, axes = _figure(5 * len(panels), 4.5, len(panels))
     for i, lv in enumerate(levels):
         name = f"{lv['mode']} {lv['output_format']} C={lv['concurrency']}"
         name, color = (name if names is None else f"{names[i]}: {name}"), f"C{i % 10}"
@@ -241,6 +255,11 @@ def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] 
         for pct, marker in (("p50", "o-"), ("p99", "x--")):
             axes[0].plot(xs, [_value(t, "first_audio_s", pct) for t in turns], marker, color=color,
                          alpha=1.0 if pct == "p50" else 0.6, label=f"{name} {pct}")
+        windows = [w for w in lv.get("timeline", []) if w["turn_median"] is not None]
+        if windows:
+            axes[0].plot([w["turn_median"] + 1 for w in windows], [w["engine_ttfp_mean_s"] for w in windows], ":",
+                         color=color, label=f"{name} engine's first packet (mean a window)")
+            _plot_steps(axes[4], windows, _LINESTYLES[i % len(_LINESTYLES)], "" if len(levels) == 1 else f"{name} ")
         axes[1].plot(xs, [_percent(t["underrun_turns"], t["completed"]) for t in turns], _marker(i) + "-",
                      color=color, label=name)
         axes[2].plot(xs, [_value(t, "input_tokens_mean", None) for t in turns], _marker(i) + "-", color=color,
@@ -250,7 +269,7 @@ def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] 
     ticks = sorted({t["turn"] + 1 for lv in levels for t in lv["by_turn"]})
     if len(ticks) > 20:  # a long call: a tick per turn would be unreadable
         ticks = ticks[:: -(-len(ticks) // 20)]
-    for ax, (ylabel, subtitle) in zip(axes, _VOICE_PANELS, strict=True):
+    for ax, (ylabel, subtitle) in zip(axes, panels, strict=True):
         ax.set(xlabel="turn of the conversation", ylabel=ylabel, title=subtitle, xticks=ticks)
         ax.grid(True, alpha=0.3)
         if levels:

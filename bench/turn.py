@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ class TurnRecord:
     cached_tokens: int | None = None  # of those, the ones a cached prefix held (not prefilled again)
     image_tokens: int | None = None  # of those, the pictures': every image the conversation still holds
     audio_frames: int | None = None  # usage.output_token_details.audio_tokens: codec frames
+    ended_at: float | None = None  # time.time() at response.done: where the turn falls in the level (bench/timeline.py)
 
     @property
     def played_out_s(self) -> float:
@@ -121,6 +123,7 @@ class TurnTimer:
     def _on_done(self, response: dict[str, Any], now: float) -> None:
         rec = self.record
         self.done, self._t_done = True, now
+        self.record.ended_at = time.time()
         rec.status = response.get("status")
         usage = response.get("usage") or {}
         rec.input_tokens = usage.get("input_tokens")

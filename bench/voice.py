@@ -17,6 +17,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 
+from bench import timeline
 from bench.config import VoiceConfig
 from bench.image import ImageInfo
 from bench.machine import machine_info
@@ -114,7 +115,9 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
                         concurrency, failed[0])
     before = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM])
     lags: list[float] = []
+    snapshots: list[timeline.Snapshot] = []
     watch = asyncio.create_task(watch_loop_lag(lags))
+    sampler = asyncio.create_task(timeline.sample(client, snapshots))
     t0 = time.perf_counter()
     try:
         if config.client_processes > 1:
@@ -127,13 +130,15 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
             wall_s = time.perf_counter() - t0
     finally:
         watch.cancel()
+        sampler.cancel()
+    await timeline.snapshot(client, snapshots)
     records.sort(key=lambda r: (r.session, r.turn))
     result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s)
     after = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM])
     served = {name: (after[name][0] - before[name][0]) / count
               for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
     return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags),
-                   server_steps=step_shares(before, after, wall_s))
+                   server_steps=step_shares(before, after, wall_s), timeline=timeline.windows(snapshots, records))
 
 
 async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:

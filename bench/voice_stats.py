@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.stats import StageSteps, Stat
+from bench.timeline import Window
 from bench.turn import TurnRecord
 
 
@@ -53,6 +54,7 @@ class VoiceLevelResult:
     server_turn_latency_mean_s: float | None = None
     client_lag_ms: Stat = field(default_factory=Stat)  # the client's event loop lateness meanwhile
     server_steps: dict[str, StageSteps] = field(default_factory=dict)  # each stage's steps (bench/stats.py)
+    timeline: list[Window] = field(default_factory=list)  # the server's steps window by window (bench/timeline.py)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

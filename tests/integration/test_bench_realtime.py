@@ -64,6 +64,13 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
             assert stats["failures"] == 0 and stats["first_audio_s"]["p99"] > 0
         assert (lv["server_turn_latency_mean_s"] is not None) == (mode == "vad")
         assert {"thinker", "talker", "code2wav"} <= {key.split("/")[0] for key in lv["server_steps"]}
+        # the server's /metrics read while the level ran: every turn ended in one of its windows
+        windows = lv["timeline"]
+        assert sum(w["turns"] for w in windows) == len(records) and windows[0]["start_s"] == 0
+        assert all(a["end_s"] == b["start_s"] for a, b in zip(windows, windows[1:], strict=False))
+        stepped = {key.split("/")[0] for w in windows for key in w["steps"]}
+        assert {"thinker", "talker", "code2wav"} <= stepped
+        assert any(w["engine_ttfp_mean_s"] for w in windows)
     assert (tmp_path / "voice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench --realtime voice (tiny)" in result.stdout and "vad opus C=2: " in result.stdout
     assert "vad opus C=2 steps: " in result.stdout and " ms x " in result.stdout  # each stage's share, busiest first

@@ -16,6 +16,7 @@ import bench
 from bench import TurnRecord, TurnTimer, VoiceConfig, scheduled_underruns, summarize_voice_level
 from bench.cli import voice_config_from_args
 from bench.realtime_session import realtime_url, session_update
+from bench.timeline import Snapshot, windows
 from bench.turn import TurnError
 
 
@@ -190,3 +191,24 @@ def test_the_session_asks_for_its_mode_and_format() -> None:
     assert vad["audio"]["input"]["turn_detection"] == {"type": "server_vad"}
     assert vad["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert realtime_url("http://127.0.0.1:8000/", "tiny") == "ws://127.0.0.1:8000/v1/realtime?model=tiny"
+
+
+def test_timeline_windows_hold_the_turns_and_steps_between_two_snapshots() -> None:
+    """bench/timeline.py: a window per pair of snapshots, its turns those that ended inside it, its steps and
+    first packets the histograms' growth across it."""
+    def sums(thinker_s: float, thinker_n: float, ttfp_s: float, ttfp_n: float) -> dict[str, tuple[float, float]]:
+        return {"engine_stage_step_seconds{phase=decode,stage=thinker}": (thinker_s, thinker_n),
+                "engine_ttfp_seconds": (ttfp_s, ttfp_n)}
+
+    shots = [Snapshot(100.0, sums(0, 0, 0, 0)), Snapshot(110.0, sums(1.0, 50, 0.6, 2)),
+             Snapshot(120.0, sums(1.0, 50, 0.6, 2))]
+    records = [TurnRecord(session=s, turn=t, question="q", speech_s=1.0, ok=ok, first_audio_s=fa, ended_at=at)
+               for s, t, ok, fa, at in ((0, 0, True, 0.2, 101.0), (1, 0, True, 0.4, 109.0), (0, 1, False, None, 105.0),
+                                        (0, 2, True, 0.5, 115.0), (1, 1, True, 0.5, 125.0))]
+    first, second = windows(shots, records)
+    assert (first.start_s, first.end_s, first.turns, first.turn_median) == (0.0, 10.0, 2, 0.0)
+    assert first.first_audio_p50_s == pytest.approx(0.3) and first.engine_ttfp_mean_s == pytest.approx(0.3)
+    assert first.steps["thinker/decode"].steps == 50 and first.steps["thinker/decode"].mean_ms == pytest.approx(20)
+    # nothing stepped in the second; its one turn (the last ended after the final snapshot)
+    assert (second.turns, second.turn_median, second.engine_ttfp_mean_s, second.steps) == (1, 2.0, None, {})
+    assert windows(shots[:1], records) == []

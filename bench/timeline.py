@@ -1,0 +1,74 @@
+"""What the server's stages did over a realtime level, window by window: its /metrics read every few seconds
+while the level runs, and each window's steps per stage and phase, the engine's own first packet and the
+turns that ended in it. A long call's first audio grows with its history; the windows say whether a stage's
+steps grew with it (the turns of a level move through their conversations together, so a window's median
+turn index places it in the call)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from bench.server_metrics import STEP_HISTOGRAM, server_latency_sums, step_shares
+from bench.stats import StageSteps
+from bench.turn import TurnRecord
+
+ENGINE_TTFP = "engine_ttfp_seconds"
+WINDOW_S = 10.0
+
+Sums = dict[str, tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    at: float  # time.time(): the clock each turn's `ended_at` reads, in whichever client process it ran
+    sums: Sums
+
+
+@dataclass
+class Window:
+    start_s: float  # from the level's first snapshot
+    end_s: float
+    turns: int  # completed turns that ended in it
+    turn_median: float | None  # their index in the conversation (0: a conversation's first turn)
+    first_audio_p50_s: float | None
+    engine_ttfp_mean_s: float | None  # the engine's own first packet (submit -> first packet), its /metrics
+    steps: dict[str, StageSteps] = field(default_factory=dict)  # "stage/phase" -> its steps in the window
+
+
+async def sample(client: httpx.AsyncClient, into: list[Snapshot], every_s: float = WINDOW_S) -> None:
+    """Append a snapshot of the step and first-packet histograms every `every_s` until cancelled (the caller
+    takes one more at the end)."""
+    while True:
+        await snapshot(client, into)
+        await asyncio.sleep(every_s)
+
+
+async def snapshot(client: httpx.AsyncClient, into: list[Snapshot]) -> None:
+    sums = await server_latency_sums(client, [STEP_HISTOGRAM, ENGINE_TTFP])
+    if sums:  # a server without /metrics leaves no windows
+        into.append(Snapshot(time.time(), sums))
+
+
+def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window]:
+    """One window between each two consecutive snapshots."""
+    if len(snapshots) < 2:
+        return []
+    t0 = snapshots[0].at
+    ended = [r for r in records if r.ok and r.ended_at is not None]
+    out = []
+    for before, after in zip(snapshots, snapshots[1:], strict=False):
+        inside = [r for r in ended if before.at <= r.ended_at < after.at]  # type: ignore[operator]
+        total, count = (after.sums.get(ENGINE_TTFP, (0.0, 0.0))[i] - before.sums.get(ENGINE_TTFP, (0.0, 0.0))[i]
+                        for i in (0, 1))
+        out.append(Window(
+            start_s=round(before.at - t0, 3), end_s=round(after.at - t0, 3), turns=len(inside),
+            turn_median=float(np.median([r.turn for r in inside])) if inside else None,
+            first_audio_p50_s=float(np.median([r.first_audio_s for r in inside])) if inside else None,
+            engine_ttfp_mean_s=total / count if count > 0 else None,
+            steps=step_shares(before.sums, after.sums, after.at - before.at)))
+    return out
