@@ -11,6 +11,7 @@ from rich.table import Table
 from bench.image import ImageInfo
 from bench.stats import StageSteps
 from bench.sweep import BenchResult
+from bench.timeline import Window
 from bench.video import VideoInfo
 from bench.voice import VoiceResult
 from bench.voice_stats import TurnStats
@@ -96,6 +97,19 @@ def print_voice_summary(result: VoiceResult, console: Console) -> None:
                       f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}{picture}")
         if lv.server_steps:
             console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} steps: {_steps(lv.server_steps)}")
+        if growth := _growth(lv.timeline):
+            console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} steps over the call: {growth}")
+
+
+def _growth(timeline: list[Window]) -> str:
+    """Each stage's mean step in the first window that ended turns and in the last, with their median turns."""
+    ended = [w for w in timeline if w.turn_median is not None]
+    if len(ended) < 2:
+        return ""
+    first, last = ended[0], ended[-1]
+    shared = sorted(set(first.steps) & set(last.steps))
+    where = f"turn {first.turn_median + 1:.0f} -> {last.turn_median + 1:.0f}"  # type: ignore[operator]
+    return f"{where}: " + ", ".join(f"{k} {first.steps[k].mean_ms:.1f} -> {last.steps[k].mean_ms:.1f} ms" for k in shared)
 
 
 def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:

@@ -212,3 +212,15 @@ def test_timeline_windows_hold_the_turns_and_steps_between_two_snapshots() -> No
     # nothing stepped in the second; its one turn (the last ended after the final snapshot)
     assert (second.turns, second.turn_median, second.engine_ttfp_mean_s, second.steps) == (1, 2.0, None, {})
     assert windows(shots[:1], records) == []
+
+
+def test_the_summary_says_how_each_stage_step_grew_over_the_call() -> None:
+    from bench.stats import StageSteps
+    from bench.summary import _growth
+    from bench.timeline import Window
+
+    def window(turn: float | None, ms: float) -> Window:
+        return Window(0.0, 10.0, 0 if turn is None else 4, turn, None, None, {"thinker/decode": StageSteps(9, ms, 0.5)})
+
+    assert _growth([window(0, 12.0), window(None, 30.0), window(49, 19.5)]) == "turn 1 -> 50: thinker/decode 12.0 -> 19.5 ms"
+    assert _growth([window(0, 12.0)]) == ""
