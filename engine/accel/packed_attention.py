@@ -21,6 +21,9 @@ Hkv 4, D 128: 64 decode rows at 2000 keys took 112 us against 82 us for a
 decode-only kernel), while prompt pieces want the big tile (BLOCK_Q 4 for
 everything cost a 2048-token prefill 153 -> 209-240 us). The tables are plain
 tensors padded with -1 blocks, so a CUDA graph holds them for any mix of lengths.
+Where the small table's programs would leave the GPU idle (few decode rows over
+long contexts), each row's keys are split into shares, one program each, and a
+second kernel merges the shares' softmaxes (`shares_for`).
 
 Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it);
 packed_batch.py's `ReferenceAttention` is the same computation in plain torch,
