@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from engine.accel import fp8, fused_moe, packed_attention, snake
+from engine.accel import packed_attention
 from engine.accel.cuda_graphs import talker_capture, thinker_capture
 from engine.accel.predictor_attention import predictor_attention
+from engine.accel.prepare import load_stage
 from engine.accel.triton_launch import interpreted
 from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
@@ -57,27 +58,6 @@ def _check_triton(profile: DeployProfile) -> None:
     devices = (stages.thinker.device, stages.talker.device, stages.code2wav.device)
     if not all(d.startswith("cuda") for d in devices) and not interpreted():
         raise EngineError("kernels: triton needs CUDA devices (or TRITON_INTERPRET=1 on the CPU)")
-
-
-def _load(source: ModelSource, stage: str, device: str, dtype: str, triton: bool, quantization: str) -> Any:
-    fp8_experts = quantization == "fp8" and stage in ("thinker", "talker")
-    # dummy FP8 experts are drawn straight into e4m3: the bf16 model never exists whole
-    unmade = fp8_experts and source.load_format == "dummy"
-    model: Any = source.load_stage(stage, device=device, dtype=dtype, experts_on_meta=unmade)  # type: ignore[arg-type]
-    if fp8_experts:
-        started = time.perf_counter()
-        with torch.inference_mode():
-            if unmade:
-                held = fp8.random_experts(model, std=model.config.initializer_range, device=device)
-            else:
-                held = fp8.quantize_experts(model)
-        log.info("%s: experts quantized to fp8 (%.2f GiB) in %.1f s", stage, held / 2**30, time.perf_counter() - started)
-    if triton and stage in ("thinker", "talker"):
-        fused_moe.enable(model)
-    if triton and stage == "code2wav":
-        log.info("code2wav: %d SnakeBeta activations fused", snake.enable(model))
-    log.info("%s experts: %s", stage, getattr(model.config, "_experts_implementation", "n/a"))
-    return model
 
 
 def _code2wav(model: Any, profile: DeployProfile) -> StreamingCode2Wav:
@@ -179,7 +159,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     code2wav_inboxes = [Inbox() for _ in range(cw.replicas if has_talker else 0)]
     routers: list[StickyRouter] = []
 
-    thinker = _load(source, "thinker", tk.device, tk.dtype, triton, profile.quantization)
+    thinker = load_stage(source, "thinker", tk.device, tk.dtype, triton=triton, quantization=profile.quantization)
     with torch.inference_mode():
         on_gpu = tk.device.startswith("cuda")
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
@@ -202,8 +182,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     stages: list[Stage] = []
     to_talker = _route(talker_inboxes, lambda item: isinstance(item, ThinkerDone), routers) if has_talker else _no_talker
     if has_talker:
-        talker = _load(source, "talker", tl.device, tl.dtype, triton, profile.quantization)
-        code2wav = _load(source, "code2wav", cw.device, cw.dtype, triton, profile.quantization)
+        talker = load_stage(source, "talker", tl.device, tl.dtype, triton=triton, quantization=profile.quantization)
+        code2wav = load_stage(source, "code2wav", cw.device, cw.dtype, triton=triton, quantization=profile.quantization)
         to_code2wav = _route(code2wav_inboxes, lambda item: item.is_final, routers)
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
