@@ -10,7 +10,8 @@ collector, and back (engine/heap.py). `measure_accuracy`: bf16 and FP8 against f
 (engine/accuracy.py), for `voice-gateway accuracy`; `measure_experts_timing`: bf16 and FP8 experts' time
 (engine/experts_timing.py), `measure_predictor_timing`: a code predictor frame's (engine/predictor_timing.py) and
 `measure_attention_timing`: decode rows' attention over long contexts (engine/attention_timing.py), for
-`voice-gateway kernels`.
+`voice-gateway kernels`; `measure_step_timing`: a Thinker decode step by rows and context (engine/step_timing.py),
+for `voice-gateway steps`.
 """
 
 from engine.accuracy import measure as measure_accuracy
@@ -22,6 +23,7 @@ from engine.predictor_timing import measure as measure_predictor_timing
 from engine.remote.host import EngineHost
 from engine.remote.messages import Address
 from engine.replicas.cluster import RayAddress, ReplicaHost
+from engine.step_timing import measure as measure_step_timing
 
 EngineAt = Address | RayAddress
 
@@ -38,5 +40,6 @@ __all__ = [
     "measure_attention_timing",
     "measure_experts_timing",
     "measure_predictor_timing",
+    "measure_step_timing",
     "thaw_heap",
 ]

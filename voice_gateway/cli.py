@@ -1,4 +1,5 @@
-"""`voice-gateway serve [MODEL]`, `voice-gateway accuracy`, `voice-gateway kernels` and `voice-gateway bench`."""
+"""`voice-gateway serve [MODEL]`, `voice-gateway accuracy`, `voice-gateway kernels`, `voice-gateway steps` and
+`voice-gateway bench`."""
 
 from __future__ import annotations
 
@@ -278,6 +279,52 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _steps_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+    add("--load-format", choices=("auto", "dummy"), default="auto", help="dummy: the released dimensions, random weights")
+    add("--device", default="cpu", help="cpu (float32, eager) or cuda (bf16, the Triton kernels, graphs)")
+    add("--quantization", choices=("none", "fp8"), default="none", help="fp8: the Thinker's experts in e4m3")
+    add("--rows", default=None, help="comma-separated decode rows a step (default 1,16,32,64)")
+    add("--contexts", default=None, help="comma-separated positions each row attends over (default 256,2048,4096,8192)")
+    add("--replays", type=int, default=20, help="steps timed a measurement (default 20)")
+    add("--out-dir", type=Path, required=True, help="where steps.json and steps.png go")
+    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
+    add("--log-level", default="info")
+
+
+def steps(args: argparse.Namespace, argv: list[str]) -> int:
+    """`voice-gateway steps`: engine/step_timing.py's Thinker decode steps as JSON, a figure and a table."""
+    from engine.deploy import measure_step_timing
+
+    if missing := _missing_bench_extra():
+        print(f"voice-gateway steps: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
+        return 2
+    from bench.machine import git_commit, machine_info
+    from bench.plots import plot_step_timing
+
+    try:
+        rows, contexts = _counts(args.rows, "--rows"), _counts(args.contexts, "--contexts")
+        if args.replays < 1:
+            raise ValueError("--replays takes a positive count")
+        timings = measure_step_timing(args.model, load_format=args.load_format, device=args.device,
+                                      quantization=args.quantization, replays=args.replays, cache_dir=args.cache_dir,
+                                      **({"rows": rows} if rows else {}), **({"contexts": contexts} if contexts else {}))
+    except (EngineError, ValueError, RuntimeError) as e:
+        print(f"voice-gateway steps: {e}", file=sys.stderr)
+        return 1
+    record = {"machine": machine_info(with_gpu=args.device.startswith("cuda")), "git_commit": git_commit(),
+              "command": shlex.join(["voice-gateway", *argv])}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{'rows':>5} {'context':>8} {'step ms':>9} {'KV GB':>8}", *(
+        f"{t.rows:5d} {t.context:8d} {t.step_ms:9.3f} {t.kv_gb:8.3f}" for t in timings), sep="\n")
+    _write_timings(args.out_dir / "steps.json", f"one Thinker decode step of {args.model} ({args.load_format}) on "
+                   f"{args.device}, its experts {args.quantization if args.quantization != 'none' else 'as loaded'}, "
+                   "by decode rows and the context each attends over (milliseconds)", record,
+                   [t.as_dict() for t in timings], plot_step_timing)
+    return 0
+
+
 def _write_timings(out: Path, what: str, record: dict[str, Any], rows: list[dict[str, Any]],
                    plot: Callable[[Path, Path], Path]) -> None:
     """One of the kernels command's JSON files (what it measured, the machine and commit, its rows) and its figure
@@ -314,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "weights: logits, the Talker's rows, top-token agreement"))
     _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time and a code predictor frame's on a "
                                       "CUDA GPU, at the released model's shapes"))
+    _steps_arguments(sub.add_parser("steps", help="a Thinker decode step's time by decode rows and context (how a long "
+                                    "call's steps grow)"))
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it
@@ -333,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         return accuracy(args, argv)
     if args.command == "kernels":
         return kernels(args, argv)
+    if args.command == "steps":
+        return steps(args, argv)
     return bench.bench_main(args, ["voice-gateway", *argv])
 
 

@@ -1,0 +1,88 @@
+"""What a Thinker decode step costs as the conversations it serves grow (`voice-gateway steps`).
+
+Every decode row reads its whole context's keys and values in every layer (96 KiB a position on the released
+Thinker in bf16): beside the experts its rows touch, that read is what grows with a long call's history
+(docs/performance.md, "The floor under the growth"). This times the Thinker's own step as the engine runs it
+(its graph replayed where a bucket fits, the host's layout and the outputs' copies included) for `rows` decode
+rows, each the next position of a slot that holds `context - 1`: one number per (rows, context) where a long
+call's run mixes every stage and every turn. The keys' values do not change the step's time, so the slots hold
+whatever their pages held.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from engine.accel.cuda_graphs import thinker_capture
+from engine.accel.packed_attention import KernelAttention
+from engine.accel.prepare import load_stage
+from engine.runners.kv_cache import SlotKVCache
+from engine.runners.thinker import StepRow, ThinkerRunner
+from engine.weights.source import ModelSource
+
+ROWS = (1, 16, 32, 64)
+CONTEXTS = (256, 2048, 4096, 8192)
+WARM_STEPS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    rows: int  # decode rows in the step
+    context: int  # positions each row attends over
+    step_ms: float  # one step, from its call until the device has finished it: the median over the replays
+    kv_gb: float  # the keys and values its rows read over all layers
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def measure(model: str = "tiny", *, load_format: str = "auto", device: str = "cpu", quantization: str = "none",
+            rows: tuple[int, ...] = ROWS, contexts: tuple[int, ...] = CONTEXTS, replays: int = 20,
+            cache_dir: Path | None = None) -> list[StepTiming]:
+    """Every (rows, context) of `model`'s Thinker on `device`: on a GPU in bf16 with the Triton kernels and the
+    decode buckets' graphs (compiled layers), as the GPU profile serves; on the CPU in float32, eagerly (how the
+    tests run it)."""
+    on_gpu = device.startswith("cuda")
+    source = ModelSource.open(model, load_format, cache_dir)  # type: ignore[arg-type]
+    thinker = load_stage(source, "thinker", device, "bfloat16" if on_gpu else "float32", triton=on_gpu,
+                         quantization=quantization)
+    with torch.inference_mode():
+        runner = ThinkerRunner(thinker, source.config, max_batch=max(rows), max_len=max(contexts),
+                               attention=KernelAttention.on(device) if on_gpu else None,
+                               capture=thinker_capture(max(rows)) if on_gpu else None)
+        return [_timing(runner, n, context, replays) for n in rows for context in contexts]
+
+
+def _timing(runner: ThinkerRunner, rows: int, context: int, replays: int) -> StepTiming:
+    kv = runner.kv
+    slots = [kv.allocate() for _ in range(rows)]
+    for slot in slots:
+        assert kv.reserve(slot, context), (rows, context, "the pool holds max(rows) x max(contexts) positions")
+    step = [StepRow(slot, [0], context - 1) for slot in slots]
+    times = []
+    for i in range(WARM_STEPS + replays):
+        _sync(runner.device)
+        started = time.perf_counter()
+        runner.step(step)
+        _sync(runner.device)
+        if i >= WARM_STEPS:
+            times.append(time.perf_counter() - started)
+    for slot in reversed(slots):  # the free list as it was
+        kv.free(slot)
+    return StepTiming(rows, context, round(1e3 * statistics.median(times), 3),
+                      round(rows * context * position_bytes(kv) / 1e9, 6))
+
+
+def position_bytes(kv: SlotKVCache) -> int:
+    """What one position's keys and values take over all layers, as the cache stores them."""
+    return sum(2 * keys[0, :, 0].numel() * keys.element_size() for keys in kv.keys)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
