@@ -327,7 +327,10 @@ def plot_step_timing(json_path: Path, out_png: Path) -> Path:
         label = f"{rows} decode row{'s' if rows > 1 else ''}"
         by_context.plot([row["context"] for row in mine], [row["step_ms"] for row in mine], marker="o", label=label)
         by_bytes.plot([row["kv_gb"] for row in mine], [row["step_ms"] for row in mine], marker="o", label=label)
-    by_context.set(xscale="log", xlabel="context (positions)", ylabel="ms a step", title="by context")
+    contexts = sorted({row["context"] for row in data["rows"]})
+    by_context.set(xscale="log", xlabel="context (positions)", ylabel="ms a step", title="by context", xticks=contexts,
+                   xticklabels=[str(c) for c in contexts])
+    by_context.minorticks_off()
     by_bytes.set(xlabel="keys and values read (GB)", ylabel="ms a step", title="by what the rows read")
     for ax in (by_context, by_bytes):
         ax.grid(alpha=0.3)
