@@ -243,8 +243,7 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
     a figure each, and tables on stdout."""
     from engine.deploy import measure_attention_timing, measure_experts_timing, measure_predictor_timing
 
-    if missing := _missing_bench_extra():
-        print(f"voice-gateway kernels: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
+    if _without_bench_extra("kernels"):
         return 2
     from bench.machine import git_commit, machine_info
     from bench.plots import plot_attention_timing, plot_experts_timing, plot_predictor_timing
@@ -297,8 +296,7 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
     """`voice-gateway steps`: engine/step_timing.py's Thinker decode steps as JSON, a figure and a table."""
     from engine.deploy import measure_step_timing
 
-    if missing := _missing_bench_extra():
-        print(f"voice-gateway steps: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
+    if _without_bench_extra("steps"):
         return 2
     from bench.machine import git_commit, machine_info
     from bench.plots import plot_step_timing
@@ -348,8 +346,12 @@ def _counts(text: str | None, flag: str) -> tuple[int, ...] | None:
     return counts
 
 
-def _missing_bench_extra() -> list[str]:
-    return [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]
+def _without_bench_extra(command: str) -> bool:
+    """Whether the bench extra (the bench, its figures and tables) is missing; if so, says how to install it."""
+    if missing := [m for m in ("matplotlib", "rich") if importlib.util.find_spec(m) is None]:
+        print(f"voice-gateway {command}: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'", file=sys.stderr)
+        return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it
-        if missing := _missing_bench_extra():
-            print(f"voice-gateway bench: {', '.join(missing)} missing; pip install 'voice-gateway[bench]'",
-                  file=sys.stderr)
+        if _without_bench_extra("bench"):
             return 2
         import bench
 
