@@ -63,8 +63,9 @@ def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window
     out = []
     for before, after in zip(snapshots, snapshots[1:], strict=False):
         inside = [r for r in ended if before.at <= r.ended_at < after.at]  # type: ignore[operator]
-        total, count = (after.sums.get(ENGINE_TTFP, (0.0, 0.0))[i] - before.sums.get(ENGINE_TTFP, (0.0, 0.0))[i]
-                        for i in (0, 1))
+        (total_after, count_after), (total_before, count_before) = (
+            s.sums.get(ENGINE_TTFP, (0.0, 0.0)) for s in (after, before))
+        total, count = total_after - total_before, count_after - count_before
         out.append(Window(
             start_s=round(before.at - t0, 3), end_s=round(after.at - t0, 3), turns=len(inside),
             turn_median=float(np.median([r.turn for r in inside])) if inside else None,

@@ -59,7 +59,7 @@ def measure(*, contexts: tuple[int, ...] = CONTEXTS, batches: tuple[int, ...] = 
             query = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
             for context in contexts:
                 tables = _tables(cache, batch, context)
-                read = batch * context * KV_HEADS * HEAD_DIM * 2 * cache.keys[0].element_size()
+                read = batch * context * cache.position_bytes
                 for n in splits:
                     pages, starts, q0s, lengths, small, big_seq, big_first = tables
                     call = functools.partial(packed_attention, query, cache.keys[0], cache.values[0], pages, starts,

@@ -21,7 +21,6 @@ import torch
 from engine.accel.cuda_graphs import thinker_capture
 from engine.accel.packed_attention import KernelAttention
 from engine.accel.prepare import load_stage
-from engine.runners.kv_cache import SlotKVCache
 from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.weights.source import ModelSource
 
@@ -75,12 +74,7 @@ def _timing(runner: ThinkerRunner, rows: int, context: int, replays: int) -> Ste
     for slot in reversed(slots):  # the free list as it was
         kv.free(slot)
     return StepTiming(rows, context, round(1e3 * statistics.median(times), 3),
-                      round(rows * context * position_bytes(kv) / 1e9, 6))
-
-
-def position_bytes(kv: SlotKVCache) -> int:
-    """What one position's keys and values take over all layers, as the cache stores them."""
-    return sum(2 * keys[0, :, 0].numel() * keys.element_size() for keys in kv.keys)
+                      round(rows * context * kv.position_bytes / 1e9, 6))
 
 
 def _sync(device: torch.device) -> None:

@@ -104,9 +104,9 @@ def _mean_std(normalisation: Normalisation, device: torch.device) -> tuple[torch
 def patches(image: ImageInput, normalisation: Normalisation, *, temporal: int, patch: int,
             device: torch.device | str | None = None) -> torch.Tensor:
     """[patches, 3 * temporal * patch * patch] float32 on `device` (the pixels' own by default): what
-    transformers' Qwen2-VL image processor makes of the resized pixels. Scaled and normalised, cut into patches, each merge x merge block of
-    patches in raster order, a patch's values (channel, frame, row, column); an image is repeated over the
-    temporal patch."""
+    transformers' Qwen2-VL image processor makes of the resized pixels. Scaled and normalised, cut into patches,
+    each merge x merge block of patches in raster order, a patch's values (channel, frame, row, column); an image
+    is repeated over the temporal patch."""
     t, h, w = image.grid_thw
     m = image.merge
     x = image.pixels.to(device).permute(0, 3, 1, 2).float() / 255  # [frames, 3, height, width]

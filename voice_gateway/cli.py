@@ -245,7 +245,6 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
 
     if _without_bench_extra("kernels"):
         return 2
-    from bench.machine import git_commit, machine_info
     from bench.plots import plot_attention_timing, plot_experts_timing, plot_predictor_timing
 
     try:
@@ -258,8 +257,7 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"voice-gateway kernels: {e}", file=sys.stderr)
         return 1
-    record = {"machine": machine_info(with_gpu=True), "git_commit": git_commit(), "command": shlex.join(["voice-gateway", *argv])}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    record = _record(args.out_dir, argv, with_gpu=True)
     print(f"{'stage':8} {'tokens':>7} {'bf16 us':>9} {'fp8 us':>9} {'fp8/bf16':>9}", *(
         f"{t.stage:8} {t.tokens:7d} {t.bf16_us:9.1f} {t.fp8_us:9.1f} {t.fp8_over_bf16:9.2f}" for t in timings), sep="\n")
     _write_timings(args.out_dir / "experts.json", "one layer's fused experts, bf16 against FP8, each call in a CUDA "
@@ -298,7 +296,6 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
 
     if _without_bench_extra("steps"):
         return 2
-    from bench.machine import git_commit, machine_info
     from bench.plots import plot_step_timing
 
     try:
@@ -311,9 +308,7 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
     except (EngineError, ValueError, RuntimeError) as e:
         print(f"voice-gateway steps: {e}", file=sys.stderr)
         return 1
-    record = {"machine": machine_info(with_gpu=args.device.startswith("cuda")), "git_commit": git_commit(),
-              "command": shlex.join(["voice-gateway", *argv])}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    record = _record(args.out_dir, argv, with_gpu=args.device.startswith("cuda"))
     print(f"{'rows':>5} {'context':>8} {'step ms':>9} {'KV GB':>8}", *(
         f"{t.rows:5d} {t.context:8d} {t.step_ms:9.3f} {t.kv_gb:8.3f}" for t in timings), sep="\n")
     _write_timings(args.out_dir / "steps.json", f"one Thinker decode step of {args.model} ({args.load_format}) on "
@@ -323,10 +318,19 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _record(out_dir: Path, argv: list[str], *, with_gpu: bool) -> dict[str, Any]:
+    """What a timing's JSON records beside its rows, as the bench records its runs: the machine, the commit and the
+    command; `out_dir` made ready for it."""
+    from bench.machine import git_commit, machine_info
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {"machine": machine_info(with_gpu=with_gpu), "git_commit": git_commit(),
+            "command": shlex.join(["voice-gateway", *argv])}
+
+
 def _write_timings(out: Path, what: str, record: dict[str, Any], rows: list[dict[str, Any]],
                    plot: Callable[[Path, Path], Path]) -> None:
-    """One of the kernels command's JSON files (what it measured, the machine and commit, its rows) and its figure
-    beside it."""
+    """One of the kernels' or steps' JSON files (what it measured, `_record`'s, its rows) and its figure beside it."""
     import json
 
     out.write_text(json.dumps({"what": what, **record, "rows": rows}, indent=2) + "\n")

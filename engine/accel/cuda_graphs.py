@@ -138,9 +138,9 @@ class GraphedPacked:
                  deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
         n = embeds.shape[0]
         size = smallest_bucket(self.buckets, n)
-        if size is None or len(pieces) > self.buckets[size].batch.seqs:
+        bucket = None if size is None else self.buckets[size]
+        if bucket is None or len(pieces) > bucket.batch.seqs:
             return None
-        bucket = self.buckets[size]
         bucket.embeds[:n].copy_(embeds)
         meta = torch.from_numpy(bucket.batch.layout(pieces))
         bucket.batch.meta.copy_(meta.to(bucket.batch.meta.device, non_blocking=True))

@@ -242,8 +242,8 @@ def packed_attention(
 
 
 # Most decode rows' keys in one share each, unless their programs would leave the GPU half idle: on an H100
-# (132 SMs; benchmarks/h100/kernels/attention.json) 16 rows over 8,192 keys took 229 us in one share and 110 in
-# four, one row 175 and 40 in eight, while 64 rows (256 programs) ran 1-17 % slower in any split
+# (132 SMs; benchmarks/h100/kernels/attention.json) 16 rows over 8,192 keys took 233 us in one share and 114 in
+# four, one row 178 and 42 in eight, while 64 rows (256 programs) ran 2-28 % slower in any split
 MAX_SHARES = 8
 
 

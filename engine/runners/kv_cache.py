@@ -77,6 +77,11 @@ class SlotKVCache:
                    device=device, num_pages=num_pages)
 
     @property
+    def position_bytes(self) -> int:
+        """What one position's keys and values take over all layers."""
+        return sum(2 * keys[0, :, 0].numel() * keys.element_size() for keys in self.keys)
+
+    @property
     def num_free(self) -> int:
         return len(self.free_slots)
 

@@ -125,9 +125,8 @@ class PrefixCache(KeptSlots[Entry]):
 
     def _to_host(self, entry: Entry) -> None:
         n = len(entry.keys)
-        per_position = sum(2 * k[0, :, 0].numel() * k.element_size() for k in self.kv.keys)
         rows = sum(t.numel() * t.element_size() for t in (entry.embeds, entry.hidden) if t is not None)
-        nbytes = n * per_position + rows
+        nbytes = n * self.kv.position_bytes + rows
         if nbytes > self.host_bytes:  # the pool could not hold it: no copy at all
             self.metrics.evictions.labels("dropped").inc()
             return
