@@ -156,6 +156,13 @@ class GraphedPacked:
         return tuple(out[: n if i >= first_per_token else len(pieces)].clone() for i, out in enumerate(bucket.outputs))
 
 
+# A frame may compile anew for a bucket (one token or more, a small table that splits its keys or not, sizes
+# that happen to be equal), and the Thinker's and the Talker's layers share frames (the attention class they
+# both use, transformers' wrappers): with torch's default of 8, the limit was reached during the Talker's
+# captures on an H200, and its smaller buckets (its decode steps) were captured with those frames uncompiled.
+RECOMPILE_LIMIT = 64
+
+
 @contextlib.contextmanager
 def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
     """Each decoder layer through torch.compile while a stage's decode graphs are captured.
@@ -170,7 +177,7 @@ def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     try:
         # a layer's `layer_idx` as a plain input, not a constant that would specialise each layer
-        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True, recompile_limit=RECOMPILE_LIMIT):
             yield
     finally:
         for layer in layers:
