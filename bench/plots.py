@@ -318,25 +318,27 @@ def plot_attention_timing(json_path: Path, out_png: Path) -> Path:
 
 
 def plot_step_timing(json_path: Path, out_png: Path) -> Path:
-    """`voice-gateway steps`' figure: a Thinker decode step's time against the context its rows attend over, a
-    line per row count; beside it, the same against the keys and values the step reads."""
+    """`voice-gateway steps`' figure: a Thinker step's time against the context its rows attend over, a line per
+    row count and prompt tokens beside them (dashed); beside it, the same against the keys and values the
+    decode rows read."""
     data = json.loads(Path(json_path).read_text())
     fig, (by_context, by_bytes) = _figure(10.0, 4.0, 2)
-    for rows in dict.fromkeys(row["rows"] for row in data["rows"]):
-        mine = [row for row in data["rows"] if row["rows"] == rows]
-        label = f"{rows} decode row{'s' if rows > 1 else ''}"
-        by_context.plot([row["context"] for row in mine], [row["step_ms"] for row in mine], marker="o", label=label)
-        by_bytes.plot([row["kv_gb"] for row in mine], [row["step_ms"] for row in mine], marker="o", label=label)
+    for rows, prompt in dict.fromkeys((row["rows"], row.get("prompt", 0)) for row in data["rows"]):
+        mine = [row for row in data["rows"] if (row["rows"], row.get("prompt", 0)) == (rows, prompt)]
+        label = f"{rows} decode row{'s' if rows > 1 else ''}" + (f" + {prompt} prompt tokens" if prompt else "")
+        style = {"marker": "o", "linestyle": "--" if prompt else "-", "label": label}
+        by_context.plot([row["context"] for row in mine], [row["step_ms"] for row in mine], **style)
+        by_bytes.plot([row["kv_gb"] for row in mine], [row["step_ms"] for row in mine], **style)
     contexts = sorted({row["context"] for row in data["rows"]})
     by_context.set(xscale="log", xlabel="context (positions)", ylabel="ms a step", title="by context", xticks=contexts,
                    xticklabels=[str(c) for c in contexts])
     by_context.minorticks_off()
-    by_bytes.set(xlabel="keys and values read (GB)", ylabel="ms a step", title="by what the rows read")
+    by_bytes.set(xlabel="keys and values the decode rows read (GB)", ylabel="ms a step", title="by what the rows read")
     for ax in (by_context, by_bytes):
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     gpu = data["machine"].get("gpu")
-    fig.suptitle(f"a Thinker decode step: {gpu['name'] if isinstance(gpu, dict) else data['machine']['platform']}")
+    fig.suptitle(f"a Thinker step: {gpu['name'] if isinstance(gpu, dict) else data['machine']['platform']}")
     return _save(fig, out_png)
 
 

@@ -284,6 +284,8 @@ def _steps_arguments(parser: argparse.ArgumentParser) -> None:
     add("--quantization", choices=("none", "fp8"), default="none", help="fp8: the Thinker's experts in e4m3")
     add("--rows", default=None, help="comma-separated decode rows a step (default 1,16,32,64)")
     add("--contexts", default=None, help="comma-separated positions each row attends over (default 256,2048,4096,8192)")
+    add("--prompts", default=None, help="comma-separated prompt tokens a step carries beside the rows, in pieces of "
+        "128, each after its own context (default 0,1024)")
     add("--replays", type=int, default=20, help="steps timed a measurement (default 20)")
     add("--out-dir", type=Path, required=True, help="where steps.json and steps.png go")
     add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
@@ -300,20 +302,22 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         rows, contexts = _counts(args.rows, "--rows"), _counts(args.contexts, "--contexts")
+        prompts = _counts(args.prompts, "--prompts", least=0)
         if args.replays < 1:
             raise ValueError("--replays takes a positive count")
         timings = measure_step_timing(args.model, load_format=args.load_format, device=args.device,
                                       quantization=args.quantization, replays=args.replays, cache_dir=args.cache_dir,
-                                      **({"rows": rows} if rows else {}), **({"contexts": contexts} if contexts else {}))
+                                      **({"rows": rows} if rows else {}), **({"contexts": contexts} if contexts else {}),
+                                      **({"prompts": prompts} if prompts else {}))
     except (EngineError, ValueError, RuntimeError) as e:
         print(f"voice-gateway steps: {e}", file=sys.stderr)
         return 1
     record = _record(args.out_dir, argv, with_gpu=args.device.startswith("cuda"))
-    print(f"{'rows':>5} {'context':>8} {'step ms':>9} {'KV GB':>8}", *(
-        f"{t.rows:5d} {t.context:8d} {t.step_ms:9.3f} {t.kv_gb:8.3f}" for t in timings), sep="\n")
+    print(f"{'rows':>5} {'context':>8} {'prompt':>7} {'step ms':>9} {'KV GB':>8}", *(
+        f"{t.rows:5d} {t.context:8d} {t.prompt:7d} {t.step_ms:9.3f} {t.kv_gb:8.3f}" for t in timings), sep="\n")
     _write_timings(args.out_dir / "steps.json", f"one Thinker decode step of {args.model} ({args.load_format}) on "
                    f"{args.device}, its experts {args.quantization if args.quantization != 'none' else 'as loaded'}, "
-                   "by decode rows and the context each attends over (milliseconds)", record,
+                   "by decode rows, the context each attends over and the prompt tokens beside them (milliseconds)", record,
                    [t.as_dict() for t in timings], plot_step_timing)
     return 0
 
@@ -337,16 +341,16 @@ def _write_timings(out: Path, what: str, record: dict[str, Any], rows: list[dict
     print(f"wrote {out} and {plot(out, out.with_suffix('.png'))}")
 
 
-def _counts(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """A comma-separated list of positive counts, or None for the default."""
+def _counts(text: str | None, flag: str, least: int = 1) -> tuple[int, ...] | None:
+    """A comma-separated list of counts of at least `least`, or None for the default."""
     if text is None:
         return None
     try:
         counts = tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise ValueError(f"{flag} takes comma-separated positive counts, not {text!r}") from None
-    if min(counts) < 1:
-        raise ValueError(f"{flag} takes comma-separated positive counts, not {text!r}")
+        raise ValueError(f"{flag} takes comma-separated counts, not {text!r}") from None
+    if min(counts) < least:
+        raise ValueError(f"{flag} takes comma-separated counts of at least {least}, not {text!r}")
     return counts
 
 
@@ -367,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                                        "weights: logits, the Talker's rows, top-token agreement"))
     _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time and a code predictor frame's on a "
                                       "CUDA GPU, at the released model's shapes"))
-    _steps_arguments(sub.add_parser("steps", help="a Thinker decode step's time by decode rows and context (how a long "
-                                    "call's steps grow)"))
+    _steps_arguments(sub.add_parser("steps", help="a Thinker step's time by decode rows, context and the prompt "
+                                    "tokens beside them (how a long call's steps grow)"))
     bench_parser = sub.add_parser("bench", help="load-test a running server, or a ladder of servers (--ladder)")
     if argv[:1] == ["bench"]:
         # the bench is its own package with its own extra: the server neither imports nor needs it
