@@ -20,8 +20,11 @@ whole prefix again.
 A kept prefix also holds the Talker's rows of its prompt (the Thinker's layer-0 and captured rows, 8 KiB a
 position at full size): a conversation whose Talker lost its own kept rows prefills them from these. They wait
 in host memory (`host_rows`), where they cost the GPU nothing: on the GPU, outside the KV pool that start-up
-sizes to the memory left, a long call's kept rows grew by gigabytes and a step ran out of memory. The part a
-new prompt reuses goes back to the GPU with it (a PCIe copy, ~25 GB/s, queued without waiting).
+sizes to the memory left, a long call's kept rows grew by gigabytes and a step ran out of memory. They are kept
+as pieces, each copied to the host once, when the step that made it is done: a long call's next turn adds its
+own rows to the pieces it reused, and what it reused stays where it is. The Talker copies back to the GPU only
+the rows its own kept prefix lacks (usually none of a reused prefix's): sending the whole prefix to the GPU and
+back every turn put ~80 MB of copies on the Thinker's stream per turn by turn 50 of a long call.
 
 A position's key is its token id, except under an audio clip, where every position carries the
 clip's digest (engine/prompt.py: a negative number no token id can equal): the same placeholders over other audio do
@@ -53,13 +56,16 @@ def position_keys(token_ids: list[int], media_spans: list[tuple[int, int]], medi
     return keys
 
 
+Rows = tuple[torch.Tensor, ...]  # [n_i, H] pieces, end to end; on the host where a GPU runs the model
+
+
 @dataclass(slots=True)
 class Entry:
     slot: int
     keys: np.ndarray  # [n]: what positions 0..n-1 of the slot hold
     prompt_len: int  # of those, the prompt's; the rest is its reply
-    embeds: torch.Tensor | None  # [p, H] layer-0 rows of the prompt that made it (p <= n), for the Talker, on the host
-    hidden: torch.Tensor | None  # [p, H] its captured layer's rows (host); None when that request spoke no audio
+    embeds: Rows | None  # p layer-0 rows of the prompt that made it (p <= n), for the Talker, on the host
+    hidden: Rows | None  # p of its captured layer's rows (host); None when that request spoke no audio
 
 
 @dataclass(slots=True)
@@ -68,8 +74,8 @@ class HostEntry:
 
     keys: np.ndarray
     prompt_len: int
-    embeds: torch.Tensor | None
-    hidden: torch.Tensor | None
+    embeds: Rows | None
+    hidden: Rows | None
     kv: list[torch.Tensor]  # per layer, [2 (keys, values), kv heads, len(keys), head dim]
     nbytes: int  # what it holds, KV and rows
 
@@ -78,8 +84,8 @@ class HostEntry:
 class Reuse:
     slot: int
     length: int  # positions of the slot that hold the new prompt's prefix
-    embeds: torch.Tensor | None  # [min(length, p), H] of those that were a prompt's
-    hidden: torch.Tensor | None
+    embeds: Rows | None  # the first min(length, p) rows of those that were a prompt's, where the entry held them
+    hidden: Rows | None
 
 
 class PrefixCache(KeptSlots[Entry]):
@@ -125,7 +131,7 @@ class PrefixCache(KeptSlots[Entry]):
 
     def _to_host(self, entry: Entry) -> None:
         n = len(entry.keys)
-        rows = sum(t.numel() * t.element_size() for t in (entry.embeds, entry.hidden) if t is not None)
+        rows = sum(t.numel() * t.element_size() for pieces in (entry.embeds, entry.hidden) for t in pieces or ())
         nbytes = n * self.kv.position_bytes + rows
         if nbytes > self.host_bytes:  # the pool could not hold it: no copy at all
             self.metrics.evictions.labels("dropped").inc()
@@ -179,8 +185,7 @@ class PrefixCache(KeptSlots[Entry]):
             self.metrics.lookups.labels("host").inc()
             return self._from_host(best_key, best, best_length)
         self.entries.move_to_end(best.slot)
-        device = self.kv.keys[0].device
-        embeds, hidden = (_to(rows, device) for rows in _rows(best, best_length))
+        embeds, hidden = _rows(best, best_length)
         # The slot moves to the new request when what it holds past the match is nobody else's: its
         # reply (a conversation's next turn re-tokenizes the reply text, which may part from the
         # tokens generated), or when no slot is free (a copy would push out another conversation's).
@@ -215,8 +220,7 @@ class PrefixCache(KeptSlots[Entry]):
         for layer, held in enumerate(entry.kv):
             self.kv.write(slot, layer, held[0, :, :length], held[1, :, :length])
         embeds, hidden = _rows(entry, length)
-        device = self.kv.keys[0].device
-        return Reuse(slot, length, _to(embeds, device), _to(hidden, device))
+        return Reuse(slot, length, embeds, hidden)
 
 
 def _has(entry: Entry | HostEntry, hidden: bool) -> bool:
@@ -224,26 +228,41 @@ def _has(entry: Entry | HostEntry, hidden: bool) -> bool:
     return not hidden or entry.hidden is not None
 
 
-def _rows(entry: Entry | HostEntry, length: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _rows(entry: Entry | HostEntry, length: int) -> tuple[Rows | None, Rows | None]:
     """The Talker's rows of the first `length` positions that were a prompt's."""
-    p = min(length, 0 if entry.embeds is None else entry.embeds.shape[0])
-    return (None if entry.embeds is None else entry.embeds[:p]), (None if entry.hidden is None else entry.hidden[:p])
+    return (None if entry.embeds is None else head(entry.embeds, length)), (
+        None if entry.hidden is None else head(entry.hidden, length))
 
 
-def _to(rows: torch.Tensor | None, device: torch.device | str) -> torch.Tensor | None:
-    return None if rows is None else rows.to(device, copy=True, non_blocking=True)
-
-
-def host_rows(pieces: list[torch.Tensor]) -> torch.Tensor | None:
-    """Row pieces end to end in host memory: from a GPU, into pinned memory, copied without waiting (the copy back
-    to the GPU, on the same stream, comes after it; nothing reads them on the host)."""
-    if not pieces:
-        return None
-    if not pieces[0].is_cuda:
-        return torch.cat(pieces)
-    host = torch.empty((sum(p.shape[0] for p in pieces), *pieces[0].shape[1:]), dtype=pieces[0].dtype, pin_memory=True)
-    at = 0
+def head(pieces: Rows, n: int) -> Rows:
+    """The first `n` rows of `pieces` (all of them if they hold fewer), as pieces: views, nothing copied."""
+    out = []
     for piece in pieces:
-        host[at : at + piece.shape[0]].copy_(piece, non_blocking=True)
-        at += piece.shape[0]
-    return host
+        if n <= 0:
+            break
+        out.append(piece[:n])
+        n -= piece.shape[0]
+    return tuple(out)
+
+
+def host_rows(pieces: list[torch.Tensor]) -> Rows:
+    """Row pieces as the cache keeps them: those on the host as they are (a reused prefix's), each run of pieces
+    on a GPU copied into one pinned buffer without waiting (the copy back to a GPU, on a stream that waits for
+    this one, comes after it; nothing reads them on the host)."""
+    out: list[torch.Tensor] = []
+    run: list[torch.Tensor] = []
+    for piece in [*pieces, None]:
+        if piece is not None and piece.is_cuda:
+            run.append(piece)
+            continue
+        if run:
+            host = torch.empty((sum(p.shape[0] for p in run), *run[0].shape[1:]), dtype=run[0].dtype, pin_memory=True)
+            at = 0
+            for p in run:
+                host[at : at + p.shape[0]].copy_(p, non_blocking=True)
+                at += p.shape[0]
+            out.append(host)
+            run = []
+        if piece is not None:
+            out.append(piece)
+    return tuple(out)

@@ -103,12 +103,12 @@ class Stage(ABC):
     @staticmethod
     def adopt(tensor: torch.Tensor, written: torch.cuda.Event | None = None) -> torch.Tensor:
         """Keep a tensor made on another stage's stream alive until this stage's queued reads of it finish; with
-        `written`, this stage's stream first waits until the sender's has written it."""
+        `written`, this stage's stream first waits until the sender's has written it (a tensor on the host too: the
+        sender's copy into it may still be queued)."""
+        if written is not None:
+            torch.cuda.current_stream(tensor.device if tensor.is_cuda else None).wait_event(written)
         if tensor.is_cuda:
-            stream = torch.cuda.current_stream(tensor.device)
-            if written is not None:
-                stream.wait_event(written)
-            tensor.record_stream(stream)
+            tensor.record_stream(torch.cuda.current_stream(tensor.device))
         return tensor
 
     def written(self) -> torch.cuda.Event | None:

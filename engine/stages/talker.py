@@ -242,6 +242,11 @@ class TalkerStage(Stage):
             self.metrics.talker_prompt_rows.labels("prefilled").inc(rows.shape[0])
         return pieces
 
+    def _here(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows on this stage's device: a kept prefix's come from the host, and only those its own slot lacks (usually
+        none) are copied."""
+        return rows.to(self.device, non_blocking=True)
+
     def _queue_rows(self, seq: TalkerSeq) -> None:
         """The talker rows that can be prefilled now: those of the user turns among the Thinker rows that
         arrived, and the assistant part once the first text token and the whole prompt are here."""
@@ -250,10 +255,12 @@ class TalkerStage(Stage):
         header_at = seq.layout.header
         for rows in seq.arrived:
             held = max(0, min(seq.held_until - seq.received, rows.embeds.shape[0]))  # its slot has their user rows
-            queued.append(self.runner.user_rows(seq.layout, rows.embeds[held:], rows.hidden[held:], seq.received + held))
+            if held < rows.embeds.shape[0]:  # a long call's reused prefix comes in many pieces, nearly all held
+                queued.append(self.runner.user_rows(seq.layout, self._here(rows.embeds[held:]),
+                                                    self._here(rows.hidden[held:]), seq.received + held))
             end = seq.received + rows.embeds.shape[0]
             if end > header_at:
-                seq.header.append(rows.embeds[max(0, header_at - seq.received) :])
+                seq.header.append(self._here(rows.embeds[max(0, header_at - seq.received) :]))
             seq.received = end
         seq.arrived.clear()
         if self._header_ready(seq):

@@ -293,12 +293,19 @@ class ThinkerStage(Stage):
         seq.position, seq.cached = reuse.length, reuse.length
         if job.want_audio:
             assert reuse.embeds is not None and reuse.hidden is not None
-            seq.embeds, seq.hidden = [reuse.embeds], [reuse.hidden]
-            if (reply := reuse.length - reuse.embeds.shape[0]) > 0:
+            seq.embeds, seq.hidden = list(reuse.embeds), list(reuse.hidden)
+            # where the entry keeps them (the host, on a GPU): the Talker copies over what its own slot lacks; the
+            # event covers this stream's copies into them that may still be queued
+            written = self.written()
+            for embeds, hidden in zip(reuse.embeds, reuse.hidden, strict=True):
+                self.to_talker(PromptRows(job.request_id, embeds, hidden, written))
+            held = sum(piece.shape[0] for piece in reuse.embeds)
+            if reuse.length > held:
                 # the cached reply's rows: text, which the Talker reads only from user turns
-                seq.embeds.append(self.runner.embed(job.token_ids[reuse.embeds.shape[0] : reuse.length]))
-                seq.hidden.append(reuse.hidden.new_zeros(reply, reuse.hidden.shape[-1]))
-            self.to_talker(PromptRows(job.request_id, torch.cat(seq.embeds), torch.cat(seq.hidden), self.written()))
+                embeds = self.runner.embed(job.token_ids[held : reuse.length])
+                seq.embeds.append(embeds)
+                seq.hidden.append(embeds.new_zeros(embeds.shape))
+                self.to_talker(PromptRows(job.request_id, embeds, seq.hidden[-1], self.written()))
         return seq
 
     def _begin_reply(self, seq: ThinkerSeq) -> None:

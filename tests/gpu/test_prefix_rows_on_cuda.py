@@ -1,5 +1,6 @@
 """A kept prefix's Talker rows on a GPU: they wait in host memory, copied there without waiting for the step that
-made them, and come back to the GPU with the prompt that reuses them, whole (the GPU lane; skipped without CUDA)."""
+made them; the prompt that reuses them gets them where they are (the Talker copies over what it lacks), and its
+own entry keeps them as they are, copying only its new rows (the GPU lane; skipped without CUDA)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from engine.runners.prefix_cache import Entry, PrefixCache, host_rows
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def test_kept_rows_wait_on_the_host_and_come_back_whole() -> None:
+def test_kept_rows_wait_on_the_host_and_are_copied_there_once() -> None:
     kv = SlotKVCache(num_layers=1, num_slots=2, num_kv_heads=1, head_dim=4, max_len=256, dtype=torch.bfloat16,
                      device="cuda", page_size=16)
     cache = PrefixCache(kv, PrefixCacheMetrics(CollectorRegistry()), min_tokens=4)
@@ -29,11 +30,18 @@ def test_kept_rows_wait_on_the_host_and_come_back_whole() -> None:
         expected = torch.cat(pieces)
         cache.keep(Entry(slot, np.asarray(tokens), len(tokens), host_rows(pieces), host_rows([-p for p in pieces])))
         entry = cache.entries[slot]
-        assert entry.embeds is not None and entry.embeds.device.type == "cpu" and entry.embeds.is_pinned()
+        assert entry.embeds is not None and len(entry.embeds) == 1  # one pinned buffer for the run of GPU pieces
+        assert entry.embeds[0].device.type == "cpu" and entry.embeds[0].is_pinned()
+        kept = entry.embeds[0]
         del pieces
         reuse = cache.claim(np.asarray(tokens + [1, 2]), [], want_hidden=True)
         assert reuse is not None and reuse.embeds is not None and reuse.hidden is not None
-        assert reuse.embeds.is_cuda and reuse.length == len(tokens)
+        assert reuse.length == len(tokens) and [p.data_ptr() for p in reuse.embeds] == [kept.data_ptr()]
+        # the next turn's entry: the reused rows as they are, its own new rows copied to the host
+        new = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16)
+        rows = host_rows([*reuse.embeds, new])
+        assert [p.data_ptr() for p in rows[:1]] == [kept.data_ptr()] and len(rows) == 2 and rows[1].is_pinned()
         stream.synchronize()
-    torch.testing.assert_close(reuse.embeds, expected, rtol=0, atol=0)
-    torch.testing.assert_close(reuse.hidden, -expected, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat(reuse.embeds), expected.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat(reuse.hidden), -expected.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(rows[1], new.cpu(), rtol=0, atol=0)

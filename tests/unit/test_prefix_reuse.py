@@ -1,5 +1,5 @@
-"""Prefix reuse and pieces: what a prompt's rows after a cached prefix compute equals a whole prefill, and the
-audio tower batched and padded equals transformers' clip by clip."""
+"""Prefix reuse and pieces: what a prompt's rows after a cached prefix compute equals a whole prefill, kept rows
+are taken as pieces without copies, and the audio tower batched and padded equals transformers' clip by clip."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from engine import AudioPart, Message, TextPart
 from engine.metrics import PrefixCacheMetrics
 from engine.prompt import PromptBuilder
 from engine.runners.kv_cache import SlotKVCache
-from engine.runners.prefix_cache import Entry, PrefixCache, position_keys
+from engine.runners.prefix_cache import Entry, PrefixCache, head, host_rows, position_keys
 from engine.runners.thinker import StepRow, ThinkerRunner
 from engine.vision import placeholder_spans
 from engine.weights.checkpoint import load_stage
@@ -213,3 +213,12 @@ def test_the_pool_counts_its_pages_by_holder() -> None:
     cache.count_pages()
     assert {h: cache.metrics.kv_pages.labels(h)._value.get() for h in ("requests", "kept", "free")} == \
         {"requests": 3, "kept": 2, "free": 5}
+
+
+def test_kept_rows_are_pieces_taken_without_copies() -> None:
+    pieces = (torch.arange(6.0).view(3, 2), torch.arange(6.0, 14.0).view(4, 2))
+    assert [p.shape[0] for p in head(pieces, 5)] == [3, 2]
+    assert torch.equal(torch.cat(head(pieces, 5)), torch.cat(pieces)[:5])
+    assert [p.shape[0] for p in head(pieces, 9)] == [3, 4] and head(pieces, 0) == ()
+    # on the host already (a reused prefix's, or any on the CPU): kept as they are
+    assert [p.data_ptr() for p in host_rows(list(pieces))] == [p.data_ptr() for p in pieces]
