@@ -68,13 +68,16 @@ class ThinkerPrompt:
 
 @dataclass(frozen=True, slots=True)
 class PromptRows:
-    """The prompt's next rows, in order from position 0 (a reused prefix's, then each prefilled piece's)."""
+    """The prompt's next rows, in order from position 0 (a reused prefix's, then each prefilled piece's). A reused
+    prefix's rows stay where the prefix cache keeps them (host memory, on a GPU): the receiver copies only those it
+    lacks."""
 
     request_id: str
     embeds: torch.Tensor  # [n, thinker_hidden]: layer-0 (input embedding) rows
     hidden: torch.Tensor  # [n, thinker_hidden]: rows of the talker's `accept_hidden_layer`
-    # on a GPU, recorded on the Thinker's stream after the rows were written: sent as soon as the step is queued,
-    # they are read once the receiver's stream has waited on it (engine/stages/base.py)
+    # on a GPU, recorded on the Thinker's stream after the rows were written (on the GPU, or copied to the host):
+    # sent as soon as the step is queued, they are read once the receiver's stream has waited on it
+    # (engine/stages/base.py)
     written: torch.cuda.Event | None = None
 
 
