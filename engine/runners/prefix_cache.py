@@ -246,8 +246,8 @@ def head(pieces: Rows, n: int) -> Rows:
 
 
 def host_rows(pieces: list[torch.Tensor]) -> Rows:
-    """Row pieces as the cache keeps them: those on the host as they are (a reused prefix's), each run of pieces
-    on a GPU copied into one pinned buffer without waiting (the copy back to a GPU, on a stream that waits for
+    """Row pieces as the cache keeps them: those on the host as they are (a reused prefix's), unless a small view
+    of a larger tensor; each run of pieces on a GPU copied into one pinned buffer without waiting (the copy back to a GPU, on a stream that waits for
     this one, comes after it; nothing reads them on the host)."""
     out: list[torch.Tensor] = []
     run: list[torch.Tensor] = []
@@ -264,5 +264,6 @@ def host_rows(pieces: list[torch.Tensor]) -> Rows:
             out.append(host)
             run = []
         if piece is not None:
-            out.append(piece)
+            # a step's rows on the CPU are views of the whole step's: kept, they would keep all of it
+            out.append(piece.clone() if piece.untyped_storage().nbytes() > 2 * piece.nbytes else piece)
     return tuple(out)

@@ -220,5 +220,9 @@ def test_kept_rows_are_pieces_taken_without_copies() -> None:
     assert [p.shape[0] for p in head(pieces, 5)] == [3, 2]
     assert torch.equal(torch.cat(head(pieces, 5)), torch.cat(pieces)[:5])
     assert [p.shape[0] for p in head(pieces, 9)] == [3, 4] and head(pieces, 0) == ()
-    # on the host already (a reused prefix's, or any on the CPU): kept as they are
+    # on the host already (a reused prefix's, or any on the CPU): kept as they are, but a few rows of a whole
+    # step's, which would keep all of it
     assert [p.data_ptr() for p in host_rows(list(pieces))] == [p.data_ptr() for p in pieces]
+    step = torch.zeros(64, 2)
+    (kept,) = host_rows([step[:4]])
+    assert torch.equal(kept, step[:4]) and kept.untyped_storage().nbytes() == kept.nbytes
