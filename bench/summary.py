@@ -109,7 +109,10 @@ def _growth(timeline: list[Window]) -> str:
     first, last = ended[0], ended[-1]
     shared = sorted(set(first.steps) & set(last.steps))
     where = f"turn {first.turn_median + 1:.0f} -> {last.turn_median + 1:.0f}"  # type: ignore[operator]
-    return f"{where}: " + ", ".join(f"{k} {first.steps[k].mean_ms:.1f} -> {last.steps[k].mean_ms:.1f} ms" for k in shared)
+    grown = [f"{k} {first.steps[k].mean_ms:.1f} -> {last.steps[k].mean_ms:.1f} ms" for k in shared]
+    if first.prompt_tokens_per_step is not None and last.prompt_tokens_per_step is not None:
+        grown.append(f"thinker prompt tokens a step {first.prompt_tokens_per_step:.0f} -> {last.prompt_tokens_per_step:.0f}")
+    return f"{where}: " + ", ".join(grown)
 
 
 def print_ladder_summary(rows: list[dict[str, Any]], console: Console) -> None:

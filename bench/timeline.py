@@ -1,6 +1,6 @@
 """What the server's stages did over a realtime level, window by window: its /metrics read every few seconds
-while the level runs, and each window's steps per stage and phase, the engine's own first packet and the
-turns that ended in it. A long call's first audio grows with its history; the windows say whether a stage's
+while the level runs, and each window's steps per stage and phase, the Thinker's prompt tokens a step, the
+engine's own first packet and the turns that ended in it. A long call's first audio grows with its history; the windows say whether a stage's
 steps grew with it (the turns of a level move through their conversations together, so a window's median
 turn index places it in the call)."""
 
@@ -18,6 +18,9 @@ from bench.stats import StageSteps
 from bench.turn import TurnRecord
 
 ENGINE_TTFP = "engine_ttfp_seconds"
+STEP_TOKENS = "engine_thinker_step_tokens"
+PROMPT_TOKENS = f"{STEP_TOKENS}{{kind=prompt}}"
+PROMPT_STEPS = f"{STEP_HISTOGRAM}{{phase=prefill,stage=thinker}}"
 WINDOW_S = 10.0
 
 Sums = dict[str, tuple[float, float]]
@@ -38,6 +41,8 @@ class Window:
     first_audio_p50_s: float | None
     engine_ttfp_mean_s: float | None  # the engine's own first packet (submit -> first packet), its /metrics
     steps: dict[str, StageSteps] = field(default_factory=dict)  # "stage/phase" -> its steps in the window
+    # the Thinker's prompt tokens over its steps that carried any: with `steps`, what a prompt token cost
+    prompt_tokens_per_step: float | None = None
 
 
 async def sample(client: httpx.AsyncClient, into: list[Snapshot], every_s: float = WINDOW_S) -> None:
@@ -49,7 +54,7 @@ async def sample(client: httpx.AsyncClient, into: list[Snapshot], every_s: float
 
 
 async def snapshot(client: httpx.AsyncClient, into: list[Snapshot]) -> None:
-    sums = await server_latency_sums(client, [STEP_HISTOGRAM, ENGINE_TTFP])
+    sums = await server_latency_sums(client, [STEP_HISTOGRAM, ENGINE_TTFP, STEP_TOKENS])
     if sums:  # a server without /metrics leaves no windows
         into.append(Snapshot(time.time(), sums))
 
@@ -63,13 +68,20 @@ def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window
     out = []
     for before, after in zip(snapshots, snapshots[1:], strict=False):
         inside = [r for r in ended if before.at <= r.ended_at < after.at]  # type: ignore[operator]
-        (total_after, count_after), (total_before, count_before) = (
-            s.sums.get(ENGINE_TTFP, (0.0, 0.0)) for s in (after, before))
-        total, count = total_after - total_before, count_after - count_before
+        total, count = _growth(before, after, ENGINE_TTFP)
+        tokens, _ = _growth(before, after, PROMPT_TOKENS)
+        _, prompt_steps = _growth(before, after, PROMPT_STEPS)
         out.append(Window(
             start_s=round(before.at - t0, 3), end_s=round(after.at - t0, 3), turns=len(inside),
             turn_median=float(np.median([r.turn for r in inside])) if inside else None,
             first_audio_p50_s=float(np.median([r.first_audio_s for r in inside])) if inside else None,
             engine_ttfp_mean_s=total / count if count > 0 else None,
-            steps=step_shares(before.sums, after.sums, after.at - before.at)))
+            steps=step_shares(before.sums, after.sums, after.at - before.at),
+            prompt_tokens_per_step=tokens / prompt_steps if prompt_steps > 0 else None))
     return out
+
+
+def _growth(before: Snapshot, after: Snapshot, key: str) -> tuple[float, float]:
+    """A histogram's (sum, count) gained between two snapshots."""
+    (total_after, count_after), (total_before, count_before) = (s.sums.get(key, (0.0, 0.0)) for s in (after, before))
+    return total_after - total_before, count_after - count_before

@@ -196,12 +196,15 @@ def test_the_session_asks_for_its_mode_and_format() -> None:
 def test_timeline_windows_hold_the_turns_and_steps_between_two_snapshots() -> None:
     """bench/timeline.py: a window per pair of snapshots, its turns those that ended inside it, its steps and
     first packets the histograms' growth across it."""
-    def sums(thinker_s: float, thinker_n: float, ttfp_s: float, ttfp_n: float) -> dict[str, tuple[float, float]]:
+    def sums(thinker_s: float, thinker_n: float, ttfp_s: float, ttfp_n: float,
+             prompt_steps: float = 0, prompt_tokens: float = 0) -> dict[str, tuple[float, float]]:
         return {"engine_stage_step_seconds{phase=decode,stage=thinker}": (thinker_s, thinker_n),
+                "engine_stage_step_seconds{phase=prefill,stage=thinker}": (0.1 * prompt_steps, prompt_steps),
+                "engine_thinker_step_tokens{kind=prompt}": (prompt_tokens, thinker_n + prompt_steps),
                 "engine_ttfp_seconds": (ttfp_s, ttfp_n)}
 
-    shots = [Snapshot(100.0, sums(0, 0, 0, 0)), Snapshot(110.0, sums(1.0, 50, 0.6, 2)),
-             Snapshot(120.0, sums(1.0, 50, 0.6, 2))]
+    shots = [Snapshot(100.0, sums(0, 0, 0, 0)), Snapshot(110.0, sums(1.0, 50, 0.6, 2, 4, 2000)),
+             Snapshot(120.0, sums(1.0, 50, 0.6, 2, 4, 2000))]
     records = [TurnRecord(session=s, turn=t, question="q", speech_s=1.0, ok=ok, first_audio_s=fa, ended_at=at)
                for s, t, ok, fa, at in ((0, 0, True, 0.2, 101.0), (1, 0, True, 0.4, 109.0), (0, 1, False, None, 105.0),
                                         (0, 2, True, 0.5, 115.0), (1, 1, True, 0.5, 125.0))]
@@ -209,8 +212,10 @@ def test_timeline_windows_hold_the_turns_and_steps_between_two_snapshots() -> No
     assert (first.start_s, first.end_s, first.turns, first.turn_median) == (0.0, 10.0, 2, 0.0)
     assert first.first_audio_p50_s == pytest.approx(0.3) and first.engine_ttfp_mean_s == pytest.approx(0.3)
     assert first.steps["thinker/decode"].steps == 50 and first.steps["thinker/decode"].mean_ms == pytest.approx(20)
+    assert first.prompt_tokens_per_step == pytest.approx(500)  # 2,000 prompt tokens over its 4 prompt steps
     # nothing stepped in the second; its one turn (the last ended after the final snapshot)
     assert (second.turns, second.turn_median, second.engine_ttfp_mean_s, second.steps) == (1, 2.0, None, {})
+    assert second.prompt_tokens_per_step is None
     assert windows(shots[:1], records) == []
 
 
@@ -223,4 +228,7 @@ def test_the_summary_says_how_each_stage_step_grew_over_the_call() -> None:
         return Window(0.0, 10.0, 0 if turn is None else 4, turn, None, None, {"thinker/decode": StageSteps(9, ms, 0.5)})
 
     assert _growth([window(0, 12.0), window(None, 30.0), window(49, 19.5)]) == "turn 1 -> 50: thinker/decode 12.0 -> 19.5 ms"
+    first, last = window(0, 12.0), window(49, 19.5)
+    first.prompt_tokens_per_step, last.prompt_tokens_per_step = 130.0, 840.0
+    assert _growth([first, last]).endswith("thinker/decode 12.0 -> 19.5 ms, thinker prompt tokens a step 130 -> 840")
     assert _growth([window(0, 12.0)]) == ""
