@@ -245,10 +245,11 @@ def head(pieces: Rows, n: int) -> Rows:
     return tuple(out)
 
 
-def host_rows(pieces: list[torch.Tensor]) -> Rows:
+def host_rows(pieces: list[torch.Tensor]) -> Rows | None:
     """Row pieces as the cache keeps them: those on the host as they are (a reused prefix's), unless a small view
     of a larger tensor; each run of pieces on a GPU copied into one pinned buffer without waiting (the copy back to a GPU, on a stream that waits for
-    this one, comes after it; nothing reads them on the host)."""
+    this one, comes after it; nothing reads them on the host). None for none: a request that made no rows (it spoke
+    no audio) keeps none for a request that will."""
     out: list[torch.Tensor] = []
     run: list[torch.Tensor] = []
     for piece in [*pieces, None]:
@@ -266,4 +267,4 @@ def host_rows(pieces: list[torch.Tensor]) -> Rows:
         if piece is not None:
             # a step's rows on the CPU are views of the whole step's: kept, they would keep all of it
             out.append(piece.clone() if piece.untyped_storage().nbytes() > 2 * piece.nbytes else piece)
-    return tuple(out)
+    return tuple(out) if out else None

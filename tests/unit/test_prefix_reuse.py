@@ -226,3 +226,4 @@ def test_kept_rows_are_pieces_taken_without_copies() -> None:
     step = torch.zeros(64, 2)
     (kept,) = host_rows([step[:4]])
     assert torch.equal(kept, step[:4]) and kept.untyped_storage().nbytes() == kept.nbytes
+    assert host_rows([]) is None  # a request that made no rows keeps none: a spoken prompt never takes its entry
