@@ -38,7 +38,7 @@ _VOICE = VoiceConfig()
 # the sweep flags that mean the same for --realtime (its own defaults: VoiceConfig's)
 _VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes", "spread_s", "image"}
 _VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed",
-               "image_every")
+               "think_s", "image_every")
 _DEFAULT_OUT = Path("benchmarks/local")
 
 
@@ -159,6 +159,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     vopt("--input-speed", type=float,
          help=f"how many times real time the questions are sent and the replies listened to before the next "
               f"question (default {_VOICE.input_speed:g}: a microphone and a listener)")
+    vopt("--think-s", type=float, metavar="S",
+         help="before each turn after the first, the user pauses a random 0-S s (at --input-speed), so that "
+              "conversations of like turns do not fall into step (default 0: the next question at once)")
     vopt("--image-every", type=_at_least(1), metavar="N",
          help="with --image: turn t of a conversation sends the picture when t %% N == 0 (default 1: every turn, "
               "a camera frame with each question)")

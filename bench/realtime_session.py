@@ -1,13 +1,15 @@
 """One conversation over WS /v1/realtime: a session set up for a turn mode and an output format, then spoken turns,
 each measured by a TurnTimer. A question leaves in `chunk_ms` appends at `input_speed` times real time; the next
 question starts once the reply has played out, as for a user who listens to it before asking again, at the same
-speed (a long call at 4x plays out in a quarter of its time; each reply is still judged against real-time playback)."""
+speed (a long call at 4x plays out in a quarter of its time; each reply is still judged against real-time playback),
+after the user's pause if `think_s` asks for one."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -116,6 +118,12 @@ async def _expect(ws: Any, kind: str) -> None:
             return
 
 
+def think_pause_s(config: VoiceConfig, index: int, turn: int) -> float:
+    """How long session `index`'s user pauses before turn `turn`: uniform in 0-`think_s`, at `input_speed`, the
+    same for the same session and turn."""
+    return random.Random(f"think:{index}:{turn}").uniform(0.0, config.think_s) / config.input_speed
+
+
 async def run_session(config: VoiceConfig, model: str, mode: str, output_format: str,
                       questions: Sequence[Question], index: int, turns: int,
                       pictures: Sequence[str] = ()) -> list[TurnRecord]:
@@ -141,6 +149,7 @@ async def run_session(config: VoiceConfig, model: str, mode: str, output_format:
                 await _expect(ws, "session.updated")
             for turn in range(turns):
                 if turn:
+                    await asyncio.sleep(think_pause_s(config, index, turn))
                     records.append(record(turn))
                 timer = TurnTimer(records[-1], vad=mode == "vad")
                 async with asyncio.timeout(config.timeout):

@@ -15,7 +15,7 @@ import pytest
 import bench
 from bench import TurnRecord, TurnTimer, VoiceConfig, scheduled_underruns, summarize_voice_level
 from bench.cli import voice_config_from_args
-from bench.realtime_session import realtime_url, session_update
+from bench.realtime_session import realtime_url, session_update, think_pause_s
 from bench.timeline import Snapshot, windows
 from bench.turn import TurnError
 
@@ -157,9 +157,9 @@ def _parse(*argv: str) -> argparse.Namespace:
 def test_realtime_flags_make_a_voice_config() -> None:
     args = _parse("--realtime", "--concurrency", "1,16,64", "--turns", "6", "--turn-mode", "commit,vad",
                   "--output-format", "opus", "--max-tokens", "12", "--input-speed", "2", "--client-processes", "4",
-                  "--spread-s", "3.5")
+                  "--spread-s", "3.5", "--think-s", "2")
     cfg = voice_config_from_args(args, ["voice-gateway", "bench", "--realtime"])
-    assert cfg.spread_s == 3.5
+    assert cfg.spread_s == 3.5 and cfg.think_s == 2.0
     assert (cfg.concurrency, cfg.turns, cfg.turn_mode, cfg.output_format) == ([1, 16, 64], 6, ["commit", "vad"], ["opus"])
     assert (cfg.max_tokens, cfg.input_speed, cfg.client_processes, cfg.chunk_ms) == (12, 2.0, 4, 40)
     assert cfg.levels()[:2] == [("commit", "opus", 1), ("commit", "opus", 16)] and len(cfg.levels()) == 6
@@ -175,6 +175,16 @@ def test_realtime_flags_make_a_voice_config() -> None:
         VoiceConfig(input_speed=0)
     with pytest.raises(bench.BenchError, match="spread_s"):
         VoiceConfig(spread_s=-1)
+    with pytest.raises(bench.BenchError, match="think_s"):
+        VoiceConfig(think_s=-1)
+
+
+def test_users_pause_a_seeded_while_before_each_turn() -> None:
+    config = VoiceConfig(think_s=2.0, input_speed=4.0)
+    pauses = [think_pause_s(config, index, turn) for index in range(8) for turn in range(1, 11)]
+    assert all(0 <= p <= 0.5 for p in pauses) and len(set(pauses)) == len(pauses)  # at 4x: up to 0.5 s, all apart
+    assert pauses == [think_pause_s(config, index, turn) for index in range(8) for turn in range(1, 11)]
+    assert think_pause_s(VoiceConfig(), 3, 5) == 0.0
 
 
 def test_realtime_only_flags_without_realtime_are_refused(tmp_path: Path) -> None:
