@@ -1,8 +1,8 @@
 """What the server's stages did over a realtime level, window by window: its /metrics read every few seconds
 while the level runs, and each window's steps per stage and phase, the Thinker's prompt tokens a step, the
-engine's own first packet and the turns that ended in it. A long call's first audio grows with its history; the windows say whether a stage's
-steps grew with it (the turns of a level move through their conversations together, so a window's median
-turn index places it in the call)."""
+engine's own first packet and the turns that ended in it. A long call's first audio grows with its history;
+the windows say whether a stage's steps grew with it (the turns of a level move through their conversations
+together, so a window's median turn index places it in the call)."""
 
 from __future__ import annotations
 
@@ -68,9 +68,9 @@ def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window
     out = []
     for before, after in zip(snapshots, snapshots[1:], strict=False):
         inside = [r for r in ended if before.at <= r.ended_at < after.at]  # type: ignore[operator]
-        total, count = _growth(before, after, ENGINE_TTFP)
-        tokens, _ = _growth(before, after, PROMPT_TOKENS)
-        _, prompt_steps = _growth(before, after, PROMPT_STEPS)
+        total, count = _gained(before, after, ENGINE_TTFP)
+        tokens, _ = _gained(before, after, PROMPT_TOKENS)
+        _, prompt_steps = _gained(before, after, PROMPT_STEPS)
         out.append(Window(
             start_s=round(before.at - t0, 3), end_s=round(after.at - t0, 3), turns=len(inside),
             turn_median=float(np.median([r.turn for r in inside])) if inside else None,
@@ -81,7 +81,7 @@ def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window
     return out
 
 
-def _growth(before: Snapshot, after: Snapshot, key: str) -> tuple[float, float]:
+def _gained(before: Snapshot, after: Snapshot, key: str) -> tuple[float, float]:
     """A histogram's (sum, count) gained between two snapshots."""
     (total_after, count_after), (total_before, count_before) = (s.sums.get(key, (0.0, 0.0)) for s in (after, before))
     return total_after - total_before, count_after - count_before

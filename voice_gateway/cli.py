@@ -293,7 +293,7 @@ def _steps_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def steps(args: argparse.Namespace, argv: list[str]) -> int:
-    """`voice-gateway steps`: engine/step_timing.py's Thinker decode steps as JSON, a figure and a table."""
+    """`voice-gateway steps`: engine/step_timing.py's Thinker steps as JSON, a figure and a table."""
     from engine.deploy import measure_step_timing
 
     if _without_bench_extra("steps"):
@@ -315,7 +315,7 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
     record = _record(args.out_dir, argv, with_gpu=args.device.startswith("cuda"))
     print(f"{'rows':>5} {'context':>8} {'prompt':>7} {'step ms':>9} {'KV GB':>8}", *(
         f"{t.rows:5d} {t.context:8d} {t.prompt:7d} {t.step_ms:9.3f} {t.kv_gb:8.3f}" for t in timings), sep="\n")
-    _write_timings(args.out_dir / "steps.json", f"one Thinker decode step of {args.model} ({args.load_format}) on "
+    _write_timings(args.out_dir / "steps.json", f"one Thinker step of {args.model} ({args.load_format}) on "
                    f"{args.device}, its experts {args.quantization if args.quantization != 'none' else 'as loaded'}, "
                    "by decode rows, the context each attends over and the prompt tokens beside them (milliseconds)", record,
                    [t.as_dict() for t in timings], plot_step_timing)

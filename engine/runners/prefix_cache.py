@@ -33,6 +33,7 @@ not match. A match never ends inside a clip, so a clip is encoded whole or not a
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -247,24 +248,24 @@ def head(pieces: Rows, n: int) -> Rows:
 
 def host_rows(pieces: list[torch.Tensor]) -> Rows | None:
     """Row pieces as the cache keeps them: those on the host as they are (a reused prefix's), unless a small view
-    of a larger tensor; each run of pieces on a GPU copied into one pinned buffer without waiting (the copy back to a GPU, on a stream that waits for
-    this one, comes after it; nothing reads them on the host). None for none: a request that made no rows (it spoke
-    no audio) keeps none for a request that will."""
+    of a larger tensor; each run of pieces on a GPU copied into one pinned buffer without waiting (the copy back to
+    a GPU, on a stream that waits for this one, comes after it; nothing reads them on the host). None for none: a
+    request that made no rows (it spoke no audio) keeps none for a request that will."""
     out: list[torch.Tensor] = []
-    run: list[torch.Tensor] = []
-    for piece in [*pieces, None]:
-        if piece is not None and piece.is_cuda:
-            run.append(piece)
-            continue
-        if run:
-            host = torch.empty((sum(p.shape[0] for p in run), *run[0].shape[1:]), dtype=run[0].dtype, pin_memory=True)
-            at = 0
-            for p in run:
-                host[at : at + p.shape[0]].copy_(p, non_blocking=True)
-                at += p.shape[0]
-            out.append(host)
-            run = []
-        if piece is not None:
-            # a step's rows on the CPU are views of the whole step's: kept, they would keep all of it
-            out.append(piece.clone() if piece.untyped_storage().nbytes() > 2 * piece.nbytes else piece)
-    return tuple(out) if out else None
+    for on_gpu, group in itertools.groupby(pieces, key=lambda piece: piece.is_cuda):
+        run = list(group)
+        if on_gpu:
+            out.append(_pinned(run))
+        else:  # a step's rows on the CPU are views of the whole step's: kept, they would keep all of it
+            out += [p.clone() if p.untyped_storage().nbytes() > 2 * p.nbytes else p for p in run]
+    return tuple(out) or None
+
+
+def _pinned(run: list[torch.Tensor]) -> torch.Tensor:
+    """GPU pieces end to end in one pinned host buffer, each copied without waiting."""
+    host = torch.empty((sum(p.shape[0] for p in run), *run[0].shape[1:]), dtype=run[0].dtype, pin_memory=True)
+    at = 0
+    for piece in run:
+        host[at : at + piece.shape[0]].copy_(piece, non_blocking=True)
+        at += piece.shape[0]
+    return host
