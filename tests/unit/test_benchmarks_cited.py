@@ -186,6 +186,9 @@ FIGURES = (
     Figure("+24.06 MiB per 1,000 requests", "24.06", "benchmarks/cpu-tiny/soak/soak.json",
            "summary/rss_mib/slope_per_1k_requests"),
     Figure("1200 mixed requests", "1200", "benchmarks/cpu-tiny/soak/soak.json", "summary/requests"),
+    # long calls on an H100, with and without the users' pauses
+    *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}.json",
+             "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),
 )
 
 
