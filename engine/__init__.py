@@ -1,4 +1,4 @@
-"""The staged speech engine's face: what `voice_gateway` may import for requests, and nothing else.
+"""The engine's face: what `voice_gateway` may import for requests, and nothing else.
 
 Requests in (`EngineRequest`, with `Tool`s and an `OutputConstraint` when it has them), typed events out
 (`TextDelta`, `AudioChunk`, `Finished`, `Failed`), an `Engine` to submit them to (`create_engine`, where the
@@ -36,8 +36,8 @@ from engine.api import (
     ToolCallOutput,
     VideoPart,
 )
-from engine.constraints import schema_error
 from engine.factory import create_engine
+from engine.intake.constraints import schema_error
 from engine.profile import DeployProfile, ProfileError, load_profile
 
 __all__ = [

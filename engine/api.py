@@ -104,7 +104,7 @@ class ToolCallOutput:
     parallel: bool = True
 
 
-# what constrained decoding holds a reply to (engine/constraints.py)
+# what constrained decoding holds a reply to (engine/intake/constraints.py)
 OutputConstraint = JsonOutput | ToolCallOutput
 
 

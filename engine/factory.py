@@ -1,48 +1,36 @@
-"""Which engine a deploy profile asks for (`engine.where`): the staged engine (or the baseline) in this
-process, in a child of its own, or several of them on Ray; and the engine that another process keeps for
-this one's server processes (`serve --http-workers N`)."""
+"""Where a deploy profile runs its engine (`engine.where`): its backend's stages in this process, in a child of
+their own, or several engines on Ray; and the engine that another process keeps for this one's server processes
+(`serve --http-workers N`). Every topology is the same front end over a different core."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.admission import Admission
 from engine.api import Engine, EngineError
+from engine.backends import backend_for
 from engine.frontend import Frontend
+from engine.intake.intake import Intake
 from engine.profile import DeployProfile
 from engine.remote.client import RemoteCore
 from engine.remote.messages import Address, EngineSpec
 from engine.remote.reach import AttachHost, SpawnChild
 from engine.replicas.cluster import RayAddress, RayCluster
-from engine.weights.source import ModelSource
 
 if TYPE_CHECKING:
     from engine.replicas.router import ReplicaSet
 
 
 def create_engine(model: str, profile: DeployProfile, cache_dir: Path | None = None) -> Engine:
-    """Load `model`: a local path, a hub id already in the local cache, or "tiny" (built on first use).
-
-    In process, the stages' weights load now; in a child of its own they load there at start(), and on
-    Ray in each replica's actor at start()."""
-    if profile.backend == "cascade":
-        # imported here: only the assistant's server loads its models and their runtimes
-        from engine.cascade.assemble import assistant_engine
-
-        return assistant_engine(profile, cache_dir)
-    source = ModelSource.open(model, profile.load_format, cache_dir)
+    """Load `model` (engine/backends.py says what it may be). In process, the stages' weights load now; in a
+    child of its own they load there at start(), and on Ray in each replica's actor at start()."""
+    backend = backend_for(model, profile, cache_dir)
     spec = EngineSpec(model, profile.in_one_process(), cache_dir)
     if profile.engine.where == "ray":
-        core = _replicas(RayCluster(profile.engine.replicas), spec)
-        return Frontend(core, Admission.open(source, profile, text_on_loop=True))
+        return Frontend(_replicas(RayCluster(profile.engine.replicas), spec), backend.intake(text_on_loop=True))
     if profile.engine.where == "process":
-        return Frontend(RemoteCore(SpawnChild(spec)), Admission.open(source, profile, text_on_loop=True))
-    # imported here: a server process whose engine runs elsewhere never loads the stages, their kernels
-    # or transformers' model code (uvicorn's worker health check gives a starting worker 5 s)
-    from engine.local import load_core
-
-    return Frontend(load_core(source, profile), Admission.open(source, profile, text_on_loop=False))
+        return Frontend(RemoteCore(SpawnChild(spec)), backend.intake(text_on_loop=True))
+    return Frontend(backend.load_core(), backend.intake(text_on_loop=False))
 
 
 def attach_engine(address: Address) -> Engine:
@@ -58,12 +46,11 @@ def attach_replicas(address: RayAddress) -> Engine:
 
 
 def _attached(core: RemoteCore | ReplicaSet) -> Engine:
-    def admission() -> Admission:
+    def intake() -> Intake:
         spec = core.spec
-        return Admission.open(ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir), spec.profile,
-                              text_on_loop=True)
+        return backend_for(spec.model, spec.profile, spec.cache_dir).intake(text_on_loop=True)
 
-    return Frontend(core, admission)
+    return Frontend(core, intake)
 
 
 def _replicas(cluster: RayCluster, launch: EngineSpec | None) -> ReplicaSet:

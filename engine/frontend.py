@@ -1,9 +1,9 @@
-"""The `Engine` the network edge talks to: admission at the front door, the work in a core.
+"""The `Engine` the network edge talks to: the intake at the front door, the work in a core.
 
-`Frontend` owns the open request streams. Each request is admitted here (engine/admission.py),
+`Frontend` owns the open request streams. Each request is admitted here (engine/intake/intake.py),
 then begun in the core, whose events come back to the request's own queue; closing a stream
-early aborts its request. The core is the staged orchestrator or the baseline in this process,
-or a proxy to one in another process (engine/remote/): the front end is the same for all three.
+early aborts its request. The core is a backend's stages in this process (engine/backend.py), or a
+proxy to them in another process (engine/remote/, engine/replicas/): the front end is the same for all.
 Its health is the core's while it runs, and `down` before its start and from its stop.
 """
 
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from engine.admission import Admission
 from engine.api import (
-    AudioPart,
     EngineError,
     EngineHealth,
     EngineRequest,
@@ -26,10 +23,9 @@ from engine.api import (
     Finished,
     ModelInfo,
     OutputEvent,
-    TextDelta,
-    Timings,
 )
 from engine.core import EngineCore
+from engine.intake.intake import Intake
 
 
 class RequestStream:
@@ -58,24 +54,24 @@ class RequestStream:
 
 
 class Frontend:
-    """`admission`: the front door, or how to open it once the core has started (an engine process
+    """`intake`: the front door, or how to open it once the core has started (an engine process
     that other server processes started, whose model and profile this process learns from it)."""
 
-    def __init__(self, core: EngineCore, admission: Admission | Callable[[], Admission]) -> None:
+    def __init__(self, core: EngineCore, intake: Intake | Callable[[], Intake]) -> None:
         self.core = core
-        self._admission = admission if isinstance(admission, Admission) else None
-        self._open_admission = None if isinstance(admission, Admission) else admission
+        self._intake = intake if isinstance(intake, Intake) else None
+        self._open_intake = None if isinstance(intake, Intake) else intake
         self._streams: dict[str, asyncio.Queue[OutputEvent]] = {}
         self._running = False
 
     @property
-    def admission(self) -> Admission:
-        assert self._admission is not None, "engine not started"
-        return self._admission
+    def intake(self) -> Intake:
+        assert self._intake is not None, "engine not started"
+        return self._intake
 
     @property
     def info(self) -> ModelInfo:
-        return self.admission.info
+        return self.intake.info
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -83,8 +79,8 @@ class Frontend:
 
     async def start(self) -> None:
         await self.core.start()
-        if self._open_admission is not None:
-            self._admission = await asyncio.to_thread(self._open_admission)
+        if self._open_intake is not None:
+            self._intake = await asyncio.to_thread(self._open_intake)
         self._running = True
 
     async def stop(self) -> None:
@@ -97,10 +93,8 @@ class Frontend:
         rid = request.request_id
         if rid in self._streams:
             raise EngineError(f"request id {rid} is already in use")
-        if request.task == "transcribe" and self.admission.hear is not None:
-            return await self._heard(request, self.admission.hear)
-        admitted = await self.admission.admit(request)
-        if rid in self._streams:  # checked again: admission may have awaited
+        admitted = await self.intake.admit(request)
+        if rid in self._streams:  # checked again: the intake may have awaited
             raise EngineError(f"request id {rid} is already in use")
         events: asyncio.Queue[OutputEvent] = asyncio.Queue()
         self._streams[rid] = events
@@ -109,28 +103,6 @@ class Frontend:
         except BaseException:
             self._streams.pop(rid, None)
             raise
-        return RequestStream(rid, events, self.abort)
-
-    async def _heard(self, request: EngineRequest, hear: Callable[[AudioPart], str]) -> RequestStream:
-        """A transcription the ears give: the last message's clips, heard in a thread; no core runs."""
-        rid, started = request.request_id, time.perf_counter()
-        clips = [p for p in request.messages[-1].content if isinstance(p, AudioPart)] if request.messages else []
-        if not clips:
-            raise EngineError("a transcription needs audio in its last message")
-        events: asyncio.Queue[OutputEvent] = asyncio.Queue()
-        self._streams[rid] = events
-        try:
-            text = " ".join(filter(None, [await asyncio.to_thread(hear, clip) for clip in clips]))
-        except BaseException:
-            self._streams.pop(rid, None)
-            raise
-        took = time.perf_counter() - started
-        words = len(self.admission.prompts.tokenizer.encode(text, add_special_tokens=False)) if text else 0
-        if text:
-            self._deliver(rid, TextDelta(rid, text, ()))
-        self._deliver(rid, Finished(rid, "stop", Timings(ttft_s=took, ttfp_s=None, total_s=took, prompt_tokens=0,
-                                                         prompt_audio_tokens=0, completion_tokens=words,
-                                                         codec_frames=0, audio_samples=0)))
         return RequestStream(rid, events, self.abort)
 
     def abort(self, request_id: str) -> None:

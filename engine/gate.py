@@ -1,4 +1,5 @@
-"""Admission control: how many replies the stages run at once, and how long the others may wait.
+"""The gate: how many replies the stages run at once, and how long the others may wait (the profile's
+`admission` settings).
 
 The stages batch whatever they hold, so past their batch every reply slows down together: on the
 H200 at 128 concurrent streams with batches of 64, 192 of 256 replies stuttered (docs/performance.md).
@@ -24,15 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from engine.api import OVERLOADED, EngineError, EngineHealth, Failed, Finished, OutputEvent
 from engine.core import EngineCore, Sink
 from engine.handoff import AdmittedRequest
-from engine.profile import DeployProfile
+from engine.profile import AdmissionConfig
 
 log = logging.getLogger(__name__)
-
-
-def stage_capacity(profile: DeployProfile) -> int:
-    """Replies the stages run at once: the smallest batch among them (replicas included)."""
-    s = profile.stages
-    return min(s.thinker.max_batch, s.talker.max_batch * s.talker.replicas, s.code2wav.max_batch * s.code2wav.replicas)
 
 
 class GateMetrics:
@@ -67,10 +62,10 @@ class Gate:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def for_profile(cls, core: EngineCore, profile: DeployProfile) -> Gate:
-        a = profile.admission
-        return cls(core, max_active=a.max_active or stage_capacity(profile), max_queued=a.max_queued,
-                   queue_timeout_s=a.queue_timeout_s)
+    def for_profile(cls, core: EngineCore, admission: AdmissionConfig, capacity: int) -> Gate:
+        """`capacity`: the replies the core's stages run at once (the smallest batch among them)."""
+        return cls(core, max_active=admission.max_active or capacity, max_queued=admission.max_queued,
+                   queue_timeout_s=admission.queue_timeout_s)
 
     @property
     def retry_after_s(self) -> float:

@@ -1,7 +1,7 @@
 """What crosses between stages: frozen payloads, the inbox each stage drains once per step, and the
 queue that carries the stages' reports to the orchestrator's event loop.
 
-The front door admits a request (`AdmittedRequest`, engine/admission.py) and the Thinker takes it.
+The front door admits a request (`AdmittedRequest`, engine/intake/intake.py) and the Thinker takes it.
 
 Thinker -> Talker: the prompt (`ThinkerPrompt`) when the Thinker begins it, its rows
 piece by piece as they are prefilled (`PromptRows`), then one row per decoded token
@@ -25,7 +25,42 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from engine.vision import Grid, ImageInput
+from engine.positions import Grid
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image or video as it crosses to the engine: `pixels` uint8 [frames, height, width, 3], resized to a
+    whole number of merged patches (an image is one frame; a video's frames fill its temporal patches), its patch
+    grid (t, h, w); `key`: a digest of its pixels, negative so that no token id equals it (prefix reuse). The
+    tower's input is `patches(...)` of it, made where the tower runs: uint8 is a quarter of the float32 patches'
+    bytes, and an image's patches hold it twice over (the tower's temporal patch)."""
+
+    pixels: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    key: int
+    merge: int = 2
+    # a video: M-RoPE time positions from one frame pair to the next; 0 for an image (one moment)
+    time_step: int = 0
+    is_video: bool = False
+    audio_tokens: int = 0  # a video with its sound: the sound's placeholders, interleaved with the frames'
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(self.grid_thw, self.time_step, self.audio_tokens)
+
+    @property
+    def tokens(self) -> int:
+        t, h, w = self.grid_thw
+        return t * h * w // (self.merge * self.merge)
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """The words of a request's last message's clips, as ears heard them while its prompt was built."""
+
+    text: str
+    took_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +73,7 @@ class AdmittedRequest:
     token_ids: list[int]
     audio_features: list[torch.Tensor]  # one [128, frames] log-mel per clip, in prompt order
     audio_tokens: int  # of token_ids, the <|audio_pad|> placeholders
-    audio_keys: list[int]  # per clip, its digest: a reused prefix holds the same audio (engine/prompt.py)
+    audio_keys: list[int]  # per clip, its digest: a reused prefix holds the same audio (engine/intake/prompt.py)
     want_audio: bool
     speaker: str
     max_tokens: int
@@ -46,14 +81,17 @@ class AdmittedRequest:
     top_p: float
     top_k: int
     seed: int | None
-    grammar: str | None = None  # the reply's grammar (engine/constraints.py), compiled by the Thinker
+    grammar: str | None = None  # the reply's grammar (engine/intake/constraints.py), compiled by the Thinker
     # the ids that open and close a tool call, when the request has tools: what lies between them
     # (they included) is for the client, never spoken
     tool_call_ids: tuple[int, int] | None = None
     conversation: str | None = None  # EngineRequest.conversation: which replica keeps its prefix
     images: list[ImageInput] = field(default_factory=list)  # the vision tower's input per image or video, in order
     image_tokens: int = 0  # of token_ids, the <|image_pad|> and <|video_pad|> placeholders
-    positions: np.ndarray | None = None  # [3, n] M-RoPE rows when the prompt holds images (engine/vision.py)
+    positions: np.ndarray | None = None  # [3, n] M-RoPE rows when the prompt holds images (engine/positions.py)
+    # a transcription the front door already heard (an engine that hears before it thinks): answered with these
+    # words, and no stage runs
+    transcript: Transcript | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +100,7 @@ class ThinkerPrompt:
     token_ids: list[int]
     speaker: str
     seed: int | None
-    keys: np.ndarray  # per prompt position, its key (engine/runners/prefix_cache.py): what a kept prefix matches
+    keys: np.ndarray  # per prompt position, its key (engine/omni/runners/prefix_cache.py): what a kept prefix matches
     grids: tuple[Grid, ...] = ()  # per image or video, its patch grid: the Talker's M-RoPE rows
 
 
@@ -77,7 +115,7 @@ class PromptRows:
     hidden: torch.Tensor  # [n, thinker_hidden]: rows of the talker's `accept_hidden_layer`
     # on a GPU, recorded on the Thinker's stream after the rows were written (on the GPU, or copied to the host):
     # sent as soon as the step is queued, they are read once the receiver's stream has waited on it
-    # (engine/stages/base.py)
+    # (engine/stage.py)
     written: torch.cuda.Event | None = None
 
 
@@ -140,8 +178,8 @@ class Inbox:
 
 
 class StickyRouter:
-    """Payloads for a stage with replicas: a request's first payload goes to the replica with the
-    fewest requests in flight, and every later one to the same replica, until its last."""
+    """Payloads for a stage with several copies: a request's first payload goes to the copy with the
+    fewest requests in flight, and every later one to the same copy, until its last."""
 
     _FORGOTTEN_MEMORY = 4096
 
@@ -152,12 +190,12 @@ class StickyRouter:
         self.in_flight = [0] * len(inboxes)
         # payloads the sender queued before it saw an abort must not place the request again
         self._forgotten: OrderedDict[str, None] = OrderedDict()
-        self._lock = threading.Lock()  # several replicas upstream may route at once
+        self._lock = threading.Lock()  # several copies upstream may route at once
 
     def put(self, item: Any) -> None:
         with self._lock:
             if item.request_id in self._forgotten:
-                return  # every replica has the abort; nobody wants this
+                return  # every copy has the abort; nobody wants this
             owner = self._owner.get(item.request_id)
             if owner is None:
                 owner = min(range(len(self.inboxes)), key=self.in_flight.__getitem__)

@@ -36,7 +36,7 @@ from engine.handoff import (
     ThinkerFinished,
 )
 from engine.metrics import EngineMetrics
-from engine.stages.base import Stage
+from engine.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class RequestRecord:
 
 class Orchestrator:
     """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped
-    here; `routers`: in front of stages with replicas (an abort must reach them too)."""
+    here; `speaks`: whether a stage after the Thinker speaks (a reply that wants audio needs one);
+    `routers`: in front of stages with several copies (an abort must reach them too)."""
 
     def __init__(
         self,
@@ -66,7 +67,7 @@ class Orchestrator:
         stages: dict[str, Stage],
         reports: ReportQueue,
         metrics: EngineMetrics,
-        has_talker: bool,
+        speaks: bool,
         routers: tuple[StickyRouter, ...] = (),
     ) -> None:
         self.thinker_inbox = thinker_inbox
@@ -74,7 +75,7 @@ class Orchestrator:
         self.reports = reports
         self.metrics = metrics
         self.registry = metrics.registry
-        self.has_talker = has_talker
+        self.speaks = speaks
         self.routers = routers
         self.records: dict[str, RequestRecord] = {}
 
@@ -104,7 +105,7 @@ class Orchestrator:
         rid = request.request_id
         if rid in self.records:
             raise EngineError(f"request id {rid} is already in use")
-        if request.want_audio and not self.has_talker:
+        if request.want_audio and not self.speaks:
             raise EngineError("this model has no talker: ask for text only")
         self.records[rid] = RequestRecord(request, sink, time.perf_counter())
         self.metrics.active.set(len(self.records))

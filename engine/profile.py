@@ -49,11 +49,11 @@ class ThinkerConfig:
     default_max_tokens: int = field(default=256, metadata=_at_least(1))
     # tokens one step may carry, prompt pieces and a row per running reply (and the largest graph)
     max_step_tokens: int = field(default=2048, metadata=_at_least(1))
-    # the KV cache's positions for all slots together (engine/runners/kv_cache.py); 0: max_batch x
+    # the KV cache's positions for all slots together (engine/omni/runners/kv_cache.py); 0: max_batch x
     # max_model_len, every slot its whole length. Less, and slots share the pool: a request reserves its prompt
     # and its longest reply when it starts, so more slots fit beside the weights (128 voices on one GPU)
     kv_cache_tokens: int = field(default=0, metadata=_at_least(0))
-    # host memory for kept prefixes whose slots were needed (engine/runners/prefix_cache.py); 0: none kept
+    # host memory for kept prefixes whose slots were needed (engine/omni/runners/prefix_cache.py); 0: none kept
     kept_prefix_host_gib: float = field(default=1.0, metadata=_at_least(0.0))
     # an image is resized to within these pixels (each prompt token stands for 32x32 of them): at most 400 tokens
     # (a 1280x720 camera frame takes 390), at least 4
@@ -66,7 +66,7 @@ class ThinkerConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:
-        # a step carries a row for every running reply and still prefills (engine/stages/policy.py)
+        # a step carries a row for every running reply and still prefills (engine/omni/stages/policy.py)
         if self.max_step_tokens < self.max_batch + 64:
             raise ProfileError(f"stages.thinker.max_step_tokens: must be >= max_batch + 64 ({self.max_batch + 64}), "
                                f"got {self.max_step_tokens}")
@@ -80,7 +80,7 @@ class TalkerConfig:
     device: str = "cpu"
     dtype: Dtype = "float32"
     max_batch: int = field(default=16, metadata=_at_least(1))
-    replicas: int = field(default=1, metadata=_at_least(1))
+    copies: int = field(default=1, metadata=_at_least(1))  # the stage's copies in this engine, sharing its weights
     max_frames: int = field(default=4096, metadata=_at_least(1))
     # the Talker's KV positions for all slots together; 0: every slot its whole reply (`StagesConfig.talker_max_len`).
     # Less, and slots share the pool: a reply reserves its prompt's rows and `max_frames` when its prefill starts,
@@ -108,7 +108,7 @@ class Code2WavConfig:
     device: str = "cpu"
     dtype: Dtype = "float32"
     max_batch: int = field(default=16, metadata=_at_least(1))
-    replicas: int = field(default=1, metadata=_at_least(1))
+    copies: int = field(default=1, metadata=_at_least(1))  # the stage's copies in this engine, sharing its weights
     max_streams: int = field(default=128, metadata=_at_least(1))  # replies holding decoder state at once
     # frames one step decodes (its chunks x its widest chunk: the padded batch), so that no step holds the GPU
     # long while other stages' replies wait; a step always takes at least one chunk
@@ -137,7 +137,7 @@ class ChunkConfig:
 
 @dataclass(frozen=True, slots=True)
 class FirstPacketConfig:
-    """How the stages make room for a reply's first audio (engine/stages/policy.py)."""
+    """How the stages make room for a reply's first audio (engine/omni/stages/policy.py)."""
 
     # > 0: the Thinker decodes only while some reply's text is fewer than this many tokens ahead of its
     # speech, and makes a waiting reply's first-chunk text first (0: it decodes whenever it can)
@@ -216,12 +216,25 @@ class TopologyConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BrainConfig:
+    """The cascade's language model as its Thinker stage runs it: how many replies at once, their context, their
+    length and sampling where a request names none."""
+
+    max_batch: int = field(default=8, metadata=_at_least(1))
+    max_model_len: int = field(default=4096, metadata=_at_least(16))
+    default_max_tokens: int = field(default=96, metadata=_at_least(1))
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.3, top_p=0.9, top_k=40))
+
+
+@dataclass(frozen=True, slots=True)
 class CascadeConfig:
-    """Which model plays each role of the assistant cascade (engine/cascade/): the pinned registry packages'
-    (the defaults), or the fallbacks (pocketsphinx's own wheel, Debian's festival), which keep the profile
-    serving if a package disappears. The language model has no fallback."""
+    """The assistant cascade's three roles (engine/cascade/): who listens (`ears`), who answers (`brain`), who
+    speaks (`voice`). The ears and the voice are the pinned registry packages' (the defaults), or the fallbacks
+    (pocketsphinx's own wheel, Debian's festival), which keep the profile serving if a package disappears; each
+    voice has its one speaker. The language model has no fallback."""
 
     ears: Literal["whisper", "pocketsphinx"] = "whisper"
+    brain: BrainConfig = field(default_factory=BrainConfig)
     voice: Literal["piper", "festival"] = "piper"
 
 
@@ -247,17 +260,18 @@ class DeployProfile:
     name: str
     model: str = "tiny"
     load_format: Literal["auto", "dummy"] = "auto"
-    # staged: our engine; transformers_generate: the library's generate(return_audio=True), the benchmark baseline;
-    # cascade: the assistant's small listen -> think -> speak models (engine/cascade/), in process, on the CPU
-    backend: Literal["staged", "transformers_generate", "cascade"] = "staged"
+    # omni: the staged Qwen3-Omni engine (engine/omni/); transformers_generate: the library's
+    # generate(return_audio=True) on the same checkpoint, the benchmark baseline; cascade: the assistant's small
+    # listen -> think -> speak models (engine/cascade/), in process, on the CPU, set by the `cascade` section
+    backend: Literal["omni", "transformers_generate", "cascade"] = "omni"
     engine: TopologyConfig = field(default_factory=TopologyConfig)
     # on CUDA stages: decode steps, prefills, the code predictor and Code2Wav replayed from CUDA graphs,
     # decoder layers and the code predictor through torch.compile (all at start-up, never while serving)
     cuda_graphs: bool = False
-    # triton: our fused MoE, decode attention from the slot KV cache and SnakeBeta (engine/accel/);
+    # triton: our fused MoE, decode attention from the slot KV cache and SnakeBeta (engine/omni/accel/);
     # reference: transformers' own modules
     kernels: Literal["reference", "triton"] = "reference"
-    # fp8: the Thinker's and Talker's experts as e4m3 with block scales (engine/accel/fp8.py), quantized at
+    # fp8: the Thinker's and Talker's experts as e4m3 with block scales (engine/omni/accel/fp8.py), quantized at
     # load, their inputs quantized per row as they arrive; read by the triton kernels only
     quantization: Literal["none", "fp8"] = "none"
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
@@ -270,13 +284,15 @@ class DeployProfile:
         devices = (self.stages.thinker.device, self.stages.talker.device, self.stages.code2wav.device)
         if self.cuda_graphs and not all(d.startswith("cuda") for d in devices):
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
-        if self.quantization == "fp8" and (self.kernels != "triton" or self.backend != "staged"):
-            raise ProfileError("quantization: fp8 needs kernels: triton and backend: staged (the fused MoE "
+        if self.quantization == "fp8" and (self.kernels != "triton" or self.backend != "omni"):
+            raise ProfileError("quantization: fp8 needs kernels: triton and backend: omni (the fused MoE "
                                "kernels read FP8 experts)")
         if self.backend == "transformers_generate" and self.engine.where != "in_process":
             raise ProfileError(f"engine.where: the transformers_generate baseline runs in_process, got {self.engine.where}")
         if self.backend != "cascade" and self.cascade != CascadeConfig():
             raise ProfileError(f"cascade: only with backend: cascade, got backend: {self.backend}")
+        if self.backend == "cascade" and self.stages != StagesConfig():
+            raise ProfileError("stages: the cascade's stages are set by cascade.ears, cascade.brain and cascade.voice")
 
     @property
     def runs_in_process(self) -> bool:

@@ -20,7 +20,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from engine.weights.tiny import ensure_tiny_checkpoint
+from engine.omni.weights.tiny import ensure_tiny_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 

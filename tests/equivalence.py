@@ -24,7 +24,7 @@ PROMPTS = ["Hello there", "Please describe, in a few careful words, the colour o
 
 
 async def _run_engine(
-    cache_dir: Path, device: str, code2wav: dict, top: dict, replicas: int
+    cache_dir: Path, device: str, code2wav: dict, top: dict, copies: int
 ) -> list[tuple[list[int], list[int], list[np.ndarray], Finished]]:
     """`top`: profile keys outside the stages (kernels, cuda_graphs, first_packet)."""
     greedy = {"temperature": 0}
@@ -35,8 +35,8 @@ async def _run_engine(
         platform="cpu",
         stage_overrides={
             "thinker": on,
-            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "replicas": replicas},
-            "code2wav": {"device": device, "replicas": replicas, **code2wav},
+            "talker": {**on, "max_frames": FRAMES, "sampling": greedy, "code_sampling": greedy, "copies": copies},
+            "code2wav": {"device": device, "copies": copies, **code2wav},
         },
         overrides=top,
     )
@@ -58,11 +58,11 @@ async def _run_engine(
                 audio.append(event.samples)
             elif isinstance(event, Finished):
                 finished = event
-        return engine.admission.prompts.build(request.messages).token_ids, tokens, audio, finished
+        return engine.intake.intake.prompts.build(request.messages).token_ids, tokens, audio, finished
 
     try:
         results = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))
-        if replicas > 1:  # the two replies went to different replicas of each stage
+        if copies > 1:  # the two replies went to different copies of each stage
             for name in ("talker.0", "talker.1", "code2wav.0", "code2wav.1"):
                 assert engine.registry.get_sample_value("engine_stage_batch_size_count", {"stage": name}), name
         return results
@@ -71,12 +71,12 @@ async def _run_engine(
 
 
 def check_engine_equals_generate(
-    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, top: dict, replicas: int
+    tiny_checkpoint: Path, cache_dir: Path, device: str, code2wav: dict, top: dict, copies: int
 ) -> None:
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     ramp = code2wav.get("ramp_frames")
-    results = asyncio.run(_run_engine(cache_dir, device, dict(code2wav), top, replicas))
+    results = asyncio.run(_run_engine(cache_dir, device, dict(code2wav), top, copies))
     reference = Qwen3OmniMoeForConditionalGeneration.from_pretrained(tiny_checkpoint).to(device).eval()
     for prompt_ids, tokens, chunks, finished in results:
         assert finished.timings.codec_frames == FRAMES
@@ -88,7 +88,7 @@ def check_engine_equals_generate(
 def assert_equals_generate(reference, device: str, prompt_ids: list[int], tokens: list[int],
                            chunks: list[np.ndarray], parting_frames: int = 0, **inputs) -> None:
     """A reply of TEXT_TOKENS tokens and FRAMES frames equals greedy `generate(return_audio=True)` on its prompt
-    (and `inputs`: its images' pixel_values and image_grid_thw, engine/vision.py's `patches`). The last `parting_frames` frames' samples may
+    (and `inputs`: its images' pixel_values and image_grid_thw, engine/intake/images.py's `patches`). The last `parting_frames` frames' samples may
     part: Code2Wav is causal, so a code drawn otherwise in a near tie changes its own frame's samples on, none
     before."""
     audio = np.concatenate(chunks)

@@ -19,10 +19,16 @@ from safetensors.torch import save_file
 
 from engine.api import EngineError
 from engine.cascade.packages import SMOLLM2
-from engine.runners.kv_cache import SlotKVCache, cache_kwarg
-from engine.runners.packed_batch import PackedAttention, PackedBatch, Piece, ReferenceAttention, use_packed_attention
-from engine.runners.thinker import RowOut, StepRow
-from engine.weights.cache import build_once
+from engine.omni.runners.kv_cache import SlotKVCache, cache_kwarg
+from engine.omni.runners.packed_batch import (
+    PackedAttention,
+    PackedBatch,
+    Piece,
+    ReferenceAttention,
+    use_packed_attention,
+)
+from engine.omni.runners.thinker import RowOut, StepRow
+from engine.omni.weights.cache import build_once
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +73,11 @@ def load(cache_dir: Path) -> tuple[Any, Any]:
 
 
 class BrainRunner:
-    """Owns the language model and its KV cache; the Thinker stage's runner (engine/runners/thinker.py's
+    """Owns the language model and its KV cache; the Thinker stage's runner (engine/omni/runners/thinker.py's
     interface). `attention`: how packed queries attend over the slots (the reference by default)."""
 
-    audio_token_id = -1  # no audio placeholders: the ears made the user's speech text before the prompt
-    visual_token_ids = (-1, -1)  # nor images: its prompts refuse them
+    audio_token_id = None  # no audio placeholders: the ears made the user's speech text before the prompt
+    visual_token_ids = ()  # nor images: its prompts refuse them
 
     def __init__(self, model: Any, *, max_batch: int, max_len: int, attention: PackedAttention | None = None) -> None:
         self.model = model

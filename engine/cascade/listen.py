@@ -2,7 +2,7 @@
 speech turned into its words by the ears first; owns the transcripts of recent clips.
 
 The language model reads text only, so a clip is transcribed where a Qwen3-Omni prompt would hold its audio
-placeholders, and the prompt is then built as any text prompt is (engine/prompt.py: SmolLM2 speaks the same
+placeholders, and the prompt is then built as any text prompt is (engine/intake/prompt.py: SmolLM2 speaks the same
 ChatML turns as Qwen). A conversation sends its earlier turns' audio with every new turn: each clip's transcript
 is kept by the clip's digest, so only the new turn is heard.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import replace
 from typing import Any, Protocol
@@ -18,7 +19,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.api import AudioPart, Message, TextPart, Tool
-from engine.prompt import Prompt, PromptBuilder
+from engine.handoff import Transcript
+from engine.intake.prompt import Prompt, PromptBuilder
 
 RECENT_CLIPS = 256
 # what a reply of a small model sounds best as: short, and words a voice can say
@@ -49,12 +51,19 @@ class ListeningPrompts:
         return self.builder.tokenizer
 
     def build(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> Prompt:
-        """Tools are described as Qwen describes them (engine/prompt.py); a 135M model rarely calls one unasked,
+        """Tools are described as Qwen describes them (engine/intake/prompt.py); a 135M model rarely calls one unasked,
         and a `tool_choice` that requires a call is kept to by its grammar."""
+        started = time.perf_counter()
         heard = tuple(self._heard(m) for m in messages)
+        took = time.perf_counter() - started
         if not heard or heard[0].role != "system":
             heard = (Message("system", (TextPart(self.system),)), *heard)
-        return self.builder.build(heard, tools)
+        prompt = self.builder.build(heard, tools)
+        clips = [p for p in messages[-1].content if isinstance(p, AudioPart)] if messages else []
+        if not clips:
+            return prompt
+        # each clip was heard above: its words come from the recent transcripts
+        return replace(prompt, heard=Transcript(" ".join(filter(None, map(self.transcript, clips))), took))
 
     def transcript(self, clip: AudioPart) -> str:
         key = hashlib.blake2b(clip.samples.tobytes(), digest_size=16).digest()

@@ -22,10 +22,10 @@ import numpy as np
 from engine.api import SAMPLE_RATE_HZ, AudioChunk
 from engine.cascade.clauses import ClauseCutter
 from engine.handoff import AudioFinished, Inbox, Report, ThinkerDone, ThinkerPrompt, ThinkerToken
+from engine.intake.prompt import TOOL_CALL_END, TOOL_CALL_START
 from engine.metrics import EngineMetrics
-from engine.prompt import TOOL_CALL_END, TOOL_CALL_START
-from engine.runners.sampler import new_seed
-from engine.stages.base import Stage
+from engine.omni.runners.sampler import new_seed
+from engine.stage import Stage
 
 _CALL = re.compile(re.escape(TOOL_CALL_START) + r".*?(?:" + re.escape(TOOL_CALL_END) + r"\s*|\Z)", re.S)
 

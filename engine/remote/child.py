@@ -25,7 +25,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from engine.heap import freeze_startup_heap
+from engine.backends import backend_for
+from engine.remote.heap import freeze_startup_heap
 from engine.remote.messages import (
     Address,
     Cancel,
@@ -39,7 +40,6 @@ from engine.remote.messages import (
 )
 from engine.remote.pipe import read_into, send
 from engine.remote.service import CoreService
-from engine.weights.source import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,9 @@ def _child_main(conn: Connection, spec: EngineSpec, log_level: int, listen: Addr
 async def _serve(owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
     """Run the core and its service (engine/remote/service.py): to the owner, and (with `listen`) to every
     server process that connects to the socket, until the owner says Stop or is gone (the parent died)."""
-    from engine.local import load_core  # the child alone loads the stages
-
     loop = asyncio.get_running_loop()
     try:
-        core = load_core(ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir), spec.profile)
+        core = backend_for(spec.model, spec.profile, spec.cache_dir).load_core()  # the child alone loads the stages
         await core.start()
     except Exception as e:
         log.exception("engine failed to start")

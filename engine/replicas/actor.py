@@ -1,4 +1,4 @@
-"""One engine replica as a Ray actor: a core (engine/local.py) in the actor's own process, served to
+"""One engine replica as a Ray actor: its backend's core (engine/backends.py) in the actor's own process, served to
 every server process over a TCP connection of its own (engine/remote/service.py), the channel that
 `engine.where: process` has over a pipe.
 
@@ -20,10 +20,10 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from engine.heap import freeze_startup_heap
+from engine.backends import backend_for
+from engine.remote.heap import freeze_startup_heap
 from engine.remote.messages import EngineSpec
 from engine.remote.service import CoreService
-from engine.weights.source import ModelSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +40,9 @@ class ReplicaActor:
     service, started on the first call with its listening socket."""
 
     def __init__(self, spec: EngineSpec) -> None:
-        from engine.local import load_core  # the replica's process alone loads the stages
-
         self.spec = spec
-        source = ModelSource.open(spec.model, spec.profile.load_format, spec.cache_dir)
-        self.core = load_core(source, spec.profile)
+        # the replica's process alone loads the stages
+        self.core = backend_for(spec.model, spec.profile, spec.cache_dir).load_core()
         self._started: asyncio.Future[ReplicaChannel] | None = None
         self._service: CoreService | None = None
 

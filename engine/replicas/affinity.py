@@ -2,7 +2,7 @@
 
 A conversation's next turn (a realtime session's, or a chat client's that sends the whole history) is
 its last prompt, the reply, and something new: its prompt begins with the last one. The engine keeps a
-finished request's KV for exactly that (engine/runners/prefix_cache.py), but only on the replica that
+finished request's KV for exactly that (engine/omni/runners/prefix_cache.py), but only on the replica that
 ran it. So the router looks for the longest kept prompt that the new one begins with, and sends the
 turn to that replica. A prompt that merely shares a beginning with others (one system prompt, many
 users) begins with no whole kept prompt of theirs, and goes to the least loaded replica.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.accel import fp8, fused_moe
+from engine.omni.accel import fp8, fused_moe
 
 
 @pytest.mark.parametrize("num_tokens", [64, 1024])  # a decode step at batch 64, a prefill step
@@ -37,7 +37,7 @@ def test_an_fp8_engine_on_cuda_equals_generate(tiny_checkpoint: Path, cache_dir:
 
 
 def test_the_accuracy_report_with_the_kernels(tiny_checkpoint: Path) -> None:
-    from engine.accuracy import measure
+    from engine.probes.accuracy import measure
 
     report = measure("tiny", device="cuda", steps=64, cache_dir=tiny_checkpoint.parent)
     assert report.experts_kernel == "triton"

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.replay import EAGER, StepGraphs
-from engine.runners.sampler import RowSampling, RowTensors
-from engine.runners.talker import TalkerRow, TalkerRunner
-from engine.runners.thinker import StepRow
-from engine.weights.checkpoint import load_stage
+from engine.omni.runners.replay import EAGER, StepGraphs
+from engine.omni.runners.sampler import RowSampling, RowTensors
+from engine.omni.runners.talker import TalkerRow, TalkerRunner
+from engine.omni.runners.thinker import StepRow
+from engine.omni.weights.checkpoint import load_stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 
 
 def test_graphed_code_predictor_equals_eager(tiny_checkpoint: Path) -> None:
-    from engine.accel.cuda_graphs import GraphedCodePredictor
+    from engine.omni.accel.cuda_graphs import GraphedCodePredictor
 
     loaded = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="float32")
     hidden = loaded.config.thinker_config.text_config.hidden_size
@@ -49,11 +49,11 @@ def test_graphed_packed_steps_equal_eager(tiny_checkpoint: Path, compiled: bool)
     bucket equals the eager step; a bucket's spare tokens write only the scratch page."""
     import contextlib
 
-    from engine.accel import fused_moe
-    from engine.accel.cuda_graphs import GraphedPacked, compiled_layers
-    from engine.accel.packed_attention import KernelAttention
-    from engine.runners.packed_batch import Piece
-    from engine.runners.thinker import ThinkerRunner
+    from engine.omni.accel import fused_moe
+    from engine.omni.accel.cuda_graphs import GraphedPacked, compiled_layers
+    from engine.omni.accel.packed_attention import KernelAttention
+    from engine.omni.runners.packed_batch import Piece
+    from engine.omni.runners.thinker import ThinkerRunner
 
     # bf16 as deployed: transformers' float32 grouped_mm path copies from the host, which a graph cannot hold
     loaded = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="bfloat16")
@@ -92,14 +92,14 @@ def test_graphed_steps_with_an_image_equal_eager(tiny_checkpoint: Path, cache_di
     """A prompt with an image beside a decode row, then its reply's first token beside another: replayed (the
     image's deepstack rows dense in the graph's input, zeros again after it) each equals the eager step."""
     from engine import ImagePart, Message, TextPart
-    from engine.accel import fused_moe
-    from engine.accel.cuda_graphs import GraphedPacked
-    from engine.accel.packed_attention import KernelAttention
-    from engine.runners.thinker import ThinkerRunner
-    from engine.vision import Rope
+    from engine.omni.accel import fused_moe
+    from engine.omni.accel.cuda_graphs import GraphedPacked
+    from engine.omni.accel.packed_attention import KernelAttention
+    from engine.omni.runners.thinker import ThinkerRunner
+    from engine.positions import Rope
     from tests.unit.test_vision import _engine, _image
 
-    prompt = _engine(cache_dir).admission.prompts.build(
+    prompt = _engine(cache_dir).intake.prompts.build(
         (Message("user", (TextPart("What is in this picture?"), ImagePart(_image(64, 96, 5)))),))
     assert prompt.positions is not None and prompt.images
     n, rope = len(prompt.token_ids), Rope.of(prompt.positions)
@@ -139,10 +139,10 @@ def test_graphed_talker_steps_equal_eager(tiny_checkpoint: Path, compiled: bool)
     a prompt's later piece; spare rows write only the scratch page."""
     import contextlib
 
-    from engine.accel import fused_moe
-    from engine.accel.cuda_graphs import GraphedPacked, compiled_layers
-    from engine.accel.packed_attention import KernelAttention
-    from engine.runners.packed_batch import Piece
+    from engine.omni.accel import fused_moe
+    from engine.omni.accel.cuda_graphs import GraphedPacked, compiled_layers
+    from engine.omni.accel.packed_attention import KernelAttention
+    from engine.omni.runners.packed_batch import Piece
 
     talker = load_stage(tiny_checkpoint, "talker", device="cuda", dtype="bfloat16")
     with torch.inference_mode():
@@ -194,8 +194,8 @@ def test_graphed_audio_tower_equals_transformers(tiny_checkpoint: Path) -> None:
     from transformers import AutoTokenizer, WhisperFeatureExtractor
 
     from engine import AudioPart, Message
-    from engine.prompt import PromptBuilder
-    from engine.runners.audio_encoder import AudioEncoder
+    from engine.intake.prompt import PromptBuilder
+    from engine.omni.runners.audio_encoder import AudioEncoder
 
     thinker = load_stage(tiny_checkpoint, "thinker", device="cuda", dtype="float32")
     builder = PromptBuilder(AutoTokenizer.from_pretrained(tiny_checkpoint),

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.stages.base import Stage
+from engine.stage import Stage
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="streams need a CUDA GPU")
 

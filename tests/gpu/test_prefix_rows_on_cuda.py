@@ -10,8 +10,8 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from engine.metrics import PrefixCacheMetrics
-from engine.runners.kv_cache import SlotKVCache
-from engine.runners.prefix_cache import Entry, PrefixCache, host_rows
+from engine.omni.runners.kv_cache import SlotKVCache
+from engine.omni.runners.prefix_cache import Entry, PrefixCache, host_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

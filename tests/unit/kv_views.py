@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.runners.kv_cache import SlotKVCache
+from engine.omni.runners.kv_cache import SlotKVCache
 
 
 def kv_rows(kv: SlotKVCache, slot: int, n: int) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""`voice-gateway accuracy` (engine/accuracy.py) on the tiny model: bf16 and FP8 against float32, the report's
+"""`voice-gateway accuracy` (engine/probes/accuracy.py) on the tiny model: bf16 and FP8 against float32, the report's
 numbers where they can only be (rounding, not a broken variant), and the JSON a benchmark keeps."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.accuracy import compare
+from engine.probes.accuracy import compare
 from voice_gateway.cli import main
 
 

@@ -19,7 +19,9 @@ from engine import (
     create_engine,
     load_profile,
 )
-from engine.gate import Gate, stage_capacity
+from engine.gate import Gate
+from engine.omni.backend import OmniBackend
+from engine.omni.weights.source import ModelSource
 
 
 def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: float) -> Engine:
@@ -27,7 +29,7 @@ def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: fl
                            overrides={"admission": {"max_queued": max_queued, "queue_timeout_s": queue_timeout_s}},
                            stage_overrides={"thinker": {"max_batch": batch, "ignore_eos": True},
                                             "talker": {"ignore_eos": True}})
-    assert stage_capacity(profile) == batch
+    assert OmniBackend(ModelSource.open("tiny", cache_dir=cache_dir), profile).capacity == batch
     return create_engine("tiny", profile, cache_dir)
 
 

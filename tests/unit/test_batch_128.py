@@ -19,8 +19,8 @@ from engine import (
     TextPart,
     create_engine,
 )
+from engine.omni.runners.kv_cache import PAGE_SIZE
 from engine.profile import load_profile
-from engine.runners.kv_cache import PAGE_SIZE
 
 REPLIES = 128
 TALKER_PAGES = 64

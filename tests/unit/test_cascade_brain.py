@@ -11,7 +11,7 @@ import torch
 
 from engine.cascade import brain
 from engine.cascade.brain import BrainRunner
-from engine.runners.thinker import StepRow
+from engine.omni.runners.thinker import StepRow
 
 SYSTEM = "You are a helpful voice assistant. Answer in one short sentence."
 

@@ -48,7 +48,7 @@ SENTENCES = (
 )
 # as the speaking stage cuts a reply: a short first clause (at most 5 words), then the rest
 CLAUSES = ("The capital of France", "is Paris.", "Bees make honey,", "which they keep in their hives.", "Sure.")
-FALLBACKS = {"cascade": {"ears": "pocketsphinx", "voice": "festival"}, "stages": {"talker": {"default_speaker": "slt"}}}
+FALLBACKS = {"cascade": {"ears": "pocketsphinx", "voice": "festival"}}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_the_profile_picks_the_fallbacks_per_role() -> None:
     assert (picked.ears, picked.voice) == ("pocketsphinx", "festival")
     with pytest.raises(ProfileError, match=r"^cascade\.voice: must be one of piper, festival, got 'espeak'"):
         load_profile(model="assistant", platform="cpu", overrides={"cascade": {"voice": "espeak"}})
-    with pytest.raises(ProfileError, match=r"^cascade: only with backend: cascade, got backend: staged"):
+    with pytest.raises(ProfileError, match=r"^cascade: only with backend: cascade, got backend: omni"):
         load_profile(model="tiny", platform="cpu", overrides={"cascade": {"ears": "pocketsphinx"}})
 
 
@@ -188,7 +188,16 @@ async def test_the_assistant_on_the_fallbacks_answers_speech_with_speech(
     assert errors / total <= 0.25, (text, errors, total)
 
 
-def test_the_default_speaker_must_be_the_voices(cache_dir: Path) -> None:
-    profile = load_profile(model="assistant", platform="cpu", overrides={"cascade": {"voice": "festival"}})
-    with pytest.raises(EngineError, match=r"^stages\.talker\.default_speaker: the festival voice's one speaker is slt"):
-        create_engine("assistant", profile, cache_dir)
+def test_the_cascade_has_its_own_keys_and_each_voice_its_one_speaker() -> None:
+    """The cascade's roles are `cascade.ears`, `brain` and `voice`, never the Omni stages' keys; the voice picks its
+    speaker (no model loads to say so)."""
+    from engine.cascade.backend import CascadeBackend
+
+    with pytest.raises(ProfileError, match=r"^stages: the cascade's stages are set by cascade\.ears, cascade\.brain "
+                       r"and cascade\.voice"):
+        load_profile(model="assistant", platform="cpu", overrides={"stages": {"talker": {"default_speaker": "slt"}}})
+    festival = load_profile(model="assistant", platform="cpu", overrides={"cascade": {"voice": "festival"}})
+    assert CascadeBackend(festival).info.speakers == ("slt",)
+    assert CascadeBackend(load_profile(model="assistant", platform="cpu")).info.speakers == ("joe",)
+    brain = load_profile(model="assistant", platform="cpu", overrides={"cascade": {"brain": {"max_batch": 2}}})
+    assert brain.cascade.brain.max_batch == 2 and brain.cascade.brain.max_model_len == 4096

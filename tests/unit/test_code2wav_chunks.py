@@ -8,7 +8,7 @@ import pytest
 import torch
 from code2wav_windows import Code2WavRunner
 
-from engine.weights.checkpoint import load_stage
+from engine.omni.weights.checkpoint import load_stage
 
 
 @pytest.fixture(scope="module")

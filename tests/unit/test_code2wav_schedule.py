@@ -1,4 +1,4 @@
-"""Code2Wav's step (engine/stages/code2wav.py) on the tiny decoder: ready chunks by playback deadline, first
+"""Code2Wav's step (engine/omni/stages/code2wav.py) on the tiny decoder: ready chunks by playback deadline, first
 chunks first, then the replies whose listeners hold the least audio, and no more per step than
 `max_step_frames` (the padded batch) allows, never fewer than one chunk."""
 
@@ -11,11 +11,11 @@ import torch
 
 from engine.handoff import CodecFrames, Inbox
 from engine.metrics import EngineMetrics
+from engine.omni.runners.code2wav import StreamingCode2Wav
+from engine.omni.stages.code2wav import Code2WavStage
+from engine.omni.stages.playback import PlaybackClock
+from engine.omni.weights.checkpoint import load_stage
 from engine.profile import ChunkConfig, Code2WavConfig
-from engine.runners.code2wav import StreamingCode2Wav
-from engine.stages.code2wav import Code2WavStage
-from engine.stages.playback import PlaybackClock
-from engine.weights.checkpoint import load_stage
 
 CHUNKS = ChunkConfig(enabled=True, initial_chunk_frames=4, chunk_frames=8)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.code2wav import StreamBatch, StreamingCode2Wav
-from engine.weights.checkpoint import load_stage
-from engine.weights.full_size import full_size_config_dict
+from engine.omni.runners.code2wav import StreamBatch, StreamingCode2Wav
+from engine.omni.weights.checkpoint import load_stage
+from engine.omni.weights.full_size import full_size_config_dict
 
 
 def _codes(frames: int, seed: int) -> torch.Tensor:
@@ -103,7 +103,7 @@ def test_full_size_bf16_on_gpu_streams_like_the_one_shot_decode() -> None:
     """In bf16 neither decode is exact: the streamed one must be as close to float32 as the one-shot is."""
     import copy
 
-    from engine.weights.full_size import build_dummy_stage
+    from engine.omni.weights.full_size import build_dummy_stage
 
     model, _ = build_dummy_stage("code2wav", device="cuda", dtype="bfloat16")
     reference_model = copy.deepcopy(model).float()

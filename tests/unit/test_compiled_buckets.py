@@ -1,5 +1,5 @@
 """Every graph bucket of the Thinker and the Talker compiles within `compiled_layers`' recompile limit, with
-room to spare (engine/accel/cuda_graphs.py): both stages' layers share frames, and a frame that runs out of
+room to spare (engine/omni/accel/cuda_graphs.py): both stages' layers share frames, and a frame that runs out of
 recompiles is captured uncompiled for the buckets after it, silently but for one warning. Other versions of
 torch and transformers guard differently (the H200 image's needed more than torch's default of 8 where this
 one needs 8), hence the room.
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.accel import packed_attention
-from engine.accel.cuda_graphs import RECOMPILE_LIMIT, compiled_layers, packed_tokens
-from engine.accel.packed_attention import KernelAttention
-from engine.runners.packed_batch import PackedBatch
-from engine.runners.talker import TalkerRunner
-from engine.runners.thinker import ThinkerRunner
-from engine.weights.checkpoint import load_stage
+from engine.omni.accel import packed_attention
+from engine.omni.accel.cuda_graphs import RECOMPILE_LIMIT, compiled_layers, packed_tokens
+from engine.omni.accel.packed_attention import KernelAttention
+from engine.omni.runners.packed_batch import PackedBatch
+from engine.omni.runners.talker import TalkerRunner
+from engine.omni.runners.thinker import ThinkerRunner
+from engine.omni.weights.checkpoint import load_stage
 
 H200_PROGRAMS = 2 * 132  # so that the small tables of few rows split their keys, as on the GPU
 
@@ -54,7 +54,7 @@ def test_every_bucket_of_both_stages_compiles_within_the_limit(tiny_checkpoint: 
     # the guards are dynamo's whatever the backend: the eager one spares the test inductor's code generation
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
-    # no torch._dynamo.reset() around it: that would also drop the compile hooks engine/cold_work.py installs
+    # no torch._dynamo.reset() around it: that would also drop the compile hooks engine/metrics.py installs
     recompiles = Recompiles()
     torch._logging.set_logs(recompiles=True)
     logging.getLogger("torch._dynamo.guards.__recompiles").addHandler(recompiles)

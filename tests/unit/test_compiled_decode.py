@@ -1,4 +1,4 @@
-"""Decoder layers through torch.compile (`compiled_layers`, engine/accel/cuda_graphs.py) == eager layers,
+"""Decoder layers through torch.compile (`compiled_layers`, engine/omni/accel/cuda_graphs.py) == eager layers,
 in their CPU form: the same Thinker and Talker packed steps, compiled by inductor for the CPU."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from engine.accel.cuda_graphs import compiled_layers
-from engine.runners.talker import TalkerRow, TalkerRunner
-from engine.runners.thinker import StepRow, ThinkerRunner
-from engine.weights.checkpoint import load_stage
+from engine.omni.accel.cuda_graphs import compiled_layers
+from engine.omni.runners.talker import TalkerRow, TalkerRunner
+from engine.omni.runners.thinker import StepRow, ThinkerRunner
+from engine.omni.weights.checkpoint import load_stage
 
 PROMPT = [151644, 872, 198, 9707, 11, 1246, 525]
 

@@ -25,8 +25,8 @@ from engine import (
     create_engine,
     load_profile,
 )
-from engine.cold_work import EAGER_FALLBACK, TORCH_COMPILE, TRITON_COMPILE, UNWARMED_SHAPE
-from engine.runners.prefix_cache import KEPT_PER_SLOT
+from engine.metrics import EAGER_FALLBACK, TORCH_COMPILE, TRITON_COMPILE, UNWARMED_SHAPE
+from engine.omni.runners.prefix_cache import KEPT_PER_SLOT
 
 
 def _engine(cache_dir: Path, **thinker: object) -> Engine:

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.assemble import _share_cores
+from engine.omni.assemble import _share_cores
 from engine.profile import load_profile
 
 

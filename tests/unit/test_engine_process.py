@@ -324,7 +324,7 @@ async def test_a_conversation_sends_each_clip_and_picture_once(tiny_checkpoint: 
         fourth = (*turns[2], Message("assistant", (TextPart("reply 2"),)), Message("user", (TextPart("and?"),)))
         extra = dataclasses.replace(turns[0][0], content=(AudioPart(np.full(8_000, 0.05, dtype=np.float32)),))
         core = remote.core
-        prompt = remote.admission.prompts.build((extra,))
+        prompt = remote.intake.prompts.build((extra,))
         core._media._sent.add(prompt.audio_keys[0], True, 0)  # believed sent, never sent
         resent = await _text(remote, "t3", (extra, *fourth))
         assert [mel is None for mel in submits[-2].audio_features][0] and submits[-1].audio_features[0] is not None

@@ -1,4 +1,4 @@
-"""`voice-gateway kernels` (engine/experts_timing.py, engine/predictor_timing.py, engine/attention_timing.py): where there is no CUDA GPU it
+"""`voice-gateway kernels` (engine/probes/experts_timing.py, engine/probes/predictor_timing.py, engine/probes/attention_timing.py): where there is no CUDA GPU it
 says so and fails, as it does for counts that are not counts; its figures are drawn from the JSON it writes
 (tests/gpu times for real)."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from bench.plots import plot_attention_timing, plot_experts_timing, plot_predictor_timing
-from engine.attention_timing import AttentionTiming
-from engine.experts_timing import ExpertsTiming
-from engine.predictor_timing import PredictorTiming
+from engine.probes.attention_timing import AttentionTiming
+from engine.probes.experts_timing import ExpertsTiming
+from engine.probes.predictor_timing import PredictorTiming
 from voice_gateway.cli import main
 
 

@@ -1,4 +1,4 @@
-"""FP8 experts (engine/accel/fp8.py): block and row quantization's documented scales and round trip, and the fused
+"""FP8 experts (engine/omni/accel/fp8.py): block and row quantization's documented scales and round trip, and the fused
 MoE kernels on e4m3 weights and inputs against the float32 reference of the same arithmetic.
 
 On a CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); on a GPU,
@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from engine.accel import fp8, fused_moe
+from engine.omni.accel import fp8, fused_moe
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -79,7 +79,7 @@ def test_the_row_quantization_kernel_is_the_documented_one(num_rows: int) -> Non
 
 
 def test_quantize_experts_replaces_every_experts_weights(tiny_checkpoint) -> None:
-    from engine.weights.checkpoint import load_stage
+    from engine.omni.weights.checkpoint import load_stage
 
     model = load_stage(tiny_checkpoint, "talker", device="cpu", dtype="float32").model
     modules = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
@@ -96,10 +96,10 @@ def test_dummy_fp8_experts_are_drawn_straight_into_e4m3(stage: str) -> None:
     """`load_format: dummy` with FP8: the experts are built unmade (meta) and drawn into e4m3 one weight at a
     time, with the documented scales (each block's largest magnitude over 448, so its largest code is 448) and
     the bf16 dummy weights' spread; the rest of the stage is made as without FP8."""
-    from engine.weights.checkpoint import stage_class
-    from engine.weights.full_size import experts_on_meta_device
-    from engine.weights.omni_config import omni_config
-    from engine.weights.tiny import tiny_config_dict
+    from engine.omni.weights.checkpoint import stage_class
+    from engine.omni.weights.full_size import experts_on_meta_device
+    from engine.omni.weights.omni_config import omni_config
+    from engine.omni.weights.tiny import tiny_config_dict
 
     cls, config = stage_class(stage, omni_config(tiny_config_dict()))
     with experts_on_meta_device():
@@ -162,7 +162,7 @@ def check_fp8_engine_equals_generate(tiny_checkpoint, cache_dir, device: str, to
         await engine.start()
         try:
             messages = CONVERSATIONS["text only"]
-            return engine.admission.prompts.build(messages), await _reply(engine, "fp8", messages)
+            return engine.intake.intake.prompts.build(messages), await _reply(engine, "fp8", messages)
         finally:
             await engine.stop()
 

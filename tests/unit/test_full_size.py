@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.weights.full_size import build_dummy_stage
+from engine.omni.weights.full_size import build_dummy_stage
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_stage_sizes(stage: str, billions: tuple[float, float]) -> None:
 
 def test_dummy_weights_front_door_builds_once(tmp_path) -> None:
     """`load_format: dummy` needs no checkpoint: the released config, and a tokenizer built once in the cache."""
-    from engine.weights.source import ModelSource
+    from engine.omni.weights.source import ModelSource
 
     source = ModelSource.open("dummy", "dummy", tmp_path)
     assert source.is_random_weights and source.frame_samples == 1920
@@ -46,10 +46,10 @@ def test_the_talkers_experts_are_drawn_not_left_empty() -> None:
     """transformers leaves the Talker's stacked experts as `torch.empty`; dummy weights draw them as the Thinker's."""
     import torch
 
-    from engine.weights.checkpoint import stage_class
-    from engine.weights.full_size import draw_talker_experts
-    from engine.weights.omni_config import omni_config
-    from engine.weights.tiny import tiny_config_dict
+    from engine.omni.weights.checkpoint import stage_class
+    from engine.omni.weights.full_size import draw_talker_experts
+    from engine.omni.weights.omni_config import omni_config
+    from engine.omni.weights.tiny import tiny_config_dict
 
     cls, sub = stage_class("talker", omni_config(tiny_config_dict()))
     talker = cls._from_config(sub, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""The paged KV cache (engine/runners/kv_cache.py): slots take pages from one pool and give them back; what a
+"""The paged KV cache (engine/omni/runners/kv_cache.py): slots take pages from one pool and give them back; what a
 slot holds reads back from its pages wherever they lie."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.runners.kv_cache import SlotKVCache
+from engine.omni.runners.kv_cache import SlotKVCache
 
 
 def cache(pages: int | None = None) -> SlotKVCache:

@@ -84,7 +84,7 @@ rows:
 """))
     a, b = ladder.rows
     assert ladder.row_profile(a) == {"load_format": "dummy", "cuda_graphs": False, "stages": {
-        "talker": {"max_frames": 125, "ignore_eos": True, "max_batch": 8}, "code2wav": {"replicas": 2}}}
+        "talker": {"max_frames": 125, "ignore_eos": True, "max_batch": 8}, "code2wav": {"copies": 2}}}
     assert ladder.profile["stages"]["talker"] == {"max_frames": 125, "ignore_eos": True}  # not merged in place
     args = ladder.serve_args(a)
     assert args[:4] == ["dummy", "--deploy-config", "configs/qwen3_omni_moe.yaml", "--overrides"]

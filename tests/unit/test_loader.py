@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.weights.checkpoint import CheckpointMismatch, CheckpointNotFound, load_stage, resolve_checkpoint
+from engine.omni.weights.checkpoint import CheckpointMismatch, CheckpointNotFound, load_stage, resolve_checkpoint
 
 
 @pytest.mark.parametrize("stage", ["thinker", "talker", "code2wav"])

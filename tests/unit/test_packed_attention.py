@@ -16,10 +16,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.accel import packed_attention  # noqa: E402
-from engine.accel.packed_attention import BLOCK_Q  # noqa: E402
-from engine.runners.kv_cache import SlotKVCache  # noqa: E402
-from engine.runners.packed_batch import (  # noqa: E402
+from engine.omni.accel import packed_attention  # noqa: E402
+from engine.omni.accel.packed_attention import BLOCK_Q  # noqa: E402
+from engine.omni.runners.kv_cache import SlotKVCache  # noqa: E402
+from engine.omni.runners.packed_batch import (  # noqa: E402
     SMALL_Q,
     PackedBatch,
     Piece,

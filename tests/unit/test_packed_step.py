@@ -1,4 +1,4 @@
-"""One packed Thinker step (engine/runners/packed_batch.py) equals its parts: prompts and decode rows packed
+"""One packed Thinker step (engine/omni/runners/packed_batch.py) equals its parts: prompts and decode rows packed
 together equal each run alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a
 step padded to a graph's bucket equals the exact step, its padding written only into the scratch page."""
 
@@ -12,10 +12,10 @@ import torch
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from engine import AudioPart, Message, TextPart
-from engine.prompt import Prompt, PromptBuilder
-from engine.runners.packed_batch import PackedBatch, Piece, query_blocks
-from engine.runners.thinker import RowOut, StepRow, ThinkerRunner
-from engine.weights.checkpoint import load_stage
+from engine.intake.prompt import Prompt, PromptBuilder
+from engine.omni.runners.packed_batch import PackedBatch, Piece, query_blocks
+from engine.omni.runners.thinker import RowOut, StepRow, ThinkerRunner
+from engine.omni.weights.checkpoint import load_stage
 from tests.unit.kv_views import kv_rows, scratch_rows, untouched
 
 
@@ -101,11 +101,11 @@ def test_query_blocks_cover_every_query_once() -> None:
 
 
 def test_a_step_padded_to_its_bucket_equals_the_exact_step(parts: tuple[object, PromptBuilder]) -> None:
-    """What a graph replays (engine/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
+    """What a graph replays (engine/omni/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
     Triton's interpreter: the step padded to 48 tokens and 6 sequences gives the same rows, and its padding
     writes only the scratch page."""
     pytest.importorskip("triton")
-    from engine.accel.packed_attention import KernelAttention
+    from engine.omni.accel.packed_attention import KernelAttention
 
     loaded, builder = parts
     a = builder.build((Message("user", (TextPart("a prompt shorter than its bucket"),)),)).token_ids

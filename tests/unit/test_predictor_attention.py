@@ -1,5 +1,5 @@
-"""The code predictor's attention kernel (engine/accel/predictor_attention.py) against its torch form
-(engine/runners/code_predictor.py's `frame_attention`), alone and inside a whole predictor.
+"""The code predictor's attention kernel (engine/omni/accel/predictor_attention.py) against its torch form
+(engine/omni/runners/code_predictor.py's `frame_attention`), alone and inside a whole predictor.
 
 On a CPU the kernel runs in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1), in float32; on
 a GPU compiled, in bf16 as deployed, against the torch form in float32.
@@ -14,10 +14,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.accel.predictor_attention import predictor_attention  # noqa: E402
-from engine.runners.code_predictor import StaticCodePredictor, frame_attention  # noqa: E402
-from engine.runners.sampler import RowSampling, RowTensors  # noqa: E402
-from engine.weights.checkpoint import load_stage  # noqa: E402
+from engine.omni.accel.predictor_attention import predictor_attention  # noqa: E402
+from engine.omni.runners.code_predictor import StaticCodePredictor, frame_attention  # noqa: E402
+from engine.omni.runners.sampler import RowSampling, RowTensors  # noqa: E402
+from engine.omni.weights.checkpoint import load_stage  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32

@@ -12,13 +12,13 @@ from prometheus_client import CollectorRegistry
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
 from engine import AudioPart, Message, TextPart
+from engine.intake.prompt import PromptBuilder
 from engine.metrics import PrefixCacheMetrics
-from engine.prompt import PromptBuilder
-from engine.runners.kv_cache import SlotKVCache
-from engine.runners.prefix_cache import Entry, PrefixCache, head, host_rows, position_keys
-from engine.runners.thinker import StepRow, ThinkerRunner
-from engine.vision import placeholder_spans
-from engine.weights.checkpoint import load_stage
+from engine.omni.runners.kv_cache import SlotKVCache
+from engine.omni.runners.prefix_cache import Entry, PrefixCache, head, host_rows, position_keys
+from engine.omni.runners.thinker import StepRow, ThinkerRunner
+from engine.omni.weights.checkpoint import load_stage
+from engine.positions import placeholder_spans
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_rows_after_a_prefix_equal_a_whole_prefill(thinker: tuple[ThinkerRunner,
 
 def test_audio_tower_batched_and_padded_equals_transformers_clip_by_clip(
         thinker: tuple[ThinkerRunner, PromptBuilder]) -> None:
-    """The padded layout (engine/runners/audio_tower.py) against transformers' own forward: clips of under a
+    """The padded layout (engine/omni/runners/audio_tower.py) against transformers' own forward: clips of under a
     second, with a tail chunk, and of two attention windows (8 s each), alone, together and padded to a bucket."""
     runner, builder = thinker
     clips = [builder.build((Message("user", (AudioPart(tone(s, step)),)),)).audio_features[0]

@@ -75,9 +75,11 @@ def test_bad_overrides_name_the_key(overrides: str, message: str) -> None:
 
 
 def test_stages_nearer_the_audio_get_the_higher_stream_priority() -> None:
-    from engine.stages.policy import STREAM_PRIORITY
+    from engine.omni.stages.code2wav import Code2WavStage
+    from engine.omni.stages.talker import TalkerStage
+    from engine.omni.stages.thinker import ThinkerStage
 
-    assert STREAM_PRIORITY["code2wav"] < STREAM_PRIORITY["talker"] < STREAM_PRIORITY["thinker"] <= 0
+    assert Code2WavStage.stream_priority < TalkerStage.stream_priority < ThinkerStage.stream_priority <= 0
 
 
 def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
@@ -95,7 +97,7 @@ def test_chunk_schedule_ramps_up_to_chunk_frames(tmp_path: Path) -> None:
         ("async_chunk: {ramp_frames: 8}", "async_chunk.ramp_frames: must be a list"),
         ("async_chunk: {ramp_frames: [8, 0]}", r"async_chunk.ramp_frames\[1\]: must be >= 1"),
         ("platforms: {tpu: {}}", "platforms.tpu: unknown platform"),
-        ("platforms: {cpu: {stages: {talker: {replicas: 0}}}}", "stages.talker.replicas: must be >= 1"),
+        ("platforms: {cpu: {stages: {talker: {copies: 0}}}}", "stages.talker.copies: must be >= 1"),
         ("load_format: safetensors", "load_format: must be one of auto, dummy"),
         ("cuda_graphs: 1", "cuda_graphs: must be true or false"),
         ("kernels: cutlass", "kernels: must be one of reference, triton"),

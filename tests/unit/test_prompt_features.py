@@ -1,4 +1,4 @@
-"""The prompt builder's work on a long history (engine/prompt.py): a long call sends its whole history's audio
+"""The prompt builder's work on a long history (engine/intake/prompt.py): a long call sends its whole history's audio
 every turn, and none of it is turned into features again while it fits the cache's bytes, nor hashed again, nor
 its placeholders tokenized."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from engine import prompt as prompt_module
+from engine.intake import prompt as prompt_module
 from engine.api import AudioPart, Message, TextPart
-from engine.prompt import PromptBuilder
+from engine.intake.prompt import PromptBuilder
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from engine import (
     create_engine,
     load_profile,
 )
-from engine.reference import ReferenceCore
+from engine.omni.reference import ReferenceCore
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_FRAMES = 6
@@ -116,7 +116,7 @@ async def test_bad_requests_are_refused_like_the_staged_engine(engine: Engine) -
 
 
 def test_profile_selects_the_backend(tmp_path: Path) -> None:
-    assert load_profile(REPO / "configs/tiny.yaml", platform="cpu").backend == "staged"
+    assert load_profile(REPO / "configs/tiny.yaml", platform="cpu").backend == "omni"
     baseline = load_profile(REPO / "configs/qwen3_omni_moe.yaml", platform="cuda",
                             overrides={"backend": "transformers_generate",
                                        "engine": {"where": "in_process", "http_workers": 1}})
@@ -126,5 +126,5 @@ def test_profile_selects_the_backend(tmp_path: Path) -> None:
                      overrides={"backend": "transformers_generate"})
     bad = tmp_path / "bad.yaml"
     bad.write_text("backend: vllm\n")
-    with pytest.raises(ProfileError, match="backend: must be one of staged, transformers_generate"):
+    with pytest.raises(ProfileError, match="backend: must be one of omni, transformers_generate"):
         load_profile(bad, platform="cpu")

@@ -21,20 +21,20 @@ needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1"
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize(
-    ("code2wav", "top", "replicas"),
+    ("code2wav", "top", "copies"),
     [
         ({}, {}, 1),
         ({"max_streams": 1}, {}, 1),  # the second reply's audio waits for the first's state slot
-        ({}, {}, 2),  # two Talker and two Code2Wav replicas, one reply each
+        ({}, {}, 2),  # two Talker and two Code2Wav copies, one reply each
         ({"ramp_frames": (3, 4)}, {}, 1),  # chunks of 2, 3, 4, then 8 frames
         # the Thinker paced to the Talker: who runs when, not what
         ({}, {"first_packet": {"text_lead": 2}}, 1),
         # our Triton MoE and decode attention, in Triton's CPU interpreter
         pytest.param({}, {"kernels": "triton"}, 1, marks=[needs_triton, needs_interpreter]),
     ],
-    ids=["cpu", "cpu-one-stream-slot", "cpu-replicas", "cpu-chunk-ramp", "cpu-first-packet-policy", "cpu-triton-kernels"],
+    ids=["cpu", "cpu-one-stream-slot", "cpu-copies", "cpu-chunk-ramp", "cpu-first-packet-policy", "cpu-triton-kernels"],
 )
 def test_engine_equals_transformers_generate(
-    tiny_checkpoint: Path, cache_dir: Path, code2wav: dict, top: dict, replicas: int
+    tiny_checkpoint: Path, cache_dir: Path, code2wav: dict, top: dict, copies: int
 ) -> None:
-    check_engine_equals_generate(tiny_checkpoint, cache_dir, "cpu", code2wav, top, replicas)
+    check_engine_equals_generate(tiny_checkpoint, cache_dir, "cpu", code2wav, top, copies)

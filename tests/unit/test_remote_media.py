@@ -13,10 +13,9 @@ import numpy as np
 import torch
 
 from engine import AudioPart, EngineRequest, Failed, Finished, Message, SamplingParams, load_profile
-from engine.handoff import AdmittedRequest
+from engine.handoff import AdmittedRequest, ImageInput
+from engine.omni.weights.source import ModelSource
 from engine.remote.media import HeldMedia, SentMedia
-from engine.vision import ImageInput
-from engine.weights.source import ModelSource
 
 ONE = 128 * 10 * 4  # the bytes of the smallest clip's features below
 
@@ -78,12 +77,12 @@ def test_the_server_side_forgets_its_oldest_past_its_budget() -> None:
 async def test_a_request_cancelled_while_asked_for_whole_ends(cache_dir: Path) -> None:
     """The engine's side: a request naming a clip it never got is not begun but asked for whole; a Cancel before
     it comes ends it with `aborted` (its stream must end), and a request that comes whole is begun."""
-    from engine.local import load_core
+    from engine.omni.backend import OmniBackend
     from engine.remote.messages import Cancel, EngineSpec, Events, Resend, Submit
     from engine.remote.service import CoreService
 
     profile = load_profile(model="tiny", platform="cpu")
-    core = load_core(ModelSource.open("tiny", cache_dir=cache_dir), profile)
+    core = OmniBackend(ModelSource.open("tiny", cache_dir=cache_dir), profile).load_core()
     await core.start()
     engine_end, server_end = multiprocessing.Pipe()
     service = CoreService(core, EngineSpec("tiny", profile, cache_dir), asyncio.get_running_loop())
@@ -104,11 +103,11 @@ async def test_a_request_cancelled_while_asked_for_whole_ends(cache_dir: Path) -
 
 
 async def _admit(cache_dir: Path, profile) -> AdmittedRequest:
-    from engine.admission import Admission
+    from engine.omni.backend import OmniBackend
 
-    admission = Admission.open(ModelSource.open("tiny", cache_dir=cache_dir), profile, text_on_loop=True)
+    intake = OmniBackend(ModelSource.open("tiny", cache_dir=cache_dir), profile).intake(text_on_loop=True)
     clip = AudioPart(np.full(8_000, 0.05, dtype=np.float32))
-    return await admission.admit(EngineRequest("spoken", (Message("user", (clip,)),), want_audio=False,
+    return await intake.admit(EngineRequest("spoken", (Message("user", (clip,)),), want_audio=False,
                                                sampling=SamplingParams(max_tokens=3)))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.runners.sampler import RowSampling, penalise_seen, sample
+from engine.omni.runners.sampler import RowSampling, penalise_seen, sample
 
 
 def _logits(batch: int, vocab: int, seed: int) -> torch.Tensor:

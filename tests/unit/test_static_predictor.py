@@ -1,4 +1,4 @@
-"""engine/runners/code_predictor.py == transformers' code predictor, for the same inputs and seeds."""
+"""engine/omni/runners/code_predictor.py == transformers' code predictor, for the same inputs and seeds."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runners.code_predictor import FrameAttention, StaticCodePredictor, frame_attention
-from engine.runners.sampler import RowSampling, RowTensors
-from engine.runners.talker import TalkerRunner
-from engine.weights.checkpoint import load_stage
+from engine.omni.runners.code_predictor import FrameAttention, StaticCodePredictor, frame_attention
+from engine.omni.runners.sampler import RowSampling, RowTensors
+from engine.omni.runners.talker import TalkerRunner
+from engine.omni.weights.checkpoint import load_stage
 
 
 def _rows(n: int, device: str) -> RowTensors:
@@ -70,8 +70,8 @@ def test_static_predictor_logits_equal_transformers(tiny_checkpoint: Path) -> No
 def test_compiled_static_predictor_on_cuda(tiny_checkpoint: Path, kernel: bool) -> None:
     """On a GPU, other kernels round differently, and a sampled code can flip on a near-tie: the
     compiled step's logits are compared over the same frames, and its CUDA graph with itself."""
-    from engine.accel.cuda_graphs import GraphedCodePredictor
-    from engine.accel.predictor_attention import predictor_attention
+    from engine.omni.accel.cuda_graphs import GraphedCodePredictor
+    from engine.omni.accel.predictor_attention import predictor_attention
 
     attention = predictor_attention if kernel else frame_attention
     logits, expected = _teacher_forced(tiny_checkpoint, "cuda", compiled=True, attention=attention)

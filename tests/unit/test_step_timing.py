@@ -1,4 +1,4 @@
-"""`voice-gateway steps` (engine/step_timing.py) on the tiny model, on the CPU: every (rows, context, prompt) timed
+"""`voice-gateway steps` (engine/probes/step_timing.py) on the tiny model, on the CPU: every (rows, context, prompt) timed
 through the Thinker's own step, what its rows read counted from the cache's shape, the JSON and the figure
 written, and bad counts refused."""
 

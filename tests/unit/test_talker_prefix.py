@@ -1,4 +1,4 @@
-"""The Talker's kept prefixes (engine/runners/talker_prefix.py): a conversation's next turn takes the slot its
+"""The Talker's kept prefixes (engine/omni/runners/talker_prefix.py): a conversation's next turn takes the slot its
 last reply left and prefills only its new user rows, and the reply it speaks is the one a fresh engine speaks
 from the whole prompt."""
 
@@ -25,8 +25,8 @@ from engine import (
     create_engine,
     load_profile,
 )
-from engine.runners.kv_cache import SlotKVCache
-from engine.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
+from engine.omni.runners.kv_cache import SlotKVCache
+from engine.omni.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
 
 
 def small_cache(slots: int, min_rows: int = 4, pages: int | None = None) -> TalkerPrefixCache:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine import create_engine, load_profile
-from engine.runners.talker import PromptLayout
+from engine.omni.runners.talker import PromptLayout
 
 IM_START, USER, ASSISTANT, SYSTEM, AUDIO = 1, 2, 3, 4, 9
 

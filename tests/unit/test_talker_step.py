@@ -1,4 +1,4 @@
-"""One packed Talker step (engine/runners/talker.py) equals its parts: a prompt and decode rows packed together
+"""One packed Talker step (engine/omni/runners/talker.py) equals its parts: a prompt and decode rows packed together
 equal each alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a step padded to a
 graph's bucket equals the exact step, its padding written only into the scratch page. And the stage's own
 rules: the repetition history per slot, no codec EOS before a reply's first frame, replies waiting for the KV pool
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.runners.packed_batch import PackedBatch, Piece
-from engine.runners.talker import TalkerRow, TalkerRunner
-from engine.weights.checkpoint import load_stage
+from engine.omni.runners.packed_batch import PackedBatch, Piece
+from engine.omni.runners.talker import TalkerRow, TalkerRunner
+from engine.omni.weights.checkpoint import load_stage
 from tests.unit.kv_views import kv_rows, scratch_rows, untouched
 
 WIDTH = 64  # the tiny Thinker's hidden size
@@ -76,11 +76,11 @@ def test_a_prompt_in_pieces_with_a_decode_row_riding_equals_it_whole(loaded: obj
 
 
 def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> None:
-    """What a graph replays (engine/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
+    """What a graph replays (engine/omni/accel/cuda_graphs.py `GraphedPacked`), run eagerly with the kernel in
     Triton's interpreter: the step padded to 32 rows gives the same outputs, and its padding writes only the
     scratch page."""
     pytest.importorskip("triton")
-    from engine.accel.packed_attention import KernelAttention
+    from engine.omni.accel.packed_attention import KernelAttention
 
     gen = torch.Generator().manual_seed(5)
     with torch.inference_mode():
@@ -106,7 +106,7 @@ def test_a_step_padded_to_its_bucket_equals_the_exact_step(loaded: object) -> No
 
 def test_repetition_history_on_the_device_follows_each_slots_reply(loaded: object) -> None:
     """The runner's per-slot table of produced codes penalises exactly what a per-reply list would."""
-    from engine.runners.sampler import penalise_seen
+    from engine.omni.runners.sampler import penalise_seen
 
     gen = torch.Generator().manual_seed(5)
     with torch.inference_mode():
@@ -135,9 +135,9 @@ def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
     """Codec EOS is the likeliest code: a reply with no frame yet takes the next best, one with frames ends."""
     from engine.handoff import Inbox, ThinkerPrompt
     from engine.metrics import EngineMetrics
+    from engine.omni.runners.sampler import RowSampling
+    from engine.omni.stages.talker import TalkerSeq, TalkerStage
     from engine.profile import TalkerConfig
-    from engine.runners.sampler import RowSampling
-    from engine.stages.talker import TalkerSeq, TalkerStage
 
     sent: list = []
     with torch.inference_mode():
@@ -164,9 +164,9 @@ def test_replies_wait_for_the_talker_kv_pool_first_come_first_served(loaded: obj
     reserved; a short prompt behind a long one that waits for pages waits too, and they start in order."""
     from engine.handoff import Inbox, PromptRows, ThinkerPrompt
     from engine.metrics import EngineMetrics
+    from engine.omni.runners.kv_cache import SlotKVCache
+    from engine.omni.stages.talker import TalkerStage
     from engine.profile import TalkerConfig
-    from engine.runners.kv_cache import SlotKVCache
-    from engine.stages.talker import TalkerStage
 
     gen = torch.Generator().manual_seed(7)
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""The Thinker paced to the Talker (`first_packet.text_lead`, engine/stages/policy.py): same replies,
+"""The Thinker paced to the Talker (`first_packet.text_lead`, engine/omni/stages/policy.py): same replies,
 fewer runaway steps, and no text made beside a first chunk's frames.
 
 The tiny engine on the CPU, one reply at a time with a fixed seed, paced and not: pacing only
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextDelta, TextPart, create_engine
+from engine.omni.stages.policy import FirstPacketPolicy
 from engine.profile import ChunkConfig, FirstPacketConfig, load_profile
-from engine.stages.policy import FirstPacketPolicy
 
 LEAD = 2
 

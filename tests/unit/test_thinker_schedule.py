@@ -1,4 +1,4 @@
-"""The Thinker's packed-step scheduler (engine/stages/thinker.py) over random arrivals, with a fake runner.
+"""The Thinker's packed-step scheduler (engine/omni/stages/thinker.py) over random arrivals, with a fake runner.
 
 A fake runner stands in for the model: it records every step's rows and answers logits that make one token
 win, so the real stage, `PrefixCache` and `FirstPacketPolicy` decide everything that is checked here: who has a row in each step, how many tokens a step carries,
@@ -17,13 +17,13 @@ import torch
 
 from engine.handoff import AdmittedRequest, StageFailed
 from engine.metrics import EngineMetrics
+from engine.omni.runners.audio_encoder import DENSE_CHUNKS
+from engine.omni.runners.kv_cache import SlotKVCache
+from engine.omni.runners.thinker import RowOut, StepRow
+from engine.omni.stages.policy import FirstPacketPolicy
+from engine.omni.stages.thinker import ThinkerStage
+from engine.positions import placeholder_spans
 from engine.profile import ChunkConfig, FirstPacketConfig, ThinkerConfig
-from engine.runners.audio_encoder import DENSE_CHUNKS
-from engine.runners.kv_cache import SlotKVCache
-from engine.runners.thinker import RowOut, StepRow
-from engine.stages.policy import FirstPacketPolicy
-from engine.stages.thinker import ThinkerStage
-from engine.vision import placeholder_spans
 
 AUDIO = 3  # the audio placeholder id
 EOS = 2

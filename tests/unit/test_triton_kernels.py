@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from engine.accel import fused_moe, snake  # noqa: E402
+from engine.omni.accel import fused_moe, snake  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -70,7 +70,7 @@ def test_fused_experts_match_reference(num_tokens: int, tiles: fused_moe.Tiles) 
 
 def test_fused_experts_equal_transformers_eager_experts(tiny_checkpoint) -> None:
     """Through a real Qwen3-Omni experts module: our implementation vs transformers' eager loop."""
-    from engine.weights.checkpoint import load_stage
+    from engine.omni.weights.checkpoint import load_stage
 
     model = load_stage(tiny_checkpoint, "talker", device=DEVICE, dtype="float32").model
     experts = next(m for m in model.modules() if hasattr(m, "gate_up_proj"))
@@ -104,7 +104,7 @@ def test_snake_beta_matches_reference(length: int) -> None:
 
 def test_fused_snake_equals_transformers_modules(tiny_checkpoint) -> None:
     """Through the real Code2Wav: every SnakeBeta module, then the whole decode, with and without the kernel."""
-    from engine.weights.checkpoint import load_stage
+    from engine.omni.weights.checkpoint import load_stage
 
     model = load_stage(tiny_checkpoint, "code2wav", device=DEVICE, dtype="float32").model
     with torch.no_grad():  # SnakeBeta starts at alpha = beta = 0 (log-scale); perturb so both matter

@@ -26,11 +26,12 @@ from engine import (
     VideoPart,
     create_engine,
 )
+from engine.intake.images import ImagePreprocessor
+from engine.omni.runners.thinker import StepRow, ThinkerRunner
+from engine.omni.runners.vision_tower import Normalisation, PatchMatmul, VisionTower, patches
+from engine.omni.weights.checkpoint import load_stage
+from engine.positions import Rope, placeholder_spans
 from engine.profile import load_profile
-from engine.runners.thinker import StepRow, ThinkerRunner
-from engine.runners.vision_tower import PatchMatmul, VisionTower
-from engine.vision import ImagePreprocessor, Normalisation, Rope, patches, placeholder_spans
-from engine.weights.checkpoint import load_stage
 from tests.equivalence import FRAMES, TEXT_TOKENS, assert_equals_generate
 
 GREEDY = {"temperature": 0}
@@ -128,7 +129,7 @@ def every_conversation(engine) -> tuple[list, list]:
         await engine.start()
         try:
             results = await asyncio.gather(*(_reply(engine, name, m) for name, m in CONVERSATIONS.items()))
-            return [engine.admission.prompts.build(m) for m in CONVERSATIONS.values()], results
+            return [engine.intake.intake.prompts.build(m) for m in CONVERSATIONS.values()], results
         finally:
             await engine.stop()
 
@@ -171,7 +172,7 @@ def test_a_video_with_its_sound_equals_generate(cache_dir: Path, reference_with_
         engine = _engine(cache_dir)
         await engine.start()
         try:
-            return engine.admission.prompts.build(WITH_SOUND), await _reply(engine, "av", WITH_SOUND)
+            return engine.intake.intake.prompts.build(WITH_SOUND), await _reply(engine, "av", WITH_SOUND)
         finally:
             await engine.stop()
 
@@ -201,7 +202,7 @@ def test_the_thinker_hears_a_video_s_sound(cache_dir: Path, tiny_checkpoint: Pat
     """The tiny model's greedy replies do not change with a clip's sound, so this reads the Thinker's rows: the
     captured layer's rows of the prompt and its last logits equal transformers' thinker forward, and another
     sound over the same frames changes the rows its placeholders take, and only those."""
-    prompts = _engine(cache_dir).admission.prompts
+    prompts = _engine(cache_dir).intake.prompts
     loaded = load_stage(tiny_checkpoint, "thinker", device="cpu", dtype="float32")
     runner = ThinkerRunner(loaded.model, loaded.config, max_batch=2, max_len=256)
     frames, t = _video(4, 64, 64, 70).frames, np.arange(32_000) / 16_000
@@ -248,7 +249,7 @@ def test_positions_are_transformers_rope_index(cache_dir: Path, reference) -> No
     """Text, speech and two images: the M-RoPE rows transformers' get_rope_index gives the whole prompt."""
     async def build():
         engine = _engine(cache_dir)
-        return engine.admission.prompts.build(WITH_SPEECH)
+        return engine.intake.intake.prompts.build(WITH_SPEECH)
 
     prompt = asyncio.run(build())
     assert prompt.audio_tokens and len(prompt.images) == 4
@@ -262,7 +263,7 @@ def test_a_still_video_is_its_frame_as_an_image(cache_dir: Path) -> None:
     """Two equal frames make one temporal patch: the image processor's own layout of that frame (it repeats an
     image over the patch), so the frames of a video are laid out as transformers lays out pixels."""
     frame = _image(80, 120, 50)
-    prompts = _engine(cache_dir).admission.prompts
+    prompts = _engine(cache_dir).intake.prompts
     video = prompts.videos.video(np.stack([frame, frame]), 2.0, -1, 13)
     image = prompts.videos(frame, -1)
     assert video.grid_thw == image.grid_thw and video.time_step == 13
@@ -304,7 +305,7 @@ def test_the_patch_matmul_is_the_convolution(reference) -> None:
 
 def test_vision_tower_batched_equals_one_by_one(cache_dir: Path, reference) -> None:
     async def build():
-        return _engine(cache_dir).admission.prompts.build(WITH_SPEECH)
+        return _engine(cache_dir).intake.prompts.build(WITH_SPEECH)
 
     images = asyncio.run(build()).images
     tower = VisionTower(copy.deepcopy(reference.thinker))  # it gives its tower the patch matmul
@@ -328,9 +329,9 @@ def test_next_turn_reuses_the_prefix_that_holds_the_image(cache_dir: Path, refer
         await engine.start()
         try:
             tokens, _, _ = await _reply(engine, "turn1", first)
-            text = engine.admission.prompts.tokenizer.decode(tokens)
+            text = engine.intake.intake.prompts.tokenizer.decode(tokens)
             second = (*first, Message("assistant", (TextPart(text),)), Message("user", (TextPart("Are you sure?"),)))
-            return engine.admission.prompts.build(second), await _reply(engine, "turn2", second)
+            return engine.intake.intake.prompts.build(second), await _reply(engine, "turn2", second)
         finally:
             await engine.stop()
 

@@ -1,0 +1,405 @@
+"""Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
+
+A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`, first come
+first served (engine/omni/stages/policy.py says why the budget is fixed). Whether a step runs
+for the running replies alone is the first-packet policy's call: with text pacing the Thinker waits while
+every reply's text is far enough ahead of its speech, which the Talker reports as it consumes rows
+(`SpeechProgress`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.api import TextDelta
+from engine.handoff import (
+    AdmittedRequest,
+    Inbox,
+    PromptRows,
+    Report,
+    SpeechProgress,
+    ThinkerDone,
+    ThinkerFinished,
+    ThinkerPrompt,
+    ThinkerToken,
+)
+from engine.metrics import EngineMetrics
+from engine.omni.runners.audio_encoder import DENSE_CHUNKS
+from engine.omni.runners.prefix_cache import Entry, PrefixCache, host_rows, position_keys
+from engine.omni.runners.sampler import RowSampling, new_seed, sample
+from engine.omni.runners.thinker import RowOut, StepRow, StepRunner
+from engine.omni.stages.grammar import Grammars, GrammarState
+from engine.omni.stages.policy import FirstPacketPolicy
+from engine.positions import Rope, media_spans
+from engine.profile import ThinkerConfig
+from engine.stage import Stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ThinkerSeq:
+    job: AdmittedRequest
+    sampling: RowSampling
+    keys: np.ndarray  # per prompt position, what a cached prefix must hold there (engine/omni/runners/prefix_cache.py)
+    clips: list[tuple[int, int]]  # [start, end) of each audio clip's placeholders, in prompt order
+    images: list[tuple[int, int]]  # and of each image's
+    rope: Rope | None = None  # with images, the M-RoPE rows of the prompt and its reply; None: the positions
+    slot: int = -1
+    position: int = 0  # tokens in the KV cache
+    cached: int = 0  # of the prompt, tokens a cached prefix held
+    # the Talker's prompt rows so far (when it speaks): a cached prefix's, then each prefilled piece's
+    embeds: list[torch.Tensor] = field(default_factory=list)
+    hidden: list[torch.Tensor] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    # incremental detokenisation: ids before `text_from` are emitted and never decoded again;
+    # [text_from, text_to) were decoded last time and give the context for the next piece
+    text_from: int = 0
+    text_to: int = 0
+    spoken: int = 0  # text rows the Talker has consumed (when pacing), and those it never gets
+    talker_done: bool = False
+    grammar: GrammarState | None = None  # a constrained reply's place in its grammar
+    in_tool_call: bool = False  # inside <tool_call>...</tool_call>: text the Talker never gets
+    after_tool_call: bool = False  # and the whitespace after it (between calls) neither
+    last_token_at: float = 0.0  # perf_counter() of its latest token
+
+    @property
+    def paced(self) -> bool:
+        return self.job.want_audio and not self.talker_done
+
+    @property
+    def made(self) -> int:
+        return len(self.generated)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.job.token_ids)
+
+
+@dataclass(slots=True)
+class ThinkerBatch:
+    """One step's work: prompt pieces (each sequence and where its piece ends), then a row per running reply."""
+
+    pieces: list[tuple[ThinkerSeq, int]]
+    replies: list[ThinkerSeq]
+    rows: list[StepRow]
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [s.job.request_id for s, _ in self.pieces] + [s.job.request_id for s in self.replies]
+
+
+class ThinkerStage(Stage):
+    """Owns the waiting queue, the prompts being prefilled piece by piece, the running sequences and the
+    prefix cache; the runner owns the model and KV cache."""
+
+    kind = "thinker"
+
+    def __init__(
+        self,
+        runner: StepRunner,
+        cfg: ThinkerConfig,
+        tokenizer: Any,
+        eos_ids: set[int],
+        policy: FirstPacketPolicy,
+        inbox: Inbox,
+        to_talker: Callable[[Any], None],
+        report: Report,
+        metrics: EngineMetrics,
+    ) -> None:
+        super().__init__(inbox, report, metrics, runner.device)
+        self.runner = runner
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.eos_ids = set() if cfg.ignore_eos else eos_ids
+        self.policy = policy
+        self.to_talker = to_talker
+        self.cache = PrefixCache(runner.kv, metrics.prefix, host_bytes=int(cfg.kept_prefix_host_gib * 2**30))
+        self.waiting: deque[ThinkerSeq] = deque()
+        self.partial: list[ThinkerSeq] = []  # holding a slot, prompt not yet all prefilled
+        self.running: dict[str, ThinkerSeq] = {}
+        self.grammars = Grammars(tokenizer)
+
+    def accept(self, item: AdmittedRequest | SpeechProgress) -> None:
+        if isinstance(item, SpeechProgress):
+            for request_id in item.consumed:
+                if (seq := self.running.get(request_id)) is not None:
+                    seq.spoken += 1
+            for request_id in item.finished:
+                if (seq := self.running.get(request_id)) is not None:
+                    seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
+            return
+        sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
+        visual = self.runner.visual_token_ids if item.images else ()
+        clips, images = media_spans(item.token_ids, self.runner.audio_token_id, visual)
+        keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
+        grammar = None if item.grammar is None else self.grammars.start(item.grammar)
+        rope = None if item.positions is None else Rope.of(item.positions)
+        self.waiting.append(ThinkerSeq(job=item, sampling=sampling, keys=keys, clips=clips, images=images, rope=rope,
+                                       grammar=grammar))
+
+    def release(self, request_id: str) -> None:
+        self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
+        for piecewise in [s for s in self.partial if s.job.request_id == request_id]:
+            self.partial.remove(piecewise)  # its KV is incomplete: nothing to keep
+            self.runner.kv.free(piecewise.slot)
+        if (seq := self.running.pop(request_id, None)) is not None:
+            self._keep(seq)
+
+    def _keep(self, seq: ThinkerSeq) -> None:
+        """A finished (or aborted) request's slot stays filled for a prompt that begins the same."""
+        kept = np.concatenate([seq.keys, np.asarray(seq.generated[: seq.position - seq.prompt_len], dtype=np.int64)])
+        self.cache.keep(Entry(seq.slot, kept, seq.prompt_len, host_rows(seq.embeds), host_rows(seq.hidden)))
+
+    def has_work(self) -> bool:
+        return self._wants_decode() or bool(self.partial) or self._may_start()
+
+    def _may_start(self) -> bool:
+        """A slot, and the pages of the next waiting prompt and its longest reply, can be had."""
+        return (bool(self.waiting) and len(self.running) + len(self.partial) < self.cfg.max_batch
+                and self.cache.num_free > 0 and self.cache.can_hold(self._room(self.waiting[0])))
+
+    def _room(self, seq: ThinkerSeq) -> int:
+        """The positions a request can come to hold: its prompt and its longest reply (reserved when it starts,
+        so that a reply never waits for the KV cache's pages)."""
+        return min(seq.prompt_len + seq.job.max_tokens + 1, self.runner.kv.max_len)
+
+    def _wants_decode(self) -> bool:
+        return self.policy.thinker_may_decode(self.running.values())
+
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.partial)
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def step(self) -> list[str]:
+        batch = self._schedule()
+        if batch is None:
+            return []
+        outs = self._forward(batch)
+        self._postprocess(batch, outs)
+        return self.last_batch
+
+    def _schedule(self) -> ThinkerBatch | None:
+        """Prompt pieces under the step's token budget, and a row for every running reply beside them."""
+        replies = list(self.running.values())
+        # the profile keeps room for pieces beside a row per running reply (`max_batch` + 64 at least)
+        pieces = self._take_pieces(self.cfg.max_step_tokens - len(replies))
+        if not pieces and not self._wants_decode():
+            return None
+        rows = [self._piece_row(seq, end) for seq, end in pieces] + [self._reply_row(seq) for seq in replies]
+        return ThinkerBatch(pieces, replies, rows)
+
+    def _forward(self, batch: ThinkerBatch) -> list[RowOut]:
+        self.last_phase = "prefill" if batch.pieces else "decode"
+        self.last_batch = batch.request_ids
+        try:
+            return self.runner.step(batch.rows)
+        except Exception as e:
+            if not batch.pieces or not batch.replies:
+                raise
+            return self._forward_without_pieces(batch, e)
+
+    def _forward_without_pieces(self, batch: ThinkerBatch, error: Exception) -> list[RowOut]:
+        """A prompt's piece can fail a step that the replies beside it did nothing to (memory for a long clip): the
+        pieces' requests fail alone, and the speaking replies take their step without them."""
+        log.exception("thinker step with prompt pieces failed; its %d replies step again without them",
+                      len(batch.replies))
+        self.fail([seq.job.request_id for seq, _ in batch.pieces], error)
+        batch.rows, batch.pieces = batch.rows[len(batch.pieces) :], []
+        self.last_phase, self.last_batch = "decode", batch.request_ids
+        return self.runner.step(batch.rows)
+
+    def _postprocess(self, batch: ThinkerBatch, outs: list[RowOut]) -> None:
+        """Pieces' rows to the Talker, the next token of every reply and of every prompt this step finished."""
+        finishing = self._hand_on(batch.pieces, outs)
+        sampled = finishing + list(zip(batch.replies, outs[len(batch.pieces) :], strict=True))
+        if sampled:
+            tokens, embeds = self._sample(torch.stack([o.logits for _, o in sampled]), [s for s, _ in sampled])
+            now = time.perf_counter()
+            for i, ((seq, _), token, embed) in enumerate(zip(sampled, tokens, embeds, strict=True)):
+                if i < len(finishing):
+                    self._begin_reply(seq)
+                else:
+                    seq.position += 1
+                    if seq.job.want_audio:
+                        self.metrics.reply_gap.labels(self.name).observe(now - seq.last_token_at)
+                seq.last_token_at = now
+                self._advance(seq, token, embed)
+        self.cache.count_pages()
+        tokens_in_step = sum(len(r.token_ids) for r in batch.rows)
+        self.metrics.step_tokens.labels("prompt").observe(tokens_in_step - len(batch.replies))
+        self.metrics.step_tokens.labels("decode").observe(len(batch.replies))
+
+    def _hand_on(self, pieces: list[tuple[ThinkerSeq, int]], outs: list[RowOut]) -> list[tuple[ThinkerSeq, RowOut]]:
+        """Each piece's rows to its Talker; the prompts whose last piece this was, with their outputs."""
+        finishing = []
+        # the step is queued, not done: the Talker's stream waits for it before reading the rows
+        written = self.written() if pieces else None
+        for (seq, end), out in zip(pieces, outs, strict=False):
+            seq.position = end
+            if seq.job.want_audio:
+                seq.embeds.append(out.embeds)
+                seq.hidden.append(out.hidden)
+                self.to_talker(PromptRows(seq.job.request_id, out.embeds, out.hidden, written))
+            if end == seq.prompt_len:
+                finishing.append((seq, out))
+        return finishing
+
+    def _piece_end(self, seq: ThinkerSeq, room: int, audio_room: int, first: bool) -> tuple[int, int]:
+        """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the
+        step, and the chunks its clips take: never inside a clip, nor past a clip that would take the step's audio
+        beyond the tower's dense, graphed layout (a long history prefilled again would otherwise run it eagerly,
+        allocating as it goes). A clip that starts the step's first piece goes whole, whatever the room (a prompt
+        always progresses); a later piece stops before it. Images go whole too."""
+        end, taken = min(seq.prompt_len, seq.position + room), 0
+        for a, b in seq.images:
+            if seq.position <= a < end < b:
+                end = a if a > seq.position else (b if first else seq.position)
+                break
+        for (a, b), features in zip(seq.clips, seq.job.audio_features, strict=True):
+            if a < seq.position:
+                continue
+            if a >= end:
+                break
+            chunks = self.runner.audio_chunks(features)
+            if b > end or taken + chunks > audio_room:
+                end = a if a > seq.position else (b if first else seq.position)
+                return end, taken + chunks if end == b else taken
+            taken += chunks
+        return end, taken
+
+    def _take_pieces(self, room: int) -> list[tuple[ThinkerSeq, int]]:
+        """Prompt pieces for one step, first come first served: the prompts under way in the order they came,
+        then waiting ones while slots are free, until the step's `room` is used. Nothing goes behind a prompt
+        that this step does not finish, so prompts begin their replies in the order they came."""
+        pieces: list[tuple[ThinkerSeq, int]] = []
+        audio_room = DENSE_CHUNKS
+        while room > 0:
+            if len(pieces) < len(self.partial):
+                seq = self.partial[len(pieces)]
+            elif self._may_start():
+                seq = self._start(self.waiting.popleft())
+                self.partial.append(seq)
+            else:
+                break
+            end, chunks = self._piece_end(seq, room, audio_room, first=not pieces)
+            if end == seq.position:
+                break  # its next clip does not fit what is left of this step
+            pieces.append((seq, end))
+            room -= end - seq.position
+            audio_room -= chunks
+            if end < seq.prompt_len:
+                break
+        return pieces
+
+    def _piece_row(self, seq: ThinkerSeq, end: int) -> StepRow:
+        clips = tuple(f for (a, _), f in zip(seq.clips, seq.job.audio_features, strict=True) if seq.position <= a < end)
+        images = tuple(i for (a, _), i in zip(seq.images, seq.job.images, strict=True) if seq.position <= a < end)
+        rope = None if seq.rope is None else seq.rope.at(seq.position, end - seq.position)
+        return StepRow(seq.slot, seq.job.token_ids[seq.position : end], seq.position, clips, images, rope)
+
+    def _reply_row(self, seq: ThinkerSeq) -> StepRow:
+        rope = None if seq.rope is None else seq.rope.at(seq.position, 1)
+        return StepRow(seq.slot, [seq.generated[-1]], seq.position, rope=rope)
+
+    def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
+        """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
+        job = seq.job
+        if job.want_audio:  # its Talker prefills the prompt's rows as they come
+            self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,
+                                         tuple(i.grid for i in job.images)))
+        reuse = self.cache.claim(seq.keys, seq.clips + seq.images, want_hidden=job.want_audio)
+        seq.slot = self.cache.allocate() if reuse is None else reuse.slot
+        reserved = self.cache.reserve(seq.slot, self._room(seq))
+        assert reserved, "_may_start said its pages could be had"
+        if reuse is None:
+            return seq
+        seq.position, seq.cached = reuse.length, reuse.length
+        if job.want_audio:
+            assert reuse.embeds is not None and reuse.hidden is not None
+            seq.embeds, seq.hidden = list(reuse.embeds), list(reuse.hidden)
+            # where the entry keeps them (the host, on a GPU): the Talker copies over what its own slot lacks; the
+            # event covers this stream's copies into them that may still be queued
+            written = self.written()
+            for embeds, hidden in zip(reuse.embeds, reuse.hidden, strict=True):
+                self.to_talker(PromptRows(job.request_id, embeds, hidden, written))
+            held = sum(piece.shape[0] for piece in reuse.embeds)
+            if reuse.length > held:
+                # the cached reply's rows: text, which the Talker reads only from user turns
+                embeds = self.runner.embed(job.token_ids[held : reuse.length])
+                seq.embeds.append(embeds)
+                seq.hidden.append(embeds.new_zeros(embeds.shape))
+                self.to_talker(PromptRows(job.request_id, embeds, seq.hidden[-1], self.written()))
+        return seq
+
+    def _begin_reply(self, seq: ThinkerSeq) -> None:
+        """Its prompt is all in the cache (and its Talker has every row): it runs from now on."""
+        self.partial.remove(seq)
+        self.running[seq.job.request_id] = seq
+
+    def _sample(self, logits: torch.Tensor, seqs: list[ThinkerSeq]) -> tuple[list[int], list[torch.Tensor | None]]:
+        """The batch's next tokens and, for the Talker, their embeddings: one lookup for the batch,
+        queued before the host reads the tokens, so the embeddings are done when they are sent."""
+        allowed = self.grammars.mask([s.grammar for s in seqs])  # None when no reply is constrained
+        ids = sample(logits, [s.sampling for s in seqs], allowed)
+        embeds = self.runner.embed(ids) if any(s.job.want_audio for s in seqs) else [None] * len(seqs)
+        return ids.tolist(), list(embeds)
+
+    def _advance(self, seq: ThinkerSeq, token: int, embed: torch.Tensor | None) -> None:
+        job = seq.job
+        is_eos = token in self.eos_ids
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+        if not is_eos:
+            seq.generated.append(token)
+            self._emit_text(seq)
+            if job.want_audio:
+                self._speak(seq, token, embed)
+        # a finished grammar ends the reply, at its last token or (with ignore_eos too) at EOS
+        is_eos = is_eos or (seq.grammar is not None and seq.grammar.done)
+        at_limit = len(seq.generated) >= job.max_tokens or seq.position + 1 >= self.runner.kv.max_len
+        if is_eos or at_limit:
+            self._emit_text(seq, final=True)
+            self.release(job.request_id)
+            if job.want_audio:
+                self.to_talker(ThinkerDone(job.request_id))
+            self.report(
+                ThinkerFinished(job.request_id, "stop" if is_eos else "length", len(job.token_ids), len(seq.generated),
+                                seq.cached)
+            )
+
+    def _speak(self, seq: ThinkerSeq, token: int, embed: torch.Tensor | None) -> None:
+        """Send a token's row to the Talker, unless it is part of a tool call."""
+        tags = seq.job.tool_call_ids
+        if tags is not None and token == tags[0]:
+            seq.in_tool_call = True
+        elif seq.after_tool_call and not self.tokenizer.decode([token]).isspace():
+            seq.after_tool_call = False
+        if seq.in_tool_call or seq.after_tool_call:
+            seq.spoken += 1  # never spoken, so never waited for (text pacing)
+        else:
+            assert embed is not None
+            self.to_talker(ThinkerToken(seq.job.request_id, token, embed))
+        if tags is not None and token == tags[1]:
+            seq.in_tool_call, seq.after_tool_call = False, True
+
+    def _emit_text(self, seq: ThinkerSeq, final: bool = False) -> None:
+        """Emit the text the newest tokens added, decoding only a short window, not the whole reply."""
+        ids = seq.generated
+        before = self.tokenizer.decode(ids[seq.text_from : seq.text_to], skip_special_tokens=True)
+        after = self.tokenizer.decode(ids[seq.text_from :], skip_special_tokens=True)
+        # Hold back an incomplete multi-byte character until its next token arrives.
+        if (after.endswith("\ufffd") and not final) or len(after) <= len(before):
+            return
+        seq.text_from, seq.text_to = seq.text_to, len(ids)
+        self.report(TextDelta(seq.job.request_id, after[len(before) :], tuple(ids[seq.text_from : seq.text_to])))
