@@ -31,12 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import SAMPLE_RATE_HZ
 from voice_gateway.audio.g711 import ulaw_encode
 from voice_gateway.audio.opus import FRAME_SAMPLES, OpusStream
 from voice_gateway.audio.wav import float_to_pcm16
 from voice_gateway.openai.sse import ChunkWriter
 from voice_gateway.realtime import events as ev
-from voice_gateway.realtime.audio_sinks import REPLY_RATE_HZ, event_sink
+from voice_gateway.realtime.audio_sinks import event_sink
 from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.sender import EventSender
 
@@ -50,7 +51,7 @@ FORMATS = ("opus", "pcm16", "g711_ulaw")
 
 def synthetic_reply(seconds: float, seed: int = 0) -> np.ndarray:
     """A 150 Hz voiced tone with harmonics, a syllable-rate envelope and a little noise, float32 24 kHz."""
-    t = np.arange(int(seconds * REPLY_RATE_HZ)) / REPLY_RATE_HZ
+    t = np.arange(int(seconds * SAMPLE_RATE_HZ)) / SAMPLE_RATE_HZ
     voiced = sum(np.sin(2 * np.pi * 150 * k * t) / k for k in range(1, 12))
     envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)
     noise = np.random.default_rng(seed).normal(0, 0.02, t.size)
@@ -82,7 +83,7 @@ def step_costs(repeat: int = 15) -> list[tuple[str, str, float]]:
     """(format, step, microseconds per 20 ms of reply audio) for each step, over one 10 s reply."""
     reply = synthetic_reply(10.0)
     parts = chunks(reply)
-    pieces = reply.size / (PIECE_S * REPLY_RATE_HZ)
+    pieces = reply.size / (PIECE_S * SAMPLE_RATE_HZ)
     rows: list[tuple[str, str, float]] = []
 
     def row(fmt: str, step: str, fn: Callable[[], object]) -> None:
@@ -209,10 +210,10 @@ async def run_loop(fmt: str, sessions: int, turns: int, rtf: float, seed: int = 
             turn, now = current[0], time.perf_counter()
             if isinstance(payload, bytes):
                 offset = int.from_bytes(payload[8:12], "big")
-                turn.pieces.append((now, offset / REPLY_RATE_HZ))
+                turn.pieces.append((now, offset / SAMPLE_RATE_HZ))
             elif '"response.output_audio.delta"' in payload[:80]:
                 seconds = len(base64.b64decode(json.loads(payload)["delta"])) / (
-                    2 * REPLY_RATE_HZ if fmt == "pcm16" else 8_000)
+                    2 * SAMPLE_RATE_HZ if fmt == "pcm16" else 8_000)
                 turn.pieces.append((now, turn.next_pcm_s))
                 turn.next_pcm_s += seconds
 
@@ -234,7 +235,7 @@ async def run_loop(fmt: str, sessions: int, turns: int, rtf: float, seed: int = 
                 sink.write(part)
                 busy += time.perf_counter() - t
                 # the next chunk is made at this RTF, and comes out on the engine's step clock with every other's
-                ready = loop.time() + rtf * len(part) / REPLY_RATE_HZ
+                ready = loop.time() + rtf * len(part) / SAMPLE_RATE_HZ
                 await asyncio.sleep(-ready % CODE2WAV_STEP_S + ready - loop.time())
             sink.finish()
             sender.event(ev.ResponseDone(response=ev.RealtimeResponse(id=response_id)))

@@ -95,7 +95,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from voice_gateway.app import create_app
     from voice_gateway.config import GatewayConfig
-    from voice_gateway.images import ImageLimits
+    from voice_gateway.media.images import ImageLimits
     from voice_gateway.read_deadline import ReadTimeouts, http_protocol
     from voice_gateway.webrtc import WebRTCConfig
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from voice_gateway.images import ImageLimits
-from voice_gateway.videos import VideoLimits
+from voice_gateway.media.images import ImageLimits
+from voice_gateway.media.videos import VideoLimits
 
 
 @dataclass(frozen=True, slots=True)

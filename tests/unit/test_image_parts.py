@@ -17,7 +17,7 @@ from PIL import Image
 from pydantic import TypeAdapter, ValidationError
 
 from engine import Engine, Finished, ImagePart, ModelInfo, Timings
-from voice_gateway.images import ImageLimits
+from voice_gateway.media.images import ImageLimits
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.openai.schemas import ChatCompletionRequest, ImageURLContent
 from voice_gateway.openai.usage import chat_usage

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from voice_gateway.images import ImageError, ImageLimits, decode_image, image_from_url
+from voice_gateway.media.images import ImageError, ImageLimits, decode_image, image_from_url
 
 LIMITS = ImageLimits()
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 
 from engine import Engine, ModelInfo
-from voice_gateway.images import ImageLimits
+from voice_gateway.media.images import ImageLimits
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime import item_events

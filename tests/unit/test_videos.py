@@ -1,4 +1,4 @@
-"""Input videos at the edge (voice_gateway/videos.py): MP4 and WebM data URLs to frames sampled at the limits'
+"""Input videos at the edge (voice_gateway/media/videos.py): MP4 and WebM data URLs to frames sampled at the limits'
 rate; what the header claims is refused before decoding; bad files are errors with a code, never a crash."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import av
 import numpy as np
 import pytest
 
-from voice_gateway.images import ImageError
-from voice_gateway.videos import VideoLimits, decode_video, video_from_url
+from voice_gateway.media.images import ImageError
+from voice_gateway.media.videos import VideoLimits, decode_video, video_from_url
 
 
 def encoded(seconds: float = 3.0, rate: int = 10, size: tuple[int, int] = (64, 48), fmt: str = "mp4",

@@ -1,4 +1,4 @@
-"""A WebRTC call's camera (voice_gateway/webrtc_media.py): the latest frame of its video track goes with a turn,
+"""A WebRTC call's camera (voice_gateway/webrtc/media.py): the latest frame of its video track goes with a turn,
 and none once the track has ended, unless a later track has sent one (a camera switched for a screen)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("aiortc")
 from aiortc import VideoStreamTrack  # noqa: E402
 
-from voice_gateway.webrtc_media import Camera  # noqa: E402
+from voice_gateway.webrtc.media import Camera  # noqa: E402
 
 
 async def _frames(camera: Camera, count: int) -> None:

@@ -28,7 +28,7 @@ with TestClient(app) as client:
     with client.websocket_connect("/v1/realtime") as ws:
         created = ws.receive_json()["type"]
     active = client.get("/health").json()["active_sessions"]
-loaded = sorted(m for m in sys.modules if m.startswith(("aiortc", "voice_gateway.webrtc_call")) and sys.modules[m])
+loaded = sorted(m for m in sys.modules if m.startswith(("aiortc", "voice_gateway.webrtc.call")) and sys.modules[m])
 print(json.dumps({"status": call.status_code, "body": call.json(), "created": created, "active": active,
                   "loaded": loaded}))
 """

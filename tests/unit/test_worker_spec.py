@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from engine.deploy import RayAddress
 from voice_gateway.app import WORKER_ENV, WorkerSpec
 from voice_gateway.config import GatewayConfig
-from voice_gateway.images import ImageLimits
-from voice_gateway.webrtc_config import WebRTCConfig
+from voice_gateway.media.images import ImageLimits
+from voice_gateway.webrtc.config import WebRTCConfig
 
 
 @pytest.mark.parametrize("engine_at", [("/tmp/vg-engine/engine.sock", os.urandom(16)),

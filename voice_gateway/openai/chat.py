@@ -39,7 +39,8 @@ from voice_gateway.admission import Refused, admission_of
 from voice_gateway.audio.wav import AudioDecodeError, decode_audio, encode_audio
 from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import APIError, engine_error
-from voice_gateway.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
+from voice_gateway.media.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
+from voice_gateway.media.videos import video_from_url
 from voice_gateway.openai.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -53,7 +54,6 @@ from voice_gateway.openai.tool_parser import Content, ToolCallParser
 from voice_gateway.openai.tools import max_calls, output_constraint, tools_of
 from voice_gateway.openai.usage import chat_usage
 from voice_gateway.text import MAX_CHARS_PER_TOKEN
-from voice_gateway.videos import video_from_url
 from voice_gateway.voices import UnknownVoice, resolve_voice
 
 log = logging.getLogger(__name__)

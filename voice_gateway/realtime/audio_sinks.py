@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from engine import SAMPLE_RATE_HZ
 from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ, alaw_encode, ulaw_encode
 from voice_gateway.audio.opus import OpusPacket, OpusStream
 from voice_gateway.audio.resample import Resampler
@@ -23,7 +24,6 @@ from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.sender import EventSender
 
-REPLY_RATE_HZ = 24_000
 TRACK_RATE_HZ = 48_000
 TRACK_FRAME_SAMPLES = 960  # 20 ms at 48 kHz
 
@@ -75,7 +75,7 @@ class G711Sink(_EventSink):
     def __init__(self, sender: EventSender, encode: Callable[[np.ndarray], bytes]) -> None:
         super().__init__(sender)
         self._encode = encode
-        self._resampler = Resampler(REPLY_RATE_HZ, G711_SAMPLE_RATE_HZ)
+        self._resampler = Resampler(SAMPLE_RATE_HZ, G711_SAMPLE_RATE_HZ)
 
     def begin(self, response_id: str, item_id: str) -> None:
         super().begin(response_id, item_id)
@@ -136,7 +136,7 @@ class TrackSink:
         self._pending_id: str | None = None
         self._writing: str | None = None
         self._finished: set[str] = set()  # responses whose audio is all queued
-        self._resampler = Resampler(REPLY_RATE_HZ, TRACK_RATE_HZ)
+        self._resampler = Resampler(SAMPLE_RATE_HZ, TRACK_RATE_HZ)
 
     def begin(self, response_id: str, item_id: str) -> None:
         self._writing = response_id

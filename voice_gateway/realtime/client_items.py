@@ -6,7 +6,7 @@ Error codes and texts are OpenAI's where clients match on them.
 from __future__ import annotations
 
 from engine import ImagePart
-from voice_gateway.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
+from voice_gateway.media.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.calls import is_json
 from voice_gateway.realtime.checks import RequestChecks

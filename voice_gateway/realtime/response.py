@@ -25,6 +25,7 @@ import numpy as np
 
 from engine import (
     OVERLOADED,
+    SAMPLE_RATE_HZ,
     UNAVAILABLE,
     AudioChunk,
     Engine,
@@ -37,7 +38,7 @@ from engine import (
     TextDelta,
     Timings,
 )
-from voice_gateway.realtime.audio_sinks import REPLY_RATE_HZ, AudioSink
+from voice_gateway.realtime.audio_sinks import AudioSink
 from voice_gateway.realtime.calls import ResponseCalls
 from voice_gateway.realtime.conversation import Item
 from voice_gateway.realtime.events import (
@@ -268,7 +269,7 @@ class ResponseRunner:
     def _finish_message(self) -> None:
         r, item, outcome = self.r, self.r.item, self.r.outcome
         item.text = self.transcript
-        item.audio_ms = self.audio_samples * 1000 // REPLY_RATE_HZ
+        item.audio_ms = self.audio_samples * 1000 // SAMPLE_RATE_HZ
         item.status = "completed" if outcome.status == "completed" else "incomplete"
         final_item = self._final_message()
         if outcome.status == "completed":

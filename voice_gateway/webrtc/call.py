@@ -26,9 +26,9 @@ from voice_gateway.errors import APIError
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.session import Session
-from voice_gateway.webrtc_config import WebRTCConfig
-from voice_gateway.webrtc_ice import gather_on
-from voice_gateway.webrtc_media import Camera, Microphone, ReplyTrack
+from voice_gateway.webrtc.config import WebRTCConfig
+from voice_gateway.webrtc.ice import gather_on
+from voice_gateway.webrtc.media import Camera, Microphone, ReplyTrack
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import av
 import numpy as np
 
 from engine import INPUT_SAMPLE_RATE_HZ, VideoPart
-from voice_gateway.images import IMAGE_TOO_LARGE, INVALID_IMAGE_URL, ImageError
+from voice_gateway.media.images import IMAGE_TOO_LARGE, INVALID_IMAGE_URL, ImageError
 
 INVALID_VIDEO = "invalid_video"
 _DATA_URL = "data:"

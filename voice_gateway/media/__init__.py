@@ -1,0 +1,1 @@
+"""Input pictures and videos at the edge: their limits, their URLs, and decoding them to pixels (and a video's sound)."""
