@@ -42,7 +42,7 @@ class AudioPart:
 
 @dataclass(frozen=True, slots=True)
 class ImagePart:
-    """An RGB image, [height, width, 3] uint8, decoded and bounded by the edge (voice_gateway/images.py)."""
+    """An RGB image, [height, width, 3] uint8, decoded and bounded by the edge (voice_gateway/media/images.py)."""
 
     pixels: np.ndarray
 

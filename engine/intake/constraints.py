@@ -2,7 +2,7 @@
 
 A request's `OutputConstraint` (engine/api.py) becomes one grammar in llguidance's format here, at
 the front door; the text is what travels with the admitted request (it pickles, to an engine in
-another process too) and the Thinker compiles it against its tokenizer (engine/omni/stages/grammar.py).
+another process too) and the Thinker compiles it against its tokenizer (engine/omni/runners/sampler.py).
 
 Why llguidance (over xgrammar and outlines-core): it computes each step's token mask lazily from
 an Earley parser over a lexer, so a new schema costs about a millisecond to compile, not a

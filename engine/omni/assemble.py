@@ -35,8 +35,7 @@ from engine.omni.runners.code_predictor import (
 from engine.omni.runners.talker import TalkerRunner
 from engine.omni.runners.thinker import ThinkerRunner
 from engine.omni.runners.vision_tower import Normalisation
-from engine.omni.stages.code2wav import Code2WavStage
-from engine.omni.stages.playback import PlaybackClock
+from engine.omni.stages.code2wav import Code2WavStage, PlaybackClock
 from engine.omni.stages.policy import FirstPacketPolicy
 from engine.omni.stages.talker import TalkerStage
 from engine.omni.stages.thinker import ThinkerStage

@@ -12,8 +12,7 @@ import torch
 from engine.handoff import CodecFrames, Inbox
 from engine.metrics import EngineMetrics
 from engine.omni.runners.code2wav import StreamingCode2Wav
-from engine.omni.stages.code2wav import Code2WavStage
-from engine.omni.stages.playback import PlaybackClock
+from engine.omni.stages.code2wav import Code2WavStage, PlaybackClock
 from engine.omni.weights.checkpoint import load_stage
 from engine.profile import ChunkConfig, Code2WavConfig
 

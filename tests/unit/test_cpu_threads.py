@@ -16,17 +16,17 @@ def _keep_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize(("cores", "replicas", "expected"), [
+@pytest.mark.parametrize(("cores", "copies", "expected"), [
     ("2", 1, 1),  # the embedded default on two cores: three stages, one thread each
     ("6", 1, 2),
     ("12", 2, 2),  # a thinker, two talkers and two code2wavs
     ("16", 1, 5),
 ])
-def test_each_cpu_stage_gets_its_share(monkeypatch: pytest.MonkeyPatch, cores: str, replicas: int,
+def test_each_cpu_stage_gets_its_share(monkeypatch: pytest.MonkeyPatch, cores: str, copies: int,
                                        expected: int) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", cores)
     profile = load_profile(model="tiny", platform="cpu", stage_overrides={
-        "talker": {"replicas": replicas}, "code2wav": {"replicas": replicas}})
+        "talker": {"copies": copies}, "code2wav": {"copies": copies}})
     _share_cores(profile, has_talker=True)
     assert torch.get_num_threads() == expected
     _share_cores(profile, has_talker=True)  # a second engine in the process divides the same cores

@@ -15,8 +15,7 @@ from transformers import AutoTokenizer
 
 from engine.api import JsonOutput, Tool, ToolCallOutput
 from engine.intake.constraints import closed, grammar_for, schema_error
-from engine.omni.runners.sampler import RowSampling, TokenMask, allow_only, sample
-from engine.omni.stages.grammar import Grammars, GrammarState
+from engine.omni.runners.sampler import Grammars, GrammarState, RowSampling, TokenMask, allow_only, sample
 
 VOCAB = 152064  # the Thinker's logits are wider than the tokenizer's 151676 ids
 EOS = 151645

@@ -78,7 +78,7 @@ profile: {load_format: dummy, stages: {talker: {max_frames: 125, ignore_eos: tru
 rows:
   - name: a
     what: x
-    profile: {cuda_graphs: false, stages: {talker: {max_batch: 8}, code2wav: {replicas: 2}}}
+    profile: {cuda_graphs: false, stages: {talker: {max_batch: 8}, code2wav: {copies: 2}}}
     serve: --http-workers 2 --log-level warning
   - {name: b, what: y}
 """))

@@ -1,4 +1,4 @@
-"""The kept prefixes' index (engine/omni/runners/prefix_index.py): a prompt's candidates are the prefixes that share
+"""The kept prefixes' index (engine/omni/runners/kept_slots.py): a prompt's candidates are the prefixes that share
 the most of its whole blocks, and the longest match among them is the longest among all kept prefixes, found
 by comparing each only past the blocks they share."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.omni.runners.prefix_index import Match, PrefixIndex
+from engine.omni.runners.kept_slots import Match, PrefixIndex
 
 
 def common(a: np.ndarray, b: np.ndarray) -> int:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer, WhisperFeatureExtractor
 
-from engine.intake import prompt as prompt_module
 from engine.api import AudioPart, Message, TextPart
+from engine.intake import prompt as prompt_module
 from engine.intake.prompt import PromptBuilder
 
 

@@ -1,4 +1,4 @@
-"""Payloads for a stage with replicas: least in flight first, then sticky, until the last payload."""
+"""Payloads for a stage with several copies: least in flight first, then sticky, until the last payload."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_a_forgotten_request_frees_its_replica() -> None:
     assert all(box.qsize() == 0 for box in router.inboxes[1:]) and router.inboxes[0].qsize() == 1
 
 
-def test_an_aborted_reply_frees_its_replicas_in_the_engine(cache_dir) -> None:
+def test_an_aborted_reply_frees_its_copies_in_the_engine(cache_dir) -> None:
     import asyncio
 
     from engine import AudioChunk, EngineRequest, Message, SamplingParams, TextPart, create_engine
@@ -44,7 +44,7 @@ def test_an_aborted_reply_frees_its_replicas_in_the_engine(cache_dir) -> None:
 
     async def run() -> list[list[int]]:
         profile = load_profile(model="tiny", platform="cpu",
-                               stage_overrides={"talker": {"replicas": 2}, "code2wav": {"replicas": 2}})
+                               stage_overrides={"talker": {"copies": 2}, "code2wav": {"copies": 2}})
         engine = create_engine("tiny", profile, cache_dir)
         await engine.start()
         try:

@@ -41,9 +41,8 @@ import numpy as np
 import torch
 
 from engine.metrics import PrefixCacheMetrics
-from engine.omni.runners.kept_slots import KeptSlots
+from engine.omni.runners.kept_slots import KeptSlots, PrefixIndex
 from engine.omni.runners.kv_cache import SlotKVCache
-from engine.omni.runners.prefix_index import PrefixIndex
 
 # slots for kept prefixes per request slot: three listening conversations per running request keep their
 # prefixes, as long as the pool has room for their pages

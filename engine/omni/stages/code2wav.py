@@ -14,6 +14,8 @@ keeps as it emits); a step takes as many as fit `max_step_frames`, so none holds
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +25,6 @@ from engine.api import SAMPLE_RATE_HZ, AudioChunk
 from engine.handoff import AudioFinished, CodecFrames, Inbox, Report
 from engine.metrics import EngineMetrics
 from engine.omni.runners.code2wav import StreamBatch, StreamingCode2Wav
-from engine.omni.stages.playback import PlaybackClock
 from engine.profile import ChunkConfig, Code2WavConfig
 from engine.stage import Stage
 
@@ -45,6 +46,61 @@ class Code2WavSeq:
         if len(self.pieces) > 1:
             self.pieces = [torch.cat(self.pieces, dim=1)]
         return self.pieces[0]
+
+
+@dataclass(slots=True)
+class _Reply:
+    started: float  # perf_counter() when its playback began, moved on by each stall
+    emitted_s: float  # audio emitted so far
+
+    def held_s(self, now: float) -> float:
+        return self.started + self.emitted_s - now
+
+
+class PlaybackClock:
+    """How much audio each speaking reply's listener holds, so that the least fed is fed first. Owns each speaking
+    reply's first-packet time and emitted audio, from its first packet to its last.
+
+    A listener plays a reply from its first audio packet on, in real time, and waits when it runs dry (its
+    player stalls, then goes on from where it stopped). Code2Wav tells the clock what it has emitted; what a
+    listener holds at `now` is the audio emitted minus what it has played: the time since its first packet,
+    less the time it stalled. Code2Wav decodes the least buffered replies first and reports the least of it
+    (`engine_playback_slack_seconds`). Shared by the Code2Wav copies' threads, so every access takes a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._replies: dict[str, _Reply] = {}
+
+    def emitted(self, request_id: str, audio_s: float, now: float | None = None) -> None:
+        """`audio_s`: all the audio the reply has emitted so far."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            if (reply := self._replies.get(request_id)) is None:
+                self._replies[request_id] = _Reply(now, audio_s)
+                return
+            # ran dry before this packet: the listener waited, and plays on from here
+            reply.started = max(reply.started, now - reply.emitted_s)
+            reply.emitted_s = audio_s
+
+    def finished(self, request_id: str) -> None:
+        """Its last packet was emitted, or it was aborted: nobody waits for more of it."""
+        with self._lock:
+            self._replies.pop(request_id, None)
+
+    def buffered_s(self, request_id: str, now: float | None = None) -> float | None:
+        """Audio its listener holds now; None before its first packet."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            reply = self._replies.get(request_id)
+            return None if reply is None else reply.held_s(now)
+
+    def least_buffered_s(self, now: float | None = None) -> float | None:
+        """The least audio any speaking reply's listener holds now; None when no reply speaks."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            if not self._replies:
+                return None
+            return min(r.held_s(now) for r in self._replies.values())
 
 
 class Code2WavStage(Stage):

@@ -34,9 +34,8 @@ from engine.handoff import (
 from engine.metrics import EngineMetrics
 from engine.omni.runners.audio_encoder import DENSE_CHUNKS
 from engine.omni.runners.prefix_cache import Entry, PrefixCache, host_rows, position_keys
-from engine.omni.runners.sampler import RowSampling, new_seed, sample
+from engine.omni.runners.sampler import Grammars, GrammarState, RowSampling, new_seed, sample
 from engine.omni.runners.thinker import RowOut, StepRow, StepRunner
-from engine.omni.stages.grammar import Grammars, GrammarState
 from engine.omni.stages.policy import FirstPacketPolicy
 from engine.positions import Rope, media_spans
 from engine.profile import ThinkerConfig
@@ -138,8 +137,9 @@ class ThinkerStage(Stage):
                     seq.talker_done = True  # e.g. speech hit its frame cap: the text must still finish
             return
         sampling = RowSampling(item.temperature, item.top_p, item.top_k, new_seed(item.seed))
-        visual = self.runner.visual_token_ids if item.images else ()
-        clips, images = media_spans(item.token_ids, self.runner.audio_token_id, visual)
+        clips, images = (media_spans(item.token_ids, self.runner.audio_token_id,
+                                     self.runner.visual_token_ids if item.images else ())
+                         if item.audio_features or item.images else ([], []))
         keys = position_keys(item.token_ids, clips + images, item.audio_keys + [i.key for i in item.images])
         grammar = None if item.grammar is None else self.grammars.start(item.grammar)
         rope = None if item.positions is None else Rope.of(item.positions)
