@@ -1,5 +1,5 @@
 """Tests for bench: pure helpers with hand-made inputs plus loopback end-to-end runs
-against a minimal fake server (the ladder against real servers is in tests/integration/test_bench_ladder.py)."""
+against a minimal fake server (the ladder against real servers is in tests/bench/test_bench_ladder.py)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from bench.stats import summarize_level
 from bench.sweep import read_image
 from bench.voice import _Level
 from bench.voice_stats import turn_stats
+from tests.bench.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
 from tests.conftest import REPO, Server, start_server, stop_server
-from tests.unit.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
 
 DATA_URL = "data:image/jpeg;base64,/9j/AA=="
 

@@ -26,8 +26,8 @@ from bench.config import sweep_overrides
 from bench.image import synthetic_picture
 from bench.sweep import read_video
 from bench.video import FRAME_RATE, VideoInfo, check_video_spec, load_video, synthetic_clip
+from tests.bench.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
 from tests.conftest import REPO, Server, start_server, stop_server
-from tests.unit.fake_chat import FakeChat, fake_chat  # noqa: F401 (the fixture)
 from voice_gateway.videos import VideoLimits, decode_video
 
 IMAGE_URL = "data:image/jpeg;base64,/9j/AA=="

@@ -1,5 +1,6 @@
 """The realtime bench's pure parts: one turn's events and Opus packets folded into its record, the playback model
-by sample offset, per-turn statistics, and its command line (the live runs are in tests/integration)."""
+by sample offset, per-turn statistics, and its command line (the live runs are in
+tests/bench/test_bench_realtime.py)."""
 
 from __future__ import annotations
 
