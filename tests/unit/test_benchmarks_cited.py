@@ -1,7 +1,7 @@
-"""The benchmark results the docs cite are the files kept under benchmarks/, and the headline numbers of
-docs/performance.md are the values in those files: every `benchmarks/...` path README.md or a docs page names
-exists, every file under benchmarks/ is named, and each figure in `FIGURES` equals its JSON value rounded as
-written."""
+"""The benchmark results the docs cite are the files kept under benchmarks/, and the headline numbers of the
+performance pages (docs/performance.md and its topics, docs/performance/) are the values in those files: every
+`benchmarks/...` path README.md or a docs page names exists, every file under benchmarks/ is named, and each figure
+in `FIGURES` is written on one page only, which cites its file, and equals its JSON value rounded as written."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PERFORMANCE = REPO / "docs" / "performance.md"
+DOCS = REPO / "docs"
+# the overview, then a page per topic: a headline number has one home among them
+PERFORMANCE = (DOCS / "performance.md", *sorted((DOCS / "performance").glob("*.md")))
 
 # A path under benchmarks/ as the pages write it. Not one inside another path or after a commit
 # (`853b89e:benchmarks/...` names a file of history), and not a pattern (`dummy-<row>.yaml`, `*.json`).
@@ -26,7 +28,7 @@ KEPT_WHOLE = ("benchmarks/h200/overload/probes/",)
 
 @dataclass(frozen=True)
 class Figure:
-    """One number of docs/performance.md: `quote` is the text around it as the page has it, `number` the
+    """One number of a performance page: `quote` is the text around it as the page has it, `number` the
     number as written there, `key` the path to its value in `file` (`/`-separated; `name=x` picks the
     list item whose `name` is x), and `scale` what the value is multiplied by for the unit written."""
 
@@ -173,9 +175,9 @@ FIGURES = (
     # Voice traffic
     Figure("| 700 | 13.09 | 1.5 s (2.243)", "13.09", _VOICE + "chat-sweep.json",
            "levels/prompt_words=640,concurrency=64/req_per_s"),
-    Figure("| c=64, commit, Opus (`realtime-c64-opus.json`) | 384 | 0.478 s", "0.478",
+    Figure("| Opus, before (`benchmarks/h200/voice-traffic/realtime-c64-opus.json`) | 0.478 s", "0.478",
            _VOICE + "realtime-c64-opus.json", "levels/0/overall/first_audio_s/p50"),
-    Figure("| 384 | 0.478 s (0.701) | 285 |", "285", _VOICE + "realtime-c64-opus.json", "levels/0/overall/underrun_turns"),
+    Figure("| 0.478 s (0.701) | 285/384 |", "285", _VOICE + "realtime-c64-opus.json", "levels/0/overall/underrun_turns"),
     Figure("| c=1, commit, PCM16 (`realtime-c1.json`) | 6 | 0.102 s", "0.102", _VOICE + "realtime-c1.json",
            "levels/0/overall/first_audio_s/p50"),
     Figure("takes 0.214 s against 0.178 s", "0.214", _VOICE + "chat-input-audio.json", "levels/0/ttfp_s/mean"),
@@ -193,7 +195,7 @@ FIGURES = (
 
 
 def _pages() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def _cited() -> set[str]:
@@ -241,14 +243,15 @@ def test_every_kept_file_is_cited() -> None:
 
 @pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f.number}@{f.file.rsplit('/', 1)[-1]}")
 def test_headline_figure_is_its_file_value(figure: Figure) -> None:
-    page = PERFORMANCE.read_text()
-    assert figure.quote in page, f"docs/performance.md no longer says {figure.quote!r}"
+    homes = [path for path in PERFORMANCE if figure.quote in path.read_text()]
+    assert len(homes) == 1, f"{figure.quote!r} is written on {len(homes)} performance pages, not one"
+    name, page = homes[0].relative_to(REPO), homes[0].read_text()
     assert figure.number in figure.quote
     assert f"`{figure.file}`" in page or f"`{figure.file.rsplit('/', 1)[-1]}`" in page, \
-        f"docs/performance.md does not cite {figure.file}"
+        f"{name} does not cite {figure.file}"
     value = lookup(json.loads((REPO / figure.file).read_text()), figure.key)
     assert as_written(value, figure.number, figure.scale), \
-        f"{figure.file} {figure.key} = {value!r}, docs/performance.md writes {figure.number}"
+        f"{figure.file} {figure.key} = {value!r}, {name} writes {figure.number}"
 
 
 def test_a_figure_off_by_its_last_digit_fails() -> None:
