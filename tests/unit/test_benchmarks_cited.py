@@ -22,8 +22,8 @@ PERFORMANCE = (DOCS / "performance.md", *sorted((DOCS / "performance").glob("*.m
 # (`853b89e:benchmarks/...` names a file of history), and not a pattern (`dummy-<row>.yaml`, `*.json`).
 _CITED = re.compile(r"(?<![\w:/.-])benchmarks/[\w./-]*[\w/](?![\w./<*{-])")
 
-# Folders kept whole, whose files the pages may name by the folder alone.
-KEPT_WHOLE = ("benchmarks/h200/overload/probes/",)
+# Folders kept whole, whose files the pages may name by the folder alone (none at present).
+KEPT_WHOLE: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,6 @@ FIGURES = (
       for number, level, key in ((c32, 2 * i, "ttfp_s/mean"), (rps, 2 * i + 1, "req_per_s"),
                                  (ttfp, 2 * i + 1, "ttfp_s/mean"), (p99, 2 * i + 1, "ttfp_s/p99"),
                                  (rtf, 2 * i + 1, "rtf/mean"), (behind, 2 * i + 1, "underrun_requests"))),
-    Figure("waves waited 8.87 s", "8.87", _STEP + "frame-bound/chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
     # Where the GPU profile stands
     Figure("| c=1 TTFP <= 0.15 s | 0.077 s", "0.077", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/mean"),
     Figure("0.077 s (p99 0.097 s)", "0.097", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/p99"),
@@ -139,11 +138,6 @@ FIGURES = (
     Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.292", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/mean"),
     Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.405", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/p99"),
     Figure("RTF 0.258, no underrun", "0.258", _GPU + "gpu-profile-c64.json", "levels/0/rtf/mean"),
-    # the same profile after the restructuring, and the same-lease comparison
-    Figure("23.62-24.21 req/s", "23.62", "benchmarks/h200/house-check/lease1-c64-r3.json", "levels/0/req_per_s"),
-    Figure("TTFP 0.301-0.314 s", "0.314", "benchmarks/h200/house-check/lease1-c64-r4.json", "levels/0/ttfp_s/mean"),
-    Figure("TTFP 0.360 and 0.368 s", "0.360", "benchmarks/h200/house-check/lease2-d86067d-c64-r1.json", "levels/0/ttfp_s/mean"),
-    Figure("TTFP 0.344 and 0.323 s", "0.323", "benchmarks/h200/house-check/lease2-head-c64-r2.json", "levels/0/ttfp_s/mean"),
     Figure("30.1 s to its only audio", "30.1", _HISTORY, "rows/name=baseline/levels/concurrency=1/ttfp_s/mean"),
     # What each switch bought: the ladder
     Figure("| 0.095 s | 22.23 |", "22.23", _LADDER, f"rows/name=cuda-graphs/{_C64}/req_per_s"),
@@ -168,10 +162,6 @@ FIGURES = (
            "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
     Figure("| -13 ms (stderr 18) |", "-13", "benchmarks/cpu-tiny/ray/held-2/ladder.json",
            "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
-    Figure("| 384 / 0 | 2.367 s (2.89) | 0/384 |", "2.367", _OVERLOAD + "probes/queue10s-nodefer-c128.json",
-           "levels/0/ttfp_s/mean"),
-    Figure("| 384 / 0 | 2.367 s (2.89) | 0/384 |", "0", _OVERLOAD + "probes/queue10s-nodefer-c128.json",
-           "levels/0/underrun_requests"),
     # Voice traffic
     Figure("| 700 | 13.09 | 1.5 s (2.243)", "13.09", _VOICE + "chat-sweep.json",
            "levels/prompt_words=640,concurrency=64/req_per_s"),
@@ -189,7 +179,7 @@ FIGURES = (
            "summary/rss_mib/slope_per_1k_requests"),
     Figure("1200 mixed requests", "1200", "benchmarks/cpu-tiny/soak/soak.json", "summary/requests"),
     # long calls on an H100, with and without the users' pauses
-    *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}.json",
+    *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}-summary.json",
              "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),
 )
 
