@@ -1,7 +1,9 @@
 """The benchmark results the docs cite are the files kept under benchmarks/, and the headline numbers of the
 performance pages (docs/performance.md and its topics, docs/performance/) are the values in those files: every
 `benchmarks/...` path README.md or a docs page names exists, every file under benchmarks/ is named, and each figure
-in `FIGURES` is written on one page only, which cites its file, and equals its JSON value rounded as written."""
+in `FIGURES` is written on one page only, which cites its file, and equals its JSON value rounded as written.
+README's results are a table of at most six rows, each linking the page that is its numbers' home: the page
+writes every number of the row, and each bold (measured) one is a figure of that page checked here."""
 
 from __future__ import annotations
 
@@ -47,6 +49,11 @@ _VOICE = "benchmarks/h200/voice-traffic/"
 _C64 = "levels/concurrency=64"
 _STEP = "benchmarks/h200/one-step/"
 _RAMP = _STEP + "gentle-ramp/"
+_SHIPPED = _STEP + "shipped-profile/"
+_SPLIT_KV = "benchmarks/h200/long-call/context-8192-split-kv/long-c32-t80-summary.json"
+_H100 = "benchmarks/h100/long-call/fp8-32-slots/"
+_RANGE = "levels/0/turn_ranges/turns="
+_KERNEL = "benchmarks/h200/ladder-128-kernel/"
 
 FIGURES = (
     # One step for everybody
@@ -178,6 +185,54 @@ FIGURES = (
     Figure("+24.06 MiB per 1,000 requests", "24.06", "benchmarks/cpu-tiny/soak/soak.json",
            "summary/rss_mib/slope_per_1k_requests"),
     Figure("1200 mixed requests", "1200", "benchmarks/cpu-tiny/soak/soak.json", "summary/requests"),
+    # the seed's sweep as shipped: the levels by prompt length (words asked) and concurrency
+    *(Figure(f"| {tokens} | {c1} s | {c16} s | {c32} s | {rps} | {ttfp} s ({p99}) | {rtf} | 0/128 |"
+             if tokens != "699" else f"| 699 | {c1} s | {c16} s | {c32} s | {rps} | **{ttfp} s ({p99})** | {rtf} | **0/128** |",
+             number, _SHIPPED + "chat-sweep.json", f"levels/prompt_words={words},concurrency={c}/{key}")
+      for tokens, words, c1, c16, c32, rps, ttfp, p99, rtf in (
+          ("19", 10, "0.099", "0.138", "0.220", "23.63", "0.311", "0.376", "0.267"),
+          ("181", 160, "0.108", "0.215", "0.282", "20.04", "0.471", "0.628", "0.314"),
+          ("353", 320, "0.110", "0.214", "0.301", "20.37", "0.488", "0.687", "0.310"),
+          ("699", 640, "0.104", "0.269", "0.388", "18.25", "0.590", "0.927", "0.344"))
+      for number, c, key in ((c1, 1, "ttfp_s/mean"), (c16, 16, "ttfp_s/mean"), (c32, 32, "ttfp_s/mean"),
+                             (rps, 64, "req_per_s"), (ttfp, 64, "ttfp_s/mean"), (p99, 64, "ttfp_s/p99"),
+                             (rtf, 64, "rtf/mean"), ("0", 64, "underrun_requests"))),
+    *(Figure("| 699, arriving steadily (256) | | | | 9.56 | 0.345 s (0.619) | 0.578 | 61/256 |", number,
+             _SHIPPED + "chat640-c64-steady.json", f"levels/0/{key}")
+      for number, key in (("9.56", "req_per_s"), ("0.345", "ttfp_s/mean"), ("0.619", "ttfp_s/p99"),
+                          ("0.578", "rtf/mean"), ("61", "underrun_requests"))),
+    # long calls at the GPU profile's context: the fourth run's summary
+    Figure("(median 0.62) against", "0.62", _SPLIT_KV, f"{_RANGE}61-80/first_audio_p50_s/median"),
+    Figure("(median 0.15), ~4.1x", "0.15", _SPLIT_KV, f"{_RANGE}1-5/first_audio_p50_s/median"),
+    Figure("cached share after turn 2 93 %", "93", _SPLIT_KV, f"{_RANGE}3-80/cached_share_mean", 100),
+    Figure("207 of 2,560 turns", "207", _SPLIT_KV, "levels/0/overall/underrun_turns"),
+    Figure("one before turn 51 (at turn 43)", "43", _SPLIT_KV, "levels/0/first_turn_behind"),
+    *(Figure(f"| {turns} | {low}-{high} s | {tokens} | {cached} % | {behind} | 0 |", number, file, f"{_RANGE}{turns}/{key}",
+             scale)
+      for file, turns, low, high, tokens, cached, behind in (
+          (_SPLIT_KV, "1-5", "0.132", "0.165", "243", "52", "0"), (_SPLIT_KV, "61-80", "0.351", "0.862", "4,879", "93", "134"),
+          (_H100 + "long-c32-t80-summary.json", "61-80", "0.247", "0.681", "4,810", "93", "104"),
+          (_H100 + "long-c32-t80-think2-summary.json", "61-80", "0.179", "0.521", "4,789", "93", "97"))
+      for number, key, scale in ((low, "first_audio_p50_s/min", 1.0), (high, "first_audio_p50_s/max", 1.0),
+                                 (cached, "cached_share_mean", 100.0), (behind, "underrun_turns", 1.0))),
+    # 128 voices: the code predictor's attention kernel, three runs of the bf16-128 row
+    *(Figure(f"| {run} | 19 | 128 | 256 / 0 | {rps} | {ttfp} s ({p99}) | {rtf} | 0 |", number, file, f"{level}/{key}")
+      for run, file, level, rps, ttfp, p99, rtf in (
+          ("1", _KERNEL + "run-1/bf16-128.json", "levels/0", "39.40", "0.316", "0.341", "0.322"),
+          ("2", _KERNEL + "run-2/ladder.json", "rows/name=bf16-128/levels/concurrency=128,prompt_words=10",
+           "38.13", "0.354", "0.393", "0.332"),
+          ("3", _KERNEL + "run-3/bf16-128.json", "levels/0", "36.77", "0.348", "0.432", "0.345"))
+      for number, key in ((rps, "req_per_s"), (ttfp, "ttfp_s/mean"), (p99, "ttfp_s/p99"), (rtf, "rtf/mean"),
+                          ("0", "underrun_requests"))),
+    # the assistant on two cores
+    *(Figure(f"| {users} | {p50} s ({p99}) |", number, "benchmarks/cpu-small/assistant-realtime.json",
+             f"levels/concurrency={users}/overall/{key}")
+      for users, p50, p99 in (("1", "0.565", "0.642"), ("4", "0.627", "1.380"))
+      for number, key in ((p50, "first_audio_s/p50"), (p99, "first_audio_s/p99"))),
+    Figure("| 0 of 10 | <= 0.9 s", "0", "benchmarks/cpu-small/assistant-realtime.json",
+           "levels/concurrency=1/overall/underrun_turns"),
+    Figure("| 1 of 40 (44 ms) |", "1", "benchmarks/cpu-small/assistant-realtime.json",
+           "levels/concurrency=4/overall/underrun_turns"),
     # long calls on an H100, with and without the users' pauses
     *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}-summary.json",
              "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),
@@ -242,6 +297,63 @@ def test_headline_figure_is_its_file_value(figure: Figure) -> None:
     value = lookup(json.loads((REPO / figure.file).read_text()), figure.key)
     assert as_written(value, figure.number, figure.scale), \
         f"{figure.file} {figure.key} = {value!r}, {name} writes {figure.number}"
+
+
+# The README's results: a short table whose every row links the page that is its numbers' home.
+README = REPO / "README.md"
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_PAGE_LINK = re.compile(r"\]\((docs/[\w./-]+\.md)(?:#([\w-]+))?\)")
+
+
+def results_rows(readme: str) -> list[list[str]]:
+    """The rows of the table under README's `## Results`, as their cells (the header and its rule left out)."""
+    section = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[2:]]
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as the docs build makes it (Python-Markdown's toc)."""
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower())
+
+
+def numbers(text: str) -> set[str]:
+    return set(_NUMBER.findall(text))
+
+
+_ROWS = results_rows(README.read_text())
+
+
+def test_readme_results_are_a_table_of_at_most_six_rows() -> None:
+    assert 0 < len(_ROWS) <= 6, f"README's results table has {len(_ROWS)} rows"
+
+
+@pytest.mark.parametrize("row", _ROWS, ids=lambda row: row[0][:40])
+def test_readme_result_row_is_written_on_its_page(row: list[str]) -> None:
+    text = " | ".join(row)
+    links = _PAGE_LINK.findall(text)
+    assert len(links) == 1, f"a results row links one page, its numbers' home: {links}"
+    path, anchor = links[0]
+    page = (REPO / path).read_text()
+    if anchor:
+        headings = {slug(line.lstrip("#").strip()) for line in page.splitlines() if line.startswith("#")}
+        assert anchor in headings, f"{path} has no heading #{anchor}"
+    written = _PAGE_LINK.sub("]", text)
+    missing = sorted(numbers(written) - numbers(page))
+    assert not missing, f"README's row writes {missing}, which {path} does not"
+    checked = {figure.number for figure in FIGURES if figure.quote in page}
+    bold = {number for part in _BOLD.findall(written) for number in numbers(part)}
+    assert bold, "a results row's measured numbers are bold"
+    unchecked = sorted(bold - checked)
+    assert not unchecked, f"README's bold {unchecked} are no figure of {path} that FIGURES checks against its file"
+
+
+def test_a_readme_number_its_page_does_not_write_fails() -> None:
+    readme = "x\n## Results\n\n| | measured | where |\n|---|---|---|\n| c=64 | **25.42** | [p](docs/performance.md) |\n"
+    [row] = results_rows(readme)
+    assert numbers(" | ".join(row)) - numbers((DOCS / "performance.md").read_text()) == {"25.42"}
+    assert slug("At the GPU profile's 8,192-token context") == "at-the-gpu-profiles-8192-token-context"
 
 
 def test_a_figure_off_by_its_last_digit_fails() -> None:
