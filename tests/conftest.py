@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 # The lanes (docs/testing.md): each test's markers follow from where it lives, so a new test file in a
 # lane's folder or with a lane's name prefix is in that lane without a line of its own. `integration`: the
 # test starts a server or another process of ours; `slow`: it runs alone for half a minute or more on two
-# cores; the others name what the test needs besides. The fast lane (scripts/test.sh --fast) is tests/unit
-# without `integration` and `slow`.
+# cores; the others name what the test needs besides. The fast lane (scripts/test.sh --fast) is tests/unit and
+# tests/bench without `integration` and `slow`.
 _MARKS_BY_FOLDER = {
     "integration": ("integration",),
     "reliability": ("integration",),
@@ -40,6 +40,10 @@ _MARKS_BY_FILE_PREFIX = {
     "test_engine_process.py": ("integration",),
     "test_app_startup": ("integration",),
     "test_webrtc_extra": ("integration",),
+    # tests/bench: these three run the bench against real servers (its other files mark such tests one by one)
+    "test_bench_ladder": ("integration",),
+    "test_bench_realtime": ("integration",),
+    "test_bench_soak": ("integration",),
     # torch.compile's inductor on the CPU: 30-65 s for the one test
     "test_compiled_decode": ("slow",),
     "test_docker_image": ("docker",),

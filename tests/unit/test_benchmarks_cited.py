@@ -1,7 +1,9 @@
-"""The benchmark results the docs cite are the files kept under benchmarks/, and the headline numbers of
-docs/performance.md are the values in those files: every `benchmarks/...` path README.md or a docs page names
-exists, every file under benchmarks/ is named, and each figure in `FIGURES` equals its JSON value rounded as
-written."""
+"""The benchmark results the docs cite are the files kept under benchmarks/, and the headline numbers of the
+performance pages (docs/performance.md and its topics, docs/performance/) are the values in those files: every
+`benchmarks/...` path README.md or a docs page names exists, every file under benchmarks/ is named, and each figure
+in `FIGURES` is written on one page only, which cites its file, and equals its JSON value rounded as written.
+README's results are a table of at most six rows, each linking the page that is its numbers' home: the page
+writes every number of the row, and each bold (measured) one is a figure of that page checked here."""
 
 from __future__ import annotations
 
@@ -14,19 +16,21 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PERFORMANCE = REPO / "docs" / "performance.md"
+DOCS = REPO / "docs"
+# the overview, then a page per topic: a headline number has one home among them
+PERFORMANCE = (DOCS / "performance.md", *sorted((DOCS / "performance").glob("*.md")))
 
 # A path under benchmarks/ as the pages write it. Not one inside another path or after a commit
 # (`853b89e:benchmarks/...` names a file of history), and not a pattern (`dummy-<row>.yaml`, `*.json`).
 _CITED = re.compile(r"(?<![\w:/.-])benchmarks/[\w./-]*[\w/](?![\w./<*{-])")
 
-# Folders kept whole, whose files the pages may name by the folder alone.
-KEPT_WHOLE = ("benchmarks/h200/overload/probes/",)
+# Folders kept whole, whose files the pages may name by the folder alone (none at present).
+KEPT_WHOLE: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Figure:
-    """One number of docs/performance.md: `quote` is the text around it as the page has it, `number` the
+    """One number of a performance page: `quote` is the text around it as the page has it, `number` the
     number as written there, `key` the path to its value in `file` (`/`-separated; `name=x` picks the
     list item whose `name` is x), and `scale` what the value is multiplied by for the unit written."""
 
@@ -45,6 +49,11 @@ _VOICE = "benchmarks/h200/voice-traffic/"
 _C64 = "levels/concurrency=64"
 _STEP = "benchmarks/h200/one-step/"
 _RAMP = _STEP + "gentle-ramp/"
+_SHIPPED = _STEP + "shipped-profile/"
+_SPLIT_KV = "benchmarks/h200/long-call/context-8192-split-kv/long-c32-t80-summary.json"
+_H100 = "benchmarks/h100/long-call/fp8-32-slots/"
+_RANGE = "levels/0/turn_ranges/turns="
+_KERNEL = "benchmarks/h200/ladder-128-kernel/"
 
 FIGURES = (
     # One step for everybody
@@ -118,7 +127,6 @@ FIGURES = (
       for number, level, key in ((c32, 2 * i, "ttfp_s/mean"), (rps, 2 * i + 1, "req_per_s"),
                                  (ttfp, 2 * i + 1, "ttfp_s/mean"), (p99, 2 * i + 1, "ttfp_s/p99"),
                                  (rtf, 2 * i + 1, "rtf/mean"), (behind, 2 * i + 1, "underrun_requests"))),
-    Figure("waves waited 8.87 s", "8.87", _STEP + "frame-bound/chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
     # Where the GPU profile stands
     Figure("| c=1 TTFP <= 0.15 s | 0.077 s", "0.077", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/mean"),
     Figure("0.077 s (p99 0.097 s)", "0.097", _OVERLOAD + "overload-c1.json", "levels/0/ttfp_s/p99"),
@@ -137,11 +145,6 @@ FIGURES = (
     Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.292", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/mean"),
     Figure("TTFP 0.292 s (p50 0.280,\np99 0.405)", "0.405", _GPU + "gpu-profile-c64.json", "levels/0/ttfp_s/p99"),
     Figure("RTF 0.258, no underrun", "0.258", _GPU + "gpu-profile-c64.json", "levels/0/rtf/mean"),
-    # the same profile after the restructuring, and the same-lease comparison
-    Figure("23.62-24.21 req/s", "23.62", "benchmarks/h200/house-check/lease1-c64-r3.json", "levels/0/req_per_s"),
-    Figure("TTFP 0.301-0.314 s", "0.314", "benchmarks/h200/house-check/lease1-c64-r4.json", "levels/0/ttfp_s/mean"),
-    Figure("TTFP 0.360 and 0.368 s", "0.360", "benchmarks/h200/house-check/lease2-d86067d-c64-r1.json", "levels/0/ttfp_s/mean"),
-    Figure("TTFP 0.344 and 0.323 s", "0.323", "benchmarks/h200/house-check/lease2-head-c64-r2.json", "levels/0/ttfp_s/mean"),
     Figure("30.1 s to its only audio", "30.1", _HISTORY, "rows/name=baseline/levels/concurrency=1/ttfp_s/mean"),
     # What each switch bought: the ladder
     Figure("| 0.095 s | 22.23 |", "22.23", _LADDER, f"rows/name=cuda-graphs/{_C64}/req_per_s"),
@@ -166,16 +169,12 @@ FIGURES = (
            "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
     Figure("| -13 ms (stderr 18) |", "-13", "benchmarks/cpu-tiny/ray/held-2/ladder.json",
            "rounds/rows/name=ray-one-replica/levels/0/minus_reference_s/mean", 1000),
-    Figure("| 384 / 0 | 2.367 s (2.89) | 0/384 |", "2.367", _OVERLOAD + "probes/queue10s-nodefer-c128.json",
-           "levels/0/ttfp_s/mean"),
-    Figure("| 384 / 0 | 2.367 s (2.89) | 0/384 |", "0", _OVERLOAD + "probes/queue10s-nodefer-c128.json",
-           "levels/0/underrun_requests"),
     # Voice traffic
     Figure("| 700 | 13.09 | 1.5 s (2.243)", "13.09", _VOICE + "chat-sweep.json",
            "levels/prompt_words=640,concurrency=64/req_per_s"),
-    Figure("| c=64, commit, Opus (`realtime-c64-opus.json`) | 384 | 0.478 s", "0.478",
+    Figure("| Opus, before (`benchmarks/h200/voice-traffic/realtime-c64-opus.json`) | 0.478 s", "0.478",
            _VOICE + "realtime-c64-opus.json", "levels/0/overall/first_audio_s/p50"),
-    Figure("| 384 | 0.478 s (0.701) | 285 |", "285", _VOICE + "realtime-c64-opus.json", "levels/0/overall/underrun_turns"),
+    Figure("| 0.478 s (0.701) | 285/384 |", "285", _VOICE + "realtime-c64-opus.json", "levels/0/overall/underrun_turns"),
     Figure("| c=1, commit, PCM16 (`realtime-c1.json`) | 6 | 0.102 s", "0.102", _VOICE + "realtime-c1.json",
            "levels/0/overall/first_audio_s/p50"),
     Figure("takes 0.214 s against 0.178 s", "0.214", _VOICE + "chat-input-audio.json", "levels/0/ttfp_s/mean"),
@@ -186,14 +185,62 @@ FIGURES = (
     Figure("+24.06 MiB per 1,000 requests", "24.06", "benchmarks/cpu-tiny/soak/soak.json",
            "summary/rss_mib/slope_per_1k_requests"),
     Figure("1200 mixed requests", "1200", "benchmarks/cpu-tiny/soak/soak.json", "summary/requests"),
+    # the seed's sweep as shipped: the levels by prompt length (words asked) and concurrency
+    *(Figure(f"| {tokens} | {c1} s | {c16} s | {c32} s | {rps} | {ttfp} s ({p99}) | {rtf} | 0/128 |"
+             if tokens != "699" else f"| 699 | {c1} s | {c16} s | {c32} s | {rps} | **{ttfp} s ({p99})** | {rtf} | **0/128** |",
+             number, _SHIPPED + "chat-sweep.json", f"levels/prompt_words={words},concurrency={c}/{key}")
+      for tokens, words, c1, c16, c32, rps, ttfp, p99, rtf in (
+          ("19", 10, "0.099", "0.138", "0.220", "23.63", "0.311", "0.376", "0.267"),
+          ("181", 160, "0.108", "0.215", "0.282", "20.04", "0.471", "0.628", "0.314"),
+          ("353", 320, "0.110", "0.214", "0.301", "20.37", "0.488", "0.687", "0.310"),
+          ("699", 640, "0.104", "0.269", "0.388", "18.25", "0.590", "0.927", "0.344"))
+      for number, c, key in ((c1, 1, "ttfp_s/mean"), (c16, 16, "ttfp_s/mean"), (c32, 32, "ttfp_s/mean"),
+                             (rps, 64, "req_per_s"), (ttfp, 64, "ttfp_s/mean"), (p99, 64, "ttfp_s/p99"),
+                             (rtf, 64, "rtf/mean"), ("0", 64, "underrun_requests"))),
+    *(Figure("| 699, arriving steadily (256) | | | | 9.56 | 0.345 s (0.619) | 0.578 | 61/256 |", number,
+             _SHIPPED + "chat640-c64-steady.json", f"levels/0/{key}")
+      for number, key in (("9.56", "req_per_s"), ("0.345", "ttfp_s/mean"), ("0.619", "ttfp_s/p99"),
+                          ("0.578", "rtf/mean"), ("61", "underrun_requests"))),
+    # long calls at the GPU profile's context: the fourth run's summary
+    Figure("(median 0.62) against", "0.62", _SPLIT_KV, f"{_RANGE}61-80/first_audio_p50_s/median"),
+    Figure("(median 0.15), ~4.1x", "0.15", _SPLIT_KV, f"{_RANGE}1-5/first_audio_p50_s/median"),
+    Figure("cached share after turn 2 93 %", "93", _SPLIT_KV, f"{_RANGE}3-80/cached_share_mean", 100),
+    Figure("207 of 2,560 turns", "207", _SPLIT_KV, "levels/0/overall/underrun_turns"),
+    Figure("one before turn 51 (at turn 43)", "43", _SPLIT_KV, "levels/0/first_turn_behind"),
+    *(Figure(f"| {turns} | {low}-{high} s | {tokens} | {cached} % | {behind} | 0 |", number, file, f"{_RANGE}{turns}/{key}",
+             scale)
+      for file, turns, low, high, tokens, cached, behind in (
+          (_SPLIT_KV, "1-5", "0.132", "0.165", "243", "52", "0"), (_SPLIT_KV, "61-80", "0.351", "0.862", "4,879", "93", "134"),
+          (_H100 + "long-c32-t80-summary.json", "61-80", "0.247", "0.681", "4,810", "93", "104"),
+          (_H100 + "long-c32-t80-think2-summary.json", "61-80", "0.179", "0.521", "4,789", "93", "97"))
+      for number, key, scale in ((low, "first_audio_p50_s/min", 1.0), (high, "first_audio_p50_s/max", 1.0),
+                                 (cached, "cached_share_mean", 100.0), (behind, "underrun_turns", 1.0))),
+    # 128 voices: the code predictor's attention kernel, three runs of the bf16-128 row
+    *(Figure(f"| {run} | 19 | 128 | 256 / 0 | {rps} | {ttfp} s ({p99}) | {rtf} | 0 |", number, file, f"{level}/{key}")
+      for run, file, level, rps, ttfp, p99, rtf in (
+          ("1", _KERNEL + "run-1/bf16-128.json", "levels/0", "39.40", "0.316", "0.341", "0.322"),
+          ("2", _KERNEL + "run-2/ladder.json", "rows/name=bf16-128/levels/concurrency=128,prompt_words=10",
+           "38.13", "0.354", "0.393", "0.332"),
+          ("3", _KERNEL + "run-3/bf16-128.json", "levels/0", "36.77", "0.348", "0.432", "0.345"))
+      for number, key in ((rps, "req_per_s"), (ttfp, "ttfp_s/mean"), (p99, "ttfp_s/p99"), (rtf, "rtf/mean"),
+                          ("0", "underrun_requests"))),
+    # the assistant on two cores
+    *(Figure(f"| {users} | {p50} s ({p99}) |", number, "benchmarks/cpu-small/assistant-realtime.json",
+             f"levels/concurrency={users}/overall/{key}")
+      for users, p50, p99 in (("1", "0.565", "0.642"), ("4", "0.627", "1.380"))
+      for number, key in ((p50, "first_audio_s/p50"), (p99, "first_audio_s/p99"))),
+    Figure("| 0 of 10 | <= 0.9 s", "0", "benchmarks/cpu-small/assistant-realtime.json",
+           "levels/concurrency=1/overall/underrun_turns"),
+    Figure("| 1 of 40 (44 ms) |", "1", "benchmarks/cpu-small/assistant-realtime.json",
+           "levels/concurrency=4/overall/underrun_turns"),
     # long calls on an H100, with and without the users' pauses
-    *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}.json",
+    *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}-summary.json",
              "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),
 )
 
 
 def _pages() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def _cited() -> set[str]:
@@ -241,14 +288,72 @@ def test_every_kept_file_is_cited() -> None:
 
 @pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f.number}@{f.file.rsplit('/', 1)[-1]}")
 def test_headline_figure_is_its_file_value(figure: Figure) -> None:
-    page = PERFORMANCE.read_text()
-    assert figure.quote in page, f"docs/performance.md no longer says {figure.quote!r}"
+    homes = [path for path in PERFORMANCE if figure.quote in path.read_text()]
+    assert len(homes) == 1, f"{figure.quote!r} is written on {len(homes)} performance pages, not one"
+    name, page = homes[0].relative_to(REPO), homes[0].read_text()
     assert figure.number in figure.quote
     assert f"`{figure.file}`" in page or f"`{figure.file.rsplit('/', 1)[-1]}`" in page, \
-        f"docs/performance.md does not cite {figure.file}"
+        f"{name} does not cite {figure.file}"
     value = lookup(json.loads((REPO / figure.file).read_text()), figure.key)
     assert as_written(value, figure.number, figure.scale), \
-        f"{figure.file} {figure.key} = {value!r}, docs/performance.md writes {figure.number}"
+        f"{figure.file} {figure.key} = {value!r}, {name} writes {figure.number}"
+
+
+# The README's results: a short table whose every row links the page that is its numbers' home.
+README = REPO / "README.md"
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
+_BOLD = re.compile(r"\*\*(.+?)\*\*")
+_PAGE_LINK = re.compile(r"\]\((docs/[\w./-]+\.md)(?:#([\w-]+))?\)")
+
+
+def results_rows(readme: str) -> list[list[str]]:
+    """The rows of the table under README's `## Results`, as their cells (the header and its rule left out)."""
+    section = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[2:]]
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as the docs build makes it (Python-Markdown's toc)."""
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower())
+
+
+def numbers(text: str) -> set[str]:
+    return set(_NUMBER.findall(text))
+
+
+_ROWS = results_rows(README.read_text())
+
+
+def test_readme_results_are_a_table_of_at_most_six_rows() -> None:
+    assert 0 < len(_ROWS) <= 6, f"README's results table has {len(_ROWS)} rows"
+
+
+@pytest.mark.parametrize("row", _ROWS, ids=lambda row: row[0][:40])
+def test_readme_result_row_is_written_on_its_page(row: list[str]) -> None:
+    text = " | ".join(row)
+    links = _PAGE_LINK.findall(text)
+    assert len(links) == 1, f"a results row links one page, its numbers' home: {links}"
+    path, anchor = links[0]
+    page = (REPO / path).read_text()
+    if anchor:
+        headings = {slug(line.lstrip("#").strip()) for line in page.splitlines() if line.startswith("#")}
+        assert anchor in headings, f"{path} has no heading #{anchor}"
+    written = _PAGE_LINK.sub("]", text)
+    missing = sorted(numbers(written) - numbers(page))
+    assert not missing, f"README's row writes {missing}, which {path} does not"
+    checked = {figure.number for figure in FIGURES if figure.quote in page}
+    bold = {number for part in _BOLD.findall(written) for number in numbers(part)}
+    assert bold, "a results row's measured numbers are bold"
+    unchecked = sorted(bold - checked)
+    assert not unchecked, f"README's bold {unchecked} are no figure of {path} that FIGURES checks against its file"
+
+
+def test_a_readme_number_its_page_does_not_write_fails() -> None:
+    readme = "x\n## Results\n\n| | measured | where |\n|---|---|---|\n| c=64 | **25.42** | [p](docs/performance.md) |\n"
+    [row] = results_rows(readme)
+    assert numbers(" | ".join(row)) - numbers((DOCS / "performance.md").read_text()) == {"25.42"}
+    assert slug("At the GPU profile's 8,192-token context") == "at-the-gpu-profiles-8192-token-context"
 
 
 def test_a_figure_off_by_its_last_digit_fails() -> None:

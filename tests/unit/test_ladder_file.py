@@ -1,5 +1,5 @@
 """Ladder files, sweep-setting precedence, --replot and the ladder's figures, without servers
-(tests/integration/test_bench_ladder.py runs ladders against real servers)."""
+(tests/bench/test_bench_ladder.py runs ladders against real servers)."""
 
 from __future__ import annotations
 

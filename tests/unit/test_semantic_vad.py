@@ -87,7 +87,7 @@ def test_silence_and_chunking(model: SmartTurnModel, spoken: dict[str, np.ndarra
 def test_semantic_ends_turns_sooner_than_server_vad(model: SmartTurnModel, spoken: dict[str, np.ndarray]) -> None:
     """End of speech -> commit on each test utterance, as the audio after the speech plus the model's time.
 
-    `-s` prints the table that docs/performance.md quotes."""
+    `-s` prints the table that docs/performance/conversations.md quotes."""
     rows = []
     for text in UTTERANCES:
         signal, [(_, end_ms)] = _scene(500, spoken[text], 5000)
