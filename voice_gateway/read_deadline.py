@@ -1,25 +1,18 @@
 """Read deadlines on the server's HTTP/1.1 connections: a client must send a request's head within
 `ReadTimeouts.header_s` and may not pause in a request body for longer than `ReadTimeouts.body_s`, or its
-connection is closed.
+connection is closed. uvicorn times out only a connection idle between requests, so a slowloris client
+(a few bytes now and then, or none) would otherwise hold its socket and buffers for good.
 
-uvicorn times out only a connection that idles between requests (`timeout_keep_alive`, armed when a
-response ends and cancelled by the first byte after it): a connection that never completes a request head
-(slowloris: a few bytes now and then, or none at all) would hold its socket and buffers for good.
+`http_protocol(...)` is uvicorn's `http` setting: a factory (a `functools.partial`, which pickles into
+`--http-workers`' processes) of subclasses of uvicorn's h11 or httptools protocol that wrap the connection's
+ASGI app and change nothing else. The protocol calls the app once a request's head is complete, which ends the
+head's deadline; the body's runs while the app waits in `receive()` for more body. The head's deadline runs
+from the connection's start and again from the end of each response, so a keep-alive connection's next head
+is bounded too.
 
-How: `serve` hands uvicorn `http_protocol(...)` as its `http` setting, a factory of our subclasses of
-uvicorn's own protocol classes (h11 or httptools, as `--http` picks) that add one `ReadDeadline` per
-connection. uvicorn calls it with its config, server state and app state for each connection;
-`functools.partial` binds our timeouts, and pickles with uvicorn's config into `--http-workers`' processes.
-The subclasses change nothing but the connection's ASGI app, which they wrap: the protocol calls the app
-once a request's head is complete, so that call ends the head's deadline, and the body's deadline runs
-while the app waits in `receive()` for more of the body. The head's deadline runs from the connection's
-start and again from the end of each response, so a keep-alive connection's next head is bounded too.
-
-A timed-out connection is closed without a response, as nginx's `client_header_timeout` does: the client
-sent no request that could be answered, and a client that stalls is not reading either. The app of a
-stalled body sees `http.disconnect`, as for any client that hangs up. A WebSocket upgrade hands the socket
-to uvicorn's WebSocket protocol, whose pings time it out: a deadline that expires after it does nothing.
-"""
+A timed-out connection is closed without a response, as nginx's `client_header_timeout` does; the app of a
+stalled body sees `http.disconnect`. A WebSocket upgrade hands the socket to uvicorn's WebSocket protocol, whose
+pings time it out: a deadline that expires after it does nothing."""
 
 from __future__ import annotations
 

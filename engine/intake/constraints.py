@@ -1,26 +1,17 @@
 """What a reply must look like -> the grammar text the Thinker decodes under (constrained decoding).
 
-A request's `OutputConstraint` (engine/api.py) becomes one grammar in llguidance's format here, at
-the front door; the text is what travels with the admitted request (it pickles, to an engine in
-another process too) and the Thinker compiles it against its tokenizer (engine/omni/stages/grammar.py).
-
-Why llguidance (over xgrammar and outlines-core): it computes each step's token mask lazily from
-an Earley parser over a lexer, so a new schema costs about a millisecond to compile, not a
-precomputed automaton per schema (xgrammar compiles each schema ahead, outlines-core builds an
-index over the whole vocabulary per regex): every request here may bring its own tools. Its
-masks take ~0.5 ms per row on a CPU, it has abi3 wheels with no dependencies for every Python
-from 3.9 (the CPU test machine and the GPU host alike), it covers JSON Schema broadly (`$ref`,
-`anyOf`, string lengths, number ranges, patterns), and its Lark grammars name special tokens
-(`<tool_call>`), which Qwen's tool-call format needs.
+A request's `OutputConstraint` (engine/api.py) becomes one llguidance grammar here, at the front door; the
+text travels with the admitted request (it pickles, to an engine in another process too) and the Thinker
+compiles it against its tokenizer (engine/omni/stages/grammar.py). llguidance computes each step's token mask
+lazily from an Earley parser over a lexer, so a new schema compiles cheaply (every request here may bring its
+own tools), where xgrammar and outlines-core precompute per schema; it covers JSON Schema broadly, and its Lark
+grammars name special tokens (`<tool_call>`), which Qwen's tool-call format needs.
 
 Tool calls follow Qwen3's chat template: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`,
-several of them separated by a newline. JSON is written in the spacing of `json.dumps` (what the
-template itself writes), with no other whitespace: a model that wanders in whitespace (a random one
-does) would otherwise never finish. A tool's object that lists its `properties` and says nothing of
-`additionalProperties` gets those keys only (`closed`): every such call still matches its schema, and
-frameworks write their tools' schemas that way (LiveKit's, Pipecat's) meaning no others, which a
-model that wanders (a random one does) would otherwise add, in strings that need not end.
-"""
+separated by a newline. JSON is written in `json.dumps`'s spacing with no other whitespace: a model that
+wanders in whitespace (a random one does) would otherwise never finish. An object that lists `properties`
+and is silent on `additionalProperties` gets those keys only (`closed`): frameworks (LiveKit, Pipecat) write
+schemas that way meaning no others, which a wandering model would otherwise add."""
 
 from __future__ import annotations
 

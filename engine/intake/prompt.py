@@ -1,20 +1,13 @@
 """Chat messages -> Thinker prompt: token ids in Qwen3-Omni's chat format plus log-mel audio features.
 
-Audio goes through the same 16 kHz, 128-bin log-mel features the Qwen3-Omni
-processor computes (its WhisperFeatureExtractor, with the processor's settings),
-and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
-frame + `<|audio_end|>`.
+Audio gets the Qwen3-Omni processor's 16 kHz, 128-bin log-mel features, and each clip becomes `<|audio_start|>`
++ one `<|audio_pad|>` per encoder output frame + `<|audio_end|>`. Images and videos become vision placeholders
+and M-RoPE positions (engine/intake/images.py); a video's own sound interleaves with its frames there.
 
-Images and videos become vision placeholders and M-RoPE positions (engine/intake/images.py); a video's own sound
-interleaves with its frames there.
-
-Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
-the control token, so no message can open a turn of its own.
-
-Tools, calls and results follow Qwen3's chat template: the tools' JSON in a `# Tools` section of the
-system turn, each call an assistant wrote as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
-and a run of tool results as one user turn of `<tool_response>` blocks.
-"""
+Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as the control
+token, so no message can open a turn of its own. Tools follow Qwen3's chat template: the tools' JSON in a
+`# Tools` section of the system turn, each call as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
+a run of tool results as one user turn of `<tool_response>` blocks."""
 
 from __future__ import annotations
 
@@ -88,15 +81,13 @@ class Prompts(Protocol):
 
 
 # Features of the clips seen lately, up to this many bytes (a 4 s clip's are 200 KiB): a conversation sends
-# its earlier turns' audio with every new turn, and each 4 s clip costs ~10 ms of a CPU core to turn into
-# features again, on the server process that serves the call's audio. Held by count (128 clips), 32 long calls
-# recomputed every clip of their histories each turn: first audio grew with the history, 1.3-1.7 s by turn 50
-# (docs/performance.md, "Long calls"). 512 MiB holds 80 turns of ~30 calls per server process.
+# its earlier turns' audio with every new turn, and turning a clip into features again costs CPU on the server
+# process that serves the call's audio. Held by bytes, not by count: a count small enough for memory lets long
+# calls recompute every clip of their histories each turn. 512 MiB holds 80 turns of ~30 calls per process.
 RECENT_FEATURE_BYTES = 512 << 20
 # A conversation's prompt is its whole history, every turn: its texts (the instructions, every earlier turn's
 # words, the template's pieces) are tokenized once each, up to this many distinct ones (8 KiB each at most: the
-# text and its ids as int32); a text longer than MAX_REMEMBERED_TEXT characters is tokenized every time. An
-# 80-message history took ~4 ms of the server's thread a turn to tokenize again.
+# text and its ids as int32); a text longer than MAX_REMEMBERED_TEXT characters is tokenized every time.
 REMEMBERED_TEXTS = 4096
 MAX_REMEMBERED_TEXT = 4096
 
@@ -234,7 +225,7 @@ class PromptBuilder:
 
     def _placeholders(self, *runs: tuple[str, int]) -> list[int]:
         """Runs of special tokens (`<|audio_pad|>` x frames, ...) without tokenizing their text: each is one id,
-        repeated (tokenizing a 4 s clip's 52 placeholders took ~46 us, for every clip of a history every turn)."""
+        repeated, and a history's clips are laid out again every turn."""
         ids: list[int] = []
         for token, count in runs:
             if (single := self._single.get(token)) is None:
@@ -263,9 +254,8 @@ class PromptBuilder:
         return np.asarray(ids, dtype=np.int32)
 
     def _digest(self, data: np.ndarray, person: bytes = b"") -> int:
-        """A contiguous clip's or image's key: a digest of its bytes, taken once per array. A conversation hands
-        its history's arrays back every turn; hashing them all again cost ~20 ms a turn by turn 80 of a call (80
-        clips of 4 s). An array is never changed in place once it is a message's."""
+        """A contiguous clip's or image's key: a digest of its bytes, taken once per array, since a conversation hands
+        its history's arrays back every turn. An array is never changed in place once it is a message's."""
         known = self._digests.get(id(data))
         if known is not None and known[0]() is data:
             return known[1]

@@ -1,18 +1,15 @@
-"""The server process's side of an engine in another process: `RemoteCore`, an `EngineCore` that proxies
-over one connection to it and keeps it serving, whichever way it is reached (`Reach`): a child of our own
-or an `EngineHost`'s socket (engine/remote/reach.py), a replica on Ray (engine/replicas/replica.py).
+"""The server process's side of an engine in another process: `RemoteCore`, an `EngineCore` that proxies over one
+connection to it and keeps it serving, however it is reached (`Reach`: a child of our own or an `EngineHost`'s
+socket, engine/remote/reach.py; a replica on Ray, engine/replicas/replica.py).
 
-Supervision (`engine.supervision`): the engine speaks every `STATE_PERIOD_S`. When its connection closes
-(it exited) or it stays silent for `stall_timeout_s` (stalled; time this process was stopped too does not
-count, engine/remote/silence.py), it is lost: every open request ends with `Failed(code=UNAVAILABLE)`,
-`health()` says `down`, and new requests are refused with `UNAVAILABLE` (the edge's 503, never a 400)
-until an engine serves again. The reach lets go of the lost one (kills a child of ours, a stopped one
-too; has Ray replace a stalled replica) and reaches one again after the waits it chooses: doubling for a
-child of ours, steady while a host or Ray starts the next one.
+Supervision: the engine speaks every `STATE_PERIOD_S`. When its connection closes or it stays silent for
+`stall_timeout_s` (time this process was stopped does not count: silence.py), it is lost: every open request
+ends with `Failed(code=UNAVAILABLE)`, `health()` says `down`, and new requests are refused with `UNAVAILABLE`
+(the edge's 503, never a 400) until an engine serves again. The reach lets go of the lost one and reaches one
+again after the waits it chooses (doubling for a child of ours, steady while a host or Ray starts the next).
 
-Between two states the engine's load is what the last one said, plus what this process sent that it had
-not yet seen, less what of either ended since: the replicas' router weighs it.
-"""
+Between two states the engine's load is what the last one said, plus what this process sent that it had not
+yet seen, less what of either ended since: the replicas' router weighs it."""
 
 from __future__ import annotations
 
@@ -102,10 +99,9 @@ class PushedFamilies(Collector):
 
 
 class RemoteCore:
-    """Owns the connection to the engine, the sinks of the requests sent on it (and how many it sent and saw
-    end), which clips and images it sent on it (engine/remote/media.py), the engine's last pushed state, and
-    the supervision: whether the engine serves, its restarts, and the task that watches it for a stall and
-    reaches another once it is lost."""
+    """Owns the connection to the engine, the sinks of the requests sent on it (and how many it sent and saw end),
+    the clips and images it sent (media.py), the engine's last pushed state, and the supervision: whether the
+    engine serves, its restarts, and the task that watches for a stall and reaches another once it is lost."""
 
     def __init__(self, reach: Reach) -> None:
         self.reach = reach

@@ -1,19 +1,13 @@
 """Audio features and image pixels cross to the engine's process once, though a conversation's requests name
 them every turn.
 
-A realtime conversation's prompt holds every earlier turn's audio and pictures, so each turn's request
-carried all of them: by turn 80 of a call, 80 clips of 4 s, 16 MB of features, ~16 ms between two processes
-on a 2-core CPU; a session that sends a camera frame with every turn, 16 pictures of 1.2 MB each (the GPU
-profile's 1,560 patches a picture, as uint8 pixels) once it holds its most. The engine reads only those past
-its cached prefix. Passed as tensors, each also kept a file descriptor open in both processes for as long as
-either held it (torch shares a tensor's memory through one), so a server process that held thousands of
-clips' features held thousands of descriptors.
-
-Now a server process sends a clip's features or an image's pixels once (`SentMedia`, per connection) and
-names it by its key after; the engine's process holds what it was sent (`HeldMedia`, one for all its
-connections), in its own memory, longer than any server process counts on. Should it have let a named one
-go anyway, it asks for that request whole (`Resend`), and the server process sends it with all of them.
-"""
+A realtime conversation's prompt holds every earlier turn's audio and pictures, of which the engine reads only
+those past its cached prefix; sent as tensors every turn, each would also keep a file descriptor open in both
+processes while either held it (torch shares a tensor's memory through one). So a server process sends a
+clip's features or an image's pixels once (`SentMedia`, per connection) and names it by its key after; the
+engine's process holds what it was sent (`HeldMedia`, one for all its connections), in its own memory, longer
+than any server process counts on. Should it have let a named one go anyway, it asks for that request whole
+(`Resend`), and the server process sends it with all of them."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
 """A session's conversation: its items, and how they become the Thinker's prompt.
 
-Once the history outgrows the context budget, a block of the oldest items leaves
-the prompt at once, down to the share the session's `truncation` retains, so the
-prompt starts the same (and its cached prefix holds) for many turns after; the
-instructions and tools always stay, and with truncation `"disabled"` the response
-fails instead. An assistant item truncated after a barge-in keeps only the part
-of its transcript the user heard.
+Once the history outgrows the context budget, a block of the oldest items leaves the prompt at once, down to
+the share the session's `truncation` retains, so the prompt starts the same (and its cached prefix holds) for
+many turns after; the instructions and tools always stay, and with truncation `"disabled"` the response fails
+instead. An assistant item truncated after a barge-in keeps only the part of its transcript the user heard.
 
-Audio is what makes a conversation big (64 KB a second), so only the items the
-prompt can still use keep theirs, and at most `max_audio_samples` of it: the
-oldest goes first. An item without its audio stays listed, with its text.
-Images (megabytes of pixels each) are kept the same way, at most
-`max_images` of them. A user item's prompt holds its audio, then its images,
-then its text.
-
-Function calls and their outputs go to the prompt as chat's `tool_calls` and `role: "tool"` messages
-do: a run of calls joins the assistant message before it, and each output is a tool message.
-"""
+Audio (64 KB a second) and images (megabytes each) make a conversation big, so only the items the prompt can
+still use keep theirs, at most `max_audio_samples` and `max_images`, oldest dropped first; an item without
+them stays listed with its text. A user item's prompt holds its audio, then its images, then its text.
+Function calls join the assistant message before them as chat's `tool_calls`; each output is a tool message."""
 
 from __future__ import annotations
 

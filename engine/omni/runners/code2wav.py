@@ -1,23 +1,16 @@
 """Code2Wav's tensor work, streamed: each chunk of a reply decodes only its new frames.
 
-A windowed decode would re-run frames of left context with every chunk (tests keep one as the
-reference). Here each request owns a slot of carried state instead: the last
-`sliding_window - 1` keys and values of every pre-transformer layer, the last `kernel - 1`
-inputs of every causal convolution, and the last input of every transposed convolution
-(whose look-ahead of one input is what makes Code2Wav's 555-sample tail). A reply decoded
-chunk by chunk this way is the one-shot decode of all its frames, whatever the chunking.
+Each request owns a slot of carried state instead of re-running frames of left context (tests keep a windowed
+decode as the reference): the last `sliding_window - 1` keys and values of every pre-transformer layer, the last
+`kernel - 1` inputs of every causal convolution, and the last input of every transposed convolution (whose
+look-ahead of one input makes Code2Wav's 555-sample tail). A reply decoded chunk by chunk is the one-shot decode
+of all its frames, whatever the chunking.
 
-Rows of a batch are right-padded: every layer is causal (the transposed convolutions emit
-a sample only once both of their inputs exist), so padding never reaches a valid sample,
-and each state is read back at the row's own valid end. The model's own modules do the
-arithmetic; this file only routes state around them.
-
-Shape buckets: on a GPU each (batch, frames) shape the convolutions first meet costs ~200 ms
-(cuDNN builds its plans), so with `batch_buckets` / `frame_buckets` a step is padded up to
-the next bucket (padding rows write into a scratch slot) and `warm_up()` meets every bucket
-once at start-up. Which shapes exist is then fixed, and none is first met under load; a step
-has no host sync, so `capture_graphs()` can also hold each bucket as a CUDA graph.
-"""
+Rows of a batch are right-padded: every layer is causal, so padding never reaches a valid sample, and each
+state is read back at the row's own valid end. The model's own modules do the arithmetic; this file routes
+state around them. On a GPU a (batch, frames) shape the convolutions first meet costs a cuDNN plan, so a step
+is padded up to its `batch_buckets` / `frame_buckets` bucket (padding rows write a scratch slot) and `warm_up()`
+meets every bucket at start-up; with no host sync in a step, `capture_graphs()` can hold each as a CUDA graph."""
 
 from __future__ import annotations
 
@@ -100,10 +93,8 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def decode(self, batch: StreamBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (float32 audio [B, L] right-padded, valid samples per row [B]).
-
-        Row b's valid samples continue its reply exactly where its previous chunk stopped.
-        """
+        """-> (float32 audio [B, L] right-padded, valid samples per row [B]); row b continues its reply exactly where
+        its previous chunk stopped."""
         rows, _, frames = batch.codes.shape
         padded = self._pad(batch, _bucket(rows, self.batch_buckets), _bucket(frames, self.frame_buckets))
         graphed = self.graphs.get((padded.codes.shape[0], padded.codes.shape[2]))
@@ -282,10 +273,8 @@ def _bucket(size: int, buckets: tuple[int, ...]) -> int:
 
 
 def _take(joined: torch.Tensor, valid: torch.Tensor, size: int, dim: int = -1) -> torch.Tensor:
-    """Per row b, the `size` entries of `joined` along `dim` that end at `size + valid[b]`.
-
-    `joined` is [carried state of `size` | new entries], so these are the row's last `size` valid ones.
-    """
+    """Per row b, the `size` entries of `joined` ([carried state of `size` | new entries]) along `dim` that end at
+    `size + valid[b]`: the row's last `size` valid ones."""
     dim = dim % joined.dim()
     index = valid[:, None] + torch.arange(size, device=joined.device)  # [B, size]
     shape = [1] * joined.dim()

@@ -1,13 +1,11 @@
 """A paged KV cache for continuous batching over transformers' attention layers.
 
-Each request holds a slot from its first prompt piece to its finish; a slot holds pages, `page_size`
-positions each, out of one pool shared by all slots. A slot takes pages as its positions are written, and
-the Thinker's stage reserves a prompt's and its longest reply's when it starts (engine/omni/stages/thinker.py), so
-memory follows what the conversations hold rather than `num_slots x max_len`: the pool's size (`num_pages`)
-is the budget, and a slot can still grow to `max_len`. A forward over any set of slots, each at its own
-position, goes through a packed batch (engine/omni/runners/packed_batch.py), which the model's attention layers
-call as their `cache`; it carries each sequence's page list, so nothing on the device changes when pages move.
-"""
+Each request holds a slot from its first prompt piece to its finish; a slot holds pages of `page_size`
+positions out of one pool shared by all slots, taken as its positions are written (the stages reserve a
+prompt's and its longest reply's when it starts). Memory follows what the conversations hold rather than
+`num_slots x max_len`: the pool (`num_pages`) is the budget, and a slot can still grow to `max_len`. A forward
+goes through a packed batch (packed_batch.py), which the attention layers call as their `cache`; it carries each
+sequence's page list, so nothing on the device changes when pages move."""
 
 from __future__ import annotations
 
@@ -66,10 +64,8 @@ class SlotKVCache:
     @classmethod
     def for_decoder(cls, config: Any, *, max_batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
                     pool_positions: int = 0, kept_slots: int = 0) -> SlotKVCache:
-        """The cache of a transformers decoder with `config` (its layers, KV heads and head size): a slot for each
-        of `max_batch` sequences at once and `kept_slots` more for kept prefixes (engine/omni/runners/prefix_cache.py);
-        `pool_positions`: the pool's size in positions (0: `max_batch` x `max_len`, every sequence its whole
-        length)."""
+        """The cache of a transformers decoder with `config`: a slot for each of `max_batch` sequences and `kept_slots`
+        more for kept prefixes (prefix_cache.py); `pool_positions`: the pool's size (0: `max_batch` x `max_len`)."""
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         num_pages = -(-pool_positions // PAGE_SIZE) if pool_positions else max_batch * -(-max_len // PAGE_SIZE)
         return cls(num_layers=config.num_hidden_layers, num_slots=max_batch + kept_slots,

@@ -1,22 +1,15 @@
 """One packed forward over the slot KV cache: decode rows and prompt pieces as unpadded tokens.
 
-A step is a list of `Piece`s, each one sequence's rows in it: a prompt's next piece, or the one token a
-speaking reply decodes. Their tokens are packed end to end (`[T]` rows, nothing padded between them);
-each token writes its key and value at its slot's position (a page and an offset in it: the paged cache of
-engine/omni/runners/kv_cache.py) and attends causally over what its slot holds (`PackedAttention`: the Triton
-kernel of engine/omni/accel/packed_attention.py reads the pages in place through each sequence's page list,
-`ReferenceAttention` gathers them per sequence). No 4-D mask, no copy of the KV out of the pages, and
-"extend after a cached prefix" is no separate kind: a piece simply starts where its slot ends.
+A step is a list of `Piece`s, each one sequence's rows: a prompt's next piece, or the one token a speaking
+reply decodes. Their tokens are packed end to end (`[T]` rows); each writes its key and value at its slot's
+position (a page and an offset: kv_cache.py's paged cache) and attends causally over what its slot holds.
+No 4-D mask, no copy of the KV out of the pages, and "extend after a cached prefix" is no separate kind: a
+piece simply starts where its slot ends.
 
-A CUDA graph pads a step to its bucket of tokens and sequences: padding tokens write the cache's scratch
-page, belong to no sequence and read zeros out of attention; padding sequences have no tokens.
-Every index a step needs, the page lists too, lives in one int64 tensor, filled by one copy from the host.
-
-The kernel works from two block tables, so that a decode row does not fill a 16-token tile alone:
-sequences of at most `SMALL_Q` query tokens (decode rows) take one small block each, longer ones
-blocks of `block_q` tokens. Both tables have a size fixed by the step's (tokens, sequences) and are
-padded with -1 entries, so a CUDA graph replays them for any mix of lengths.
-"""
+A CUDA graph pads a step to its bucket of tokens and sequences: padding tokens write the cache's scratch page,
+belong to no sequence and read zeros out of attention; padding sequences have no tokens. Every index a step
+needs, the page lists and the kernel's two block tables too, lives in one int64 tensor filled by one copy
+from the host; the tables' sizes are fixed by the step's (tokens, sequences)."""
 
 from __future__ import annotations
 
@@ -92,11 +85,9 @@ def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tu
 
 
 class PackedBatch:
-    """The view one forward takes as its cache: per token the page and offset it writes and its position,
-    per sequence its start, first token and length, the index of its last token and its page list
-    (`seq_pages`, [N, pages_per_slot]), the kernel's two block tables (`small_seq`; `block_seq`,
-    `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`. `pieces`: the host's
-    copy (None in a graph's static batch, whose contents change per replay)."""
+    """The view one forward takes as its cache, all views of `meta`: per token its page, offset, position and
+    M-RoPE rows; per sequence its start, first token, length, last token and page list ([N, pages_per_slot]);
+    the kernel's block tables. `pieces`: the host's copy (None in a graph's static batch)."""
 
     def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
                  meta: torch.Tensor, pieces: list[Piece] | None = None) -> None:

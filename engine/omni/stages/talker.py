@@ -1,18 +1,13 @@
 """Talker stage: turns the Thinker's rows into codec frames, one packed step for every reply that is ready.
 
-A step carries a row for every speaking reply whose next text row is here (its next Thinker token,
-tts_eos once, then tts_pad once the Thinker is done; a reply whose row has not arrived sits the step
-out) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, first come first
-served. A prompt's user turns are prefilled as the Thinker prefills them (`PromptRows`, piece by
-piece), its assistant part once the first text token is here, so at that token a few rows are left;
-its last piece samples the reply's first codebook-0 id. No step is a prefill alone while anyone
-speaks, and a long conversation's prompt never holds the GPU at once. A conversation's next turn
-takes the slot its last reply left, with the user rows it holds (engine/omni/runners/talker_prefix.py),
-and prefills only the new ones. Its first piece reserves the KV pages of its prompt and its longest reply
-(`max_frames`); a reply waits while the running ones hold the pool.
-When the Thinker paces its text (engine/omni/stages/policy.py), each step tells it which replies
-consumed a row.
-"""
+A step carries a row for every speaking reply whose next text row is here (its next Thinker token, tts_eos
+once, then tts_pad once the Thinker is done; a reply whose row has not arrived sits the step out) and, in the
+room `max_step_tokens` leaves, pieces of new replies' prompts, first come first served. A prompt's user turns
+are prefilled as the Thinker prefills them (`PromptRows`), its assistant part once the first text token is here,
+so at that token a few rows are left; its last piece samples the reply's first codebook-0 id. No step is a
+prefill alone while anyone speaks. A conversation's next turn takes the slot its last reply left, with the user
+rows it holds (talker_prefix.py). A reply's first piece reserves the KV pages of its prompt and its longest
+reply (`max_frames`); a reply waits while the running ones hold the pool."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
 
 A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`, first come
-first served (engine/omni/stages/policy.py says why the budget is fixed). Whether a step runs
-for the running replies alone is the first-packet policy's call: with text pacing the Thinker waits while
-every reply's text is far enough ahead of its speech, which the Talker reports as it consumes rows
-(`SpeechProgress`).
-"""
+first served (policy.py says why the budget is fixed). Whether a step runs for the running replies alone is the
+first-packet policy's call: with text pacing the Thinker waits while every reply's text is far enough ahead
+of its speech, which the Talker reports as it consumes rows (`SpeechProgress`)."""
 
 from __future__ import annotations
 
@@ -256,11 +254,10 @@ class ThinkerStage(Stage):
         return finishing
 
     def _piece_end(self, seq: ThinkerSeq, room: int, audio_room: int, first: bool) -> tuple[int, int]:
-        """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the
-        step, and the chunks its clips take: never inside a clip, nor past a clip that would take the step's audio
-        beyond the tower's dense, graphed layout (a long history prefilled again would otherwise run it eagerly,
-        allocating as it goes). A clip that starts the step's first piece goes whole, whatever the room (a prompt
-        always progresses); a later piece stops before it. Images go whole too."""
+        """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the step, and
+        the chunks its clips take: never inside a clip, nor past one that would take the step's audio beyond the
+        tower's dense, graphed layout. A clip that starts the step's first piece goes whole, whatever the room (a
+        prompt always progresses); a later piece stops before it. Images go whole too."""
         end, taken = min(seq.prompt_len, seq.position + room), 0
         for a, b in seq.images:
             if seq.position <= a < end < b:
