@@ -230,7 +230,6 @@ class ReportQueue:
         self._handle: Callable[[Any], None] | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
-        """Where reports go from now on: `handle(report)` on `loop`."""
         self._loop, self._handle = loop, handle
 
     def put(self, item: Any) -> None:

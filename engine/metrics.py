@@ -120,14 +120,10 @@ _hooked = False
 class ColdWork:
     """Work done while serving that start-up should have done: compiles, kernel builds, steps off their graphs.
 
-    Everything the GPU profile compiles, captures or warms happens before the engine reports ready; any of it
-    later costs the request that meets it (a Triton kernel built for a new specialisation of its integer
-    arguments, a torch.compile recompile for a new shape, a prefill that fits no graph and runs eagerly). Each
-    event is counted in `engine_cold_work_total{kind}` and logged, so a latency spike can be traced to its cause
-    and a test can check that a steady run has none. Compiles are seen through process-wide hooks
-    (torch._dynamo's compile callbacks, Triton's JIT post-compile hook) that every armed `ColdWork` of the
-    process hears; stages report their own fallbacks with `record`. One engine's count: `arm()` once it is
-    ready (what start-up does is not cold work)."""
+    Any of it costs the request that meets it, so each event is counted in `engine_cold_work_total{kind}` and logged
+    (a test checks that a steady run has none). Compiles are seen through process-wide hooks (torch._dynamo's
+    compile callbacks, Triton's JIT post-compile hook) that every armed `ColdWork` hears; stages report their own
+    fallbacks with `record`. `arm()` once the engine is ready: what start-up does is not cold work."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.total = Counter(

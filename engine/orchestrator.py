@@ -94,7 +94,6 @@ class Orchestrator:
             self._close(record, Failed(record.request.request_id, "server shutting down"))
 
     def stage_load(self) -> dict[str, int]:
-        """Requests each stage still holds (running or waiting)."""
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
 
     def health(self) -> EngineHealth:

@@ -65,7 +65,6 @@ class WorkerSpec:
     webrtc: WebRTCConfig
 
     def publish(self) -> None:
-        """For the workers this process starts next."""
         os.environ[WORKER_ENV] = _WORKER_SPEC.dump_json(self).decode()
 
     @classmethod

@@ -156,7 +156,6 @@ def _upright(image: ImageFile.ImageFile) -> None:
 
 
 def _rgb(image: Image.Image) -> np.ndarray:
-    """[height, width, 3] uint8 RGB, whatever the decoded image's mode."""
     if image.mode in ("I", "I;16", "I;16B", "I;16L"):
         # 16-bit greyscale: PIL's own conversion clips at 255 rather than scaling
         grey = (np.asarray(image, dtype=np.uint32) // 257).clip(0, 255).astype(np.uint8)

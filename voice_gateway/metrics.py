@@ -60,13 +60,10 @@ class GatewayMetrics:
 
 
 def shared_across_processes(shared_dir: Path) -> GatewayMetrics:
-    """Gateway metrics for one of several server processes that write to `shared_dir` (empty at the first
-    one's start, removed by whoever made it).
-
-    prometheus-client takes its value class from PROMETHEUS_MULTIPROC_DIR when it is first imported; a
-    worker has imported it before it learns the folder, so the class is set here, before the process makes
-    its first metric. Every metric it makes after this lives in the folder (the engine connection's too:
-    `exposition` reads back the gateway's families only)."""
+    """Gateway metrics for one of several server processes that write to `shared_dir`. prometheus-client takes its
+    value class from PROMETHEUS_MULTIPROC_DIR when first imported, which a worker has done before it learns the
+    folder, so the class is set here, before the process makes its first metric; every metric it makes after this
+    lives in the folder (`exposition` reads back the gateway's families only)."""
     os.environ[MULTIPROC_ENV] = str(shared_dir)
     values.ValueClass = values.MultiProcessValue()
     return GatewayMetrics(shared_dir)

@@ -18,7 +18,6 @@ PROBES = ("accuracy", "kernels", "steps")
 
 
 def add_probe_commands(sub: Any) -> None:
-    """The probes' parsers on the CLI's subcommands."""
     _accuracy_arguments(sub.add_parser("accuracy", help="bf16 and FP8 experts against float32 on one model's "
                                        "weights: logits, the Talker's rows, top-token agreement"))
     _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time and a code predictor frame's on a "
@@ -191,7 +190,6 @@ def _write_timings(out: Path, what: str, record: dict[str, Any], rows: list[dict
 
 
 def _counts(text: str | None, flag: str, least: int = 1) -> tuple[int, ...] | None:
-    """A comma-separated list of counts of at least `least`, or None for the default."""
     if text is None:
         return None
     try:

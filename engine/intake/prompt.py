@@ -201,7 +201,6 @@ class PromptBuilder:
                       image_tokens=sum(i.tokens for i in images), positions=positions)
 
     def _tools_turn(self, system: Message | None, tools: tuple[Tool, ...]) -> list[int]:
-        """The system turn with the tools in it (and the request's own system text first)."""
         ids = self._encode("<|im_start|>system\n")
         if system is not None:
             for part in system.content:
@@ -266,7 +265,6 @@ class PromptBuilder:
         return key
 
     def _clip(self, samples: np.ndarray) -> tuple[int, torch.Tensor]:
-        """A clip's key and features, computed once for clips seen lately."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         key = self._digest(samples)
         if (mel := self._seen(key)) is not None:

@@ -108,7 +108,6 @@ def _code_predictor(talker: Any, compiled: bool, triton: bool) -> CodePredictor:
 
 
 def _route(inboxes: list[Inbox], is_last: Callable[[Any], bool], routers: list[StickyRouter]) -> Callable[[Any], None]:
-    """Where payloads for a stage go: its inbox, or a sticky router over its copies' inboxes."""
     if len(inboxes) == 1:
         return inboxes[0].put
     router = StickyRouter(inboxes, is_last)

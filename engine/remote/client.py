@@ -271,7 +271,6 @@ class RemoteCore:
             await self._restart()
 
     def _lose(self, cause: str, what: str) -> None:
-        """The engine exited or stalled: let go of it, and fail what it held."""
         now = time.monotonic()
         if now - self._serving_since > self.supervision.restart_backoff_max_s:
             self._attempts = 0  # it had served a good while: this loss begins a new run of attempts
@@ -284,7 +283,6 @@ class RemoteCore:
         self._end_all(what, UNAVAILABLE, self.health().retry_after_s)
 
     async def _restart(self) -> None:
-        """Attempts, with back-off, until an engine serves again."""
         while True:
             self._attempts += 1
             wait_s = max(0.0, self._next_attempt_at - time.monotonic())

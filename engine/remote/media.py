@@ -98,7 +98,6 @@ class SentMedia:
             self._sent.pop(key)
 
     def clear(self) -> None:
-        """A new connection: its engine holds nothing yet."""
         self._sent.clear()
 
 

@@ -1,15 +1,11 @@
 """One end of a pipe to or from the engine's process: a reader thread that hands messages to an event loop.
 
-The reader blocks on the pipe without the GIL and hands whatever it finds to its loop in one
-call, so a burst of messages costs the loop one wake-up.
-
-Between a server process and an engine child it started (both children of one parent, sharing its
-key), multiprocessing pickles a tensor as a file descriptor of shared memory. A process that Ray
-started, on this host or another, cannot take those: a `portable` connection carries every byte
-in-band. Its TCP socket also sends at once: multiprocessing writes a message over 16 KB (an `Events`
-with a chunk of audio) as its length and then its bytes, and Nagle's algorithm holds the bytes' last
-segment until the length is acknowledged, which the peer delays (docs/performance.md).
-"""
+The reader blocks on the pipe without the GIL and hands whatever it finds to its loop in one call, so a burst
+of messages costs the loop one wake-up. Between a server process and an engine child it started, multiprocessing
+pickles a tensor as a file descriptor of shared memory; a process Ray started cannot take those, so a `portable`
+connection carries every byte in-band. Its TCP socket also sends at once: multiprocessing writes a large message
+as its length and then its bytes, and Nagle's algorithm would hold the bytes' last segment until the length is
+acknowledged, which the peer delays."""
 
 from __future__ import annotations
 

@@ -56,6 +56,5 @@ class AudioInput:
         return self.buffer.take_all(), self.turns.take_item_id()
 
     def clear(self) -> None:
-        """Drop the buffered audio: speech in progress will become a new item."""
         self.buffer.clear()
         self.turns.forget_segment()

@@ -71,7 +71,6 @@ class ResponseCalls:
         self._finish_parsed()
 
     def _finish_parsed(self) -> None:
-        """Done: the calls the parser has finished whose arguments have all gone out as deltas."""
         for call in self.parser.calls:
             if call.id in self._done:
                 continue

@@ -154,11 +154,9 @@ class Conversation:
         return sum(item.audio.size for item in self.items if item.audio is not None)
 
     def image_count(self) -> int:
-        """The images the items keep."""
         return sum(len(item.images) for item in self.items)
 
     def release_media(self) -> None:
-        """The session is over: every item lets go of its audio and images."""
         for item in self.items:
             item.drop_audio()
             item.drop_images()
@@ -177,7 +175,6 @@ class Conversation:
         return self.items[-1].id if self.items else None
 
     def truncate(self, item_id: str, audio_end_ms: int) -> Item:
-        """Cut an assistant item's transcript to the share of its audio that was played."""
         item = self.get(item_id)
         if item is None:
             raise KeyError(item_id)
@@ -237,7 +234,6 @@ class Conversation:
                 item.in_context = False
 
     def prompt(self, config: ev.SessionConfig) -> tuple[Message, ...]:
-        """The conversation as the Thinker's prompt, fitted to the context first."""
         self.fit(config)
         return prompt_messages([item for item in self.items if item.in_context], config.instructions)
 

@@ -48,7 +48,6 @@ class Outbox:
         return Delivery.QUEUED
 
     def drop(self, response_id: str) -> int:
-        """Forget the queued messages of one response; returns how many."""
         kept = deque(e for e in self._entries if e.response_id != response_id)
         dropped = len(self._entries) - len(kept)
         self._entries = kept
@@ -62,7 +61,6 @@ class Outbox:
         return self._entries.popleft().payload if self._entries else None
 
     async def get(self) -> Payload | None:
-        """The next message, or None once closed and empty."""
         while not self._entries:
             if self.closed:
                 return None

@@ -1,15 +1,11 @@
 """One realtime response: runs the engine request and streams its transcript and audio as events.
 
-Audio goes to the response's `AudioSink` (`audio_sinks.py`), which the session's `AudioOut` chose for its
-output format. A cancelled response (barge-in, `response.cancel`) stops at once: the engine request is aborted
-and its queued audio dropped by the `ResponseSlot` (response_slot.py). A response whose audio the outbox
-refuses (`Delivery.SLOW_CONSUMER`: the client does not read fast enough) stops there too, failed, and its
-outcome carries that verdict for the `ResponseSlot` to act on.
-
-With tools in the prompt, the reply's text goes through `ResponseCalls` (calls.py), which makes each
-call an output item of its own; the reply's message is then announced only once it has words (or
-audio), so that a reply of calls alone, as `tool_choice: "required"` makes, is calls alone.
-"""
+Audio goes to the response's `AudioSink`, which the session's `AudioOut` chose for its output format. A
+cancelled response stops at once: the `ResponseSlot` aborts the engine request and drops its queued audio. A
+response whose audio the outbox refuses (`Delivery.SLOW_CONSUMER`) stops there too, failed, and its outcome
+carries that verdict for the `ResponseSlot`. With tools in the prompt, the reply's text goes through
+`ResponseCalls` (calls.py), which makes each call an output item of its own; the reply's message is announced
+only once it has words or audio, so a reply of calls alone (`tool_choice: "required"`) is calls alone."""
 
 from __future__ import annotations
 

@@ -70,7 +70,6 @@ class ResponseSlot:
         return None
 
     def start_aside(self, config: ev.SessionConfig, context: ResponseContext, metadata: dict[str, str] | None) -> None:
-        """Run an out-of-band response beside the current one (see `aside_refusal`)."""
         assert not context.in_conversation and self.aside_refusal(config) is None
         sink = event_sink(config.output_audio_format, self.sender, self.audio_out.opus_bitrate_bps)
         response = self._launch(config, context, None, metadata, _unheard, sink)
@@ -117,7 +116,6 @@ class ResponseSlot:
                     on_completed(response)
 
     def find(self, response_id: str) -> Response | None:
-        """The current response or one beside it, by id."""
         if self.current is not None and self.current.id == response_id:
             return self.current
         return self.aside.get(response_id)

@@ -77,7 +77,6 @@ class Transcriber:
         task.add_done_callback(lambda done: self.tasks.pop(item.id, None) if self.tasks.get(item.id) is done else None)
 
     def cancel(self, item_id: str) -> None:
-        """The item is gone (deleted): its transcript is of no use to anyone."""
         task = self.tasks.pop(item_id, None)
         if task is not None:
             task.cancel()

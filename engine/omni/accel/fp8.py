@@ -55,7 +55,6 @@ def round_rows(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize(quantized: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
                block: int = BLOCK) -> torch.Tensor:
-    """The weights an e4m3 tensor and its block scales stand for."""
     n, k = quantized.shape[-2:]
     full = scale.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :n, :k]
     return (quantized.float() * full).to(dtype)

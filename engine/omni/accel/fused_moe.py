@@ -307,7 +307,6 @@ def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.
 
 
 def enable(model: Any) -> None:
-    """Register the implementation and make every experts module of `model` call it."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     module: Any

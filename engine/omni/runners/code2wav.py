@@ -133,7 +133,6 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def warm_up(self) -> int:
-        """Decode one step of every bucket shape (into the scratch slot); returns how many."""
         shapes = self.step_shapes()
         for rows, frames in shapes:
             codes = torch.zeros(rows, self.model.config.num_quantizers, frames, dtype=torch.long)

@@ -56,7 +56,6 @@ class KeptSlots(Generic[E]):
         return self.kv.pages_for(length) <= self.kv.num_free_pages + self._kept_pages()
 
     def count_pages(self) -> None:
-        """The pool's pages by holder, into /metrics."""
         kept = self._kept_pages()
         free = self.kv.num_free_pages
         for holder, n in ((self.busy, self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):

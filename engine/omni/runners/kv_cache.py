@@ -74,7 +74,6 @@ class SlotKVCache:
 
     @property
     def position_bytes(self) -> int:
-        """What one position's keys and values take over all layers."""
         return sum(2 * keys[0, :, 0].numel() * keys.element_size() for keys in self.keys)
 
     @property
@@ -115,7 +114,6 @@ class SlotKVCache:
         return True
 
     def trim(self, slot: int, length: int) -> None:
-        """Give back the pages of `slot` past position `length`."""
         while self.held[slot] > self.pages_for(length):
             self.held[slot] -= 1
             self.free_pages.append(int(self.table[slot, self.held[slot]]))

@@ -112,7 +112,6 @@ class PackedBatch:
 
     @classmethod
     def of(cls, cache: SlotKVCache, attention: PackedAttention, pieces: list[Piece]) -> PackedBatch:
-        """An eager step's batch: exactly these pieces."""
         tokens = sum(p.length for p in pieces)
         host = torch.from_numpy(_layout(cache, attention.block_q, tokens, len(pieces), pieces))
         return cls(cache, attention, tokens, len(pieces), host.to(cache.keys[0].device, non_blocking=True), pieces)
@@ -182,7 +181,6 @@ def packed_attention_forward(module, query, key, value, attention_mask, scaling=
 
 
 def use_packed_attention(model: Any) -> None:
-    """Make a text decoder attend through the packed batch it is given (`packed=`)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)

@@ -58,10 +58,9 @@ def run_packed(graphs: StepGraphs, embeds: torch.Tensor, pieces: list[Piece], ea
 
 
 def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
-    it on `stream` into `pool` and replay it once; returns the graph and the outputs its replays
-    overwrite. A graph's first replay also uploads it to the device, which under load is a request's
-    wait: spoken turns that met a graph for the first time took 60-100 ms longer."""
+    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture it on `stream` into
+    `pool` and replay it once, so that its upload to the device is not a request's wait; returns the graph and the
+    outputs its replays overwrite."""
     side = torch.cuda.Stream(stream.device)
     side.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(side):

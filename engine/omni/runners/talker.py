@@ -172,7 +172,6 @@ class TalkerRunner:
         return text_track + self._codec_track(speaker)
 
     def _codec_track(self, speaker: str) -> torch.Tensor:
-        """The codec rows under the assistant header for `speaker`, made once per speaker."""
         if (track := self._codec_tracks.get(speaker)) is None:
             ids = torch.tensor(self.codec_prefix + [self.speaker_ids[speaker]] + self.codec_suffix, device=self.device)
             zeros = torch.zeros(3, self.tts_pad.shape[-1], device=self.device, dtype=self.dtype)
@@ -218,7 +217,6 @@ class TalkerRunner:
         return self.predictor(past_hidden, code0, rows)
 
     def forget_codes(self, slots: list[int]) -> None:
-        """New replies in these slots: nothing produced yet."""
         self.seen_codes[host_to_device(slots, torch.long, self.device)] = False
 
     def penalise_repeats(self, logits: torch.Tensor, slots: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -1,15 +1,11 @@
 """Code2Wav stage: cuts each reply's codec frames into chunks and decodes ready chunks in one batch.
 
-Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first
-packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Each reply's decoder state
-stays in a slot of the streaming decoder between its chunks, so every chunk decodes only its new
-frames. Chunk boundaries depend only on frame counts, never on timing, so a reply's audio is the
-same however the stages interleave. Async chunk off: one decode when the Talker finishes.
-
-Ready chunks go by playback deadline: first chunks first (a listener waits for them), then the replies
-whose listeners hold the least audio (the playback clock, engine/omni/stages/playback.py, which this stage
-keeps as it emits); a step takes as many as fit `max_step_frames`, so none holds the GPU for long.
-"""
+Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first packet, then the `ramp_frames`
+sizes, then `chunk_frames`; each reply's decoder state stays in a slot between its chunks. Chunk boundaries
+depend only on frame counts, never on timing, so a reply's audio is the same however the stages interleave.
+Async chunk off: one decode when the Talker finishes. Ready chunks go by playback deadline (first chunks first,
+then the replies whose listeners hold least: playback.py), as many as fit `max_step_frames` a step, so none
+holds the GPU for long."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """The playback clock: how much audio each speaking reply's listener holds, so that the least fed is fed first.
 
-A listener plays a reply from its first audio packet on, in real time, and waits when it runs dry (its
-player stalls, then goes on from where it stopped). Code2Wav tells the clock what it has emitted; what a
-listener holds at `now` is the audio emitted minus what it has played: the time since its first packet,
-less the time it stalled. Code2Wav decodes the least buffered replies first and reports the least of it
-(`engine_playback_slack_seconds`). Shared by the Code2Wav copies' threads, so every access takes a lock.
-"""
+A listener plays a reply in real time from its first packet and stalls when it runs dry. What it holds at `now`
+is the audio Code2Wav emitted less what it played: the time since its first packet, less the time it stalled.
+Shared by the Code2Wav copies' threads, so every access takes a lock."""
 
 from __future__ import annotations
 

@@ -39,12 +39,10 @@ class PacedText(Protocol):
 
     @property
     def made(self) -> int:
-        """Text tokens made so far."""
         ...
 
     @property
     def spoken(self) -> int:
-        """Text rows its Talker has consumed."""
         ...
 
 
@@ -57,11 +55,9 @@ class FirstPacketPolicy:
 
     @property
     def paces_text(self) -> bool:
-        """The Talker reports what it consumed to the Thinker (`SpeechProgress`)."""
         return self.text_lead > 0
 
     def thinker_may_decode(self, texts: Iterable[PacedText]) -> bool:
-        """Whether a Thinker decode step over these running replies is worth its GPU time now."""
         texts = list(texts)
         if not texts:
             return False

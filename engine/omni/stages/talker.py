@@ -222,7 +222,6 @@ class TalkerStage(Stage):
         return self.last_batch
 
     def _take_pieces(self, room: int) -> list[tuple[TalkerSeq, torch.Tensor]]:
-        """Prompt rows for one step, first come first served, until the step's `room` is used."""
         pieces = []
         for seq in self._prefillable():  # it checks each reply's pages as the ones before it take theirs
             if room <= 0:

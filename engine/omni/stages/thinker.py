@@ -188,7 +188,6 @@ class ThinkerStage(Stage):
         return self.last_batch
 
     def _schedule(self) -> ThinkerBatch | None:
-        """Prompt pieces under the step's token budget, and a row for every running reply beside them."""
         replies = list(self.running.values())
         # the profile keeps room for pieces beside a row per running reply (`max_batch` + 64 at least)
         pieces = self._take_pieces(self.cfg.max_step_tokens - len(replies))
@@ -310,7 +309,6 @@ class ThinkerStage(Stage):
         return StepRow(seq.slot, [seq.generated[-1]], seq.position, rope=rope)
 
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
-        """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
         job = seq.job
         if job.want_audio:  # its Talker prefills the prompt's rows as they come
             self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,

