@@ -99,9 +99,8 @@ class ThinkerPrompt:
 
 @dataclass(frozen=True, slots=True)
 class PromptRows:
-    """The prompt's next rows, in order from position 0 (a reused prefix's, then each prefilled piece's). A reused
-    prefix's rows stay where the prefix cache keeps them (host memory, on a GPU): the receiver copies only those it
-    lacks."""
+    """The prompt's next rows, in order from position 0. A reused prefix's rows stay where the prefix cache keeps them
+    (host memory, on a GPU): the receiver copies only those it lacks."""
 
     request_id: str
     embeds: torch.Tensor  # [n, thinker_hidden]: layer-0 (input embedding) rows
@@ -171,8 +170,7 @@ class Inbox:
 
 
 class StickyRouter:
-    """Payloads for a stage with several copies: a request's first payload goes to the copy with the
-    fewest requests in flight, and every later one to the same copy, until its last."""
+    """A stage's copies: a request's first payload goes to the copy with fewest requests, every later one with it."""
 
     _FORGOTTEN_MEMORY = 4096
 

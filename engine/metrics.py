@@ -94,8 +94,7 @@ class PrefixCacheMetrics:
 
 
 class ProcessMetrics:
-    """An engine process as the server process in front of it sees it (engine/remote/client.py), next to
-    the families the child pushes into the same registry."""
+    """An engine process as the server process in front of it sees it, beside the families the child pushes."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.up = Gauge("engine_process_up", "1 while the engine process serves, 0 while it is down or restarting",
@@ -118,11 +117,9 @@ _hooked = False
 
 
 class ColdWork:
-    """Work done while serving that start-up should have done: compiles, kernel builds, steps off their graphs.
-
-    Any of it costs the request that meets it, so each event is counted in `engine_cold_work_total{kind}` and logged
-    (a test checks that a steady run has none). Compiles are seen through process-wide hooks (torch._dynamo's
-    compile callbacks, Triton's JIT post-compile hook) that every armed `ColdWork` hears; stages report their own
+    """Work done while serving that start-up should have done (compiles, kernel builds, steps off their graphs), which
+    costs the request that meets it: counted in `engine_cold_work_total{kind}` and logged. Compiles are heard through
+    process-wide hooks (torch._dynamo's compile callbacks, Triton's JIT post-compile hook); stages report their own
     fallbacks with `record`. `arm()` once the engine is ready: what start-up does is not cold work."""
 
     def __init__(self, registry: CollectorRegistry) -> None:

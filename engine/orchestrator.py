@@ -56,9 +56,8 @@ class RequestRecord:
 
 
 class Orchestrator:
-    """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped
-    here; `speaks`: whether a stage after the Thinker speaks (a reply that wants audio needs one);
-    `routers`: in front of stages with several copies (an abort must reach them too)."""
+    """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped here; `speaks`:
+    whether a stage after the Thinker speaks; `routers`: in front of stages with copies (an abort must reach them)."""
 
     def __init__(
         self,

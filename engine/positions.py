@@ -16,8 +16,7 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Grid:
-    """An image's or video's patch grid (t, h, w), its time step (ImageInput.time_step) and the audio tokens
-    interleaved with it (a video with its sound)."""
+    """An image's or video's patch grid (t, h, w), its time step and the audio tokens interleaved with it."""
 
     thw: tuple[int, int, int]
     time_step: int = 0

@@ -108,8 +108,7 @@ class Stage(ABC):
         return tensor
 
     def written(self) -> torch.cuda.Event | None:
-        """On a GPU, an event recorded now on this stage's stream: what it has queued so far is written once the
-        event is reached (`adopt`)."""
+        """On a GPU, an event recorded now on this stage's stream: what it queued so far is written once it passes."""
         if self.device.type != "cuda":
             return None
         event = torch.cuda.Event()

@@ -148,8 +148,7 @@ class Admission:
                           param="model")
 
     def admit(self, transport: str, caller: Caller, model: str | None) -> SessionSlot:
-        """Origin and host, key, model, then a free place: the slot of a new realtime session, or Refused
-        (counted by code)."""
+        """Origin and host, key, model, then a free place: a new realtime session's slot, or Refused (counted)."""
         try:
             self.check_origin(caller)
             self.check_key(caller.authorization, caller.subprotocols)

@@ -18,8 +18,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's name for the s
 
 
 class GatewayMetrics:
-    """Owns the gateway's families. With `shared_dir` (see `shared_across_processes`) their values live in
-    files there, one per process, and `exposition()` sums every process's."""
+    """Owns the gateway's families; with `shared_dir` they live in files, one per process, summed on exposition."""
 
     def __init__(self, shared_dir: Path | None = None) -> None:
         self.shared_dir = shared_dir
@@ -83,8 +82,7 @@ _LIVE_GAUGE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db")
 
 
 def _forget_dead_processes(shared_dir: Path) -> None:
-    """A worker that died leaves its live gauges (open sessions) behind: drop them. Its counters stay in
-    the sums, as Prometheus expects of a counter."""
+    """A dead worker's live gauges (open sessions) are dropped; its counters stay in the sums, as counters do."""
     for path in shared_dir.glob("gauge_live*.db"):
         if (m := _LIVE_GAUGE_FILE.fullmatch(path.name)) and not _alive(pid := int(m.group(1))):
             mark_process_dead(pid, str(shared_dir))

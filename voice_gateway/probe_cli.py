@@ -86,9 +86,8 @@ def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def kernels(args: argparse.Namespace, argv: list[str]) -> int:
-    """`voice-gateway kernels`: engine/probes/experts_timing.py's, engine/probes/predictor_timing.py's and
-    engine/probes/attention_timing.py's figures as JSON (with the machine and the commit, as the bench records its runs),
-    a figure each, and tables on stdout."""
+    """`voice-gateway kernels`: the experts', predictor's and attention probes' figures as JSON (with the machine and
+    the commit, as the bench records its runs), a figure each, and tables on stdout."""
     from engine.probes import measure_attention_timing, measure_experts_timing, measure_predictor_timing
 
     if without_bench_extra("kernels"):
@@ -171,8 +170,7 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _record(out_dir: Path, argv: list[str], *, with_gpu: bool) -> dict[str, Any]:
-    """What a timing's JSON records beside its rows, as the bench records its runs: the machine, the commit and the
-    command; `out_dir` made ready for it."""
+    """What a timing's JSON records beside its rows (machine, commit, command); `out_dir` made ready for it."""
     from bench.machine import git_commit, machine_info
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,12 @@
-"""Read deadlines on the server's HTTP/1.1 connections: a client must send a request's head within
-`ReadTimeouts.header_s` and may not pause in a request body for longer than `ReadTimeouts.body_s`, or its
-connection is closed. uvicorn times out only a connection idle between requests, so a slowloris client
-(a few bytes now and then, or none) would otherwise hold its socket and buffers for good.
+"""Read deadlines on the server's HTTP/1.1 connections: a request's head within `ReadTimeouts.header_s`, no pause in
+a body longer than `ReadTimeouts.body_s`, or the connection is closed. uvicorn times out only idle connections
+between requests, so a slowloris client would otherwise hold its socket and buffers for good.
 
-`http_protocol(...)` is uvicorn's `http` setting: a factory (a `functools.partial`, which pickles into
-`--http-workers`' processes) of subclasses of uvicorn's h11 or httptools protocol that wrap the connection's
-ASGI app and change nothing else. The protocol calls the app once a request's head is complete, which ends the
-head's deadline; the body's runs while the app waits in `receive()` for more body. The head's deadline runs
-from the connection's start and again from the end of each response, so a keep-alive connection's next head
-is bounded too.
-
-A timed-out connection is closed without a response, as nginx's `client_header_timeout` does; the app of a
-stalled body sees `http.disconnect`. A WebSocket upgrade hands the socket to uvicorn's WebSocket protocol, whose
-pings time it out: a deadline that expires after it does nothing."""
+`http_protocol(...)`, uvicorn's `http` setting, is a picklable factory of uvicorn's h11 or httptools protocol
+subclassed to wrap the connection's app: the protocol calls the app once the head is complete, ending the head's
+deadline, and the body's runs while the app waits in `receive()`. The head's deadline runs from the connection's
+start and from each response's end. A timed-out connection is closed without a response, as nginx does; the app
+of a stalled body sees `http.disconnect`. After a WebSocket upgrade, uvicorn's pings time the socket out."""
 
 from __future__ import annotations
 

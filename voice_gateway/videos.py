@@ -59,8 +59,7 @@ async def video_from_url(url: str, limits: VideoLimits, *, with_sound: bool = Fa
 
 
 def decode_video(raw: bytes, limits: VideoLimits, *, with_sound: bool = False) -> VideoPart:
-    """Frames [n, height, width, 3] uint8 of the first video stream, one each 1 / fps seconds from its start; with
-    its first audio stream's sound over those frames' time when `with_sound`."""
+    """Frames [n, height, width, 3] uint8 of the first video stream at `fps`; with its sound when `with_sound`."""
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
             if not container.streams.video:

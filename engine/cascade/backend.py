@@ -65,8 +65,7 @@ class _Models:
 
 
 class CascadeBackend:
-    """`profile`: its `cascade` section (ears, brain, voice) and the gate's settings; the models load on first
-    use, once, for the intake and the stages alike."""
+    """`profile`: its `cascade` section and the gate's; the models load once, on first use, for intake and stages."""
 
     def __init__(self, profile: DeployProfile, cache_dir: Path | None = None) -> None:
         if profile.engine.where != "in_process" or profile.engine.http_workers != 1:

@@ -70,8 +70,7 @@ def load(cache_dir: Path) -> tuple[Any, Any]:
 
 
 class BrainRunner:
-    """Owns the language model and its KV cache; the Thinker stage's runner (engine/omni/runners/thinker.py's
-    interface). `attention`: how packed queries attend over the slots (the reference by default)."""
+    """Owns the language model and its KV cache: the Thinker stage's runner, with thinker.py's interface."""
 
     audio_token_id = None  # no audio placeholders: the ears made the user's speech text before the prompt
     visual_token_ids = ()  # nor images: its prompts refuse them

@@ -50,12 +50,10 @@ _MIN_TOKENS = 16
 _MAX_TOKENS = 224  # CTranslate2 decodes at most max_length / 2 tokens: Whisper's 448 positions, halved
 
 class WhisperEars:
-    """Owns one loaded Whisper model (weights, mel front end, tokenizer) and nothing per call.
-
-    Calls may overlap, from any threads: CTranslate2 runs `workers` of them at once (a model replica each, the
-    weights shared), each on `cpu_threads` threads, and queues the rest. Nothing in Python is written after
-    `__init__`, so no lock is needed. Tiny.en's matrices are too small to gain from a second thread, so overlapping
-    calls are better served by workers than by threads."""
+    """Owns one loaded Whisper model (weights, mel front end, tokenizer) and nothing per call. Calls may overlap, from
+    any threads: CTranslate2 runs `workers` at once (a replica each, the weights shared), each on `cpu_threads`
+    threads, and queues the rest; nothing in Python is written after `__init__`. Tiny.en's matrices are too small to
+    gain from a second thread, so overlapping calls want workers rather than threads."""
 
     def __init__(self, model_dir: Path, *, cpu_threads: int, workers: int) -> None:
         if cpu_threads < 1 or workers < 1:
@@ -82,8 +80,7 @@ class WhisperEars:
         return self.transcribe_many([audio])[0]
 
     def transcribe_many(self, utterances: Sequence[np.ndarray]) -> list[str]:
-        """Each utterance's `transcribe`, in one batch per window size (a turn's window, and so its words, are its own
-        call's)."""
+        """Each utterance's `transcribe`, batched per window size (each turn's words are still its own call's)."""
         pieces = [(turn, piece) for turn, audio in enumerate(utterances) for piece in _pieces(audio)]
         by_window: dict[int, list[int]] = {}
         for index, (_, piece) in enumerate(pieces):

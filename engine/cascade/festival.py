@@ -35,8 +35,7 @@ class FestivalVoice:
 
     @classmethod
     def load(cls) -> FestivalVoice:
-        """Festival's `text2wave`, with its voice checked by speaking one word (an `EngineError` naming the
-        install command if either is missing)."""
+        """Festival's `text2wave`, its voice checked by speaking one word (`EngineError` naming the install command)."""
         found = shutil.which("text2wave")
         if found is None:
             raise EngineError(f"the festival voice needs Debian's festival, which is not installed: {INSTALL}")

@@ -52,8 +52,7 @@ class ModelPackage:
         return path
 
     def directory(self) -> Path:
-        """The one folder that holds every pinned file, each file's digest checked: for loaders that take a
-        model's folder rather than its files."""
+        """The one folder holding every pinned file, each digest checked: for loaders that take a model's folder."""
         folders = {self.path(file).parent for file in self.files}
         if len(folders) != 1:
             raise ValueError(f"{self.name}'s pinned files lie in {len(folders)} folders, not one: {sorted(folders)}")

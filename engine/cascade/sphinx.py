@@ -33,8 +33,7 @@ class SphinxEars:
 
     @classmethod
     def load(cls) -> SphinxEars:
-        """The decoder over the models inside the installed `pocketsphinx` package (`EngineError` if it is not
-        installed)."""
+        """The decoder over the installed `pocketsphinx` package's models (`EngineError` if it is not installed)."""
         try:
             import pocketsphinx
         except ImportError:

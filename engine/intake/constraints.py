@@ -1,17 +1,13 @@
 """What a reply must look like -> the grammar text the Thinker decodes under (constrained decoding).
 
-A request's `OutputConstraint` (engine/api.py) becomes one llguidance grammar here, at the front door; the
-text travels with the admitted request (it pickles, to an engine in another process too) and the Thinker
-compiles it against its tokenizer (engine/omni/stages/grammar.py). llguidance computes each step's token mask
-lazily from an Earley parser over a lexer, so a new schema compiles cheaply (every request here may bring its
-own tools), where xgrammar and outlines-core precompute per schema; it covers JSON Schema broadly, and its Lark
-grammars name special tokens (`<tool_call>`), which Qwen's tool-call format needs.
-
-Tool calls follow Qwen3's chat template: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`,
-separated by a newline. JSON is written in `json.dumps`'s spacing with no other whitespace: a model that
-wanders in whitespace (a random one does) would otherwise never finish. An object that lists `properties`
-and is silent on `additionalProperties` gets those keys only (`closed`): frameworks (LiveKit, Pipecat) write
-schemas that way meaning no others, which a wandering model would otherwise add."""
+A request's `OutputConstraint` becomes one llguidance grammar here, at the front door; the text travels with the
+admitted request and the Thinker compiles it against its tokenizer (grammar.py). llguidance builds each step's mask
+lazily from an Earley parser, so a new schema compiles cheaply (every request may bring its own tools), and its
+Lark grammars name special tokens (`<tool_call>`), which Qwen's tool-call format needs. Calls follow Qwen3's
+template, `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, newline-separated. JSON takes
+`json.dumps`'s spacing and no other whitespace, and an object that lists `properties` and is silent on
+`additionalProperties` gets those keys only (`closed`), as frameworks mean it: a wandering model (a random one)
+would otherwise never finish, or add keys."""
 
 from __future__ import annotations
 
@@ -59,8 +55,7 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 
 
 def closed(schema: Any) -> Any:
-    """`schema` with each object that lists `properties`, and is silent on `additionalProperties` and
-    `patternProperties`, held to those properties."""
+    """`schema` with each object that lists `properties`, silent on additional and pattern properties, held to them."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)

@@ -1,13 +1,10 @@
 """Chat messages -> Thinker prompt: token ids in Qwen3-Omni's chat format plus log-mel audio features.
 
-Audio gets the Qwen3-Omni processor's 16 kHz, 128-bin log-mel features, and each clip becomes `<|audio_start|>`
-+ one `<|audio_pad|>` per encoder output frame + `<|audio_end|>`. Images and videos become vision placeholders
-and M-RoPE positions (engine/intake/images.py); a video's own sound interleaves with its frames there.
-
-Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as the control
-token, so no message can open a turn of its own. Tools follow Qwen3's chat template: the tools' JSON in a
-`# Tools` section of the system turn, each call as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
-a run of tool results as one user turn of `<tool_response>` blocks."""
+Audio gets the Qwen3-Omni processor's 16 kHz, 128-bin log-mels; a clip becomes `<|audio_start|>`, one
+`<|audio_pad|>` per encoder frame, `<|audio_end|>`. Images and videos: engine/intake/images.py. Message text is
+data: a `<|im_start|>` typed by a user is those characters, never the control token. Tools follow Qwen3's chat
+template: their JSON in the system turn's `# Tools` section, calls as `<tool_call>` blocks, a run of results as
+one user turn of `<tool_response>` blocks."""
 
 from __future__ import annotations
 
@@ -106,7 +103,7 @@ class PromptBuilder:
         self.positions_per_second = positions_per_second
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         # the Rust tokenizer when there is one: the same ids without transformers' Python around each call
-        # (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst); copies of our own,
+        # (the server's event loop tokenizes several pieces a turn, in every burst); copies of our own,
         # since transformers' encode(split_special_tokens=...) sets its backend's flag and leaves it there
         self._backend = _copy(getattr(tokenizer, "backend_tokenizer", None), plain_text=False)
         self._content = _copy(self._backend, plain_text=True)
@@ -351,8 +348,7 @@ def _nbytes(value: torch.Tensor | ImageInput) -> int:
 
 
 def _copy(backend: Tokenizer | None, *, plain_text: bool) -> Tokenizer | None:
-    """A copy of the Rust tokenizer that reads special-token text as plain text or as the special tokens; None
-    without one."""
+    """A copy of the Rust tokenizer reading special-token text as plain text or as the tokens; None without one."""
     if backend is None:
         return None
     copy = Tokenizer.from_str(backend.to_str())

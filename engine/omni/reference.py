@@ -178,7 +178,7 @@ class ReferenceCore:
         if thinker.ignore_eos:
             kwargs["thinker_min_new_tokens"] = request.max_tokens
         if request.want_audio:
-            # generate() makes one codec frame fewer than the talker's new tokens (measured: 10 -> 9 frames).
+            # generate() makes one codec frame fewer than the talker's new tokens (10 tokens, 9 frames).
             talker_tokens = talker.max_frames + 1
             s = talker.sampling
             kwargs.update(speaker=request.speaker, talker_max_new_tokens=talker_tokens, talker_temperature=s.temperature,

@@ -1,13 +1,9 @@
 """What FP8 experts cost in accuracy: bf16 and FP8 against a float32 reference on the same weights
-(`voice-gateway accuracy`).
-
-Random weights say nothing of answer quality, so this compares numbers. The reference is the stage in float32
-with transformers' own experts. The Thinker continues a fixed prompt greedily for `steps` tokens; each variant
-then reads prompt and continuation in one teacher-forced forward. Per variant: the relative error of the logits
-and of the rows the Talker takes, how often its top token is the reference's, how many of the reference's top
-10 it keeps. The Talker reads random rows and its codec logits are compared the same way. On a CPU the FP8
-experts run the kernels' arithmetic in plain torch (`fused_moe.enable_fp8_reference`), so the tiny model can be
-compared anywhere."""
+(`voice-gateway accuracy`). Random weights say nothing of answer quality, so this compares numbers: the Thinker
+continues a fixed prompt greedily in float32 (with transformers' experts), each variant reads it teacher-forced,
+and the report holds the relative error of the logits and of the Talker's rows, top-1 agreement and top-10
+overlap; the Talker's codec logits over random rows likewise. On a CPU the FP8 experts run the kernels'
+arithmetic in plain torch (`fused_moe.enable_fp8_reference`), so the tiny model can be compared anywhere."""
 
 from __future__ import annotations
 

@@ -60,8 +60,7 @@ def _child_main(conn: Connection, spec: EngineSpec, log_level: int, listen: Addr
 
 
 async def _serve(owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
-    """Run the core and its service (engine/remote/service.py): to the owner, and (with `listen`) to every
-    server process that connects to the socket, until the owner says Stop or is gone (the parent died)."""
+    """Serve the core to the owner and (with `listen`) every server process that connects, until the owner goes."""
     loop = asyncio.get_running_loop()
     try:
         core = backend_for(spec.model, spec.profile, spec.cache_dir).load_core()  # the child alone loads the stages

@@ -1,15 +1,11 @@
 """The server process's side of an engine in another process: `RemoteCore`, an `EngineCore` that proxies over one
-connection to it and keeps it serving, however it is reached (`Reach`: a child of our own or an `EngineHost`'s
-socket, engine/remote/reach.py; a replica on Ray, engine/replicas/replica.py).
+connection to it and keeps it serving, however it is reached (`Reach`: our own child, an `EngineHost`'s socket,
+a replica on Ray).
 
-Supervision: the engine speaks every `STATE_PERIOD_S`. When its connection closes or it stays silent for
-`stall_timeout_s` (time this process was stopped does not count: silence.py), it is lost: every open request
-ends with `Failed(code=UNAVAILABLE)`, `health()` says `down`, and new requests are refused with `UNAVAILABLE`
-(the edge's 503, never a 400) until an engine serves again. The reach lets go of the lost one and reaches one
-again after the waits it chooses (doubling for a child of ours, steady while a host or Ray starts the next).
-
-Between two states the engine's load is what the last one said, plus what this process sent that it had not
-yet seen, less what of either ended since: the replicas' router weighs it."""
+The engine speaks every `STATE_PERIOD_S`; when its connection closes or it is silent for `stall_timeout_s`
+(silence.py), it is lost: open requests end with `Failed(code=UNAVAILABLE)`, `health()` says `down`, and new
+requests are refused with `UNAVAILABLE` (a 503) until an engine serves again, reached after the reach's waits.
+Its load is what its last state said, plus what this process sent since, less what ended: the router weighs it."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ STOP_TIMEOUT_S = 30  # an engine of our own that is told to stop ends its reques
 
 
 class Reach(ABC):
-    """How a `RemoteCore` reaches its engine, and what it does with one that is lost. By default the engine
-    is not ours: its owner replaces a lost one, and this side only looks for it again."""
+    """How a `RemoteCore` reaches its engine. By default the engine's owner replaces a lost one: this side looks."""
 
     what: str  # how logs and health name the engine
     verb = "reconnect"  # what an attempt after a loss does, for the log
@@ -83,8 +78,7 @@ class Reach(ABC):
 
 
 class PushedFamilies(Collector):
-    """Engines' metrics as each last pushed them, re-exposed from this process's registry, every sample
-    labelled with its engine's `labels`: one family per name."""
+    """Engines' metrics as each last pushed them, re-exposed here with its `labels`: one family per name."""
 
     def __init__(self, engines: Callable[[], Iterable[tuple[dict[str, str], str]]]) -> None:
         self._engines = engines  # -> (labels, metrics text) of each
@@ -252,15 +246,13 @@ class RemoteCore:
                         self._lose("exited", f"{self.reach.what} exited")
 
     def _cut(self) -> None:
-        """Let go of the connection at once: the engine aborts what this process had open on it (an engine
-        of ours also hears that its owner left), and our reader ends."""
+        """Let go of the connection at once: the engine aborts what this process had open there; our reader ends."""
         conn, self._conn = self._conn, None
         if conn is not None:
             cut(conn)
 
     async def _supervise(self) -> None:
-        """While the engine serves, watch it for a stall (an exit comes from the reader); once it is lost,
-        reap it and try until another serves."""
+        """While the engine serves, watch it for a stall; once it is lost, reap it and try until another serves."""
         while True:
             while self.serving:
                 await asyncio.sleep(STATE_PERIOD_S)

@@ -22,6 +22,5 @@ def freeze_startup_heap() -> None:
 
 
 def thaw_heap() -> None:
-    """Give the frozen objects back to the collector: what a stopped server leaves may be cyclic garbage,
-    and a process that starts another one (tests do) must not keep it for ever."""
+    """Frozen objects back to the collector: a process that starts another server (tests do) must free the last."""
     gc.unfreeze()

@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def read_into(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[list[Any]], None]) -> None:
-    """Start a thread that reads `conn` until it closes; `handle(batch)` runs on `loop`, the last batch
-    ending with `Closed()`."""
+    """A thread reading `conn` until it closes; `handle(batch)` runs on `loop`, the last batch ending in `Closed()`."""
     threading.Thread(target=_read, args=(conn, loop, handle), name="engine-pipe", daemon=True).start()
 
 
@@ -78,8 +77,7 @@ class _PortableConnection(Connection):
 
 
 def portable(conn: Connection) -> Connection:
-    """The same connection, its messages pickled in-band and, on TCP, sent without delay (the one given
-    is closed)."""
+    """The same connection, its messages pickled in-band and, on TCP, sent without delay (the given one closed)."""
     try:
         fd = os.dup(conn.fileno())
     finally:

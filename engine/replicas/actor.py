@@ -29,8 +29,7 @@ class ReplicaChannel:
 
 
 class ReplicaActor:
-    """Owns one core, loaded when Ray creates the actor (and again each time Ray restarts it), and its
-    service, started on the first call with its listening socket."""
+    """Owns one core, loaded when Ray creates (or restarts) the actor, and its service, started on the first call."""
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec

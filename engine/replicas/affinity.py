@@ -33,8 +33,7 @@ def rendezvous(conversation: str, serving: list[int]) -> int:
 
 
 class ConversationAffinity:
-    """Owns the kept prompts (by the digest of their token ids), least recently kept first, at most
-    `capacity` of them, and how many of each length there are."""
+    """Owns the kept prompts (by their ids' digest), least recently kept first, at most `capacity`, by length."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity

@@ -41,8 +41,7 @@ class RayAddress:
 
 
 class RayCluster:
-    """Owns this process's connection to Ray (and the Ray instance, when it started one) and the lifetime
-    of the replica actors it launched; the server's namespace in it is new unless given."""
+    """Owns this process's Ray connection (and instance, if it started one) and the replica actors it launched."""
 
     def __init__(self, config: ReplicasConfig, namespace: str | None = None) -> None:
         self.config = config
@@ -94,8 +93,7 @@ class RayCluster:
         return [ray.get_actor(_name(i), namespace=self.namespace) for i in range(self.config.count)]
 
     async def stop(self) -> None:
-        """Each actor this process launched ends every request it still holds with Failed and is killed; then
-        leave Ray (stopping it, when this process started it)."""
+        """Each actor this process launched fails what it holds and is killed; then leave Ray (stopping it if ours)."""
         import ray
         from ray.exceptions import RayError
 
@@ -115,8 +113,7 @@ def _name(index: int) -> str:
 
 
 class ReplicaHost:
-    """Owns the Ray cluster connection (and the Ray instance, `address: local`) and the replica actors that
-    several server processes share; Ray restarts one that dies."""
+    """Owns the Ray connection (and instance, `address: local`) and the replica actors server processes share."""
 
     def __init__(self, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> None:
         self.spec = EngineSpec(model, profile.in_one_process(), cache_dir)

@@ -44,9 +44,8 @@ class _ReplicaStates(Collector):
 
 
 class ReplicaSet:
-    """Owns the replicas (a `RemoteCore` each, named by their index), which replica each open request runs on
-    (and which of them were aborted), and the conversations' affinity.
-    `spec`: what to launch; None to attach to replicas launched already, and learn it from them."""
+    """Owns the replicas (a `RemoteCore` each, named by index), which replica each open request runs on (and which were
+    aborted), and the conversations' affinity. `spec`: what to launch; None to attach to replicas launched already."""
 
     def __init__(self, cluster: RayCluster, spec: EngineSpec | None) -> None:
         self._cluster = cluster
@@ -80,9 +79,8 @@ class ReplicaSet:
         await self._cluster.stop()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
-        """On the replica that ran the conversation's last turn, else the least loaded. A request that a
-        replica refuses or loses before any of its events came (`Failed` with `OVERLOADED` or
-        `UNAVAILABLE`) goes once to another that serves: nothing of it reached the client yet."""
+        """On the replica that ran the conversation's last turn, else the least loaded. A request refused or lost before
+        any of its events came goes once to another that serves: nothing of it reached the client yet."""
         rid = request.request_id
         if rid in self._routes:
             raise EngineError(f"request id {rid} is already in use")

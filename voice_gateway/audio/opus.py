@@ -54,11 +54,10 @@ class OpusPacket:
 
 
 class OpusStream:
-    """Owns one session's Opus encoder, 24 -> 48 kHz resampler, partial frame and packet counters.
-
-    Per response: `start_response()`, `encode()` as the audio arrives, in chunks of any size (the packets are the
-    same however it was chunked), then `flush()`. Sequence and timestamp run on across responses, so the browser
-    keeps one decoder; `start_response()` without a `flush()` (a cancelled reply) drops the unsent audio."""
+    """Owns one session's Opus encoder, 24 -> 48 kHz resampler, partial frame and packet counters. Per response:
+    `start_response()`, `encode()` as audio arrives (the packets do not depend on its chunking), then `flush()`.
+    Sequence and timestamp run on across responses, so the browser keeps one decoder; `start_response()` without a
+    `flush()` (a cancelled reply) drops the unsent audio."""
 
     def __init__(self, bitrate_bps: int = 32_000, *, first_sequence: int = 0, first_timestamp: int = 0) -> None:
         # In process, not a subprocess: a frame's encoding is a small fraction of its 20 ms

@@ -78,8 +78,7 @@ class SmartTurnModel:
 
 @functools.cache
 def load_smart_turn(path: Path | None = None) -> SmartTurnModel | None:
-    """The model at `path` (default: the file the `semantic-vad` extra installs), loaded once per process; None,
-    logged once, if onnxruntime or the file is missing."""
+    """The model at `path` (default: the extra's file), loaded once per process; None, logged once, if missing."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:

@@ -53,13 +53,11 @@ class SpeechStopped:
 
 
 class ServerVad:
-    """Owns one input stream's webrtcvad instance, partial-frame buffer, sample clock and speech/silence state.
-
-    On webrtcvad's 10 ms frame decisions: speech starts once `_MIN_SPEECH_MS` of consecutive frames are voiced
-    (`audio_start_ms` is the first one's start, so the call that reports it has fed that much more); it stops once
-    `config.silence_duration_ms` have passed since the end of the last voiced frame (`audio_end_ms`). webrtcvad's
-    hangover counts as voiced, which makes `audio_end_ms` late after a loud ending; we keep it, since it keeps a
-    quiet final consonant that webrtcvad calls unvoiced. Times are ms from the first sample ever fed; the caller
+    """Owns one input stream's webrtcvad instance, partial-frame buffer, sample clock and speech/silence state. Speech
+    starts once `_MIN_SPEECH_MS` of consecutive 10 ms frames are voiced (`audio_start_ms`: the first one's start) and
+    stops once `config.silence_duration_ms` have passed since the last voiced frame's end (`audio_end_ms`).
+    webrtcvad's hangover counts as voiced, making `audio_end_ms` late after a loud ending; it also keeps a quiet final
+    consonant that webrtcvad calls unvoiced, so we keep it. Times are ms from the first sample ever fed; the caller
     slices its own buffer and applies `config.prefix_padding_ms`."""
 
     def __init__(self, config: VadConfig, sample_rate_hz: int = 16_000) -> None:

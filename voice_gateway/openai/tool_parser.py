@@ -147,8 +147,7 @@ class ToolCallParser:
             self._finish(call, out)
 
     def close(self) -> list[Piece]:
-        """The end of the reply: what was held back, and a call cut off (by the length limit) as it stands
-        (dropped when not even its name was written)."""
+        """The reply's end: what was held back, and a call cut off as it stands (dropped if its name is unwritten)."""
         out: list[Piece] = []
         if self._call is not None:
             self._call.body += self._pending

@@ -1,14 +1,11 @@
 """A session's conversation: its items, and how they become the Thinker's prompt.
 
-Once the history outgrows the context budget, a block of the oldest items leaves the prompt at once, down to
-the share the session's `truncation` retains, so the prompt starts the same (and its cached prefix holds) for
-many turns after; the instructions and tools always stay, and with truncation `"disabled"` the response fails
-instead. An assistant item truncated after a barge-in keeps only the part of its transcript the user heard.
-
-Audio (64 KB a second) and images (megabytes each) make a conversation big, so only the items the prompt can
-still use keep theirs, at most `max_audio_samples` and `max_images`, oldest dropped first; an item without
-them stays listed with its text. A user item's prompt holds its audio, then its images, then its text.
-Function calls join the assistant message before them as chat's `tool_calls`; each output is a tool message."""
+Once the history outgrows the context budget, a block of the oldest items leaves the prompt at once, down to the
+share `truncation` retains, so the prompt starts the same (its cached prefix holds) for many turns after; the
+instructions and tools stay, and with truncation `"disabled"` the response fails. An assistant item truncated
+after a barge-in keeps the part of its transcript the user heard. Only the items the prompt can still use keep
+their audio and images, at most `max_audio_samples` and `max_images`, oldest dropped first. A user item's prompt
+holds its audio, then its images, then its text; function calls join the assistant message as chat's do."""
 
 from __future__ import annotations
 

@@ -113,9 +113,8 @@ class Response:
 
 
 class ResponseRunner:
-    """Streams one response: events through `sender`, audio into the response's sink. `add_item` puts an
-    output item in the conversation (at its end) and returns the id of the item before it (an out-of-band
-    response's adds nothing, and its sender leaves out the conversation.item events: out_of_band.py)."""
+    """Streams one response: events through `sender`, audio into the response's sink. `add_item` puts an output item at
+    the conversation's end and returns the id before it (an out-of-band response's adds nothing: out_of_band.py)."""
 
     def __init__(self, engine: Engine, response: Response, sender: EventSender,
                  add_item: Callable[[Item], str | None]) -> None:

@@ -44,8 +44,7 @@ def choice_error(choice: ToolChoice, tools: tuple[FunctionTool, ...], where: str
 
 def settle_tools(current: SessionConfig, updated: SessionConfig, event_id: str | None) -> tuple[SessionConfig,
                                                                                                  list[ProtocolError]]:
-    """`updated` as session.update left it, with bad tools or a tool choice they cannot meet put back as they
-    were in `current` (the update's other settings stand), and the errors that say why."""
+    """`updated`, with bad tools or an unmeetable tool choice put back as in `current`, and the errors saying why."""
     errors = tool_errors(updated.tools, "session", event_id)
     if errors:
         updated = updated.model_copy(update={"tools": current.tools})

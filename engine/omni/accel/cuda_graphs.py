@@ -197,8 +197,7 @@ def _or_eager(name: str, capture_all: Callable[[], StepGraphs]) -> StepGraphs:
 
 
 def talker_capture(max_tokens: int) -> Callable[[TalkerRunner], StepGraphs]:
-    """The Talker's code predictor, per batch bucket, and its packed steps of up to `max_tokens` rows, with
-    compiled layers (those need the attention kernel, as the Thinker's)."""
+    """The Talker's code predictor per batch bucket and its packed steps of up to `max_tokens` rows, compiled."""
 
     def capture_all(runner: TalkerRunner) -> StepGraphs:
         def make() -> StepGraphs:

@@ -1,13 +1,9 @@
 """FP8 experts: e4m3 weights with one float32 scale per 128 x 128 block, as Qwen's and DeepSeek's FP8 checkpoints
-store them (`weight_scale_inv`), read by the fused MoE kernels (fused_moe.py).
-
-A step of up to ~1,700 tokens costs the Thinker about one read of its experts: e4m3 halves that read, and FP8
-tensor cores do twice bf16's work a cycle. The experts' inputs are quantized too as they arrive (`quantize_rows`:
-one scale per row and 128 columns), so each tile's product is e4m3 x e4m3, scaled by the row's and the weight
-block's scales (a tile never spans two blocks: the kernels' `block_k` divides BLOCK). Widening e4m3 weights to
-bf16 in registers instead costs more than the halved read saves. A block's scale is its largest magnitude over
-448 (e4m3's largest finite value). Dummy weights are quantized the same way at load, so a benchmark reads what a
-real FP8 checkpoint would hold."""
+store them (`weight_scale_inv`), read by the fused MoE kernels. A step costs the Thinker about one read of its
+experts, which e4m3 halves, and FP8 tensor cores do twice bf16's work. The inputs are quantized as they arrive
+(`quantize_rows`: a scale per row and 128 columns), so each tile's product is e4m3 x e4m3 (a tile never spans two
+blocks); widening e4m3 weights to bf16 in registers costs more than the halved read saves. A block's scale is
+its largest magnitude over 448 (e4m3's largest). Dummy weights are quantized the same way at load."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ FP8 = torch.float8_e4m3fn
 
 
 def quantize(weight: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., N, K] -> (e4m3 [..., N, K], float32 scales [..., ceil(N / block), ceil(K / block)]): weight ~=
-    e4m3 x its block's scale. A block of zeros gets scale 1."""
+    """[..., N, K] -> (e4m3, float32 scales [..., N / block, K / block] rounded up); a block of zeros gets scale 1."""
     *lead, n, k = weight.shape
     rows, cols = -n % block, -k % block
     padded = torch.nn.functional.pad(weight.float(), (0, cols, 0, rows))

@@ -31,8 +31,7 @@ except ImportError:  # CPU installs without triton: the kernels are simply unava
 
 @dataclass(frozen=True, slots=True)
 class Tiles:
-    """One launch configuration of both kernels: rows per block (all one expert's), output
-    columns and reduction depth per program, and Triton's warps and pipeline stages."""
+    """One launch configuration of both kernels: block rows, output columns, reduction depth, warps, stages."""
 
     block_m: int
     block_n: int = 64
@@ -67,17 +66,15 @@ class BlockLayout:
 
 
 def block_layout(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> BlockLayout:
-    """Group (token, k) pairs by expert, each expert's run padded to a multiple of `block_m`.
-
-    Shapes depend only on the number of pairs, never on the routing, and nothing syncs with the host. At most
-    min(E, pairs) experts are used, each wasting fewer than `block_m` rows, which bounds the padded length. A
-    pair's place in its expert's run is a running count over a one-hot of the routing: a sort would cost a
-    radix-sort launch per layer."""
+    """Group (token, k) pairs by expert, each expert's run padded to a multiple of `block_m`. Shapes depend only on the
+    number of pairs, and nothing syncs with the host. At most min(E, pairs) experts are used, each wasting fewer than
+    `block_m` rows, which bounds the padded length. A pair's place in its run is a running count over a one-hot of
+    the routing, where a sort would cost a radix-sort launch per layer."""
     experts = top_k_index.reshape(-1)
     num_pairs = experts.numel()
     device = experts.device
     # [E, pairs], so the running count is a scan along each row's contiguous memory (a scan down
-    # the columns of [pairs, E] is one slow kernel: 91 us at 512 pairs)
+    # the columns of [pairs, E] is one slow kernel)
     onehot = (experts[None, :] == torch.arange(num_experts, device=device)[:, None]).to(torch.int32)
     counts = onehot.sum(1, dtype=torch.long)
     rank = (onehot.cumsum(1, dtype=torch.int32) - onehot).gather(0, experts[None, :])[0]
@@ -300,8 +297,7 @@ def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
 
 
 def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    """transformers' experts-function signature (gated, concatenated [gate; up], no bias); FP8 experts carry
-    their scales beside their weights (engine/omni/accel/fp8.py)."""
+    """transformers' experts-function signature (gated, [gate; up], no bias); FP8 scales sit beside the weights."""
     return fused_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights,
                          gate_up_scale=getattr(self, "gate_up_scale", None), down_scale=getattr(self, "down_scale", None))
 
@@ -323,8 +319,7 @@ def enable(model: Any) -> None:
 
 
 def enable_fp8_reference(model: Any) -> None:
-    """Make every experts module of `model`, quantized to FP8, compute in plain torch what the kernels compute
-    (`fp8_reference_forward`): a reference, and the CPU's emulation without Triton."""
+    """Make `model`'s FP8 experts compute the kernels' arithmetic in plain torch: the reference, and the CPU's path."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     if not any(fp8.is_quantized(m) for m in model.modules()):

@@ -1,23 +1,15 @@
 """Varlen attention over packed tokens straight from the paged KV cache (a Triton kernel).
 
-One packed step carries decode rows (one query token per speaking reply) and prefill pieces (many tokens of
-one prompt) as unpadded tokens `[T]`. The step has already written every token's K/V into its sequence's pages,
-so each sequence attends causally over its own slot: query i of a sequence that held `start` keys sits at
-position start+i and sees keys 0..start+i. Each block of keys lies in one page (the page size is a multiple
-of the key block); nothing is gathered or repeated per query head.
-
-The host lays out two work lists (packed_batch.py's `block_tables`): sequences of up to `SMALL_Q` query
-tokens (decode rows) one block each in the small table, longer ones in blocks of `BLOCK_Q` tokens in the big
-table. One program per (block, key/value head) packs the block's tokens x the group's query heads as the rows
-of one tile (the group shares each key read) and runs an online softmax over key blocks up to the block's last
-causal position. The kernel is launched once per table with its own tile size: a decode row alone in a
-16-token tile would leave 15/16 of its rows idle, while prompt pieces want the big tile. The tables are
-tensors padded with -1 blocks, so a CUDA graph holds them for any mix of lengths. Where the small table's
-programs would leave the GPU idle (few decode rows over long contexts), each row's keys are split into shares,
-one program each, merged by a second kernel (`shares_for`).
-
-Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it); packed_batch.py's
-`ReferenceAttention` is the same computation in plain torch."""
+A packed step carries decode rows (one query token per speaking reply) and prefill pieces as unpadded tokens
+`[T]`, whose K/V the step has already written into their sequences' pages: query i of a sequence that held
+`start` keys sees keys 0..start+i. A key block lies in one page (the page size is a multiple of it); nothing is
+gathered or repeated per head. The host lays out two work lists (packed_batch.py's `block_tables`): sequences of
+up to `SMALL_Q` tokens one block each in the small table, longer ones in `BLOCK_Q`-token blocks in the big one.
+One program per (block, key/value head) packs the block's tokens x the group's query heads into one tile (the
+group shares each key read) and runs an online softmax up to the block's last causal position. Each table gets
+its own tile size: a decode row alone in a 16-token tile leaves 15/16 of it idle. The tables are -1-padded
+tensors, so a CUDA graph holds them for any mix. Few decode rows over long contexts split their keys into shares,
+merged by a second kernel (`shares_for`). Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1`."""
 
 from __future__ import annotations
 
@@ -174,11 +166,10 @@ def packed_attention(
     seq_start: torch.Tensor, seq_q0: torch.Tensor, seq_len: torch.Tensor, small_seq: torch.Tensor,
     block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *, block_n: int = 64, splits: int = 1,
 ) -> torch.Tensor:
-    """query [T, Hq, D] packed tokens; keys/values [pages, Hkv, page_size, D]; per sequence [N]: its page list
-    `seq_pages` [N, pages per slot], `start` (keys its slot held before this step; int32 or int64), its first
-    token's index in `query` and its query length; packed_batch.py's `block_tables`: `small_seq` [NS] and
-    `block_seq`/`block_q` [NB]. -> [T, Hq, D] in query's dtype; rows no sequence covers are zeros. `splits`: the
-    small table's keys in that many shares, merged by a third launch. No host syncs: a CUDA graph captures it."""
+    """query [T, Hq, D]; keys/values [pages, Hkv, page_size, D]; per sequence [N]: `seq_pages` [N, pages per slot],
+    `start` (keys its slot held before this step), its first token's index and its query length; the tables of
+    packed_batch.py's `block_tables`. -> [T, Hq, D] in query's dtype; rows no sequence covers are zeros. `splits`:
+    the small table's keys in that many shares, merged by a third launch. No host syncs: a CUDA graph captures it."""
     if triton is None:
         raise RuntimeError("packed attention needs triton (pip install triton), or set kernels: reference")
     num_heads, head_dim = query.shape[1], query.shape[2]

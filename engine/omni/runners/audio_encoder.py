@@ -34,8 +34,7 @@ class _Graph:
 
 
 class AudioEncoder:
-    """`buckets`: chunk counts the batch is padded to (empty: unpadded, as on a CPU). `graphed`: capture the
-    buckets up to `DENSE_CHUNKS` at `warm_up`. `timed`: told the host time of each call."""
+    """`buckets`: chunk counts the batch is padded to (none on a CPU); `graphed`: capture those up to DENSE_CHUNKS."""
 
     def __init__(self, thinker: Any, *, buckets: tuple[int, ...] = (), graphed: bool = False,
                  cold: ColdWork | None = None, timed: Callable[[float], None] | None = None) -> None:

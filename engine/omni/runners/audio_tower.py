@@ -76,8 +76,7 @@ class PaddedTower:
         return Layout(features, windows, torch.cat(real))
 
     def forward(self, features: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-        """Padded chunks [chunks, mel, frames] and token windows [chunks * TOKENS] -> every token's row
-        [chunks * TOKENS, out]; device work only (a CUDA graph captures this)."""
+        """Chunks [chunks, mel, frames], token windows [chunks * TOKENS] -> rows [chunks * TOKENS, out]; graphable."""
         t = self.tower
         x = features.unsqueeze(1).to(t.conv2d1.weight.dtype)
         x = F.gelu(t.conv2d1(x))

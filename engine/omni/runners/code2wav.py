@@ -1,16 +1,12 @@
 """Code2Wav's tensor work, streamed: each chunk of a reply decodes only its new frames.
 
-Each request owns a slot of carried state instead of re-running frames of left context (tests keep a windowed
-decode as the reference): the last `sliding_window - 1` keys and values of every pre-transformer layer, the last
-`kernel - 1` inputs of every causal convolution, and the last input of every transposed convolution (whose
-look-ahead of one input makes Code2Wav's 555-sample tail). A reply decoded chunk by chunk is the one-shot decode
-of all its frames, whatever the chunking.
-
-Rows of a batch are right-padded: every layer is causal, so padding never reaches a valid sample, and each
-state is read back at the row's own valid end. The model's own modules do the arithmetic; this file routes
-state around them. On a GPU a (batch, frames) shape the convolutions first meet costs a cuDNN plan, so a step
-is padded up to its `batch_buckets` / `frame_buckets` bucket (padding rows write a scratch slot) and `warm_up()`
-meets every bucket at start-up; with no host sync in a step, `capture_graphs()` can hold each as a CUDA graph."""
+Each request owns a slot of carried state: the last `sliding_window - 1` keys and values of every pre-transformer
+layer, the last `kernel - 1` inputs of every causal convolution, and the last input of every transposed
+convolution (whose look-ahead of one input makes the 555-sample tail). A reply decoded chunk by chunk is the
+one-shot decode of its frames, whatever the chunking (tests keep a windowed decode as the reference). Rows are
+right-padded: every layer is causal, so padding never reaches a valid sample, and each state is read back at the
+row's own end. On a GPU a step is padded up to its `batch_buckets` / `frame_buckets` bucket, each met once at
+start-up (`warm_up`; cuDNN's first meeting of a shape is slow) and capturable as a CUDA graph."""
 
 from __future__ import annotations
 
@@ -109,8 +105,7 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def capture_graphs(self) -> int:
-        """A CUDA graph per bucket shape, largest first into one memory pool; returns how many. If a capture
-        fails, none is kept (the steps run eagerly) and the error goes to the caller."""
+        """A CUDA graph per bucket, largest first into one pool; -> how many. A failed capture keeps none and raises."""
         try:
             return self._capture_graphs()
         except Exception:
@@ -254,9 +249,8 @@ class StreamingCode2Wav:
 
 def step_shapes(batch_buckets: tuple[int, ...], frame_buckets: tuple[int, ...],
                 max_step_frames: int | None) -> list[tuple[int, int]]:
-    """The padded (rows, frames) a step can take: a step of several rows holds at most `max_step_frames`
-    (rows x its widest chunk), so the widest buckets of many rows never occur and are neither warmed nor
-    captured (their graphs would hold the most memory of all)."""
+    """The padded (rows, frames) a step can take: a step holds at most `max_step_frames` (rows x its widest chunk), so
+    the widest buckets of many rows never occur and are neither warmed nor captured."""
     shapes = []
     largest = batch_buckets[-1] if batch_buckets else 1
     for i, frames in enumerate(frame_buckets):

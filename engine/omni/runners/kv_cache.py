@@ -103,8 +103,7 @@ class SlotKVCache:
         return self.table[slot, : self.held[slot]].tolist()
 
     def reserve(self, slot: int, length: int) -> bool:
-        """Pages for positions [0, min(length, max_len)) of `slot`; False (and nothing taken) when the pool is
-        short."""
+        """Pages for positions [0, min(length, max_len)) of `slot`; False (nothing taken) when the pool is short."""
         need = self.pages_for(length) - int(self.held[slot])
         if need > len(self.free_pages):
             return False
@@ -124,8 +123,7 @@ class SlotKVCache:
         return self.table[slots, positions // self.page_size]
 
     def page_table(self, slots: np.ndarray | list[int], pad_to: int = 0) -> np.ndarray:
-        """[max(len(slots), pad_to), pages_per_slot]: each slot's pages, the scratch page past them (and in the
-        padding rows)."""
+        """[max(len(slots), pad_to), pages_per_slot]: each slot's pages, then the scratch page (in padding rows too)."""
         table = np.full((max(len(slots), pad_to), self.pages_per_slot), self.scratch_page, dtype=np.int64)
         table[: len(slots)] = self.table[np.asarray(slots, dtype=np.int64)]
         return table

@@ -1,25 +1,16 @@
 """Finished requests' KV kept in their slots, so that a prompt that begins the same prefills only the rest.
 
-A finished Thinker request's slot is kept with the keys of the positions its KV holds; a new prompt takes
-the entry with the longest common prefix of at least `min_tokens` (so that a chat template's header, which
-every prompt shares, never moves a slot or costs a copy) and prefills only what follows. A match that covers
-the entry's prompt moves the slot to the new request; a shorter one (one system prompt, many users) copies
-the shared part into a free slot and leaves the entry for others. The KV cache has `KEPT_PER_SLOT` kept slots
-beside each request's (a slot is a row of the page table; its KV is pages of the shared pool), and they are
-given back, least recently used first, whenever a request needs a slot or pages and none are free: the cache
-only ever holds what nobody else wants. A kept slot given back moves its KV to a host pool (at most
-`host_bytes`, least recently used dropped first), from which a match is copied back over PCIe instead of
-prefilled again.
-
-A kept prefix also holds the Talker's rows of its prompt (8 KiB a position at full size), from which a
-Talker that lost its own kept rows prefills. They live in pinned host memory (`host_rows`): on the GPU,
-outside the KV pool that start-up sizes to the memory left, a long call's rows would grow until a step runs
-out of memory. They are pieces, each copied to the host once when the step that made it is done, and the
-Talker copies back only the rows its own kept prefix lacks.
-
-A position's key is its token id, except under an audio clip, where every position carries the clip's
-digest (engine/intake/prompt.py: a negative number no token id equals), so the same placeholders over other
-audio do not match. A match never ends inside a clip: a clip is encoded whole or not at all."""
+A finished Thinker request's slot is kept with the keys of its positions; a new prompt takes the entry with the
+longest common prefix of at least `min_tokens` (a chat template's shared header never moves a slot) and prefills
+the rest. A match covering the entry's prompt moves the slot to the new request; a shorter one (one system prompt,
+many users) copies the shared part into a free slot and leaves the entry. `KEPT_PER_SLOT` kept slots sit beside
+each request's, given back least recently used first whenever a request needs a slot or pages: the cache holds
+only what nobody else wants. A kept slot given back moves its KV to a host pool (`host_bytes`, LRU), from which a
+match is copied back instead of prefilled. A kept prefix also holds the Talker's rows of its prompt, in pinned
+host memory (on the GPU, outside the KV pool start-up sizes, a long call's rows would run a step out of memory),
+as pieces copied to the host once each; a Talker copies back only the rows its own kept prefix lacks. A
+position's key is its token id, except under an audio clip, where it is the clip's digest (negative, so no token
+id equals it); a match never ends inside a clip, so a clip is encoded whole or not at all."""
 
 from __future__ import annotations
 
@@ -80,8 +71,7 @@ class Reuse:
 
 
 class PrefixCache(KeptSlots[Entry]):
-    """Owns the kept slots (engine/omni/runners/kept_slots.py) and the host pool, each most recently kept or used
-    last."""
+    """Owns the kept slots (kept_slots.py) and the host pool, each most recently kept or used last."""
 
     def __init__(self, kv: SlotKVCache, metrics: PrefixCacheMetrics, *, min_tokens: int = 64,
                  host_bytes: int = 0) -> None:
@@ -114,8 +104,7 @@ class PrefixCache(KeptSlots[Entry]):
         return True
 
     def _evict(self, slot: int | None = None) -> None:
-        """A kept prefix out of its slot (the least recently used one by default): to the host pool, its slot
-        and pages free."""
+        """A kept prefix (by default the least recently used) to the host pool: its slot and pages free."""
         entry = self._take(next(iter(self.entries)) if slot is None else slot)
         self._to_host(entry)
         self.kv.free(entry.slot)
@@ -154,8 +143,7 @@ class PrefixCache(KeptSlots[Entry]):
         return entry
 
     def claim(self, keys: np.ndarray, media_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
-        """A slot holding the longest cached prefix of a prompt with these keys, now the caller's; None
-        when nothing long enough matches (allocate a slot and prefill it all)."""
+        """The slot holding the longest cached prefix of these keys, now the caller's; None when none is long enough."""
         best: Entry | HostEntry | None = None
         best_key, best_length = 0, 0
         prompt = keys[:-1]  # the last prompt position is always prefilled: its logits

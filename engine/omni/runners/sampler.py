@@ -90,11 +90,9 @@ class RowTensors:
 
 @dataclass(frozen=True, slots=True)
 class TokenMask:
-    """Some rows of a batch held to some tokens (constrained decoding, engine/omni/stages/grammar.py).
-
-    `rows`: those rows' indices in the batch; `bits` [len(rows), words] int32 on the host: bit j of
-    word w allows token 32 * w + j. Tokens past 32 * words (the model's vocab can be larger than
-    its tokenizer's) are never allowed."""
+    """Some rows of a batch held to some tokens (constrained decoding). `rows`: their indices in the batch; `bits`
+    [len(rows), words] int32 on the host: bit j of word w allows token 32 * w + j. Tokens past 32 * words (the
+    model's vocab can be larger than its tokenizer's) are never allowed."""
 
     rows: list[int]
     bits: torch.Tensor

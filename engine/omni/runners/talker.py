@@ -64,11 +64,9 @@ class TalkerRow:
 
 
 class TalkerRunner:
-    """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps.
-
-    `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]). `kv_tokens`:
-    the KV pool's rows (kv_cache.py; 0: every slot its `max_len`). `predictor`: code_predictor.py's (by default
-    transformers' modules). `attention`, `capture` and `cold` as the Thinker runner's."""
+    """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps. `tts_embeds`: the
+    Thinker's input embeddings of tts_bos, tts_eos, tts_pad [3, thinker_hidden]. `kv_tokens`: the KV pool's rows (0:
+    every slot its `max_len`). `attention`, `capture` and `cold` as the Thinker runner's."""
 
     def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
                  kv_tokens: int = 0, predictor: CodePredictor | None = None, attention: PackedAttention | None = None,
@@ -155,9 +153,8 @@ class TalkerRunner:
         return rows
 
     def positions(self, layout: PromptLayout, token_ids: list[int], grids: list[Grid]) -> np.ndarray:
-        """[3, L]: the M-RoPE rows of a talker prompt whose user turns hold images or videos of these grids;
-        transformers places them as the Thinker does, over the talker prompt's own rows (its user rows, then the
-        assistant's)."""
+        """[3, L]: the M-RoPE rows of a talker prompt whose user turns hold images or videos of these grids, placed
+        as the Thinker places them, over the talker prompt's own rows."""
         ids = [token_ids[i] for a, b in layout.user_spans for i in range(a, b)]
         _, spans = media_spans(ids, self.audio_token_id, self.visual_token_ids)
         return mrope_positions(len(ids) + ASSISTANT_ROWS, spans, grids, self.merge)

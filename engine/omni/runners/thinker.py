@@ -77,13 +77,11 @@ class StepRunner(Protocol):
 
 
 class ThinkerRunner:
-    """Owns the Thinker model, its audio tower, its KV cache and its captured steps.
-
-    `attention`: packed attention over the slots (the Triton kernel on a GPU; by default the reference).
-    `capture`: called once with the finished runner; what it returns is replayed wherever a step fits
-    (cuda_graphs.py). `audio_buckets`: chunk counts the audio tower's batch is padded to, the small ones replayed
-    from graphs under `audio_graphed`. `cold`: told of steps that graphs exist for but that run eagerly.
-    `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`)."""
+    """Owns the Thinker model, its audio tower, its KV cache and its captured steps. `attention`: packed attention over
+    the slots (the Triton kernel on a GPU; the reference by default). `capture`: called once with the finished
+    runner; what it returns is replayed wherever a step fits. `audio_buckets`: chunk counts the audio tower's batch is
+    padded to (replayed from graphs under `audio_graphed`). `cold`: told of steps that run eagerly though graphs
+    exist. `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`)."""
 
     def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int,
                  attention: PackedAttention | None = None,
@@ -158,8 +156,7 @@ class ThinkerRunner:
 
     def warm_eager(self) -> int:
         """Runs once at start-up what a step runs uncaptured (both attention tables, the experts' decode and prefill
-        tiles), so that its kernels compile now and not under a user's first step that no graph fits.
-        -> the steps run; their slots are given back."""
+        tiles), so that its kernels compile now, not under a user's step; their slots are given back."""
         kv = self.kv
         slots = [kv.allocate() for _ in range(2 if kv.num_slots > 1 and kv.num_pages > 1 else 1)]
         # the first slot's piece in the pages the others' one row leaves it

@@ -73,8 +73,7 @@ class VisionRows:
 
 
 class PatchMatmul(torch.nn.Module):
-    """The vision tower's patch embedding, [patches, C * T * P * P] -> [patches, hidden], as one matmul over the
-    convolution's own weights (a view: no copy)."""
+    """The patch embedding, [patches, C * T * P * P] -> [patches, hidden], as one matmul over the conv's weights."""
 
     def __init__(self, conv: torch.nn.Conv3d) -> None:
         super().__init__()

@@ -129,8 +129,7 @@ class Code2WavStage(Stage):
         return self.last_batch
 
     def _capped(self, ready: list[tuple[Code2WavSeq, int]]) -> list[tuple[Code2WavSeq, int]]:
-        """The most urgent chunks that fit one step: `max_batch` of them, padded to the widest within
-        `max_step_frames`."""
+        """The most urgent chunks that fit a step: `max_batch`, padded to the widest within `max_step_frames`."""
         taken: list[tuple[Code2WavSeq, int]] = []
         widest = 0
         for seq, end in ready[: self.cfg.max_batch]:

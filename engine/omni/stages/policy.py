@@ -1,25 +1,16 @@
 """First-packet priority in one place: what waits, and for how long, so that a reply's first audio comes early.
 
-A reply is heard from its first audio chunk on, so while some reply still waits for that chunk, work for
-replies already speaking (or text far ahead of its speech) only takes the GPU from it. The rules:
-
-* Text pacing (`text_lead` > 0): the Thinker decodes only while some reply's text is fewer than `text_lead`
-  tokens ahead of what its Talker has consumed. Text runs faster than speech; steps that outrun it take the GPU
-  from the stages that make the audio, and each step the Thinker does take serves a larger batch. Text nobody
-  speaks is never held back.
-* First-chunk priority (with pacing): text is first made for the replies still waiting for their first chunk;
-  once each holds the rows that chunk consumes, the others' text waits at a lead of one until those frames
-  are made (a Talker frame beside a Thinker step is slower than alone).
-* One step for everybody: every Thinker step carries a row for every running reply beside the prompt pieces it
-  prefills (cheap inside a step that reads every expert anyway), so prompts never starve the replies that
-  speak. Pieces fill the token budget first come first served: prompts finish one after another, not abreast.
-* The budget is fixed (`max_step_tokens`): shrinking it while listeners are short of audio starves a wave's
-  prefill and leaves more replies behind under steady arrivals, not fewer. A gentle chunk ramp keeps the
-  listeners fed instead.
-* CUDA stream priorities: stages nearer the audio run first (`Stage.stream_priority`).
-
-Code2Wav is never held back for replies far ahead of real time: under steady arrivals some reply always awaits
-its first packet, so the others would sit at the threshold and stutter."""
+A reply is heard from its first audio chunk on, so while some reply waits for that chunk, work for replies already
+speaking (or text far ahead of its speech) only takes the GPU from it. Text pacing (`text_lead` > 0): the Thinker
+decodes only while some spoken reply's text is fewer than `text_lead` tokens ahead of what its Talker consumed;
+text outruns speech, and steps it takes without need leave the audio stages less GPU. First-chunk priority (with
+pacing): text is first made for the replies still waiting for their first chunk; once each holds the rows that
+chunk consumes, the others' text waits at a lead of one until those frames are made. Every Thinker step carries a
+row for every running reply beside the prompt pieces it prefills, so prompts never starve speaking replies; pieces
+fill the fixed `max_step_tokens` first come first served. The budget stays fixed: shrinking it while listeners are
+short of audio starves a wave's prefill and leaves more replies behind, which a gentle chunk ramp avoids. Stages
+nearer the audio get higher CUDA stream priority. Code2Wav is never held back for replies far ahead of real time:
+under steady arrivals some reply always awaits its first packet, and the others would stutter at the threshold."""
 
 from __future__ import annotations
 

@@ -96,8 +96,7 @@ class ThinkerBatch:
 
 
 class ThinkerStage(Stage):
-    """Owns the waiting queue, the prompts being prefilled piece by piece, the running sequences and the
-    prefix cache; the runner owns the model and KV cache."""
+    """Owns the waiting queue, the prompts being prefilled, the running sequences and the prefix cache."""
 
     kind = "thinker"
 
@@ -166,8 +165,7 @@ class ThinkerStage(Stage):
                 and self.cache.num_free > 0 and self.cache.can_hold(self._room(self.waiting[0])))
 
     def _room(self, seq: ThinkerSeq) -> int:
-        """The positions a request can come to hold: its prompt and its longest reply (reserved when it starts,
-        so that a reply never waits for the KV cache's pages)."""
+        """A request's prompt and longest reply, reserved when it starts so that a reply never waits for pages."""
         return min(seq.prompt_len + seq.job.max_tokens + 1, self.runner.kv.max_len)
 
     def _wants_decode(self) -> bool:

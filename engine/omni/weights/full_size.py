@@ -59,8 +59,7 @@ def full_size_config_dict() -> dict[str, Any]:
 
 def build_dummy_stage(stage: StageName, *, device: str, dtype: str,
                       experts_on_meta: bool = False) -> tuple[torch.nn.Module, Any]:
-    """One stage at full size with random weights, created on `device` (no host copy); `experts_on_meta`: the
-    experts' weights left unmade."""
+    """One stage at full size with random weights made on `device`; `experts_on_meta`: the experts' left unmade."""
     config = omni_config(full_size_config_dict())
     cls, sub = stage_class(stage, config)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]

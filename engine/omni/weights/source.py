@@ -81,8 +81,7 @@ class ModelSource:
 
     def load_stage(self, stage: StageName, *, device: str, dtype: str,
                    experts_on_meta: bool = False) -> torch.nn.Module:
-        """One stage's sub-model on `device`, strictly loaded (or random, for dummy weights; with
-        `experts_on_meta`, dummy experts are left unmade: engine/omni/weights/full_size.py)."""
+        """One stage's sub-model on `device`, strictly loaded (random for dummy weights; see `experts_on_meta`)."""
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"the deploy profile asks for {device}, but CUDA is not available here")
         if self.load_format == "dummy":

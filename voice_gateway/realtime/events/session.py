@@ -294,8 +294,7 @@ class OutputSettings(EventModel):
 
 
 class ResponseOverrides(OutputSettings):
-    """`response.create`'s settings for that response only, and what only a response has: its metadata, whether
-    its output joins the conversation, and the prompt items it may bring instead of the conversation's."""
+    """`response.create`'s settings for one response, its metadata, its conversation and the items it brings."""
 
     metadata: _Metadata | None = None  # the response carries it back
     conversation: Literal["auto", "none"] | None = None  # "none": out of band (None: "auto")
