@@ -97,8 +97,7 @@ class JsonOutput:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallOutput:
-    """The reply is tool calls and nothing else: to `name` (None: any of the request's tools), one, or
-    (`parallel`) one or more."""
+    """The reply is tool calls only: to `name` (None: any tool), one, or (`parallel`) one or more."""
 
     name: str | None = None
     parallel: bool = True

@@ -1,10 +1,8 @@
 """What a backend is to the core: the one object that builds an engine's stages and says what it can do.
 
-Two backends serve behind the same front end, intake and gate: the staged Qwen3-Omni engine (engine/omni/) and
-the CPU assistant's cascade (engine/cascade/). The core asks a backend and never which one runs: `info` says what
-it can do (the inputs it takes, its voices, its context), `intake` is its front door, `load_core` its stages in
-this process. engine/backends.py is the one place that picks a backend by the profile's `backend` key.
-"""
+The staged Qwen3-Omni engine and the CPU assistant's cascade serve behind the same front end, intake and gate. The
+core asks a backend and never which one runs: `info` (its inputs, voices, context), `intake` (its front door),
+`load_core` (its stages in this process). engine/backends.py alone picks one, by the profile's `backend` key."""
 
 from __future__ import annotations
 

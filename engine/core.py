@@ -48,7 +48,6 @@ class EngineCore(Protocol):
         ...
 
     def stage_load(self) -> dict[str, int]:
-        """Requests each stage still holds, by stage name."""
         ...
 
     def health(self) -> EngineHealth:

@@ -1,11 +1,9 @@
 """The `Engine` the network edge talks to: the intake at the front door, the work in a core.
 
-`Frontend` owns the open request streams. Each request is admitted here (engine/intake/intake.py),
-then begun in the core, whose events come back to the request's own queue; closing a stream
-early aborts its request. The core is a backend's stages in this process (engine/backend.py), or a
-proxy to them in another process (engine/remote/, engine/replicas/): the front end is the same for all.
-Its health is the core's while it runs, and `down` before its start and from its stop.
-"""
+`Frontend` owns the open request streams. Each request is admitted here, then begun in the core, whose events
+come back to the request's own queue; closing a stream early aborts its request. The core is a backend's stages
+in this process, or a proxy to them in another: the front end is the same for all. Its health is the core's while
+it runs, and `down` before its start and from its stop."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
-"""The gate: how many replies the stages run at once, and how long the others may wait (the profile's
-`admission` settings).
+"""The gate: how many replies the stages run at once, and how long the others may wait (the profile's `admission`).
 
-The stages batch whatever they hold, so past their batch every reply slows down together: on the
-H200 at 128 concurrent streams with batches of 64, 192 of 256 replies stuttered (docs/performance.md).
-`Gate` is an `EngineCore` in front of the real one that keeps the running replies within the
-stages' batch (a reply holds its place from its start to its last audio chunk); the next
-`max_queued` requests wait in arrival order, each at most `queue_timeout_s`, and the rest are
-refused at once. A refused request's only event is `Failed` with code `OVERLOADED` and a
-`retry_after_s`, which the edge answers as a 429 (chat, before any output) or a failed realtime
-response. It lives next to the stages, also when the engine has a process of its own, so server
-processes in front of one engine share one count.
-"""
+The stages batch whatever they hold, so past their batch every reply slows down together and replies stutter.
+`Gate` is an `EngineCore` in front of the real one that keeps the running replies within the stages' batch (a
+reply holds its place from its start to its last audio chunk); the next `max_queued` requests wait in arrival
+order, each at most `queue_timeout_s`, and the rest are refused at once with `Failed(OVERLOADED)` and a
+`retry_after_s` (the edge's 429, or a failed realtime response). It lives next to the stages, so server
+processes in front of one engine share one count."""
 
 from __future__ import annotations
 

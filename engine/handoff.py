@@ -1,16 +1,11 @@
-"""What crosses between stages: frozen payloads, the inbox each stage drains once per step, and the
-queue that carries the stages' reports to the orchestrator's event loop.
+"""What crosses between stages: frozen payloads, the inbox each stage drains once per step, and the queue that
+carries the stages' reports to the orchestrator's event loop. Stages never import each other: they meet here.
 
-The front door admits a request (`AdmittedRequest`, engine/intake/intake.py) and the Thinker takes it.
-
-Thinker -> Talker: the prompt (`ThinkerPrompt`) when the Thinker begins it, its rows
-piece by piece as they are prefilled (`PromptRows`), then one row per decoded token
-(`ThinkerToken`), then `ThinkerDone`; so the Talker prefills while the Thinker still
-prefills, and speaks while it still decodes. Talker -> Code2Wav: codec frames (`CodecFrames`) as
-they are produced; Code2Wav cuts them into chunks itself. Talker -> Thinker, when
-the Thinker paces itself: which replies' text the Talker consumed (`SpeechProgress`).
-Stages never import each other: they meet here.
-"""
+The front door admits a request (`AdmittedRequest`) and the Thinker takes it. Thinker -> Talker: the prompt
+(`ThinkerPrompt`) when the Thinker begins it, its rows piece by piece as they are prefilled (`PromptRows`),
+one row per decoded token (`ThinkerToken`), then `ThinkerDone`; so the Talker prefills while the Thinker still
+prefills, and speaks while it still decodes. Talker -> Code2Wav: codec frames (`CodecFrames`), which Code2Wav
+cuts into chunks itself. Talker -> Thinker, when the Thinker paces itself: `SpeechProgress`."""
 
 from __future__ import annotations
 
@@ -30,11 +25,10 @@ from engine.positions import Grid
 
 @dataclass(frozen=True, slots=True)
 class ImageInput:
-    """One image or video as it crosses to the engine: `pixels` uint8 [frames, height, width, 3], resized to a
-    whole number of merged patches (an image is one frame; a video's frames fill its temporal patches), its patch
-    grid (t, h, w); `key`: a digest of its pixels, negative so that no token id equals it (prefix reuse). The
-    tower's input is `patches(...)` of it, made where the tower runs: uint8 is a quarter of the float32 patches'
-    bytes, and an image's patches hold it twice over (the tower's temporal patch)."""
+    """One image or video as it crosses to the engine: `pixels` uint8 [frames, height, width, 3], resized to whole
+    merged patches (an image is one frame), its patch grid (t, h, w); `key`: a negative digest of its pixels, which
+    no token id equals (prefix reuse). The tower's input, `patches(...)`, is made where the tower runs: uint8 is a
+    quarter of the float32 patches' bytes, which hold an image twice over (the temporal patch)."""
 
     pixels: torch.Tensor
     grid_thw: tuple[int, int, int]
@@ -65,9 +59,8 @@ class Transcript:
 
 @dataclass(frozen=True, slots=True)
 class AdmittedRequest:
-    """Front door -> Thinker: a request checked, tokenised and bounded; nothing about it is left to decide.
-
-    It is what crosses to an engine in another process, so it holds no raw audio or pixels, only their features."""
+    """Front door -> Thinker: a request checked, tokenised and bounded. It is what crosses to an engine in another
+    process, so it holds no raw audio or pixels, only their features."""
 
     request_id: str
     token_ids: list[int]
@@ -106,9 +99,8 @@ class ThinkerPrompt:
 
 @dataclass(frozen=True, slots=True)
 class PromptRows:
-    """The prompt's next rows, in order from position 0 (a reused prefix's, then each prefilled piece's). A reused
-    prefix's rows stay where the prefix cache keeps them (host memory, on a GPU): the receiver copies only those it
-    lacks."""
+    """The prompt's next rows, in order from position 0. A reused prefix's rows stay where the prefix cache keeps them
+    (host memory, on a GPU): the receiver copies only those it lacks."""
 
     request_id: str
     embeds: torch.Tensor  # [n, thinker_hidden]: layer-0 (input embedding) rows
@@ -178,8 +170,7 @@ class Inbox:
 
 
 class StickyRouter:
-    """Payloads for a stage with several copies: a request's first payload goes to the copy with the
-    fewest requests in flight, and every later one to the same copy, until its last."""
+    """A stage's copies: a request's first payload goes to the copy with fewest requests, every later one with it."""
 
     _FORGOTTEN_MEMORY = 4096
 
@@ -225,11 +216,9 @@ Report = Callable[[Any], None]
 
 
 class ReportQueue:
-    """Stage threads -> the orchestrator's event loop, in order.
-
-    One wake-up of the loop carries every report queued before it runs: a Thinker step at batch 64
-    makes 64 text deltas, and 64 wake-ups of a loop that shares the GIL with the stage threads cost
-    every reply's first packet."""
+    """Stage threads -> the orchestrator's event loop, in order. One wake-up of the loop carries every report
+    queued before it runs: a wake-up per text delta of a batch would take the GIL from the stage threads and
+    delay every reply's first packet."""
 
     def __init__(self) -> None:
         self._reports: deque[Any] = deque()  # appends are thread-safe; one deque keeps the order
@@ -239,7 +228,6 @@ class ReportQueue:
         self._handle: Callable[[Any], None] | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None]) -> None:
-        """Where reports go from now on: `handle(report)` on `loop`."""
         self._loop, self._handle = loop, handle
 
     def put(self, item: Any) -> None:

@@ -94,8 +94,7 @@ class PrefixCacheMetrics:
 
 
 class ProcessMetrics:
-    """An engine process as the server process in front of it sees it (engine/remote/client.py), next to
-    the families the child pushes into the same registry."""
+    """An engine process as the server process in front of it sees it, beside the families the child pushes."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.up = Gauge("engine_process_up", "1 while the engine process serves, 0 while it is down or restarting",
@@ -118,16 +117,10 @@ _hooked = False
 
 
 class ColdWork:
-    """Work done while serving that start-up should have done: compiles, kernel builds, steps off their graphs.
-
-    Everything the GPU profile compiles, captures or warms happens before the engine reports ready; any of it
-    later costs the request that meets it (a Triton kernel built for a new specialisation of its integer
-    arguments, a torch.compile recompile for a new shape, a prefill that fits no graph and runs eagerly). Each
-    event is counted in `engine_cold_work_total{kind}` and logged, so a latency spike can be traced to its cause
-    and a test can check that a steady run has none. Compiles are seen through process-wide hooks
-    (torch._dynamo's compile callbacks, Triton's JIT post-compile hook) that every armed `ColdWork` of the
-    process hears; stages report their own fallbacks with `record`. One engine's count: `arm()` once it is
-    ready (what start-up does is not cold work)."""
+    """Work done while serving that start-up should have done (compiles, kernel builds, steps off their graphs), which
+    costs the request that meets it: counted in `engine_cold_work_total{kind}` and logged. Compiles are heard through
+    process-wide hooks (torch._dynamo's compile callbacks, Triton's JIT post-compile hook); stages report their own
+    fallbacks with `record`. `arm()` once the engine is ready: what start-up does is not cold work."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.total = Counter(

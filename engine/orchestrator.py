@@ -56,9 +56,8 @@ class RequestRecord:
 
 
 class Orchestrator:
-    """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped
-    here; `speaks`: whether a stage after the Thinker speaks (a reply that wants audio needs one);
-    `routers`: in front of stages with several copies (an abort must reach them too)."""
+    """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped here; `speaks`:
+    whether a stage after the Thinker speaks; `routers`: in front of stages with copies (an abort must reach them)."""
 
     def __init__(
         self,
@@ -94,7 +93,6 @@ class Orchestrator:
             self._close(record, Failed(record.request.request_id, "server shutting down"))
 
     def stage_load(self) -> dict[str, int]:
-        """Requests each stage still holds (running or waiting)."""
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
 
     def health(self) -> EngineHealth:

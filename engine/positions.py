@@ -1,13 +1,11 @@
 """M-RoPE's positions: a prompt's three rows (t, h, w) where it holds images or videos, and what follows them.
 
-Text and audio advance the three rows together, one per token. An image's placeholders take (t, h, w) = (start,
-start + row, start + column) over its merged grid (a video's t also steps by its frame pairs' time: seconds x the
-model's positions a second), and what follows the image starts after the largest of them (transformers'
-`get_rope_index`): a prompt with images takes fewer positions than tokens, and its reply continues from there
-(`Rope`). A prompt's positions depend only on what comes before them, so a kept prefix holds the same positions in
-every turn that begins with it. A video with its sound interleaves its frames' and its sound's placeholders by
-time, as Qwen3-Omni's processor lays them out.
-"""
+Text and audio advance the three rows together. An image's placeholders take (start, start + row, start + column)
+over its merged grid (a video's t also steps with its frames' time), and what follows starts after the largest
+(transformers' `get_rope_index`): such a prompt takes fewer positions than tokens, and its reply continues from
+there (`Rope`). Positions depend only on what comes before them, so a kept prefix holds the same positions in
+every turn. A video with its sound interleaves its frames' and sound's placeholders by time, as Qwen3-Omni's
+processor does."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Grid:
-    """An image's or video's patch grid (t, h, w), its time step (ImageInput.time_step) and the audio tokens
-    interleaved with it (a video with its sound)."""
+    """An image's or video's patch grid (t, h, w), its time step and the audio tokens interleaved with it."""
 
     thw: tuple[int, int, int]
     time_step: int = 0
@@ -87,7 +84,6 @@ class Rope:
 
 
 def placeholder_spans(token_ids: list[int], *placeholders: int) -> list[tuple[int, int]]:
-    """Each run of placeholder ids, [start, end), in order."""
     at = np.flatnonzero(np.isin(np.asarray(token_ids), placeholders))
     if not at.size:
         return []

@@ -157,8 +157,7 @@ class AdmissionConfig:
 
 @dataclass(frozen=True, slots=True)
 class SupervisionConfig:
-    """How an engine in another process (`engine.where: process` or `ray`, `engine.http_workers` > 1) is
-    kept serving (engine/remote/client.py). It speaks four times a second: silence is a stall."""
+    """How an engine in another process is kept serving (remote/client.py): it speaks four times a second."""
 
     # silence after which the engine process counts as stalled: its requests fail with
     # engine_unavailable, and it is killed and started again
@@ -180,8 +179,7 @@ class SupervisionConfig:
 
 @dataclass(frozen=True, slots=True)
 class ReplicasConfig:
-    """Several engines behind one server, each a Ray actor in a process of its own (engine/replicas/):
-    one per GPU, or per CPU process for the tiny model (`engine.where: ray` only)."""
+    """Several engines behind one server, each a Ray actor in its own process (`engine.where: ray` only)."""
 
     count: int = field(default=1, metadata=_at_least(1))
     # Ray's address: "local" starts a Ray instance for this server alone; "auto" joins the one that
@@ -217,8 +215,7 @@ class TopologyConfig:
 
 @dataclass(frozen=True, slots=True)
 class BrainConfig:
-    """The cascade's language model as its Thinker stage runs it: how many replies at once, their context, their
-    length and sampling where a request names none."""
+    """The cascade's language model: replies at once, their context, length and sampling where a request is silent."""
 
     max_batch: int = field(default=8, metadata=_at_least(1))
     max_model_len: int = field(default=4096, metadata=_at_least(16))
@@ -228,10 +225,9 @@ class BrainConfig:
 
 @dataclass(frozen=True, slots=True)
 class CascadeConfig:
-    """The assistant cascade's three roles (engine/cascade/): who listens (`ears`), who answers (`brain`), who
-    speaks (`voice`). The ears and the voice are the pinned registry packages' (the defaults), or the fallbacks
-    (pocketsphinx's own wheel, Debian's festival), which keep the profile serving if a package disappears; each
-    voice has its one speaker. The language model has no fallback."""
+    """The assistant cascade's roles: who listens (`ears`), who answers (`brain`), who speaks (`voice`). The ears and
+    the voice are the pinned registry packages' or the fallbacks (pocketsphinx's wheel, Debian's festival), which
+    keep the profile serving if a package disappears; the language model has no fallback."""
 
     ears: Literal["whisper", "pocketsphinx"] = "whisper"
     brain: BrainConfig = field(default_factory=BrainConfig)
@@ -327,8 +323,7 @@ def load_profile(
     stage_overrides: str | dict[str, Any] | None = None,
     overrides: str | dict[str, Any] | None = None,
 ) -> DeployProfile:
-    """Read a profile, merge its delta for `platform`, then the CLI's stage overrides, then its overrides
-    of any key (`--overrides`)."""
+    """A profile, its `platform` delta merged, then the CLI's stage overrides, then `--overrides` of any key."""
     path = path or default_profile_path(model)
     try:
         raw = yaml.safe_load(path.read_text()) or {}

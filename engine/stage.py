@@ -1,17 +1,11 @@
 """The loop every stage runs in its own thread: drain the inbox, take one step, report.
 
-A step is one batched forward over the requests that are ready. Requests join
-and leave between steps; an `Abort` in the inbox frees a request before the next
-step. A failing step fails the requests in it, and the loop goes on.
-
-On a GPU each stage queues its kernels on its own CUDA stream, so one stage's host
-sync (reading sampled tokens, copying audio out) never waits for another stage's
-queued work, and the stages' kernels can overlap. A GPU tensor handed to the next
-stage is complete when sent (the sender has synced on a result computed after it), or
-comes with an event recorded after it on the sender's stream (`written`), which the
-receiver's stream waits on before anything reads it; either way the receiver ties its
-lifetime to its own stream (`adopt`).
-"""
+Requests join and leave between steps; an `Abort` in the inbox frees a request before the next step. A failing
+step fails the requests in it, and the loop goes on. On a GPU each stage queues its kernels on its own CUDA
+stream, so one stage's host sync never waits for another's queued work. A GPU tensor handed to the next stage is
+complete when sent, or comes with an event recorded after it on the sender's stream (`written`), which the
+receiver's stream waits on before reading it; either way the receiver ties its lifetime to its own stream
+(`adopt`)."""
 
 from __future__ import annotations
 
@@ -114,8 +108,7 @@ class Stage(ABC):
         return tensor
 
     def written(self) -> torch.cuda.Event | None:
-        """On a GPU, an event recorded now on this stage's stream: what it has queued so far is written once the
-        event is reached (`adopt`)."""
+        """On a GPU, an event recorded now on this stage's stream: what it queued so far is written once it passes."""
         if self.device.type != "cuda":
             return None
         event = torch.cuda.Event()
@@ -149,7 +142,6 @@ class Stage(ABC):
             self.fail(batch or self._current_batch(), e)
 
     def fail(self, request_ids: list[str], error: Exception) -> None:
-        """These requests end here, with `error`; the stage goes on with the rest."""
         for request_id in request_ids:
             self._forget(request_id)
             self.report(StageFailed(request_id, f"{self.name} failed: {type(error).__name__}: {error}"))

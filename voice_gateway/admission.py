@@ -1,10 +1,6 @@
 """The edge's front door: the caller's origin and host, the API key, the model name, and the concurrent-session
-count, checked in one place.
-
-Every route asks `Admission` the same questions; each transport only says no in its own way (an HTTP
-error object, or a WebSocket error event and close code). A session holds a `SessionSlot` from the moment it
-is let in; the slot gives its place back exactly once, however the session ends (or fails to start).
-"""
+count, checked in one place; each transport only says no in its own way. A session holds a `SessionSlot` from
+the moment it is let in, which gives its place back exactly once, however the session ends."""
 
 from __future__ import annotations
 
@@ -152,8 +148,7 @@ class Admission:
                           param="model")
 
     def admit(self, transport: str, caller: Caller, model: str | None) -> SessionSlot:
-        """Origin and host, key, model, then a free place: the slot of a new realtime session, or Refused
-        (counted by code)."""
+        """Origin and host, key, model, then a free place: a new realtime session's slot, or Refused (counted)."""
         try:
             self.check_origin(caller)
             self.check_key(caller.authorization, caller.subprotocols)
@@ -182,7 +177,6 @@ def admission_of(request: Request) -> Admission:
 
 
 async def require_api_key(request: Request) -> None:
-    """FastAPI dependency for the HTTP API routes."""
     try:
         admission_of(request).check_key(request.headers.get("authorization"))
     except Refused as refused:

@@ -35,8 +35,7 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
 class StampArrival:
-    """Pure ASGI middleware: marks when the server hands a request to the app (`request.state.received_at`),
-    before its body is read and validated, so latency metrics can start there."""
+    """ASGI middleware: `request.state.received_at` stamped before the body is read, where latency starts."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -65,7 +64,6 @@ class WorkerSpec:
     webrtc: WebRTCConfig
 
     def publish(self) -> None:
-        """For the workers this process starts next."""
         os.environ[WORKER_ENV] = _WORKER_SPEC.dump_json(self).decode()
 
     @classmethod
@@ -77,8 +75,7 @@ _WORKER_SPEC = TypeAdapter(WorkerSpec)
 
 
 def worker_app() -> FastAPI:
-    """One of `serve --http-workers N`'s server processes: the app on the engine process (or the engine
-    replicas) its parent started."""
+    """One of `serve --http-workers N`'s server processes: the app on the engine its parent started."""
     spec = WorkerSpec.read()
     metrics = shared_across_processes(spec.metrics_dir)  # before this process makes any other metric
     # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
@@ -116,7 +113,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         # anyio imports its event-loop backend at first use: a streamed response's task group. Here, not in
-        # the first request, which it held up ~0.1 s (each of `--http-workers` processes has its own first)
+        # the first request, which it would hold up (each of `--http-workers` processes has its own first)
         async with anyio.create_task_group():
             pass
         freeze_startup_heap()

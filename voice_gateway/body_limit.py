@@ -10,11 +10,8 @@ from voice_gateway.errors import APIError
 
 
 class LimitBody:
-    """Reads an HTTP request's body, counting, and hands it on whole; past `max_bytes` it answers 413 instead.
-
-    The app buffers a JSON body in full anyway, so reading it here first costs nothing more, and a
-    Content-Length over the limit is refused before any of the body is read.
-    """
+    """Reads an HTTP request's body, counting, and hands it on whole; past `max_bytes` it answers 413 instead. The app
+    buffers a JSON body in full anyway; a Content-Length over the limit is refused before any body is read."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app

@@ -71,7 +71,7 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
                         "default: every interface but loopback)")
     parser.add_argument("--log-level", default="info")
     # uvicorn's own choices; "auto" takes uvloop and httptools (installed with us) over asyncio and h11,
-    # which cost the server's one event loop less Python per request and per event (docs/performance.md)
+    # which cost the server's one event loop less Python per request and per event
     parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop")
     parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto", help="HTTP/1.1 parser")
     parser.add_argument("--http-workers", type=int,
@@ -149,8 +149,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfile, gateway: GatewayConfig,
                    webrtc: WebRTCConfig, uvicorn_args: dict[str, Any]) -> int:
-    """One engine process (or the profile's replicas on Ray), then `workers` server processes attached to it
-    (uvicorn's workers)."""
+    """One engine process (or the replicas on Ray), then `workers` uvicorn server processes attached to it."""
     import shutil
     import tempfile
 
@@ -171,7 +170,7 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
     WorkerSpec(host.address, args.log_level.upper(), metrics_dir, gateway, webrtc).publish()
     try:
         # A spawned worker imports torch and transformers before it answers uvicorn's health pings: on a
-        # loaded host that takes longer than uvicorn's 5 s, and each worker was killed and respawned in turn.
+        # loaded host that takes longer than uvicorn's 5 s, which would kill and respawn each worker in turn.
         uvicorn.run("voice_gateway.app:worker_app", factory=True, workers=workers, timeout_worker_healthcheck=60,
                     **uvicorn_args)
     finally:

@@ -42,8 +42,7 @@ _SERVER_STATE = {OVERLOADED: 429, UNAVAILABLE: 503}
 
 
 def engine_error(message: str, code: str | None, retry_after_s: float | None = None, *, status: int = 400) -> APIError:
-    """An engine's refusal (`EngineError`, status 400) or failure (`Failed`, status 500) as OpenAI's error;
-    an overloaded engine is a 429 and one that cannot serve a 503, both with Retry-After."""
+    """An engine's refusal (400) or failure (500) as OpenAI's error; overloaded 429 and down 503, with Retry-After."""
     if code in _SERVER_STATE:
         return APIError(_SERVER_STATE[code], message, type="server_error", code=code, retry_after_s=retry_after_s)
     if status >= 500:

@@ -18,8 +18,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's name for the s
 
 
 class GatewayMetrics:
-    """Owns the gateway's families. With `shared_dir` (see `shared_across_processes`) their values live in
-    files there, one per process, and `exposition()` sums every process's."""
+    """Owns the gateway's families; with `shared_dir` they live in files, one per process, summed on exposition."""
 
     def __init__(self, shared_dir: Path | None = None) -> None:
         self.shared_dir = shared_dir
@@ -60,13 +59,10 @@ class GatewayMetrics:
 
 
 def shared_across_processes(shared_dir: Path) -> GatewayMetrics:
-    """Gateway metrics for one of several server processes that write to `shared_dir` (empty at the first
-    one's start, removed by whoever made it).
-
-    prometheus-client takes its value class from PROMETHEUS_MULTIPROC_DIR when it is first imported; a
-    worker has imported it before it learns the folder, so the class is set here, before the process makes
-    its first metric. Every metric it makes after this lives in the folder (the engine connection's too:
-    `exposition` reads back the gateway's families only)."""
+    """Gateway metrics for one of several server processes that write to `shared_dir`. prometheus-client takes its
+    value class from PROMETHEUS_MULTIPROC_DIR when first imported, which a worker has done before it learns the
+    folder, so the class is set here, before the process makes its first metric; every metric it makes after this
+    lives in the folder (`exposition` reads back the gateway's families only)."""
     os.environ[MULTIPROC_ENV] = str(shared_dir)
     values.ValueClass = values.MultiProcessValue()
     return GatewayMetrics(shared_dir)
@@ -86,8 +82,7 @@ _LIVE_GAUGE_FILE = re.compile(r"gauge_live\w*?_(\d+)\.db")
 
 
 def _forget_dead_processes(shared_dir: Path) -> None:
-    """A worker that died leaves its live gauges (open sessions) behind: drop them. Its counters stay in
-    the sums, as Prometheus expects of a counter."""
+    """A dead worker's live gauges (open sessions) are dropped; its counters stay in the sums, as counters do."""
     for path in shared_dir.glob("gauge_live*.db"):
         if (m := _LIVE_GAUGE_FILE.fullmatch(path.name)) and not _alive(pid := int(m.group(1))):
             mark_process_dead(pid, str(shared_dir))

@@ -18,7 +18,6 @@ PROBES = ("accuracy", "kernels", "steps")
 
 
 def add_probe_commands(sub: Any) -> None:
-    """The probes' parsers on the CLI's subcommands."""
     _accuracy_arguments(sub.add_parser("accuracy", help="bf16 and FP8 experts against float32 on one model's "
                                        "weights: logits, the Talker's rows, top-token agreement"))
     _kernels_arguments(sub.add_parser("kernels", help="bf16 and FP8 experts' time and a code predictor frame's on a "
@@ -87,9 +86,8 @@ def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def kernels(args: argparse.Namespace, argv: list[str]) -> int:
-    """`voice-gateway kernels`: engine/probes/experts_timing.py's, engine/probes/predictor_timing.py's and
-    engine/probes/attention_timing.py's figures as JSON (with the machine and the commit, as the bench records its runs),
-    a figure each, and tables on stdout."""
+    """`voice-gateway kernels`: the experts', predictor's and attention probes' figures as JSON (with the machine and
+    the commit, as the bench records its runs), a figure each, and tables on stdout."""
     from engine.probes import measure_attention_timing, measure_experts_timing, measure_predictor_timing
 
     if without_bench_extra("kernels"):
@@ -172,8 +170,7 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _record(out_dir: Path, argv: list[str], *, with_gpu: bool) -> dict[str, Any]:
-    """What a timing's JSON records beside its rows, as the bench records its runs: the machine, the commit and the
-    command; `out_dir` made ready for it."""
+    """What a timing's JSON records beside its rows (machine, commit, command); `out_dir` made ready for it."""
     from bench.machine import git_commit, machine_info
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -191,7 +188,6 @@ def _write_timings(out: Path, what: str, record: dict[str, Any], rows: list[dict
 
 
 def _counts(text: str | None, flag: str, least: int = 1) -> tuple[int, ...] | None:
-    """A comma-separated list of counts of at least `least`, or None for the default."""
     if text is None:
         return None
     try:

@@ -1,25 +1,12 @@
-"""Read deadlines on the server's HTTP/1.1 connections: a client must send a request's head within
-`ReadTimeouts.header_s` and may not pause in a request body for longer than `ReadTimeouts.body_s`, or its
-connection is closed.
+"""Read deadlines on the server's HTTP/1.1 connections: a request's head within `ReadTimeouts.header_s`, no pause in
+a body longer than `ReadTimeouts.body_s`, or the connection is closed. uvicorn times out only idle connections
+between requests, so a slowloris client would otherwise hold its socket and buffers for good.
 
-uvicorn times out only a connection that idles between requests (`timeout_keep_alive`, armed when a
-response ends and cancelled by the first byte after it): a connection that never completes a request head
-(slowloris: a few bytes now and then, or none at all) would hold its socket and buffers for good.
-
-How: `serve` hands uvicorn `http_protocol(...)` as its `http` setting, a factory of our subclasses of
-uvicorn's own protocol classes (h11 or httptools, as `--http` picks) that add one `ReadDeadline` per
-connection. uvicorn calls it with its config, server state and app state for each connection;
-`functools.partial` binds our timeouts, and pickles with uvicorn's config into `--http-workers`' processes.
-The subclasses change nothing but the connection's ASGI app, which they wrap: the protocol calls the app
-once a request's head is complete, so that call ends the head's deadline, and the body's deadline runs
-while the app waits in `receive()` for more of the body. The head's deadline runs from the connection's
-start and again from the end of each response, so a keep-alive connection's next head is bounded too.
-
-A timed-out connection is closed without a response, as nginx's `client_header_timeout` does: the client
-sent no request that could be answered, and a client that stalls is not reading either. The app of a
-stalled body sees `http.disconnect`, as for any client that hangs up. A WebSocket upgrade hands the socket
-to uvicorn's WebSocket protocol, whose pings time it out: a deadline that expires after it does nothing.
-"""
+`http_protocol(...)`, uvicorn's `http` setting, is a picklable factory of uvicorn's h11 or httptools protocol
+subclassed to wrap the connection's app: the protocol calls the app once the head is complete, ending the head's
+deadline, and the body's runs while the app waits in `receive()`. The head's deadline runs from the connection's
+start and from each response's end. A timed-out connection is closed without a response, as nginx does; the app
+of a stalled body sees `http.disconnect`. After a WebSocket upgrade, uvicorn's pings time the socket out."""
 
 from __future__ import annotations
 

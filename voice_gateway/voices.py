@@ -1,11 +1,6 @@
-"""Voice names a client may ask for, in chat completions and realtime alike: the model's own speakers, and
-OpenAI's names mapped onto them.
-
-Clients written for OpenAI send its voice names (LiveKit's default is `marin`, the SDKs' examples `alloy`), so
-each is mapped to the nearest of Qwen3-Omni's three speakers by register (docs/realtime.md's voices table), and
-on a model of one voice (the assistant's) every one of them is that voice. A name that is neither is refused
-with the names that exist.
-"""
+"""Voice names a client may ask for, in chat completions and realtime alike: the model's own speakers, and OpenAI's
+names (which clients written for OpenAI send) mapped onto the nearest of them by register (docs/realtime.md's
+table); on a model of one voice every name is that voice. A name that is neither is refused with those that exist."""
 
 from __future__ import annotations
 

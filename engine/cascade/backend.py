@@ -1,13 +1,10 @@
-"""The cascade as a backend: the ears at the front door, the language model behind the Thinker stage (engine/omni/
-stages/thinker.py schedules it as it schedules Qwen3-Omni's Thinker, its rows zero wide), the voice in a stage of its
-own, wired into the same orchestrator and gate as the Omni engine.
+"""The cascade as a backend: the ears at the front door, the language model behind the Thinker stage (its rows zero
+wide), the voice in a stage of its own, wired into the same orchestrator and gate as the Omni engine.
 
-It hears and speaks: audio in (the ears make it text before the prompt), no images, one voice's one speaker out.
-The models come from their registry packages (engine/cascade/packages.py), or the ears' and the voice's fallbacks
-(pocketsphinx's wheel, Debian's festival) where the profile's `cascade` section picks them; the CPU's two threads
-of work (the Thinker stage's steps and the voice's clauses) each get a share of the cores, the ears another. It
-runs in the server's own process only.
-"""
+It hears and speaks: audio in (made text before the prompt), no images, one voice's one speaker out. The models
+come from their registry packages, or the fallbacks the profile's `cascade` section picks; the Thinker stage's
+steps and the voice's clauses each get a share of the CPU's cores, the ears another. It runs in the server's own
+process only."""
 
 from __future__ import annotations
 
@@ -68,8 +65,7 @@ class _Models:
 
 
 class CascadeBackend:
-    """`profile`: its `cascade` section (ears, brain, voice) and the gate's settings; the models load on first
-    use, once, for the intake and the stages alike."""
+    """`profile`: its `cascade` section and the gate's; the models load once, on first use, for intake and stages."""
 
     def __init__(self, profile: DeployProfile, cache_dir: Path | None = None) -> None:
         if profile.engine.where != "in_process" or profile.engine.http_workers != 1:

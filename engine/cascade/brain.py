@@ -1,11 +1,8 @@
 """The cascade's thinking: SmolLM2-135M-Instruct from its registry package's GGUF file, behind the Thinker runner's
-interface (a step of rows in, rows out), so that the Thinker stage schedules it as it schedules Qwen3-Omni's
-Thinker: packed steps of prompt pieces and replies' next tokens, kept prefixes, seeded sampling, grammars.
-
-The file's Q4_1 weights are dequantised once, by transformers' GGUF loader (~16 s on two cores), into a float32
-checkpoint in the cache folder with the tokenizer the file carries; later starts load that in well under a second.
-The voice reads the reply's text, not the model's hidden rows: the rows this runner hands on are zero wide.
-"""
+interface, so that the Thinker stage schedules it as it schedules Qwen3-Omni's Thinker (packed steps, kept
+prefixes, seeded sampling, grammars). The file's Q4_1 weights are dequantised once, by transformers' GGUF loader,
+into a float32 checkpoint in the cache folder, which later starts load quickly. The voice reads the reply's text,
+not hidden rows: the rows this runner hands on are zero wide."""
 
 from __future__ import annotations
 
@@ -73,8 +70,7 @@ def load(cache_dir: Path) -> tuple[Any, Any]:
 
 
 class BrainRunner:
-    """Owns the language model and its KV cache; the Thinker stage's runner (engine/omni/runners/thinker.py's
-    interface). `attention`: how packed queries attend over the slots (the reference by default)."""
+    """Owns the language model and its KV cache: the Thinker stage's runner, with thinker.py's interface."""
 
     audio_token_id = None  # no audio placeholders: the ears made the user's speech text before the prompt
     visual_token_ids = ()  # nor images: its prompts refuse them

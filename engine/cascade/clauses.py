@@ -29,17 +29,12 @@ _LEANS_ON_NEXT = frozenset({
 
 @dataclass(slots=True)
 class ClauseCutter:
-    """Owns the reply's text that is not a clause yet. `feed(delta)` returns the clauses that delta completes,
-    `flush()` the rest at the reply's end; the cutter then starts a new reply.
-
-    The first clause ends at its first mark (, ; : . ? !) or after `first_words` words, the next ones (the ramp) at
-    their first mark or after `ramp_words` words each (each word count up to 3 more while the last word leans on
-    the next, "the", "to", "Mr."); later ones at a sentence's end or a line break, at a comma once `comma_words`
-    long, and after `max_words` at the latest. A clause holds at least one letter: "1." of a list stays with its
-    item, and text with none (emoji, dashes) is dropped.
-
-    The ramp is for a CPU shared by a few users: a whole sentence after a five-word first clause took longer to
-    write and speak than the first clause played (docs/performance.md, "CPU: the assistant")."""
+    """Owns the reply's text that is not a clause yet: `feed(delta)` returns the clauses that delta completes, `flush()`
+    the rest at the reply's end. The first clause ends at its first mark (, ; : . ? !) or after `first_words` words,
+    the ramp's after `ramp_words` (up to 3 more while the last word leans on the next: "the", "Mr."), later ones at a
+    sentence's end or a line break, at a comma once `comma_words` long, after `max_words` at the latest. A clause
+    holds a letter: "1." of a list stays with its item, text with none (emoji) is dropped. The ramp serves a shared
+    CPU, where a whole sentence after a short first clause takes longer to make than that clause plays."""
 
     first_words: int = 5
     ramp_words: tuple[int, ...] = (10, 16)

@@ -1,11 +1,7 @@
 """The cascade's listening: one utterance of 16 kHz mono speech -> its text, with Whisper tiny.en on the CPU
-(CTranslate2's weights, loaded through faster-whisper).
-
-`WhisperEars` owns the loaded model: its weights, its mel front end and its tokenizer. It decodes the way a
-voice assistant's short turns want (English, a beam of 5, no timestamps, no previous text as a prompt) and
-gives "" where Whisper would make words of silence or noise. Finding the turns is not its job: the server's
-VAD cuts them, so Whisper's own VAD filter is not used.
-"""
+(CTranslate2's weights, through faster-whisper). It decodes as short voice turns want (English, a beam of 5, no
+timestamps, no previous text as a prompt) and gives "" where Whisper would make words of silence or noise. The
+server's VAD finds the turns, so Whisper's own VAD filter is not used."""
 
 from __future__ import annotations
 
@@ -54,14 +50,10 @@ _MIN_TOKENS = 16
 _MAX_TOKENS = 224  # CTranslate2 decodes at most max_length / 2 tokens: Whisper's 448 positions, halved
 
 class WhisperEars:
-    """Owns one loaded Whisper model (weights, mel front end, tokenizer) and nothing per call.
-
-    Calls may overlap, from any threads: CTranslate2 runs `workers` of them at once (a model replica each, the
-    weights shared: 2 take the memory of 1), each on `cpu_threads` threads, and queues the rest. Nothing in
-    Python is written after `__init__`, so no lock is needed. Tiny.en's matrices are too small to gain from a
-    second thread: on 2 cores, cpu_threads=1 with workers=2 is as fast per call as cpu_threads=2 and finishes
-    overlapping calls sooner.
-    """
+    """Owns one loaded Whisper model (weights, mel front end, tokenizer) and nothing per call. Calls may overlap, from
+    any threads: CTranslate2 runs `workers` at once (a replica each, the weights shared), each on `cpu_threads`
+    threads, and queues the rest; nothing in Python is written after `__init__`. Tiny.en's matrices are too small to
+    gain from a second thread, so overlapping calls want workers rather than threads."""
 
     def __init__(self, model_dir: Path, *, cpu_threads: int, workers: int) -> None:
         if cpu_threads < 1 or workers < 1:
@@ -83,16 +75,12 @@ class WhisperEars:
         return cls(package.directory(), cpu_threads=cpu_threads, workers=workers)
 
     def transcribe(self, audio: np.ndarray) -> str:
-        """One utterance, float32 mono at 16 kHz -> its words, or "" for silence and noise.
-
-        Audio past 28 s goes in 28 s pieces, and a word that straddles a cut may be lost. A prefix of an
-        utterance still being spoken is just a shorter call (no state is kept between calls)."""
+        """One utterance, float32 mono at 16 kHz -> its words, or "" for silence and noise. Audio past 28 s goes in 28 s
+        pieces (a word that straddles a cut may be lost); no state is kept between calls."""
         return self.transcribe_many([audio])[0]
 
     def transcribe_many(self, utterances: Sequence[np.ndarray]) -> list[str]:
-        """Each utterance's `transcribe`, in one batch per window size (a turn's window is its own call's, and
-        so are its words). On 2 cores 4 short turns take ~25% less time than 4 calls one after another, about
-        what 4 overlapping calls take with workers=2."""
+        """Each utterance's `transcribe`, batched per window size (each turn's words are still its own call's)."""
         pieces = [(turn, piece) for turn, audio in enumerate(utterances) for piece in _pieces(audio)]
         by_window: dict[int, list[int]] = {}
         for index, (_, piece) in enumerate(pieces):

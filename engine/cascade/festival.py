@@ -1,11 +1,7 @@
-"""Text -> speech with Debian's festival and its HTS voice `cmu_us_slt_arctic_hts` (package festvox-us-slt-hts):
-the fallback for the Piper voice (profile `cascade.voice: festival`); owns where festival's `text2wave` is.
-
-Each clause is one `text2wave` process that writes a WAV file (32 kHz), read back and resampled to 24 kHz as
-the Piper voice's output is. A process a clause costs ~0.15 s of start-up, and keeps nothing between clauses,
-so a clause's samples depend on its text alone. Whisper hears it with fewer word errors than espeak-ng's voice
-(docs/performance.md, "CPU: the assistant's fallbacks").
-"""
+"""Text -> speech with Debian's festival and its HTS voice `cmu_us_slt_arctic_hts` (package festvox-us-slt-hts): the
+fallback for the Piper voice (profile `cascade.voice: festival`); owns where festival's `text2wave` is. Each clause
+is one `text2wave` process writing a 32 kHz WAV, resampled to 24 kHz; a process keeps nothing between clauses, so
+a clause's samples depend on its text alone."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ class FestivalVoice:
 
     @classmethod
     def load(cls) -> FestivalVoice:
-        """Festival's `text2wave`, with its voice checked by speaking one word (an `EngineError` naming the
-        install command if either is missing)."""
+        """Festival's `text2wave`, its voice checked by speaking one word (`EngineError` naming the install command)."""
         found = shutil.which("text2wave")
         if found is None:
             raise EngineError(f"the festival voice needs Debian's festival, which is not installed: {INSTALL}")

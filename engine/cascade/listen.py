@@ -1,11 +1,7 @@
-"""The cascade's listening, at the front door: chat messages -> the language model's prompt, each clip of user
-speech turned into its words by the ears first; owns the transcripts of recent clips.
-
-The language model reads text only, so a clip is transcribed where a Qwen3-Omni prompt would hold its audio
-placeholders, and the prompt is then built as any text prompt is (engine/intake/prompt.py: SmolLM2 speaks the same
-ChatML turns as Qwen). A conversation sends its earlier turns' audio with every new turn: each clip's transcript
-is kept by the clip's digest, so only the new turn is heard.
-"""
+"""The cascade's listening, at the front door: chat messages -> the language model's prompt, each clip of user speech
+turned into its words by the ears first; owns the transcripts of recent clips. The prompt is then built as any
+text prompt is (SmolLM2 speaks Qwen's ChatML turns). A conversation sends its earlier turns' audio every turn, so
+each clip's transcript is kept by the clip's digest and only the new turn is heard."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The cascade's models, as files inside registry packages: which package ships each, at which version,
-under which license, and the sha256 each file must have.
-
-Three of the packages are repackagings by individuals, so nothing here trusts a package's own code:
-we import none of them, only find their installed files (`importlib.metadata`) and check every file's
-digest before it is loaded. A missing package or a file that does not match is a `PackageError` that
-names the package and the command that installs it.
-"""
+"""The cascade's models, as files inside registry packages: which package ships each, at which version, under which
+license, and the sha256 each file must have. Some packages are repackagings by individuals, so none of their code
+is imported: their installed files are found (`importlib.metadata`) and every file's digest checked before it is
+loaded; a missing package or a wrong file is a `PackageError` naming the command that installs it."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ class ModelPackage:
         return path
 
     def directory(self) -> Path:
-        """The one folder that holds every pinned file, each file's digest checked: for loaders that take a
-        model's folder rather than its files."""
+        """The one folder holding every pinned file, each digest checked: for loaders that take a model's folder."""
         folders = {self.path(file).parent for file in self.files}
         if len(folders) != 1:
             raise ValueError(f"{self.name}'s pinned files lie in {len(folders)} folders, not one: {sorted(folders)}")

@@ -1,11 +1,7 @@
 """Text -> IPA phonemes the way Piper phonemizes: owns the ctypes binding to libespeak-ng and the lock around its one
-per-process state (voice, clause reader).
-
-libespeak-ng through ctypes gives IPA per clause, as espeak-ng's clause reader cuts the text. Facts kept from Piper: a
-clause's punctuation mark is kept as a phoneme (followed by a space after , : ;); . ? ! end a sentence; phonemes are
-the codepoints after NFD. Emoji are dropped (espeak-ng would read out their names) and a text with no letter or digit
-has no phonemes.
-"""
+per-process state. As in Piper, a clause's punctuation mark is kept as a phoneme (followed by a space after
+, : ;), . ? ! end a sentence, and phonemes are the codepoints after NFD. Emoji are dropped (espeak-ng would read
+out their names); a text with no letter or digit has no phonemes."""
 
 from __future__ import annotations
 

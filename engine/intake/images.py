@@ -1,16 +1,12 @@
 """Images and videos -> what crosses to the engine: pixels resized within the profile's budget, the prompt's
 placeholders, their grids.
 
-Pixels are resized as transformers' own Qwen2-VL image processor resizes them (the one Qwen3-Omni's processor
-holds), so that the image's pixels lie within the profile's budget (`min_pixels`, `max_pixels`), and cross to
-the engine so, as uint8 (`ImageInput`, engine/handoff.py); the tower cuts them into patches where it runs
-(engine/omni/runners/vision_tower.py). Each placeholder stands for a 2x2 merge of 16x16 patches, 32x32 pixels.
-An image becomes `<|vision_start|>`, one `<|image_pad|>` per merged patch, `<|vision_end|>`. A video is its
-frames two by two (the tower's temporal patch), each frame resized alike: `<|video_pad|>` placeholders, one per
-merged patch of each pair. A video with its sound (`use_audio_in_video`) becomes `<|vision_start|><|audio_start|>`,
-its `<|video_pad|>` and `<|audio_pad|>` placeholders interleaved by time (engine/positions.py),
-`<|audio_end|><|vision_end|>`, as Qwen3-Omni's processor lays it out.
-"""
+Pixels are resized as transformers' Qwen2-VL image processor resizes them, within the profile's budget
+(`min_pixels`, `max_pixels`), and cross as uint8 (`ImageInput`); the tower cuts them into patches where it runs.
+Each placeholder stands for a 2x2 merge of 16x16 patches. An image becomes `<|vision_start|>`, one `<|image_pad|>`
+per merged patch, `<|vision_end|>`; a video, its frames two by two (the temporal patch) as `<|video_pad|>`s. A
+video with its sound (`use_audio_in_video`) becomes `<|vision_start|><|audio_start|>`, its video and audio
+placeholders interleaved by time, `<|audio_end|><|vision_end|>`, as Qwen3-Omni's processor lays it out."""
 
 from __future__ import annotations
 
@@ -35,9 +31,8 @@ VISION_END = "<|vision_end|>"
 
 
 class ImagePreprocessor:
-    """Pixels -> `ImageInput`: resized as transformers' Qwen2-VL image processor resizes (the one Qwen3-Omni's
-    processor holds): its `smart_resize` to whole merged patches within the pixel budget, PIL's bicubic. The
-    rest of that processor's work is `patches`, where the tower runs."""
+    """Pixels -> `ImageInput`: the Qwen2-VL processor's `smart_resize` to whole merged patches within the pixel budget,
+    PIL's bicubic; the rest of that processor's work is `patches`, where the tower runs."""
 
     def __init__(self, vision_config: Any, *, min_pixels: int, max_pixels: int) -> None:
         self.merge = vision_config.spatial_merge_size

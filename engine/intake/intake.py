@@ -1,11 +1,9 @@
 """The front door: a request's voice, prompt and reply length decided once, before any engine sees it.
 
-`Intake` turns an `EngineRequest` into an `AdmittedRequest` (engine/handoff.py) or refuses it
-with an `EngineError` that is safe to show a client. An output constraint becomes its grammar here
-(engine/intake/constraints.py), so a schema the engine cannot decode under is refused before any work. It runs in the server's process, also when
-the engine's stages run in another one: a refusal is an error at once, and an accepted request's
-response starts without a round trip.
-"""
+`Intake` turns an `EngineRequest` into an `AdmittedRequest` or refuses it with an `EngineError` that is safe to
+show a client; an output constraint becomes its grammar here, so a schema the engine cannot decode under is
+refused before any work. It runs in the server's process even when the stages run in another: a refusal is an
+error at once, and an accepted request's response starts without a round trip."""
 
 from __future__ import annotations
 
@@ -41,10 +39,8 @@ def resolve_speaker(request: EngineRequest, default: str, speakers: tuple[str, .
 
 
 def resolve_max_tokens(requested: int | None, cfg: ReplyLimits, prompt_len: int, *, constrained: bool = False) -> int:
-    """The profile's default clipped to the context; an explicit limit that does not fit is an error.
-
-    A constrained reply with no limit of its own may run to the end of the context: the default reply
-    length would cut a tool call or a JSON object short, and a cut one matches no schema."""
+    """The profile's default clipped to the context; an explicit limit that does not fit is an error. A constrained
+    reply with no limit may run to the end of the context: a cut tool call or JSON object matches no schema."""
     if requested is not None and requested < 1:
         raise EngineError("max_tokens must be at least 1")
     if prompt_len + 1 > cfg.max_model_len:
@@ -64,14 +60,10 @@ def resolve_max_tokens(requested: int | None, cfg: ReplyLimits, prompt_len: int,
 
 
 class Intake:
-    """Owns the prompt builder and the limits a request is admitted under. `info`: what its backend can do
-    (voices, context, images); `constrains`: whether its replies can be decoded under a grammar.
-
-    `text_on_loop`: text prompts are tokenized on the event loop (a fraction of a millisecond)
-    rather than in a thread. Only where no stage thread shares this process's GIL: next to them,
-    each GIL hand-back of the tokenizer waits on a stage, and a burst of arrivals then held back
-    every response. Audio features always go to a thread.
-    """
+    """Owns the prompt builder and the limits a request is admitted under. `info`: what its backend can do;
+    `constrains`: whether its replies can be decoded under a grammar. `text_on_loop`: text prompts are tokenized
+    on the event loop, not in a thread; only where no stage thread shares this process's GIL, since each GIL
+    hand-back of the tokenizer would wait on a stage. Audio features always go to a thread."""
 
     def __init__(self, info: ModelInfo, prompts: Prompts, limits: ReplyLimits, *, text_on_loop: bool,
                  constrains: bool = True) -> None:
@@ -86,7 +78,6 @@ class Intake:
         self.tool_call_ids = None if getattr(tokenizer, "unk_token_id", None) in tags or None in tags else tags
 
     def grammar(self, request: EngineRequest) -> str | None:
-        """The grammar the reply is decoded under, if the request constrains it."""
         if request.output is None:
             return None
         if not self.constrains:

@@ -1,20 +1,10 @@
 """Chat messages -> Thinker prompt: token ids in Qwen3-Omni's chat format plus log-mel audio features.
 
-Audio goes through the same 16 kHz, 128-bin log-mel features the Qwen3-Omni
-processor computes (its WhisperFeatureExtractor, with the processor's settings),
-and each clip becomes `<|audio_start|>` + one `<|audio_pad|>` per encoder output
-frame + `<|audio_end|>`.
-
-Images and videos become vision placeholders and M-RoPE positions (engine/intake/images.py); a video's own sound
-interleaves with its frames there.
-
-Message text is data: a `<|im_start|>` typed by a user is tokenized as those characters, never as
-the control token, so no message can open a turn of its own.
-
-Tools, calls and results follow Qwen3's chat template: the tools' JSON in a `# Tools` section of the
-system turn, each call an assistant wrote as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
-and a run of tool results as one user turn of `<tool_response>` blocks.
-"""
+Audio gets the Qwen3-Omni processor's 16 kHz, 128-bin log-mels; a clip becomes `<|audio_start|>`, one
+`<|audio_pad|>` per encoder frame, `<|audio_end|>`. Images and videos: engine/intake/images.py. Message text is
+data: a `<|im_start|>` typed by a user is those characters, never the control token. Tools follow Qwen3's chat
+template: their JSON in the system turn's `# Tools` section, calls as `<tool_call>` blocks, a run of results as
+one user turn of `<tool_response>` blocks."""
 
 from __future__ import annotations
 
@@ -88,15 +78,13 @@ class Prompts(Protocol):
 
 
 # Features of the clips seen lately, up to this many bytes (a 4 s clip's are 200 KiB): a conversation sends
-# its earlier turns' audio with every new turn, and each 4 s clip costs ~10 ms of a CPU core to turn into
-# features again, on the server process that serves the call's audio. Held by count (128 clips), 32 long calls
-# recomputed every clip of their histories each turn: first audio grew with the history, 1.3-1.7 s by turn 50
-# (docs/performance.md, "Long calls"). 512 MiB holds 80 turns of ~30 calls per server process.
+# its earlier turns' audio with every new turn, and turning a clip into features again costs CPU on the server
+# process that serves the call's audio. Held by bytes, not by count: a count small enough for memory lets long
+# calls recompute every clip of their histories each turn. 512 MiB holds 80 turns of ~30 calls per process.
 RECENT_FEATURE_BYTES = 512 << 20
 # A conversation's prompt is its whole history, every turn: its texts (the instructions, every earlier turn's
 # words, the template's pieces) are tokenized once each, up to this many distinct ones (8 KiB each at most: the
-# text and its ids as int32); a text longer than MAX_REMEMBERED_TEXT characters is tokenized every time. An
-# 80-message history took ~4 ms of the server's thread a turn to tokenize again.
+# text and its ids as int32); a text longer than MAX_REMEMBERED_TEXT characters is tokenized every time.
 REMEMBERED_TEXTS = 4096
 MAX_REMEMBERED_TEXT = 4096
 
@@ -115,7 +103,7 @@ class PromptBuilder:
         self.positions_per_second = positions_per_second
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         # the Rust tokenizer when there is one: the same ids without transformers' Python around each call
-        # (~0.05 ms of the server's event loop per piece, five pieces a turn, in every burst); copies of our own,
+        # (the server's event loop tokenizes several pieces a turn, in every burst); copies of our own,
         # since transformers' encode(split_special_tokens=...) sets its backend's flag and leaves it there
         self._backend = _copy(getattr(tokenizer, "backend_tokenizer", None), plain_text=False)
         self._content = _copy(self._backend, plain_text=True)
@@ -210,7 +198,6 @@ class PromptBuilder:
                       image_tokens=sum(i.tokens for i in images), positions=positions)
 
     def _tools_turn(self, system: Message | None, tools: tuple[Tool, ...]) -> list[int]:
-        """The system turn with the tools in it (and the request's own system text first)."""
         ids = self._encode("<|im_start|>system\n")
         if system is not None:
             for part in system.content:
@@ -234,7 +221,7 @@ class PromptBuilder:
 
     def _placeholders(self, *runs: tuple[str, int]) -> list[int]:
         """Runs of special tokens (`<|audio_pad|>` x frames, ...) without tokenizing their text: each is one id,
-        repeated (tokenizing a 4 s clip's 52 placeholders took ~46 us, for every clip of a history every turn)."""
+        repeated, and a history's clips are laid out again every turn."""
         ids: list[int] = []
         for token, count in runs:
             if (single := self._single.get(token)) is None:
@@ -263,9 +250,8 @@ class PromptBuilder:
         return np.asarray(ids, dtype=np.int32)
 
     def _digest(self, data: np.ndarray, person: bytes = b"") -> int:
-        """A contiguous clip's or image's key: a digest of its bytes, taken once per array. A conversation hands
-        its history's arrays back every turn; hashing them all again cost ~20 ms a turn by turn 80 of a call (80
-        clips of 4 s). An array is never changed in place once it is a message's."""
+        """A contiguous clip's or image's key: a digest of its bytes, taken once per array, since a conversation hands
+        its history's arrays back every turn. An array is never changed in place once it is a message's."""
         known = self._digests.get(id(data))
         if known is not None and known[0]() is data:
             return known[1]
@@ -276,7 +262,6 @@ class PromptBuilder:
         return key
 
     def _clip(self, samples: np.ndarray) -> tuple[int, torch.Tensor]:
-        """A clip's key and features, computed once for clips seen lately."""
         samples = np.ascontiguousarray(samples, dtype=np.float32)
         key = self._digest(samples)
         if (mel := self._seen(key)) is not None:
@@ -363,8 +348,7 @@ def _nbytes(value: torch.Tensor | ImageInput) -> int:
 
 
 def _copy(backend: Tokenizer | None, *, plain_text: bool) -> Tokenizer | None:
-    """A copy of the Rust tokenizer that reads special-token text as plain text or as the special tokens; None
-    without one."""
+    """A copy of the Rust tokenizer reading special-token text as plain text or as the tokens; None without one."""
     if backend is None:
         return None
     copy = Tokenizer.from_str(backend.to_str())

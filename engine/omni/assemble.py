@@ -1,10 +1,6 @@
-"""Assembling the staged engine: each stage's weights, its kernels, its runner, its stage, wired through
-constructor arguments into an `Orchestrator`.
-
-The order follows what each part needs: inboxes and routers first (so every stage is built knowing
-where its payloads go), then per stage its model (kernels applied to the finished model), its
-runner (graphs captured from the finished runner) and the stage itself.
-"""
+"""Assembling the staged engine: each stage's weights, kernels, runner and stage, wired through constructor
+arguments into an `Orchestrator`: inboxes and routers first, so every stage is built knowing where its payloads
+go, then per stage its model (kernels applied to it), its runner (graphs captured from it) and the stage."""
 
 from __future__ import annotations
 
@@ -65,8 +61,8 @@ def _check_triton(profile: DeployProfile) -> None:
 
 
 def _code2wav(model: Any, profile: DeployProfile) -> StreamingCode2Wav:
-    """On a GPU, steps are padded to a fixed set of shapes, each met once here rather than under load
-    (a shape cuDNN first meets under load costs ~200 ms); with graphs each shape is also captured."""
+    """On a GPU, steps are padded to a fixed set of shapes, each met once here rather than under load (cuDNN's first
+    meeting of a shape is slow); with graphs each shape is also captured."""
     cfg, chunks = profile.stages.code2wav, profile.async_chunk
     if not cfg.device.startswith("cuda"):
         return StreamingCode2Wav(model, cfg.max_streams)
@@ -107,7 +103,6 @@ def _code_predictor(talker: Any, compiled: bool, triton: bool) -> CodePredictor:
 
 
 def _route(inboxes: list[Inbox], is_last: Callable[[Any], bool], routers: list[StickyRouter]) -> Callable[[Any], None]:
-    """Where payloads for a stage go: its inbox, or a sticky router over its copies' inboxes."""
     if len(inboxes) == 1:
         return inboxes[0].put
     router = StickyRouter(inboxes, is_last)
@@ -124,9 +119,8 @@ def _name(kind: str, index: int, copies: int) -> str:
 
 
 def _share_cores(profile: DeployProfile, has_talker: bool) -> None:
-    """Stages on the CPU run at once, each in its own thread, so each spreads its ops over its share of
-    the process's cores: when every stage spreads over all of them, their ops contend for the same
-    cores."""
+    """Stages on the CPU run at once, each in its own thread, so each spreads its ops over its own share of the
+    process's cores rather than all of them contending for the same cores."""
     stages = profile.stages
     threads = [stages.thinker.device]
     if has_talker:

@@ -1,10 +1,7 @@
-"""The staged Qwen3-Omni engine as a backend: a checkpoint's Thinker, Talker and Code2Wav (engine/omni/assemble.py),
-or transformers' own generate() as the benchmark baseline (engine/omni/reference.py), behind the gate.
-
-It hears, sees and speaks: audio, images and video in (its Thinker's towers), the checkpoint's speakers out.
-Opening it reads the checkpoint's config and tokenizer only; the stages' weights load in `load_core`, where the
-stages run, so a server process whose engine runs elsewhere never loads the model's code.
-"""
+"""The staged Qwen3-Omni engine as a backend: a checkpoint's Thinker, Talker and Code2Wav (assemble.py), or
+transformers' generate() as the benchmark baseline (reference.py), behind the gate. It takes audio, images and
+video and speaks the checkpoint's speakers. Opening it reads the config and tokenizer only; the weights load in
+`load_core`, so a server process whose engine runs elsewhere never loads the model's code."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The same-run baseline core: plain transformers `generate(return_audio=True)`, one request at a time.
 
-`ReferenceCore` owns one whole `Qwen3OmniMoeForConditionalGeneration`, the queue of
-requests waiting for it and the worker thread that runs them in arrival order. Nothing
-streams early: when generate() returns, the reply's text leaves as one TextDelta and its
-audio as one AudioChunk, then Finished. This is the library's path, not ours: it is the
-row every optimisation in the benchmark ladder is measured against, served through the
-same HTTP edge. Aborts are honoured between requests (a generate() call runs to its end).
-
-Profile (backend: transformers_generate): the whole model lives on `stages.thinker.device`
-in `stages.thinker.dtype`; max_tokens, ignore_eos and text sampling come from the
-Thinker's section, max_frames, ignore_eos, speaker and codec sampling from the Talker's,
-with the staged engine's meaning (max_frames codec frames per reply, EOS never chosen
-when ignore_eos is set).
-"""
+`ReferenceCore` runs requests in arrival order on a worker thread. Nothing streams early: when generate()
+returns, the reply's text leaves as one TextDelta and its audio as one AudioChunk, then Finished. It is the
+library's path, served through the same HTTP edge as the baseline row of the benchmark ladder. Aborts are
+honoured between requests. Profile (backend: transformers_generate): the model lives on `stages.thinker.device`
+in `stages.thinker.dtype`; text settings come from the Thinker's section, codec ones (max_frames, ignore_eos,
+speaker, sampling) from the Talker's, with the staged engine's meaning."""
 
 from __future__ import annotations
 
@@ -185,7 +178,7 @@ class ReferenceCore:
         if thinker.ignore_eos:
             kwargs["thinker_min_new_tokens"] = request.max_tokens
         if request.want_audio:
-            # generate() makes one codec frame fewer than the talker's new tokens (measured: 10 -> 9 frames).
+            # generate() makes one codec frame fewer than the talker's new tokens (10 tokens, 9 frames).
             talker_tokens = talker.max_frames + 1
             s = talker.sampling
             kwargs.update(speaker=request.speaker, talker_max_new_tokens=talker_tokens, talker_temperature=s.temperature,

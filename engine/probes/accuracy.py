@@ -1,19 +1,9 @@
-"""What FP8 experts cost in accuracy, measured where it can be: bf16 and FP8 against a float32 reference on the
-same weights (`voice-gateway accuracy`).
-
-Random weights say nothing of answer quality, so this compares numbers. The reference is the stage in float32
-with transformers' own experts. The Thinker continues a fixed prompt greedily for `steps` tokens in float32;
-each variant then reads prompt and continuation in one forward (teacher-forced: every position's logits are the
-ones a decode step would take there). Per variant: the logits' relative error and the relative error of the
-rows the Talker takes (its `accept_hidden_layer`), averaged over the continuation; how often its top token is
-the reference's; how many of the reference's top 10 it keeps. The Talker reads the same number of random rows
-(the scale of its own embeddings) and its codec logits are compared the same way.
-
-Variants: `bf16` (weights and activations), `fp8` (the experts e4m3 with block scales, their inputs e4m3 with
-a scale per row and 128 columns, the rest bf16). On a GPU both run our fused MoE kernels, as served; on a CPU
-the FP8 experts run the kernels' arithmetic in plain torch (`fused_moe.enable_fp8_reference`, float32 sums), so
-the tiny model can be measured anywhere.
-"""
+"""What FP8 experts cost in accuracy: bf16 and FP8 against a float32 reference on the same weights
+(`voice-gateway accuracy`). Random weights say nothing of answer quality, so this compares numbers: the Thinker
+continues a fixed prompt greedily in float32 (with transformers' experts), each variant reads it teacher-forced,
+and the report holds the relative error of the logits and of the Talker's rows, top-1 agreement and top-10
+overlap; the Talker's codec logits over random rows likewise. On a CPU the FP8 experts run the kernels'
+arithmetic in plain torch (`fused_moe.enable_fp8_reference`), so the tiny model can be compared anywhere."""
 
 from __future__ import annotations
 
@@ -64,7 +54,6 @@ class AccuracyReport:
 
 def compare(logits: torch.Tensor, hidden: torch.Tensor, ref_logits: torch.Tensor,
             ref_hidden: torch.Tensor) -> Agreement:
-    """Rows [N, V] and [N, H] of a variant against the reference's."""
     logits, hidden, ref_logits, ref_hidden = (t.float() for t in (logits, hidden, ref_logits, ref_hidden))
 
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -78,7 +67,6 @@ def compare(logits: torch.Tensor, hidden: torch.Tensor, ref_logits: torch.Tensor
 
 def measure(model: str = "tiny", *, load_format: str = "auto", device: str = "cpu", steps: int = 256,
             seed: int = 0, cache_dir: Any = None) -> AccuracyReport:
-    """The report for the Thinker and the Talker of `model` (see the module's docstring)."""
     started = time.perf_counter()
     source = ModelSource.open(model, load_format, cache_dir)  # type: ignore[arg-type]
     on_gpu = device.startswith("cuda")

@@ -1,14 +1,10 @@
 """What a layer's attention costs decode rows over long contexts, by how many shares their keys are split into
 (`voice-gateway kernels`).
 
-A long call's replies decode over thousands of kept positions: each decode row of a Thinker step reads its
-whole context's keys and values in every layer (96 KiB a position over the 48 layers at full size). The packed
-kernel (engine/omni/accel/packed_attention.py) runs one program per decode row and key/value head, so a few rows over
-a long context leave most of the GPU waiting on a handful of serial key loops; `splits` shares the keys among
-that many programs and merges their softmaxes after. Each call (the released Thinker's heads: 32 query, 4
-key/value, 128 dims; bf16; pages of 256) is timed over the replays of its CUDA graph (the median, CUDA events),
-with the bandwidth its key and value reads imply.
-"""
+The packed kernel runs one program per decode row and key/value head, so a few rows over a long context leave
+most of the GPU idle; `splits` shares the keys among that many programs. Each call (the released Thinker's
+heads: 32 query, 4 key/value, 128 dims; bf16; pages of 256) is timed over its CUDA graph's replays (the median,
+CUDA events), with the bandwidth its key and value reads imply."""
 
 from __future__ import annotations
 

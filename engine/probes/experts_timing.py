@@ -1,11 +1,7 @@
-"""What FP8 experts buy in time, measured where the engine spends it: our fused MoE kernels on bf16 and on FP8
-experts (engine/omni/accel/fp8.py) at the released model's expert shapes, for the token counts a step carries
-(`voice-gateway kernels`; engine/probes/accuracy.py measures what they cost in accuracy).
-
-Each call is captured in a CUDA graph, ten to a graph, as the engine replays its steps: a call timed alone on a
-GPU measures its launches more than its kernels. The weights are random (the kernels' time does not depend on
-their values), the routing uniform over the experts, eight of them a token, as the released model routes.
-"""
+"""What FP8 experts buy in time: our fused MoE kernels on bf16 and on FP8 experts at the released model's expert
+shapes, for the token counts a step carries (`voice-gateway kernels`). Each call is captured in a CUDA graph, ten
+to a graph, as the engine replays its steps (a call timed alone times its launches more than its kernels). The
+weights are random, the routing uniform over the experts, eight a token, as the released model routes."""
 
 from __future__ import annotations
 

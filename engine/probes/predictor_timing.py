@@ -1,14 +1,11 @@
 """What a frame of the code predictor costs on the GPU, in each form of its attention (`voice-gateway kernels`).
 
-A frame is the Talker's 15 dependent passes through the code predictor (engine/omni/runners/code_predictor.py),
-sampling included: at 128 speaking replies the Talker's step is what bounds the voices one GPU serves, and
-the predictor is most of that step. The predictor is the released model's size with random bf16 weights,
-compiled and captured in a CUDA graph per batch as the engine runs it; each form is timed over the
-graph's replays (the median, CUDA events), and its kernels counted over one frame. Half the rows draw
-greedily, half sample (temperature 0.9, top-p 0.8, top-k 50, as the Talker's defaults); how many codes
-equal the torch form's for the same inputs and seeds is recorded, not asserted (bf16 rounds differently
-in a fused kernel, so a near-tie can flip a code; the float32 equality tests are in tests/unit).
-"""
+A frame is the Talker's 15 dependent passes, sampling included: with many speaking replies it is most of the
+Talker's step, which bounds the voices one GPU serves. The predictor is full size with random bf16 weights,
+compiled and graphed per batch as the engine runs it, timed over the graph's replays and its kernels counted
+over one frame. Half the rows draw greedily, half sample with the Talker's defaults; codes equal to the torch
+form's are recorded, not asserted (bf16 rounds differently in a fused kernel; float32 equality is tested in
+tests/unit)."""
 
 from __future__ import annotations
 

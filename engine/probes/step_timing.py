@@ -1,15 +1,10 @@
 """What a Thinker step costs as the conversations it serves grow (`voice-gateway steps`).
 
-Every decode row reads its whole context's keys and values in every layer (96 KiB a position on the released
-Thinker in bf16): beside the experts its rows touch, that read is what grows with a long call's history
-(docs/performance.md, "The floor under the growth"). A turn's new prompt tokens attend over their whole history
-too, so a step that carries them grows faster still. This times the Thinker's own step as the engine runs it
-(its graph replayed where a bucket fits, the host's layout and the outputs' copies included) for `rows` decode
-rows, each the next position of a slot that holds `context - 1`, beside `prompt` prompt tokens in pieces of
-`PIECE`, each piece a turn's new tokens after `context` positions of its own slot: one number per (rows,
-context, prompt) where a long call's run mixes every stage and every turn. The keys' values do not change the
-step's time, so the slots hold whatever their pages held.
-"""
+Every decode row reads its whole context's KV in every layer, which is what grows with a long call's history;
+a turn's new prompt tokens attend over their whole history too. This times the Thinker's step as the engine runs
+it (graph replayed where a bucket fits, host layout and output copies included) for `rows` decode rows, each the
+next position of a slot holding `context - 1`, beside `prompt` prompt tokens in pieces of `PIECE` after `context`
+positions of their own slots. The keys' values do not change the time, so the slots hold whatever their pages did."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
-"""The engine's process: the core runs here, serving the pipe of the server process that started it and,
-for `serve --http-workers N`, any number of server processes that attach over a Unix socket.
+"""The engine's process: the core runs here, serving the pipe of the server process that started it and, for
+`serve --http-workers N`, any number of server processes that attach over a Unix socket.
 
-In one process the server's event loop shares Python's GIL with the stage threads: every time the
-loop gives the GIL up (each socket read and write, each wait for events) it waits to get it back
-while a stage thread runs Python, up to the 5 ms switch interval a time. At c=64 that put tens of
-milliseconds between a request's arrival and its start, and between an audio chunk and its bytes
-(docs/performance.md). Here the stages run in a child with a GIL of their own; the server's
-process keeps HTTP, JSON, base64 and admission.
-
-One server process is one event loop, and a burst of arrivals queues on it. With `EngineHost` the
-child also listens on a Unix socket: each server process gets its own connection, its requests'
-events come back on it, and one that goes away loses only its own requests. If the owner's pipe
-closes (the parent died), the child stops. Every `STATE_PERIOD_S` each of them hears from it, its
-state or a heartbeat, and so does the owner's pipe: that is how a supervisor tells a stall.
-"""
+In one process the server's event loop shares the GIL with the stage threads: each time the loop gives it up
+(each socket read and write, each wait) it waits behind a stage thread running Python, which delays requests'
+starts and audio's bytes. Here the stages run in a child with a GIL of their own; the server's process keeps
+HTTP, JSON, base64 and admission. With `EngineHost` each server process gets its own connection, and one that
+goes away loses only its own requests. If the owner's pipe closes (the parent died), the child stops."""
 
 from __future__ import annotations
 
@@ -68,8 +60,7 @@ def _child_main(conn: Connection, spec: EngineSpec, log_level: int, listen: Addr
 
 
 async def _serve(owner: Connection, spec: EngineSpec, listen: Address | None) -> None:
-    """Run the core and its service (engine/remote/service.py): to the owner, and (with `listen`) to every
-    server process that connects to the socket, until the owner says Stop or is gone (the parent died)."""
+    """Serve the core to the owner and (with `listen`) every server process that connects, until the owner goes."""
     loop = asyncio.get_running_loop()
     try:
         core = backend_for(spec.model, spec.profile, spec.cache_dir).load_core()  # the child alone loads the stages

@@ -1,18 +1,11 @@
-"""The server process's side of an engine in another process: `RemoteCore`, an `EngineCore` that proxies
-over one connection to it and keeps it serving, whichever way it is reached (`Reach`): a child of our own
-or an `EngineHost`'s socket (engine/remote/reach.py), a replica on Ray (engine/replicas/replica.py).
+"""The server process's side of an engine in another process: `RemoteCore`, an `EngineCore` that proxies over one
+connection to it and keeps it serving, however it is reached (`Reach`: our own child, an `EngineHost`'s socket,
+a replica on Ray).
 
-Supervision (`engine.supervision`): the engine speaks every `STATE_PERIOD_S`. When its connection closes
-(it exited) or it stays silent for `stall_timeout_s` (stalled; time this process was stopped too does not
-count, engine/remote/silence.py), it is lost: every open request ends with `Failed(code=UNAVAILABLE)`,
-`health()` says `down`, and new requests are refused with `UNAVAILABLE` (the edge's 503, never a 400)
-until an engine serves again. The reach lets go of the lost one (kills a child of ours, a stopped one
-too; has Ray replace a stalled replica) and reaches one again after the waits it chooses: doubling for a
-child of ours, steady while a host or Ray starts the next one.
-
-Between two states the engine's load is what the last one said, plus what this process sent that it had
-not yet seen, less what of either ended since: the replicas' router weighs it.
-"""
+The engine speaks every `STATE_PERIOD_S`; when its connection closes or it is silent for `stall_timeout_s`
+(silence.py), it is lost: open requests end with `Failed(code=UNAVAILABLE)`, `health()` says `down`, and new
+requests are refused with `UNAVAILABLE` (a 503) until an engine serves again, reached after the reach's waits.
+Its load is what its last state said, plus what this process sent since, less what ended: the router weighs it."""
 
 from __future__ import annotations
 
@@ -59,8 +52,7 @@ STOP_TIMEOUT_S = 30  # an engine of our own that is told to stop ends its reques
 
 
 class Reach(ABC):
-    """How a `RemoteCore` reaches its engine, and what it does with one that is lost. By default the engine
-    is not ours: its owner replaces a lost one, and this side only looks for it again."""
+    """How a `RemoteCore` reaches its engine. By default the engine's owner replaces a lost one: this side looks."""
 
     what: str  # how logs and health name the engine
     verb = "reconnect"  # what an attempt after a loss does, for the log
@@ -86,8 +78,7 @@ class Reach(ABC):
 
 
 class PushedFamilies(Collector):
-    """Engines' metrics as each last pushed them, re-exposed from this process's registry, every sample
-    labelled with its engine's `labels`: one family per name."""
+    """Engines' metrics as each last pushed them, re-exposed here with its `labels`: one family per name."""
 
     def __init__(self, engines: Callable[[], Iterable[tuple[dict[str, str], str]]]) -> None:
         self._engines = engines  # -> (labels, metrics text) of each
@@ -102,10 +93,9 @@ class PushedFamilies(Collector):
 
 
 class RemoteCore:
-    """Owns the connection to the engine, the sinks of the requests sent on it (and how many it sent and saw
-    end), which clips and images it sent on it (engine/remote/media.py), the engine's last pushed state, and
-    the supervision: whether the engine serves, its restarts, and the task that watches it for a stall and
-    reaches another once it is lost."""
+    """Owns the connection to the engine, the sinks of the requests sent on it (and how many it sent and saw end),
+    the clips and images it sent (media.py), the engine's last pushed state, and the supervision: whether the
+    engine serves, its restarts, and the task that watches for a stall and reaches another once it is lost."""
 
     def __init__(self, reach: Reach) -> None:
         self.reach = reach
@@ -256,15 +246,13 @@ class RemoteCore:
                         self._lose("exited", f"{self.reach.what} exited")
 
     def _cut(self) -> None:
-        """Let go of the connection at once: the engine aborts what this process had open on it (an engine
-        of ours also hears that its owner left), and our reader ends."""
+        """Let go of the connection at once: the engine aborts what this process had open there; our reader ends."""
         conn, self._conn = self._conn, None
         if conn is not None:
             cut(conn)
 
     async def _supervise(self) -> None:
-        """While the engine serves, watch it for a stall (an exit comes from the reader); once it is lost,
-        reap it and try until another serves."""
+        """While the engine serves, watch it for a stall; once it is lost, reap it and try until another serves."""
         while True:
             while self.serving:
                 await asyncio.sleep(STATE_PERIOD_S)
@@ -275,7 +263,6 @@ class RemoteCore:
             await self._restart()
 
     def _lose(self, cause: str, what: str) -> None:
-        """The engine exited or stalled: let go of it, and fail what it held."""
         now = time.monotonic()
         if now - self._serving_since > self.supervision.restart_backoff_max_s:
             self._attempts = 0  # it had served a good while: this loss begins a new run of attempts
@@ -288,7 +275,6 @@ class RemoteCore:
         self._end_all(what, UNAVAILABLE, self.health().retry_after_s)
 
     async def _restart(self) -> None:
-        """Attempts, with back-off, until an engine serves again."""
         while True:
             self._attempts += 1
             wait_s = max(0.0, self._next_attempt_at - time.monotonic())

@@ -1,14 +1,10 @@
-"""What a process built while it started (modules, the model's Python objects, graphs and compiled
-code) taken out of Python's cyclic collector once it serves.
+"""What a process built while it started (modules, the model's Python objects, graphs and compiled code) taken out
+of Python's cyclic collector once it serves.
 
-A full collection walks every object the collector tracks, holding the GIL throughout. A served
-process holds some 280-470 thousand of them from start-up, and a walk of them took 0.2-0.35 s on two
-CPU cores: every stage thread and the event loop of that process stand still. One comes each time
-the objects that outlived younger collections since the last reach a quarter of what the process
-holds: none came within a minute of load on the tiny model, but a server that keeps sessions and
-their history alive for hours makes such survivors, in every process of the path. Frozen, they are never walked again;
-what serving makes is collected as before.
-"""
+A full collection walks every object the collector tracks, holding the GIL throughout, so every stage thread and
+the event loop stand still. One comes each time the survivors of younger collections reach a quarter of what the
+process holds, which a server that keeps sessions and their history alive for hours makes. Frozen, start-up's
+objects are never walked again; what serving makes is collected as before."""
 
 from __future__ import annotations
 
@@ -26,6 +22,5 @@ def freeze_startup_heap() -> None:
 
 
 def thaw_heap() -> None:
-    """Give the frozen objects back to the collector: what a stopped server leaves may be cyclic garbage,
-    and a process that starts another one (tests do) must not keep it for ever."""
+    """Frozen objects back to the collector: a process that starts another server (tests do) must free the last."""
     gc.unfreeze()

@@ -19,10 +19,9 @@ HOST_STOP_TIMEOUT_S = 90  # the child's own stop, then its reaping
 
 
 class EngineHost:
-    """Owns an engine child that serves several server processes at `address`, and a thread whose event loop
-    keeps one serving there: the same supervision as any engine in another process (engine/remote/client.py),
-    over the child's pipe to us. The server processes see a loss on their own connections, fail their
-    requests, and connect again."""
+    """Owns an engine child that serves several server processes at `address`, and a thread whose event loop keeps one
+    serving there, supervised over the child's pipe as any engine in another process is. The server processes see a
+    loss on their own connections, fail their requests, and connect again."""
 
     def __init__(self, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> None:
         self.spec = EngineSpec(model, profile.in_one_process(), cache_dir)

@@ -1,19 +1,8 @@
-"""Audio features and image pixels cross to the engine's process once, though a conversation's requests name
-them every turn.
-
-A realtime conversation's prompt holds every earlier turn's audio and pictures, so each turn's request
-carried all of them: by turn 80 of a call, 80 clips of 4 s, 16 MB of features, ~16 ms between two processes
-on a 2-core CPU; a session that sends a camera frame with every turn, 16 pictures of 1.2 MB each (the GPU
-profile's 1,560 patches a picture, as uint8 pixels) once it holds its most. The engine reads only those past
-its cached prefix. Passed as tensors, each also kept a file descriptor open in both processes for as long as
-either held it (torch shares a tensor's memory through one), so a server process that held thousands of
-clips' features held thousands of descriptors.
-
-Now a server process sends a clip's features or an image's pixels once (`SentMedia`, per connection) and
-names it by its key after; the engine's process holds what it was sent (`HeldMedia`, one for all its
-connections), in its own memory, longer than any server process counts on. Should it have let a named one
-go anyway, it asks for that request whole (`Resend`), and the server process sends it with all of them.
-"""
+"""Audio features and image pixels cross to the engine's process once, though a conversation's requests name them
+every turn: sent every turn, they would cost copies and keep a file descriptor open in both processes each. A
+server process sends one once (`SentMedia`, per connection) and names it by key after; the engine's process holds
+what it was sent (`HeldMedia`), longer than any server process counts on, and should it have let one go anyway,
+asks for that request whole (`Resend`)."""
 
 from __future__ import annotations
 
@@ -33,8 +22,7 @@ V = TypeVar("V")
 
 
 class _Recent(Generic[V]):
-    """Values by key, least recently used first, trimmed to a byte budget when asked (after a whole request, so
-    that none of its own goes while it is read)."""
+    """Values by key, least recently used first, trimmed to a byte budget when asked (after a whole request)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -65,8 +53,7 @@ class _Recent(Generic[V]):
 
 
 def _each(request: AdmittedRequest, media: Callable[[int, torch.Tensor], torch.Tensor | None]) -> AdmittedRequest:
-    """The request with `media(key, tensor)` in place of every clip's features and every image's pixels; None
-    there is the wire form's "the engine holds it already"."""
+    """The request with `media(key, tensor)` for every clip's features and image's pixels (None: held already)."""
     features = [media(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
     images = [dataclasses.replace(image, pixels=media(image.key, image.pixels))  # type: ignore[arg-type]
               for image in request.images]
@@ -74,8 +61,7 @@ def _each(request: AdmittedRequest, media: Callable[[int, torch.Tensor], torch.T
 
 
 class SentMedia:
-    """The clips and images a server process sent on one connection lately, by key, oldest first, within a
-    byte budget."""
+    """The clips and images a server process sent on one connection lately, by key, within a byte budget."""
 
     def __init__(self, budget: int = SENT_MEDIA_BYTES) -> None:
         self._sent: _Recent[bool] = _Recent(budget)
@@ -104,20 +90,17 @@ class SentMedia:
             self._sent.pop(key)
 
     def clear(self) -> None:
-        """A new connection: its engine holds nothing yet."""
         self._sent.clear()
 
 
 class HeldMedia:
-    """The features and pixels an engine's process was sent, by key, least recently named first, within a
-    byte budget."""
+    """The features and pixels an engine's process was sent, by key, least recently named first, in a budget."""
 
     def __init__(self, budget: int = HELD_MEDIA_BYTES) -> None:
         self._held: _Recent[torch.Tensor] = _Recent(budget)
 
     def fill(self, request: AdmittedRequest) -> AdmittedRequest | None:
-        """The request with every clip's features and image's pixels, those it names by key from the ones
-        held; None when it names one no longer held (then it must come whole)."""
+        """The request with the media it names by key filled in; None when one is no longer held (send it whole)."""
         whole = _each(request, self._take)
         self._held.trim()
         return None if SentMedia.leaves_out(whole) else whole

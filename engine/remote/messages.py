@@ -1,13 +1,10 @@
-"""What crosses between a server process and the engine's process (a child of its own, or a replica
-actor on Ray): frozen messages, pickled on a pipe or a socket.
+"""What crosses between a server process and the engine's process (a child of its own, or a replica actor on Ray):
+frozen messages, pickled on a pipe or a socket.
 
-Server -> engine: `Submit` (an admitted request, its audio features and image pixels sent once:
-engine/remote/media.py), `Cancel`, `Stop`. Engine -> server: `Ready` or `StartFailed` once, then `Events`
-batched per loop turn, every `STATE_PERIOD_S` its `State` when that changed or else a `Heartbeat`, `Resend`
-for a request that named a clip or image the engine no longer holds, and `Stopped`. So a serving engine is
-never silent for long: its supervisor (engine/remote/client.py) takes silence as a stall.
-`Closed` is never sent: a reader hands it over when the other side is gone.
-"""
+Server -> engine: `Submit` (media sent once: media.py), `Cancel`, `Stop`. Engine -> server: `Ready` or
+`StartFailed` once, then `Events` batched per loop turn, every `STATE_PERIOD_S` its `State` when that changed or
+else a `Heartbeat` (so a serving engine is never silent for long), `Resend`, and `Stopped`. `Closed` is never
+sent: a reader hands it over when the other side is gone."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """One end of a pipe to or from the engine's process: a reader thread that hands messages to an event loop.
 
-The reader blocks on the pipe without the GIL and hands whatever it finds to its loop in one
-call, so a burst of messages costs the loop one wake-up.
-
-Between a server process and an engine child it started (both children of one parent, sharing its
-key), multiprocessing pickles a tensor as a file descriptor of shared memory. A process that Ray
-started, on this host or another, cannot take those: a `portable` connection carries every byte
-in-band. Its TCP socket also sends at once: multiprocessing writes a message over 16 KB (an `Events`
-with a chunk of audio) as its length and then its bytes, and Nagle's algorithm holds the bytes' last
-segment until the length is acknowledged, which the peer delays (docs/performance.md).
-"""
+The reader blocks on the pipe without the GIL and hands whatever it finds to its loop in one call, so a burst
+of messages costs the loop one wake-up. Between a server process and an engine child it started, multiprocessing
+pickles a tensor as a file descriptor of shared memory; a process Ray started cannot take those, so a `portable`
+connection carries every byte in-band. Its TCP socket also sends at once: multiprocessing writes a large message
+as its length and then its bytes, and Nagle's algorithm would hold the bytes' last segment until the length is
+acknowledged, which the peer delays."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def read_into(conn: Connection, loop: asyncio.AbstractEventLoop, handle: Callable[[list[Any]], None]) -> None:
-    """Start a thread that reads `conn` until it closes; `handle(batch)` runs on `loop`, the last batch
-    ending with `Closed()`."""
+    """A thread reading `conn` until it closes; `handle(batch)` runs on `loop`, the last batch ending in `Closed()`."""
     threading.Thread(target=_read, args=(conn, loop, handle), name="engine-pipe", daemon=True).start()
 
 
@@ -82,8 +77,7 @@ class _PortableConnection(Connection):
 
 
 def portable(conn: Connection) -> Connection:
-    """The same connection, its messages pickled in-band and, on TCP, sent without delay (the one given
-    is closed)."""
+    """The same connection, its messages pickled in-band and, on TCP, sent without delay (the given one closed)."""
     try:
         fd = os.dup(conn.fileno())
     finally:

@@ -27,8 +27,7 @@ REAP_TIMEOUT_S = 10  # a child told to stop exits by then, or is killed
 
 
 def handshake(conn: Connection, what: str) -> EngineSpec:
-    """Wait (blocking) for the engine's first message on `conn`: what it runs, from its Ready; EngineError
-    when it failed to start, exited, or did not start in time."""
+    """Wait for the engine's Ready on `conn`: what it runs; EngineError if it failed, exited or timed out."""
     try:
         if not conn.poll(START_TIMEOUT_S):
             raise EngineError(f"{what} did not start within {START_TIMEOUT_S} s")
@@ -42,8 +41,7 @@ def handshake(conn: Connection, what: str) -> EngineSpec:
 
 
 def dial(address: Any, authkey: bytes, what: str, in_band: bool = False) -> tuple[Connection, EngineSpec]:
-    """Connect to an engine's listening socket and read its Ready (blocking); `in_band`: for an engine that is
-    not our parent's child (engine/remote/pipe.py)."""
+    """Connect to an engine's socket and read its Ready (blocking); `in_band`: an engine not our parent's child."""
     conn = Client(address, authkey=authkey)
     conn = portable(conn) if in_band else conn
     try:
@@ -54,8 +52,7 @@ def dial(address: Any, authkey: bytes, what: str, in_band: bool = False) -> tupl
 
 
 class SpawnChild(Reach):
-    """Owns the engine child it started last (and its pid once it is gone). With `listen` the child also
-    serves the server processes that attach at that address (engine/remote/host.py)."""
+    """Owns the engine child it started last; with `listen` the child also serves processes that attach there."""
 
     what = "the engine process"
     verb = "restart"

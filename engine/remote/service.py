@@ -1,13 +1,10 @@
 """The engine's side of its connections: one started core serving every server process connected to it.
 
-Each connection submits and cancels its own requests; their events go back on it, those of one turn
-of the loop in one `Events`. Every `STATE_PERIOD_S` each connection hears the core's `State` when that
-changed for it, else a `Heartbeat`: a supervisor takes silence for a stall. One that goes
-away has its open requests aborted. Connections arrive on a listening socket (`listen`) or are given
-(`join`): the engine's child process serves its owner's pipe this way (engine/remote/child.py), and
-a replica actor on Ray serves the server processes that connect to it over TCP
-(engine/replicas/actor.py).
-"""
+Each connection submits and cancels its own requests; their events go back on it, a turn of the loop's in one
+`Events`. Every `STATE_PERIOD_S` each connection hears the core's `State` when that changed for it, else a
+`Heartbeat` (a supervisor takes silence for a stall). One that goes away has its open requests aborted.
+Connections arrive on a listening socket (`listen`; a replica actor's TCP) or are given (`join`; the engine
+child's pipe)."""
 
 from __future__ import annotations
 
@@ -44,10 +41,9 @@ log = logging.getLogger(__name__)
 
 
 class CoreService:
-    """Owns the connections to a started core: which of them each open request belongs to, how many
-    submits each has made, the events not yet sent, what each was last told of the core's state, and the
-    task that tells them every `STATE_PERIOD_S` (from construction to `stop`). Every method runs on
-    `loop`, the core's."""
+    """Owns the connections to a started core: which of them each open request belongs to, their submits, the events
+    not yet sent, what each was last told of the core's state, and the task that tells them every `STATE_PERIOD_S`.
+    Every method runs on `loop`, the core's."""
 
     def __init__(self, core: EngineCore, spec: EngineSpec, loop: asyncio.AbstractEventLoop) -> None:
         self.core = core
@@ -102,7 +98,6 @@ class CoreService:
             await asyncio.sleep(STATE_PERIOD_S)
 
     def leave(self, conn: Connection) -> None:
-        """A connection that went away: what it had open is aborted."""
         if self.clients.pop(conn, None) is None:
             return
         self._told.pop(conn, None)

@@ -1,12 +1,10 @@
-"""How long an engine process has been silent, as its supervisor judges a stall: time in which the
-supervisor's own process did not run is not the engine's silence.
+"""How long an engine process has been silent, as its supervisor judges a stall: time in which the supervisor's own
+process did not run is not the engine's silence.
 
-A supervisor looks every `STATE_PERIOD_S`. When it wakes much later than that, its own process was
-stopped too: a paused container (`docker pause`), a migrated VM, a stopped process group, a host too
-starved to schedule it. The engine's words may then be waiting unread in the pipe, and counting the gap
-would take a healthy engine for a stalled one and kill it. So after such a gap the clock starts again; an
-engine that really is stalled is caught `stall_timeout_s` later, that much time of the supervisor's own.
-"""
+A supervisor that wakes much later than `STATE_PERIOD_S` was stopped too (a paused container, a migrated VM, a
+starved host); the engine's words may be waiting unread in the pipe, and counting the gap would kill a healthy
+engine. So after such a gap the clock starts again: a really stalled engine is caught `stall_timeout_s` of the
+supervisor's own time later."""
 
 from __future__ import annotations
 

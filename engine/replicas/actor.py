@@ -1,18 +1,11 @@
-"""One engine replica as a Ray actor: its backend's core (engine/backends.py) in the actor's own process, served to
-every server process over a TCP connection of its own (engine/remote/service.py), the channel that
-`engine.where: process` has over a pipe.
+"""One engine replica as a Ray actor: its backend's core in the actor's own process, served to every server process
+over a TCP connection of its own (engine/remote/service.py), the channel `engine.where: process` has over a pipe.
 
-Ray places the actor, restarts it when it dies, and tells each server process where its channel is
-(`ready`); requests, their events and the replica's state never pass through Ray. Each Ray call is
-work for both processes' Ray threads beside the engine's: streamed through Ray, an event took 19 ms
-from the engine to the server at c=8 on two cores, against 6 ms in process (docs/performance.md).
-The channel is authenticated with a key only the actor and Ray know.
-
-Ray runs it as an async actor, so every method runs on the actor's one event loop, which is where a
-core expects `begin`, `abort` and its sinks, and where the service runs. This module does not import
-Ray at its top: engine/replicas/cluster.py wraps the class with `ray.remote` where Ray is installed,
-and a worker imports it by name.
-"""
+Ray places the actor, restarts it when it dies, and tells each server process where its channel is (`ready`);
+requests, their events and the replica's state never pass through Ray, whose every call is work for both
+processes' Ray threads beside the engine's. The channel is authenticated with a key only the actor and Ray
+know. Ray runs it as an async actor, so every method runs on the actor's one event loop, where a core expects
+`begin`, `abort` and its sinks. Ray is not imported here: cluster.py wraps the class with `ray.remote`."""
 
 from __future__ import annotations
 
@@ -36,8 +29,7 @@ class ReplicaChannel:
 
 
 class ReplicaActor:
-    """Owns one core, loaded when Ray creates the actor (and again each time Ray restarts it), and its
-    service, started on the first call with its listening socket."""
+    """Owns one core, loaded when Ray creates (or restarts) the actor, and its service, started on the first call."""
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
@@ -47,7 +39,6 @@ class ReplicaActor:
         self._service: CoreService | None = None
 
     async def ready(self) -> ReplicaChannel:
-        """Once the core serves: where to connect to it."""
         if self._started is None:
             self._started = asyncio.ensure_future(self._start())
         return await asyncio.shield(self._started)

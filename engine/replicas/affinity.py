@@ -1,17 +1,11 @@
 """Which replica each recent prompt ran on, so that a conversation's next turn goes where its KV is kept.
 
-A conversation's next turn (a realtime session's, or a chat client's that sends the whole history) is
-its last prompt, the reply, and something new: its prompt begins with the last one. The engine keeps a
-finished request's KV for exactly that (engine/omni/runners/prefix_cache.py), but only on the replica that
-ran it. So the router looks for the longest kept prompt that the new one begins with, and sends the
-turn to that replica. A prompt that merely shares a beginning with others (one system prompt, many
-users) begins with no whole kept prompt of theirs, and goes to the least loaded replica.
-
-What one server process kept, the others do not know: a chat client's turns may reach any of them.
-A request that names its conversation (`EngineRequest.conversation`) therefore goes where every
-process sends that name, by rendezvous hashing over the replicas that serve: the same one each time,
-and when a replica leaves, only its conversations move.
-"""
+A conversation's next prompt begins with its last one, whose KV the replica that ran it keeps (prefix_cache.py).
+So the router sends a turn to the replica of the longest kept prompt it begins with; a prompt that merely shares
+a beginning (one system prompt, many users) begins with no whole kept prompt and goes to the least loaded. One
+server process does not know what the others kept, so a request that names its conversation
+(`EngineRequest.conversation`) goes where every process sends that name, by rendezvous hashing over the serving
+replicas: the same one each time, and when a replica leaves, only its conversations move."""
 
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ def rendezvous(conversation: str, serving: list[int]) -> int:
 
 
 class ConversationAffinity:
-    """Owns the kept prompts (by the digest of their token ids), least recently kept first, at most
-    `capacity` of them, and how many of each length there are."""
+    """Owns the kept prompts (by their ids' digest), least recently kept first, at most `capacity`, by length."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity

@@ -1,13 +1,9 @@
-"""Ray for the replicas: joined (or started, `address: local`) at the server's start, and one named actor
-per replica, placed by Ray with the CPUs and GPUs the profile asks for each.
+"""Ray for the replicas: joined (or started, `address: local`) at the server's start, and one named actor per
+replica, placed by Ray with the CPUs and GPUs the profile asks for each.
 
-The actors are named in a namespace of the server's own, so that the server processes of
-`serve --http-workers N` share them: the process that launches them owns them (they live as long as
-its connection to Ray, and it stops them), and every other one looks them up by name. For those
-server processes the parent launches them: `ReplicaHost`, each server process then attaching through
-`attach_replicas(address)` and connecting to them itself (engine/replicas/replica.py).
-
-Ray is imported here and only here at start-up: a server without replicas never needs it installed.
+The actors are named in a namespace of the server's own, so the server processes of `serve --http-workers N`
+share them: the parent launches them (`ReplicaHost`) and owns them, and each server process attaches through
+`attach_replicas(address)`. Ray is imported here only, at start-up: a server without replicas never needs it.
 Every node must have this package installed (the replicas' processes import it by name)."""
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ class RayAddress:
 
 
 class RayCluster:
-    """Owns this process's connection to Ray (and the Ray instance, when it started one) and the lifetime
-    of the replica actors it launched; the server's namespace in it is new unless given."""
+    """Owns this process's Ray connection (and instance, if it started one) and the replica actors it launched."""
 
     def __init__(self, config: ReplicasConfig, namespace: str | None = None) -> None:
         self.config = config
@@ -56,7 +51,6 @@ class RayCluster:
 
     @classmethod
     def at(cls, address: RayAddress) -> RayCluster:
-        """The cluster where another process launched the replicas."""
         return cls(ReplicasConfig(count=address.count, address=address.gcs), address.namespace)
 
     def connect(self, log_to_driver: bool = True) -> None:
@@ -81,7 +75,6 @@ class RayCluster:
         log.info("Ray: %s, namespace %s, resources %s", cfg.address, self.namespace, ray.cluster_resources())
 
     def launch(self, spec: EngineSpec) -> list[Any]:
-        """One actor per replica, each loading its engine in its own process; Ray restarts one that dies."""
         import ray
 
         cfg = self.config
@@ -95,14 +88,12 @@ class RayCluster:
         return self._launched
 
     def lookup(self) -> list[Any]:
-        """The actors another process launched in this namespace."""
         import ray
 
         return [ray.get_actor(_name(i), namespace=self.namespace) for i in range(self.config.count)]
 
     async def stop(self) -> None:
-        """Each actor this process launched ends every request it still holds with Failed and is killed; then
-        leave Ray (stopping it, when this process started it)."""
+        """Each actor this process launched fails what it holds and is killed; then leave Ray (stopping it if ours)."""
         import ray
         from ray.exceptions import RayError
 
@@ -122,8 +113,7 @@ def _name(index: int) -> str:
 
 
 class ReplicaHost:
-    """Owns the Ray cluster connection (and the Ray instance, `address: local`) and the replica actors that
-    several server processes share; Ray restarts one that dies."""
+    """Owns the Ray connection (and instance, `address: local`) and the replica actors server processes share."""
 
     def __init__(self, model: str, profile: DeployProfile, cache_dir: Path | None = None) -> None:
         self.spec = EngineSpec(model, profile.in_one_process(), cache_dir)

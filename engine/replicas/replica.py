@@ -1,9 +1,6 @@
-"""How a `RemoteCore` (engine/remote/client.py) reaches one engine replica on Ray (engine/replicas/actor.py):
-Ray says where its channel is once it serves (`ready`), and this process connects to it. When the actor
-dies Ray starts it again (`max_restarts=-1`), and the core looks for it every `STATE_PERIOD_S`; one that
-stalls is killed so that Ray starts another. The actor belongs to the process that launched it
-(engine/replicas/cluster.py): a core that stops only leaves it, and it aborts what was left open.
-"""
+"""How a `RemoteCore` reaches one engine replica on Ray: Ray says where its channel is once it serves (`ready`), and
+this process connects to it. Ray restarts a dead actor (`max_restarts=-1`); one that stalls is killed so that Ray
+starts another. The actor belongs to the process that launched it: a core that stops only leaves it."""
 
 from __future__ import annotations
 

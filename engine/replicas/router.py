@@ -1,17 +1,12 @@
-"""Several engine replicas as one `EngineCore`, each a `RemoteCore` that keeps its replica serving: a
-request goes to the replica that ran its conversation's last turn, else to the one every process sends
-the conversation it names, else to the least loaded that serves (engine/replicas/affinity.py); health,
-stage load and metrics are the replicas' together.
+"""Several engine replicas as one `EngineCore`, each a `RemoteCore` that keeps its replica serving: a request goes
+to the replica that ran its conversation's last turn, else to the one every process sends the conversation it
+names, else to the least loaded that serves (affinity.py); health, stage load and metrics are the replicas'
+together.
 
-One server process launches the replicas (given their `spec`), or attaches to those the parent of
-`serve --http-workers N` launched (engine/replicas/cluster.py). Load is the replicas' own
-count of what they run for every process, so least loaded holds across processes; the kept prompts
-are each process's own (a realtime session's turns all reach the process that holds its socket), the
-named conversations every process's alike. A lost replica
-leaves the rotation until it serves again: while one serves the engine is `degraded`, not down. Every
-replica's engine families are exposed once, labelled with its `replica`, next to `engine_replica_up`
-and `engine_replica_restarts`.
-"""
+One server process launches the replicas, or attaches to those the parent of `serve --http-workers N` launched
+(cluster.py). Load is the replicas' own count for every process, so least loaded holds across processes; kept
+prompts are each process's own (a realtime session's turns all reach the process that holds its socket). A lost
+replica leaves the rotation until it serves again: while one serves the engine is `degraded`, not down."""
 
 from __future__ import annotations
 
@@ -49,9 +44,8 @@ class _ReplicaStates(Collector):
 
 
 class ReplicaSet:
-    """Owns the replicas (a `RemoteCore` each, named by their index), which replica each open request runs on
-    (and which of them were aborted), and the conversations' affinity.
-    `spec`: what to launch; None to attach to replicas launched already, and learn it from them."""
+    """Owns the replicas (a `RemoteCore` each, named by index), which replica each open request runs on (and which were
+    aborted), and the conversations' affinity. `spec`: what to launch; None to attach to replicas launched already."""
 
     def __init__(self, cluster: RayCluster, spec: EngineSpec | None) -> None:
         self._cluster = cluster
@@ -67,7 +61,6 @@ class ReplicaSet:
 
     @property
     def spec(self) -> EngineSpec:
-        """What the replicas run (known once they have started)."""
         return self._launch or self.replicas[0].spec
 
     async def start(self) -> None:
@@ -86,9 +79,8 @@ class ReplicaSet:
         await self._cluster.stop()
 
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
-        """On the replica that ran the conversation's last turn, else the least loaded. A request that a
-        replica refuses or loses before any of its events came (`Failed` with `OVERLOADED` or
-        `UNAVAILABLE`) goes once to another that serves: nothing of it reached the client yet."""
+        """On the replica that ran the conversation's last turn, else the least loaded. A request refused or lost before
+        any of its events came goes once to another that serves: nothing of it reached the client yet."""
         rid = request.request_id
         if rid in self._routes:
             raise EngineError(f"request id {rid} is already in use")
@@ -143,7 +135,6 @@ class ReplicaSet:
         return total
 
     def routed(self) -> dict[str, str]:
-        """Open request id -> the name of the replica it runs on."""
         return {rid: str(index) for rid, index in self._routes.items()}
 
     def health(self) -> EngineHealth:

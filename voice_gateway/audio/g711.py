@@ -1,9 +1,6 @@
 """G.711 µ-law and A-law (8 kHz, the Realtime API's `g711_ulaw` / `g711_alaw`): byte codes <-> float32 samples.
-
-The arithmetic is ITU-T G.711's as written in the public-domain Sun reference (`g711.c`), with 16-bit linear on
-the PCM side; it matches `audioop` (deprecated, gone in Python 3.13) bit for bit on all 65536 inputs and 256 codes.
-Decoding indexes 256-entry tables; encoding is vectorised arithmetic.
-"""
+The arithmetic is the public-domain Sun reference's (`g711.c`) over 16-bit linear PCM, matching `audioop` (gone in
+Python 3.13) bit for bit on all inputs and codes."""
 
 from __future__ import annotations
 

@@ -9,16 +9,9 @@ Each binary WebSocket message carries one 20 ms Opus packet behind a 12-byte hea
                                  the reply (0, 480, 960, ...; restarts at 0 with each response)
     12      ...   payload        one raw Opus packet, 48 kHz mono, 20 ms; no Ogg or RTP framing around it
 
-In the browser (`ws.binaryType = "arraybuffer"`):
-
-    const view = new DataView(message);
-    const sequence = view.getUint32(0), timestamp = view.getUint32(4), sampleOffset = view.getUint32(8);
-    decoder.decode(new EncodedAudioChunk({type: "key", timestamp: timestamp * 1e6 / 48000,
-                                          data: new Uint8Array(message, 12)}));
-
-with one `AudioDecoder` per session, configured `{codec: "opus", sampleRate: 48000, numberOfChannels: 1}`. Its output
-lags the PCM by Opus's pre-skip, 312 samples at 48 kHz (6.5 ms), the same for every packet.
-"""
+A browser decodes them with one `AudioDecoder` per session (`{codec: "opus", sampleRate: 48000,
+numberOfChannels: 1}`), each payload an `EncodedAudioChunk` of type "key" at `timestamp * 1e6 / 48000`; its
+output lags the PCM by Opus's pre-skip, 312 samples at 48 kHz, the same for every packet."""
 
 from __future__ import annotations
 
@@ -61,24 +54,21 @@ class OpusPacket:
 
 
 class OpusStream:
-    """Owns one session's Opus encoder, 24 -> 48 kHz resampler, partial frame and packet counters.
-
-    Per response: `start_response()`, `encode()` as the audio arrives, in chunks of any size, then `flush()`. The
-    packets are the same however the audio was chunked. Sequence and timestamp run on across responses, so the
-    browser keeps one decoder; `start_response()` without a `flush()` (a cancelled reply) drops the unsent audio.
-    """
+    """Owns one session's Opus encoder, 24 -> 48 kHz resampler, partial frame and packet counters. Per response:
+    `start_response()`, `encode()` as audio arrives (the packets do not depend on its chunking), then `flush()`.
+    Sequence and timestamp run on across responses, so the browser keeps one decoder; `start_response()` without a
+    `flush()` (a cancelled reply) drops the unsent audio."""
 
     def __init__(self, bitrate_bps: int = 32_000, *, first_sequence: int = 0, first_timestamp: int = 0) -> None:
-        # In process, not a subprocess. Measured on one Xeon core: 0.37 ms per 20 ms frame at 32 kbps (hybrid
-        # SILK+CELT), 0.19 ms at 64 kbps (CELT only); resampling is 0.04 ms of that.
+        # In process, not a subprocess: a frame's encoding is a small fraction of its 20 ms
         self._encoder = av.CodecContext.create("libopus", "w")
         self._encoder.sample_rate = OPUS_RATE_HZ
         self._encoder.layout = "mono"
         self._encoder.format = "flt"
         self._encoder.bit_rate = bitrate_bps
-        # "audio" follows the waveform more closely than "voip" (speech SNR at 32 kbps: 17.5 dB vs 11 dB), and our
-        # input is clean synthetic speech. Unconstrained VBR sent 120 kbps of speech for a 64 kbps target; constrained
-        # keeps the rate. The cutoff stops Opus spending bits on, or folding noise into, the empty band above the
+        # "audio" follows the waveform more closely than "voip", and our input is clean synthetic speech.
+        # Unconstrained VBR overshoots its target rate on speech; constrained keeps it. The cutoff stops Opus
+        # spending bits on, or folding noise into, the empty band above the
         # 24 kHz input's 12 kHz Nyquist limit.
         self._encoder.options = {"application": "audio", "vbr": "constrained", "cutoff": str(INPUT_RATE_HZ // 2)}
         self._resampler = Resampler(INPUT_RATE_HZ, OPUS_RATE_HZ)

@@ -1,12 +1,6 @@
-"""Sample-rate conversion, the one path every resampling in the gateway takes: soxr at HQ quality.
-
-soxr is a real band-limited resampler, not interpolation. Three shapes of use:
-
-* `resample`: one whole clip at once;
-* `Resampler`: one stream in pieces (a session's input, a reply on its way to a codec): seamless across
-  pieces, its filter's delay held back until `flush` ends the stream;
-* `StreamResampler`: a stream in pieces collected into one clip (uploaded audio decoded block by block).
-"""
+"""Sample-rate conversion, the one path every resampling in the gateway takes: soxr (band-limited) at HQ quality.
+`resample`: one whole clip; `Resampler`: one stream in pieces, seamless across them, its filter's delay held back
+until `flush`; `StreamResampler`: a stream in pieces collected into one clip."""
 
 from __future__ import annotations
 
@@ -17,18 +11,15 @@ _QUALITY = "HQ"
 
 
 def resample(samples: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
-    """Mono float32 in, mono float32 out."""
     if from_hz == to_hz:
         return samples.astype(np.float32, copy=False)
     return soxr.resample(samples.astype(np.float32, copy=False), from_hz, to_hz, quality=_QUALITY).astype(np.float32)
 
 
 class Resampler:
-    """Owns one stream's filter state: mono float32 pieces in, the same audio out at `to_hz`.
-
-    The output of the pieces, then of `flush()`, is the whole stream resampled (the filter's delay comes out
-    at the flush). `reset()` forgets the stream: the next piece starts a new one. Equal rates pass through.
-    """
+    """Owns one stream's filter state: mono float32 pieces in, the same audio out at `to_hz`. The output of the pieces,
+    then of `flush()` (the filter's delay), is the whole stream resampled; `reset()` forgets the stream. Equal rates
+    pass through."""
 
     def __init__(self, from_hz: int, to_hz: int) -> None:
         self.from_hz = from_hz

@@ -1,11 +1,7 @@
 """Semantic turn detection (the Realtime API's `semantic_vad`): webrtcvad finds the pauses, Smart Turn decides
-whether a pause ends the turn.
-
-A turn ends when the utterance is complete, not after a fixed silence: at each pause of `PAUSE_MS` the model
-hears the speech so far; a "complete" ends the turn at once, an "incomplete" keeps it open until the speaker
-goes on (the next pause is judged afresh), the model changes its mind as the silence grows (judged again every
-`REJUDGE_MS`), or the eagerness's longest wait has passed.
-"""
+whether a pause ends the turn. At each pause of `PAUSE_MS` the model hears the speech so far; "complete" ends the
+turn at once, "incomplete" keeps it open until the speaker goes on, the model changes its mind as the silence
+grows (judged again every `REJUDGE_MS`), or the eagerness's longest wait has passed."""
 
 from __future__ import annotations
 
@@ -50,12 +46,9 @@ class SemanticConfig:
 
 
 class SemanticVad:
-    """Owns a ServerVad that reports pauses, the last 8 s of audio the model hears, and the pause being held.
-
-    Same interface as ServerVad (`feed`, `reset`, `in_speech`, `total_ms`), same events: `SpeechStopped` carries the
-    end of the last voiced frame, as ServerVad's does. `feed` runs the model (tens of ms on a CPU thread) when a pause
-    needs judging; call it off the event loop while `in_speech`.
-    """
+    """Owns a ServerVad that reports pauses, the last 8 s of audio the model hears, and the pause being held. Same
+    interface and events as ServerVad (`SpeechStopped` carries the end of the last voiced frame). `feed` runs the
+    model when a pause needs judging, which takes CPU time: call it off the event loop while `in_speech`."""
 
     def __init__(self, config: SemanticConfig, model: SmartTurnModel, sample_rate_hz: int = 16_000) -> None:
         assert sample_rate_hz == 16_000, f"Smart Turn hears 16 kHz, got {sample_rate_hz}"

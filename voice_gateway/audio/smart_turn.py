@@ -1,12 +1,9 @@
 """Smart Turn v3 (BSD-2, pipecat-ai): an ONNX classifier of whether an utterance is complete, on onnxruntime.
 
 The model reads the last 8 s of 16 kHz audio as Whisper log-mel features and returns P(the speaker is done). The
-`semantic-vad` extra installs onnxruntime and the `pipecat-ai` wheel, the registry package that ships the model
-file (smart-turn-v3.2-cpu.onnx); it is found from the distribution's file list, without importing pipecat, so
-an image may install that wheel without its dependencies. A file of the same model family can be given by path
-instead. Where onnxruntime or the file is absent, `load_smart_turn` says so once and returns None: the caller
-falls back.
-"""
+`semantic-vad` extra installs onnxruntime and the `pipecat-ai` wheel, which ships the model file; it is found from
+the distribution's file list without importing pipecat, so an image may install that wheel without its
+dependencies. Where onnxruntime or the file is absent, `load_smart_turn` says so once and returns None."""
 
 from __future__ import annotations
 
@@ -30,7 +27,6 @@ _FALLBACK = ("turns end on the server VAD's silence instead (pip install 'voice-
 
 
 def bundled_model_path() -> Path | None:
-    """The Smart Turn file inside the installed `pipecat-ai` distribution, found without importing pipecat."""
     try:
         files = importlib.metadata.files(_SHIPPED_BY) or []
     except importlib.metadata.PackageNotFoundError:
@@ -82,8 +78,7 @@ class SmartTurnModel:
 
 @functools.cache
 def load_smart_turn(path: Path | None = None) -> SmartTurnModel | None:
-    """The model at `path` (default: the file the `semantic-vad` extra installs), loaded once per process; None,
-    logged once, if onnxruntime or the file is missing."""
+    """The model at `path` (default: the extra's file), loaded once per process; None, logged once, if missing."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:

@@ -37,11 +37,8 @@ class VadConfig:
 
     @property
     def aggressiveness(self) -> int:
-        """webrtcvad mode: threshold [0, 0.25) -> 0, [0.25, 0.5) -> 1, [0.5, 0.75) -> 2, [0.75, 1] -> 3.
-
-        Both scales mean "how sure before calling it speech": a higher mode rejects more noise and misses more
-        quiet speech, as a higher Realtime threshold does. The default 0.5 gives mode 2.
-        """
+        """webrtcvad mode: threshold [0, 0.25) -> 0, [0.25, 0.5) -> 1, [0.5, 0.75) -> 2, [0.75, 1] -> 3. Both scales
+        mean "how sure before calling it speech": a higher one rejects more noise and misses more quiet speech."""
         return min(3, int(self.threshold * 4))
 
 
@@ -56,19 +53,12 @@ class SpeechStopped:
 
 
 class ServerVad:
-    """Owns one input stream's webrtcvad instance, partial-frame buffer, sample clock and speech/silence state.
-
-    Rules, on webrtcvad's 10 ms frame decisions:
-    * speech starts once `_MIN_SPEECH_MS` of consecutive frames are voiced; `audio_start_ms` is the start of the
-      first of them, so the call that reports it has fed at least that much more;
-    * speech stops once `config.silence_duration_ms` have passed since the end of the last voiced frame, which is
-      `audio_end_ms`; a voiced frame meanwhile continues the speech. webrtcvad's hangover counts as voiced, so after
-      a loud ending `audio_end_ms` is late by about 100 ms at mode 2 (150 ms at modes 0-1; measured on espeak-ng
-      speech). We keep it rather than subtract it: it is what keeps a quiet final consonant, which webrtcvad itself
-      often calls unvoiced.
-    Times are ms from the first sample ever fed. The caller slices its own buffer and applies
-    `config.prefix_padding_ms`; nothing here clamps or slices.
-    """
+    """Owns one input stream's webrtcvad instance, partial-frame buffer, sample clock and speech/silence state. Speech
+    starts once `_MIN_SPEECH_MS` of consecutive 10 ms frames are voiced (`audio_start_ms`: the first one's start) and
+    stops once `config.silence_duration_ms` have passed since the last voiced frame's end (`audio_end_ms`).
+    webrtcvad's hangover counts as voiced, making `audio_end_ms` late after a loud ending; it also keeps a quiet final
+    consonant that webrtcvad calls unvoiced, so we keep it. Times are ms from the first sample ever fed; the caller
+    slices its own buffer and applies `config.prefix_padding_ms`."""
 
     def __init__(self, config: VadConfig, sample_rate_hz: int = 16_000) -> None:
         if sample_rate_hz not in _SAMPLE_RATES_HZ:

@@ -19,7 +19,7 @@ OUTPUT_FORMATS = ("wav", "pcm16", "flac")
 MIN_RATE_HZ, MAX_RATE_HZ = 8_000, 192_000
 MAX_CHANNELS = 8
 # Decoded a second at a time and mixed down to mono at once: 8 channels at 192 kHz of a 600 s upload
-# decoded whole were 3.7 GB of float32 from a few hundred KB of FLAC; a block is 6 MB at most.
+# decoded whole would be 3.7 GB of float32 from a few hundred KB of FLAC; a block is 6 MB at most.
 _BLOCK_S = 1
 
 
@@ -91,11 +91,8 @@ def check_header(header: AudioHeader, max_seconds: float) -> None:
 
 
 def decode_audio(data: bytes, fmt: str, *, to_hz: int, max_seconds: float, pcm_rate_hz: int = 24_000) -> np.ndarray:
-    """Uploaded audio (wav, mp3, flac, ogg; raw pcm16 at `pcm_rate_hz`) -> mono float32 at `to_hz`.
-
-    CPU-bound for long audio: call it off the event loop. The header is checked first, and reading stops
-    at `max_seconds` whatever the header claimed, so a lying container cannot make it allocate more.
-    """
+    """Uploaded audio (wav, mp3, flac, ogg; raw pcm16 at `pcm_rate_hz`) -> mono float32 at `to_hz`; CPU-bound, so off
+    the event loop. The header is checked first, and reading stops at `max_seconds` whatever the header claimed."""
     header = read_header(data, fmt, pcm_rate_hz=pcm_rate_hz)
     check_header(header, max_seconds)
     max_frames = int(max_seconds * header.sample_rate_hz)

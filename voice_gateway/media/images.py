@@ -147,8 +147,7 @@ def _webp_canvas(raw: bytes) -> tuple[int, int]:
 
 
 def _upright(image: ImageFile.ImageFile) -> None:
-    """Turned as its EXIF orientation says. EXIF that does not parse leaves the pixels as stored: the image
-    itself decoded, and other viewers show it so too."""
+    """Turned as its EXIF orientation says; EXIF that does not parse leaves the pixels as stored, as viewers do."""
     try:
         ImageOps.exif_transpose(image, in_place=True)
     except Exception:  # PIL's parse errors, or (where warnings are errors) its warnings about the EXIF
@@ -156,7 +155,6 @@ def _upright(image: ImageFile.ImageFile) -> None:
 
 
 def _rgb(image: Image.Image) -> np.ndarray:
-    """[height, width, 3] uint8 RGB, whatever the decoded image's mode."""
     if image.mode in ("I", "I;16", "I;16B", "I;16L"):
         # 16-bit greyscale: PIL's own conversion clips at 255 rather than scaling
         grey = (np.asarray(image, dtype=np.uint32) // 257).clip(0, 255).astype(np.uint8)
@@ -178,8 +176,7 @@ def _rgb(image: Image.Image) -> np.ndarray:
 
 
 async def image_from_url(url: str, limits: ImageLimits) -> np.ndarray:
-    """The image a `data:image/...;base64,` URL holds, or that an http(s) URL on an allow-listed host serves,
-    decoded (in a thread)."""
+    """The image a `data:image/...;base64,` URL or an allow-listed http(s) URL holds, decoded in a thread."""
     if url[: len(_DATA_URL_PREFIX)].lower() == _DATA_URL_PREFIX:
         raw = _data_url_bytes(url, limits)
     elif url[:7].lower() == "http://" or url[:8].lower() == "https://":

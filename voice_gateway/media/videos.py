@@ -1,14 +1,11 @@
 """Input videos at the edge (chat's `video_url` parts, vLLM's extension): `data:video/...` URLs decoded with PyAV to
 frames sampled at a fixed rate, within `VideoLimits`.
 
-The container's header is read before any frame is decoded: a stream whose frames are larger than
-`max_frame_pixels`, or that runs longer than `max_seconds`, is refused from it. Frames are sampled at `fps` (the
-rate the engine's positions assume, two a second by default: one temporal patch a second) and at most
-`max_frames` are kept, so memory is bounded by the limits whatever the file claims. The video's own sound is
-taken when the request asks for it (`with_sound`, Qwen3-Omni's `use_audio_in_video`): its first audio stream,
-mono at 16 kHz, over the sampled frames' time (so that frames and sound stay aligned when `max_frames` ends the
-video early).
-"""
+A stream whose frames exceed `max_frame_pixels`, or that runs past `max_seconds`, is refused from the container's
+header, before any frame is decoded. Frames are sampled at `fps` (the rate the engine's positions assume) and at
+most `max_frames` are kept, so memory is bounded whatever the file claims. With `with_sound` (Qwen3-Omni's
+`use_audio_in_video`) its first audio stream is taken, mono at 16 kHz, over the sampled frames' time, so frames
+and sound stay aligned when `max_frames` ends the video early."""
 
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ async def video_from_url(url: str, limits: VideoLimits, *, with_sound: bool = Fa
 
 
 def decode_video(raw: bytes, limits: VideoLimits, *, with_sound: bool = False) -> VideoPart:
-    """Frames [n, height, width, 3] uint8 of the first video stream, one each 1 / fps seconds from its start; with
-    its first audio stream's sound over those frames' time when `with_sound`."""
+    """Frames [n, height, width, 3] uint8 of the first video stream at `fps`; with its sound when `with_sound`."""
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
             if not container.streams.video:

@@ -163,8 +163,7 @@ def _check_text_fits(body: ChatCompletionRequest, max_model_len: int) -> None:
 
 
 def _check_images(body: ChatCompletionRequest, limits: ImageLimits, model: ModelInfo) -> None:
-    """Images for a model that takes them, in user messages only, as OpenAI has them, and not too many: checked
-    before any is decoded."""
+    """Images only for a model that takes them, in user messages, and not too many: checked before any decodes."""
     count = 0
     for i, message in enumerate(body.messages):
         for j, part in enumerate(message.content if isinstance(message.content, list) else ()):

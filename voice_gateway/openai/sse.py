@@ -41,12 +41,9 @@ class FirstChunks:
 
 
 class ChunkWriter:
-    """One streamed reply's `chat.completion.chunk` SSE events, as bytes.
-
-    Every event but the delta is the same for the whole reply, so it is rendered once; an audio
-    delta's base64 (JSON-safe as it is) goes in as bytes, never through the JSON encoder: a 2 s
-    chunk is 256 KB of it, and the server's one event loop writes 64 replies' chunks at once.
-    """
+    """One streamed reply's `chat.completion.chunk` SSE events, as bytes. Every event but the delta is the same for the
+    whole reply, so it is rendered once; an audio delta's base64 goes in as bytes, never through the JSON encoder,
+    since the server's one event loop writes many replies' audio at once."""
 
     def __init__(self, request_id: str, model: str, created: int) -> None:
         envelope = json.dumps({"id": request_id, "object": "chat.completion.chunk", "created": created,

@@ -1,12 +1,9 @@
 """Tool calls out of a reply's text stream: Qwen3's `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
 
-`ToolCallParser` takes the text in whatever pieces it arrives (a tag or a JSON key may be split
-anywhere) and gives back typed pieces in order: content, a call's start (its index, id and name),
-then its arguments as they come, which is how OpenAI streams `tool_calls` deltas. The arguments
-are streamed as the model writes them, so their pieces join to the call's final `arguments`.
-A `<tool_call>` whose text is not a call (the model wrote something else in it) is content; the
-whitespace between calls (the template puts a newline there) is not.
-"""
+`ToolCallParser` takes the text in any pieces (a tag or a JSON key may be split anywhere) and gives back typed
+pieces in order: content, a call's start (index, id, name), then its arguments as the model writes them, as
+OpenAI streams `tool_calls` deltas. A `<tool_call>` whose text is not a call is content; the whitespace between
+calls is not."""
 
 from __future__ import annotations
 
@@ -150,8 +147,7 @@ class ToolCallParser:
             self._finish(call, out)
 
     def close(self) -> list[Piece]:
-        """The end of the reply: what was held back, and a call cut off (by the length limit) as it stands
-        (dropped when not even its name was written)."""
+        """The reply's end: what was held back, and a call cut off as it stands (dropped if its name is unwritten)."""
         out: list[Piece] = []
         if self._call is not None:
             self._call.body += self._pending

@@ -1,17 +1,10 @@
 """A chat request's tools, tool choice and response format -> the engine's tools and output constraint.
 
-Every refusal is a 400 that names the field at fault (`tools.1.function.parameters`), in the error
-handler's path style. What each choice means:
-
-* `tool_choice: "auto"` (the default with tools): the tools are in the prompt and the model may
-  call them; calls are parsed out of its text (tool_parser.py).
-* `"none"`: the tools are left out of the prompt, so the model answers in text.
-* `"required"` or a named function: the reply is decoded under a grammar of tool calls (any tool,
-  or that one), so each call's arguments validate against its schema; one call when
-  `parallel_tool_calls` is false.
-* `response_format` `json_schema` / `json_object`: the reply is decoded under that schema (or any
-  JSON object). A required or named tool choice takes precedence over it.
-"""
+Every refusal is a 400 that names the field at fault (`tools.1.function.parameters`). `tool_choice: "auto"` (the
+default with tools) puts the tools in the prompt and parses calls out of the text (tool_parser.py); `"none"`
+leaves them out; `"required"` or a named function decodes the reply under a grammar of tool calls, so each
+call's arguments validate (one call when `parallel_tool_calls` is false). `response_format` `json_schema` /
+`json_object` decodes under that schema (or any JSON object); a required or named tool choice takes precedence."""
 
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ from voice_gateway.openai.schemas import ChatCompletionRequest, NamedToolChoice
 
 
 def tools_of(body: ChatCompletionRequest) -> tuple[Tool, ...]:
-    """The tools the prompt describes (none for `tool_choice: "none"`)."""
     if not body.tools or body.tool_choice == "none":
         return ()
     return tuple(Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools)

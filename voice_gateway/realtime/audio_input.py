@@ -33,8 +33,7 @@ class AudioInput:
         return self.buffer.start_sample * 1000 // INPUT_SAMPLE_RATE_HZ, self.buffer.end_ms
 
     def decode(self, data: bytes, fmt: ev.AudioFormat) -> np.ndarray:
-        """One append's client audio as 16 kHz float32, on the input stream (input_buffer.py); ValueError if
-        malformed."""
+        """One append's client audio as 16 kHz float32 on the input stream; ValueError if malformed."""
         return self.buffer.decode(data, fmt)
 
     def configure(self, td: ev.TurnDetection | None) -> None:
@@ -42,8 +41,7 @@ class AudioInput:
         self.turns.configure(td, self.buffer.end_ms)
 
     async def append(self, samples_16k: np.ndarray) -> list[SpeechChange]:
-        """Into the buffer (BufferFull when it cannot hold them) and the VAD: the speech starts and stops they
-        complete, in order."""
+        """Into the buffer (BufferFull when full) and the VAD: the speech starts and stops they complete, in order."""
         self.buffer.append(samples_16k)
         return await self.turns.feed(samples_16k)
 
@@ -56,6 +54,5 @@ class AudioInput:
         return self.buffer.take_all(), self.turns.take_item_id()
 
     def clear(self) -> None:
-        """Drop the buffered audio: speech in progress will become a new item."""
         self.buffer.clear()
         self.turns.forget_segment()

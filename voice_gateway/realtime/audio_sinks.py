@@ -110,7 +110,6 @@ class OpusSink(_EventSink):
 
 
 def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) -> AudioSink:
-    """The sink for a WebSocket session's output format."""
     if fmt is ev.AudioFormat.OPUS:
         return OpusSink(sender, opus_bitrate_bps)
     if fmt is ev.AudioFormat.G711_ULAW:
@@ -121,12 +120,9 @@ def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) 
 
 
 class TrackSink:
-    """A WebRTC call's reply audio, queued at 48 kHz for its media track to pull as 20 ms frames.
-
-    Owns the queue and which response is on the wire (`playing`); it says so with
-    `output_audio_buffer.started` when a response's first frame leaves and `.stopped` once a finished
-    response has played out. The track calls `next_frame` every 20 ms; cancel empties the queue at once.
-    """
+    """A WebRTC call's reply audio, queued at 48 kHz for its media track to pull as 20 ms frames. Owns the queue and
+    which response is on the wire (`playing`): `output_audio_buffer.started` when a response's first frame leaves,
+    `.stopped` once a finished response has played out; cancel empties the queue at once."""
 
     def __init__(self, sender: EventSender) -> None:
         self.sender = sender

@@ -1,11 +1,8 @@
 """A response's function calls: the `<tool_call>` text in its stream becomes function_call items and their events.
-
-The reply's text goes through chat's `ToolCallParser` (voice_gateway/openai/tool_parser.py): its words go
-back to the response's message, and each call becomes an output item of its own, announced when its name
-is known, its arguments streamed as `response.function_call_arguments.delta` as the model writes them,
-then `.done`, `response.output_item.done` and `conversation.item.done`. A call whose arguments are not
-JSON (cut off by the length limit or a cancel) ends `incomplete`, and the next prompt leaves it out.
-"""
+Through chat's `ToolCallParser`, words go back to the response's message and each call becomes an output item,
+announced once its name is known, its arguments streamed as `response.function_call_arguments.delta`. A call
+whose arguments are not JSON (cut off by the length limit or a cancel) ends `incomplete`, left out of the next
+prompt."""
 
 from __future__ import annotations
 
@@ -71,7 +68,6 @@ class ResponseCalls:
         self._finish_parsed()
 
     def _finish_parsed(self) -> None:
-        """Done: the calls the parser has finished whose arguments have all gone out as deltas."""
         for call in self.parser.calls:
             if call.id in self._done:
                 continue

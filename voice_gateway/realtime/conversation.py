@@ -1,22 +1,11 @@
 """A session's conversation: its items, and how they become the Thinker's prompt.
 
-Once the history outgrows the context budget, a block of the oldest items leaves
-the prompt at once, down to the share the session's `truncation` retains, so the
-prompt starts the same (and its cached prefix holds) for many turns after; the
-instructions and tools always stay, and with truncation `"disabled"` the response
-fails instead. An assistant item truncated after a barge-in keeps only the part
-of its transcript the user heard.
-
-Audio is what makes a conversation big (64 KB a second), so only the items the
-prompt can still use keep theirs, and at most `max_audio_samples` of it: the
-oldest goes first. An item without its audio stays listed, with its text.
-Images (megabytes of pixels each) are kept the same way, at most
-`max_images` of them. A user item's prompt holds its audio, then its images,
-then its text.
-
-Function calls and their outputs go to the prompt as chat's `tool_calls` and `role: "tool"` messages
-do: a run of calls joins the assistant message before it, and each output is a tool message.
-"""
+Once the history outgrows the context budget, a block of the oldest items leaves the prompt at once, down to the
+share `truncation` retains, so the prompt starts the same (its cached prefix holds) for many turns after; the
+instructions and tools stay, and with truncation `"disabled"` the response fails. An assistant item truncated
+after a barge-in keeps the part of its transcript the user heard. Only the items the prompt can still use keep
+their audio and images, at most `max_audio_samples` and `max_images`, oldest dropped first. A user item's prompt
+holds its audio, then its images, then its text; function calls join the assistant message as chat's do."""
 
 from __future__ import annotations
 
@@ -162,11 +151,9 @@ class Conversation:
         return sum(item.audio.size for item in self.items if item.audio is not None)
 
     def image_count(self) -> int:
-        """The images the items keep."""
         return sum(len(item.images) for item in self.items)
 
     def release_media(self) -> None:
-        """The session is over: every item lets go of its audio and images."""
         for item in self.items:
             item.drop_audio()
             item.drop_images()
@@ -185,7 +172,6 @@ class Conversation:
         return self.items[-1].id if self.items else None
 
     def truncate(self, item_id: str, audio_end_ms: int) -> Item:
-        """Cut an assistant item's transcript to the share of its audio that was played."""
         item = self.get(item_id)
         if item is None:
             raise KeyError(item_id)
@@ -245,7 +231,6 @@ class Conversation:
                 item.in_context = False
 
     def prompt(self, config: ev.SessionConfig) -> tuple[Message, ...]:
-        """The conversation as the Thinker's prompt, fitted to the context first."""
         self.fit(config)
         return prompt_messages([item for item in self.items if item.in_context], config.instructions)
 

@@ -17,10 +17,8 @@ from voice_gateway.realtime.transcription import Transcriber
 
 
 class ConversationItems:
-    """Owns the session's `conversation` and its `transcriber` (the transcriptions in flight).
-
-    Responses add their output items through the `add` that `ResponseContext.output_to` hands their runner.
-    """
+    """Owns the session's `conversation` and its `transcriber`; responses add their output items through the `add`
+    that `ResponseContext.output_to` hands their runner."""
 
     def __init__(self, conversation: Conversation, transcriber: Transcriber, settings: SessionSettings,
                  sender: EventSender, reporter: ErrorReporter, max_stored_audio_s: float) -> None:
@@ -78,8 +76,7 @@ class ConversationItems:
         self.sender.event(ev.ConversationItemDone(item=message, previous_item_id=previous))
 
     def bound_media(self, added: Item, event_id: str | None, param: str | None) -> None:
-        """Keep the conversation's audio and images within their bounds; the client hears of it when its new
-        item's own go."""
+        """Keep the audio and images within their bounds; the client hears of it when its new item's own go."""
         self.conversation.bound_media(self.settings.config)
         if added.images_dropped:
             self.reporter.error(

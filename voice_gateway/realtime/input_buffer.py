@@ -1,9 +1,5 @@
-"""The session's input audio buffer: decoded, at 16 kHz, on one clock shared with the VAD.
-
-Every appended sample advances the session's audio clock (ms since the first
-append); the buffer holds the not-yet-committed tail of that stream, so a VAD
-segment [start_ms, end_ms] maps straight onto it.
-"""
+"""The session's input audio buffer: decoded, at 16 kHz, on one clock shared with the VAD (ms since the first
+append), holding the not-yet-committed tail of the stream, so a VAD segment [start_ms, end_ms] maps onto it."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ class InputAudioBuffer:
         return self._size // _SAMPLES_PER_MS
 
     def decode(self, data: bytes, fmt: AudioFormat) -> np.ndarray:
-        """One append's audio at 16 kHz float32; ValueError if malformed. A stream resampler keeps append
-        boundaries seamless."""
+        """One append's audio at 16 kHz float32 (ValueError if malformed), seamless across appends."""
         samples, rate_hz = _decode(data, fmt)
         if self._resampler is None or self._resampler.from_hz != rate_hz:
             self._resampler = Resampler(rate_hz, INPUT_SAMPLE_RATE_HZ)
@@ -78,8 +73,7 @@ class InputAudioBuffer:
 
 
 def decode_clip(data: bytes, fmt: AudioFormat) -> np.ndarray:
-    """A whole clip (an item's audio) at 16 kHz float32, resampled on its own: all of it comes out, and the
-    append stream's resampler never sees it; ValueError if malformed."""
+    """A whole clip at 16 kHz float32, resampled on its own (not by the append stream's); ValueError if malformed."""
     samples, rate_hz = _decode(data, fmt)
     return resample(samples, rate_hz, INPUT_SAMPLE_RATE_HZ)
 

@@ -1,11 +1,8 @@
 """Where a response's prompt comes from and where its output goes: `response.create`'s `input` and `conversation`.
 
-`input` gives the response a prompt of its own in place of the conversation's history: client items (the
-shapes `conversation.item.create` takes) and `item_reference`s to conversation items; none of them joins the
-conversation. `conversation: "none"` makes the response out of band: its output items are announced as any
-response's are (`response.output_item.*`, deltas, `response.done`), but they join no conversation, no
-`conversation.item.*` event names them, and later prompts leave them out.
-"""
+`input` gives the response a prompt of its own (client items and `item_reference`s), none of which joins the
+conversation. `conversation: "none"` makes the response out of band: its output is announced as any response's
+is, but joins no conversation, no `conversation.item.*` event names it, and later prompts leave it out."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""A session's bounded send queue: what the transport writes out, in order.
-
-Audio of a response is tagged with its response id, so a barge-in can drop
-whatever of it is still queued at once. Each send gets a `Delivery` verdict: response audio that
-would take the queue past its bound is refused (`SLOW_CONSUMER`: the reader is too slow), and its
-response is then failed by whoever sent it; control events are always queued.
-"""
+"""A session's bounded send queue: what the transport writes out, in order. Response audio is tagged with its
+response id, so a barge-in drops what is still queued at once. Response audio that would take the queue past its
+bound is refused (`Delivery.SLOW_CONSUMER`), and its sender fails that response; control events always queue."""
 
 from __future__ import annotations
 
@@ -48,7 +44,6 @@ class Outbox:
         return Delivery.QUEUED
 
     def drop(self, response_id: str) -> int:
-        """Forget the queued messages of one response; returns how many."""
         kept = deque(e for e in self._entries if e.response_id != response_id)
         dropped = len(self._entries) - len(kept)
         self._entries = kept
@@ -62,7 +57,6 @@ class Outbox:
         return self._entries.popleft().payload if self._entries else None
 
     async def get(self) -> Payload | None:
-        """The next message, or None once closed and empty."""
         while not self._entries:
             if self.closed:
                 return None

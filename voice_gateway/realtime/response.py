@@ -1,15 +1,11 @@
 """One realtime response: runs the engine request and streams its transcript and audio as events.
 
-Audio goes to the response's `AudioSink` (`audio_sinks.py`), which the session's `AudioOut` chose for its
-output format. A cancelled response (barge-in, `response.cancel`) stops at once: the engine request is aborted
-and its queued audio dropped by the `ResponseSlot` (response_slot.py). A response whose audio the outbox
-refuses (`Delivery.SLOW_CONSUMER`: the client does not read fast enough) stops there too, failed, and its
-outcome carries that verdict for the `ResponseSlot` to act on.
-
-With tools in the prompt, the reply's text goes through `ResponseCalls` (calls.py), which makes each
-call an output item of its own; the reply's message is then announced only once it has words (or
-audio), so that a reply of calls alone, as `tool_choice: "required"` makes, is calls alone.
-"""
+Audio goes to the response's `AudioSink`, which the session's `AudioOut` chose for its output format. A
+cancelled response stops at once: the `ResponseSlot` aborts the engine request and drops its queued audio. A
+response whose audio the outbox refuses (`Delivery.SLOW_CONSUMER`) stops there too, failed, and its outcome
+carries that verdict for the `ResponseSlot`. With tools in the prompt, the reply's text goes through
+`ResponseCalls` (calls.py), which makes each call an output item of its own; the reply's message is announced
+only once it has words or audio, so a reply of calls alone (`tool_choice: "required"`) is calls alone."""
 
 from __future__ import annotations
 
@@ -118,9 +114,8 @@ class Response:
 
 
 class ResponseRunner:
-    """Streams one response: events through `sender`, audio into the response's sink. `add_item` puts an
-    output item in the conversation (at its end) and returns the id of the item before it (an out-of-band
-    response's adds nothing, and its sender leaves out the conversation.item events: out_of_band.py)."""
+    """Streams one response: events through `sender`, audio into the response's sink. `add_item` puts an output item at
+    the conversation's end and returns the id before it (an out-of-band response's adds nothing: out_of_band.py)."""
 
     def __init__(self, engine: Engine, response: Response, sender: EventSender,
                  add_item: Callable[[Item], str | None]) -> None:

@@ -1,10 +1,7 @@
 """A session's responses in flight: starting them, cancelling them (barge-in, `response.cancel`, close), and what
-their end means to the session (a slow reader told so, the metrics counted, the caller told it completed).
-
-One response at a time is the session's `current` (the one a barge-in cuts off). Out-of-band responses
-(`conversation: "none"`) may run beside it, as many as the client asks for: each writes its audio into a
-sink of its own, which event audio (PCM16, G.711) allows; Opus packets and a WebRTC track carry one
-reply's audio at a time, so there a second response must answer in text."""
+their end means to the session. One response at a time is `current` (the one a barge-in cuts off); out-of-band
+responses may run beside it, each with its own sink where event audio allows. Opus packets and a WebRTC track
+carry one reply's audio at a time, so there a second response must answer in text."""
 
 from __future__ import annotations
 
@@ -53,10 +50,8 @@ class ResponseSlot:
 
     def start(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
               metadata: dict[str, str] | None, on_completed: OnCompleted) -> None:
-        """Run a response now (none may be active); `on_completed` hears of it if it completes with none after it.
-
-        `on_completed` lives only as long as the response's task: a closed session is no cycle's hostage.
-        """
+        """Run a response now (none may be active); `on_completed` hears if it completes with none after it, and lives
+        only as long as the response's task, so a closed session is no cycle's hostage."""
         assert self.current is None, f"response {self.current.id} is still active"
         self.current = self._launch(config, context, speech_stopped_at, metadata, on_completed,
                                     self.audio_out.sink_for(config.output_audio_format))
@@ -70,7 +65,6 @@ class ResponseSlot:
         return None
 
     def start_aside(self, config: ev.SessionConfig, context: ResponseContext, metadata: dict[str, str] | None) -> None:
-        """Run an out-of-band response beside the current one (see `aside_refusal`)."""
         assert not context.in_conversation and self.aside_refusal(config) is None
         sink = event_sink(config.output_audio_format, self.sender, self.audio_out.opus_bitrate_bps)
         response = self._launch(config, context, None, metadata, _unheard, sink)
@@ -117,7 +111,6 @@ class ResponseSlot:
                     on_completed(response)
 
     def find(self, response_id: str) -> Response | None:
-        """The current response or one beside it, by id."""
         if self.current is not None and self.current.id == response_id:
             return self.current
         return self.aside.get(response_id)

@@ -24,5 +24,4 @@ class EventSender:
         return self.outbox.put(data, response_id)
 
     def drop(self, response_id: str) -> int:
-        """Forget the response's audio still queued; returns how many messages."""
         return self.outbox.drop(response_id)

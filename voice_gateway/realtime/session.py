@@ -1,19 +1,11 @@
 """A realtime session: client events in, server events out; knows nothing about sockets.
 
 It dispatches each client event to the part that owns what the event changes, and carries what one part's
-change means to another (speech started: the reply stops; speech stopped: a user item, then a reply):
-
-    settings        SessionSettings     the SessionConfig
-    audio_input     AudioInput          the input buffer and turn detection
-    items           ConversationItems   the conversation and its transcriptions
-    responses       ResponseSlot        the responses in flight (one current, out-of-band ones beside it)
-    audio_out       AudioOut            the reply sinks (a WebRTC call's track)
-    outbox          Outbox              what the transport writes out, through `sender` and `reporter`
-    idle            IdleTimer           server VAD's idle timeout
-
-WebSocket and WebRTC adapters share it: each decodes a frame (`frames.deliver`), `handle`s the event, and
-writes out what the outbox holds.
-"""
+change means to another (speech started: the reply stops; speech stopped: a user item, then a reply). Its
+parts: `settings` (the SessionConfig), `audio_input` (the input buffer and turn detection), `items` (the
+conversation and its transcriptions), `responses` (the responses in flight), `audio_out` (the reply sinks),
+`outbox` (what the transport writes out) and `idle` (server VAD's idle timeout). The WebSocket and WebRTC
+adapters each decode a frame (`frames.deliver`), `handle` the event, and write out what the outbox holds."""
 
 from __future__ import annotations
 
@@ -232,7 +224,6 @@ class Session:
         self._start_response(self.config, ResponseContext(), None)
 
     def _frame(self) -> np.ndarray | None:
-        """The call's camera frame for a turn, where the model takes images."""
         if self.camera is None or not self.conversation.max_image_pixels:
             return None
         return self.camera()

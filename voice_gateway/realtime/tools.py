@@ -1,19 +1,12 @@
 """A realtime session's tools and tool choice: their checks, and what they make of a response's engine request.
 
-They mean what they mean in chat completions (voice_gateway/openai/tools.py), on the same engine parts:
-
-* `tool_choice: "auto"` (the default): the tools are in the prompt and the model may call them; calls
-  are parsed out of its text (voice_gateway/openai/tool_parser.py).
-* `"none"`: the tools are left out of the prompt, so the model answers in words.
-* `"required"` or a named function: the reply is decoded under a grammar of one tool call (to any
-  tool, or to that one), so its arguments validate against its schema. One call, because realtime
-  has no `parallel_tool_calls` to ask for more, and a grammar that allows more lets a model that
-  does not stop by itself (the random tiny one) call on until its length limit cuts a call short,
-  which a client would then run. With no `max_output_tokens`, the engine gives the call the rest
-  of the context to finish in.
-
-A refusal names its field in the session's path style (`session.tools.1.parameters`).
-"""
+They mean what they mean in chat completions (voice_gateway/openai/tools.py): with `"auto"` (the default) the
+model may call the tools in its prompt and calls are parsed out of its text; `"none"` leaves them out of the
+prompt; `"required"` or a named function decodes the reply under a grammar of one tool call, so its arguments
+validate. One call: realtime has no `parallel_tool_calls`, and a grammar that allows more lets a model that does
+not stop (the random tiny one) call on until its length limit cuts a call short, which a client would then run.
+With no `max_output_tokens`, the engine gives the call the rest of the context. A refusal names its field in
+the session's path style (`session.tools.1.parameters`)."""
 
 from __future__ import annotations
 
@@ -51,8 +44,7 @@ def choice_error(choice: ToolChoice, tools: tuple[FunctionTool, ...], where: str
 
 def settle_tools(current: SessionConfig, updated: SessionConfig, event_id: str | None) -> tuple[SessionConfig,
                                                                                                  list[ProtocolError]]:
-    """`updated` as session.update left it, with bad tools or a tool choice they cannot meet put back as they
-    were in `current` (the update's other settings stand), and the errors that say why."""
+    """`updated`, with bad tools or an unmeetable tool choice put back as in `current`, and the errors saying why."""
     errors = tool_errors(updated.tools, "session", event_id)
     if errors:
         updated = updated.model_copy(update={"tools": current.tools})
@@ -76,7 +68,6 @@ def response_tool_error(config: SessionConfig, event_id: str | None) -> Protocol
 
 
 def engine_tools(config: SessionConfig) -> tuple[Tool, ...]:
-    """The tools the prompt describes (none for `tool_choice: "none"`)."""
     if config.tool_choice == "none":
         return ()
     return tuple(Tool(t.name, t.description, t.parameters) for t in config.tools)

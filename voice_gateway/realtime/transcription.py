@@ -1,11 +1,7 @@
-"""Input audio transcription: each committed user audio item, transcribed by the Thinker itself.
-
-No second model: a text-only `EngineRequest` of its own goes in beside the reply (the engine batches
-the two like any others), its system turn the transcription prompt and its user turn the clip. Its
-text streams out as `conversation.item.input_audio_transcription.delta`, then `.completed` with its
-usage (and the item's `transcript` is set), or `.failed` with the engine's reason. The session's
-`transcription.model` is echoed, never loaded; its `language` and `prompt` go into the instruction.
-"""
+"""Input audio transcription: each committed user audio item, transcribed by the Thinker itself, in a text-only
+`EngineRequest` of its own beside the reply (system turn: the transcription prompt; user turn: the clip). Its text
+streams out as `conversation.item.input_audio_transcription.delta`, then `.completed` (the item's `transcript`
+set) or `.failed`. `transcription.model` is echoed, never loaded; `language` and `prompt` join the instruction."""
 
 from __future__ import annotations
 
@@ -77,7 +73,6 @@ class Transcriber:
         task.add_done_callback(lambda done: self.tasks.pop(item.id, None) if self.tasks.get(item.id) is done else None)
 
     def cancel(self, item_id: str) -> None:
-        """The item is gone (deleted): its transcript is of no use to anyone."""
         task = self.tasks.pop(item_id, None)
         if task is not None:
             task.cancel()

@@ -61,7 +61,6 @@ class TurnTaking:
         return item_id
 
     def forget_segment(self) -> None:
-        """The buffer was cleared: speech in progress will become a new item."""
         self.item_id = None
 
 

@@ -1,13 +1,7 @@
-"""A realtime session over WebRTC (aiortc, the `[webrtc]` extra): one call's peer connection, and the answer to
-its SDP offer.
-
-SDP offer in, SDP answer out. The browser's microphone arrives as an Opus RTP
-track and feeds the session's VAD and input buffer; replies leave on an Opus
-track paced in real time; the `oai-events` data channel carries the same JSON
-events as the WebSocket. A video track (a camera or a shared screen), when the
-offer has one, is received: its newest frame joins each user turn as an image.
-The session logic is the WebSocket's: one implementation, two transports.
-"""
+"""A realtime session over WebRTC (aiortc, the `[webrtc]` extra): one call's peer connection, and the answer to its
+SDP offer. The microphone's Opus track feeds the session's VAD and input buffer; replies leave on an Opus track
+paced in real time; the `oai-events` data channel carries the WebSocket's JSON events; a video track's newest
+frame joins each user turn as an image. The session logic is the WebSocket's: one implementation, two transports."""
 
 from __future__ import annotations
 

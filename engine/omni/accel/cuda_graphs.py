@@ -1,16 +1,11 @@
 """CUDA graphs: the Thinker's and the Talker's packed steps, per token bucket, and the Talker's 15-pass code
 predictor, per batch bucket; decoder layers through torch.compile while the packed steps are captured.
 
-Applied to finished runners from outside: `thinker_capture` / `talker_capture` are the `Capture`
-a runner is built with (engine/omni/runners/replay.py); the model and the eager path stay as they are. Each bucket's graph reads static input tensors; a call copies
-its rows in, replays the smallest bucket that fits, and reads the outputs back.
-Buckets are captured largest first into one shared memory pool. A step larger
-than every bucket runs eagerly. Each graph family is captured on its own stream:
-cuBLAS bakes a workspace chosen per capture stream into the graph, and stages
-replay their graphs concurrently on their own streams, so one shared capture
-stream would let two stages' GEMMs write the same workspace at once. The eager
-path is the reference the graphed one is tested against.
-"""
+Applied to finished runners from outside: `thinker_capture` / `talker_capture` are the `Capture` a runner is
+built with (replay.py). Buckets are captured largest first into one shared memory pool; a step larger than
+every bucket runs eagerly. Each graph family is captured on its own stream: cuBLAS bakes a workspace chosen
+per capture stream into the graph, and stages replay concurrently on their own streams, so a shared capture
+stream would let two stages' GEMMs write one workspace at once."""
 
 from __future__ import annotations
 
@@ -109,11 +104,9 @@ class _PackedBucket:
 
 
 class GraphedPacked:
-    """Packed steps (engine/omni/runners/packed_batch.py) captured per token bucket: any mix of prompt pieces and
-    decode rows whose tokens fit a bucket replays it. Its spare tokens write the KV cache's scratch page. The
-    step's outputs are per sequence, then `per_token` of them per token. With `deepstack` layers the step also
-    reads the rows its images add inside those first layers, dense ([layers, T, H]): zeros, but for the
-    images' rows while a step with images replays."""
+    """Packed steps captured per token bucket: any mix of prompt pieces and decode rows whose tokens fit a bucket
+    replays it; spare tokens write the KV cache's scratch page. Outputs are per sequence, then `per_token` per
+    token. With `deepstack` layers a step also reads the rows images add in those layers, dense ([layers, T, H])."""
 
     def __init__(self, step: PackedStep, kv: SlotKVCache, attention: PackedAttention, hidden_size: int,
                  dtype: torch.dtype, tokens: tuple[int, ...], *, seqs: int, per_token: int, deepstack: int = 0) -> None:
@@ -158,21 +151,17 @@ class GraphedPacked:
 
 # A frame may compile anew for a bucket (one token or more, a small table that splits its keys or not, sizes
 # that happen to be equal), and the Thinker's and the Talker's layers share frames (the attention class they
-# both use, transformers' wrappers): with torch's default of 8, the limit was reached during the Talker's
-# captures on an H200, and its smaller buckets (its decode steps) were captured with those frames uncompiled.
+# both use, transformers' wrappers): torch's default of 8 runs out during the Talker's captures, and its
+# smaller buckets (its decode steps) would be captured with those frames uncompiled.
 RECOMPILE_LIMIT = 64
 
 
 @contextlib.contextmanager
 def compiled_layers(layers: torch.nn.ModuleList) -> Iterator[None]:
-    """Each decoder layer through torch.compile while a stage's decode graphs are captured.
-
-    A graphed step still runs every small kernel of its 20-48 layers (a Thinker decode step at
-    batch 64: ~4600 kernels, half its GPU time outside the MoE kernels); inductor fuses the
-    norms, rope, residuals and routing of a layer. All layers share one compiled function (the
-    cache write, which would tell them apart, stays out of it: `PackedBatch.update`), compiled for
-    one token and for any more. Only the captures call it, so nothing compiles while serving.
-    """
+    """Each decoder layer through torch.compile while a stage's graphs are captured: a graphed step still runs every
+    small kernel of its layers, and inductor fuses a layer's norms, rope, residuals and routing. All layers share
+    one compiled function (the cache write, which would tell them apart, stays out: `PackedBatch.update`),
+    compiled for one token and for any more. Only the captures call it, so nothing compiles while serving."""
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     try:
@@ -208,8 +197,7 @@ def _or_eager(name: str, capture_all: Callable[[], StepGraphs]) -> StepGraphs:
 
 
 def talker_capture(max_tokens: int) -> Callable[[TalkerRunner], StepGraphs]:
-    """The Talker's code predictor, per batch bucket, and its packed steps of up to `max_tokens` rows, with
-    compiled layers (those need the attention kernel, as the Thinker's)."""
+    """The Talker's code predictor per batch bucket and its packed steps of up to `max_tokens` rows, compiled."""
 
     def capture_all(runner: TalkerRunner) -> StepGraphs:
         def make() -> StepGraphs:

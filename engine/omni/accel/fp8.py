@@ -1,18 +1,9 @@
-"""FP8 experts: e4m3 weights with one float32 scale per 128 x 128 block, as Qwen's and DeepSeek's FP8
-checkpoints store them (`weight_scale_inv`), read by the fused MoE kernels (engine/omni/accel/fused_moe.py).
-
-A step of up to ~1,700 tokens costs the Thinker about one read of its experts (58 GB in bf16): e4m3 halves
-that read, and the H200's FP8 tensor cores do twice bf16's work a cycle. The experts' inputs are quantized too,
-as they arrive (`quantize_rows`: one scale per row and 128 columns), so that each tile's product is e4m3 x e4m3
-on the tensor cores, scaled by the row's and the weight block's scales (a tile never spans two blocks: the
-kernels' `block_k` divides BLOCK). Widening e4m3 weights to bf16 in registers instead (bf16 activations) was
-measured slower than bf16 weights on the H200 (benchmarks/h200/ladder-fp8/): the conversion costs more than
-the halved read saves.
-
-Quantization takes the largest magnitude of each block (weights: 128 x 128; activations: 1 x 128) over 448
-(e4m3's largest finite value) as its scale, and rounds each value over its scale to nearest e4m3. Dummy
-weights are quantized the same way at load, so a benchmark reads what a real FP8 checkpoint would hold.
-"""
+"""FP8 experts: e4m3 weights with one float32 scale per 128 x 128 block, as Qwen's and DeepSeek's FP8 checkpoints
+store them (`weight_scale_inv`), read by the fused MoE kernels. A step costs the Thinker about one read of its
+experts, which e4m3 halves, and FP8 tensor cores do twice bf16's work. The inputs are quantized as they arrive
+(`quantize_rows`: a scale per row and 128 columns), so each tile's product is e4m3 x e4m3 (a tile never spans two
+blocks); widening e4m3 weights to bf16 in registers costs more than the halved read saves. A block's scale is
+its largest magnitude over 448 (e4m3's largest). Dummy weights are quantized the same way at load."""
 
 from __future__ import annotations
 
@@ -26,8 +17,7 @@ FP8 = torch.float8_e4m3fn
 
 
 def quantize(weight: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., N, K] -> (e4m3 [..., N, K], float32 scales [..., ceil(N / block), ceil(K / block)]): weight ~=
-    e4m3 x its block's scale. A block of zeros gets scale 1."""
+    """[..., N, K] -> (e4m3, float32 scales [..., N / block, K / block] rounded up); a block of zeros gets scale 1."""
     *lead, n, k = weight.shape
     rows, cols = -n % block, -k % block
     padded = torch.nn.functional.pad(weight.float(), (0, cols, 0, rows))
@@ -60,7 +50,6 @@ def round_rows(x: torch.Tensor) -> torch.Tensor:
 
 def dequantize(quantized: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
                block: int = BLOCK) -> torch.Tensor:
-    """The weights an e4m3 tensor and its block scales stand for."""
     n, k = quantized.shape[-2:]
     full = scale.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :n, :k]
     return (quantized.float() * full).to(dtype)

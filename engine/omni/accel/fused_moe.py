@@ -1,20 +1,12 @@
 """Fused mixture-of-experts (Triton), as a transformers experts implementation.
 
-transformers' `grouped_mm` path runs a dozen ops per layer around two grouped
-GEMMs and materialises the gate/up product. Here each (token, expert) pair is
-placed in blocks of `block_m` rows that all belong to one expert; one kernel
-reads an expert's gate and up rows once per block, applies SiLU(gate) * up and
-writes the activation; a second multiplies by the down projection and the
-routing weight. An expert's weights are read once per block of its tokens, and
-the block layout has a fixed size for a given token count, so a CUDA graph can
-capture it.
-
-`enable(model)` registers the implementation under `EXPERTS_NAME` and sets it on
-the model. With FP8 experts (engine/omni/accel/fp8.py) each kernel's input is quantized
-per row and 128 columns first, and every tile's product is e4m3 x e4m3, scaled by
-its row's and its weight block's scales. Runs on the GPU, or on the CPU under
-`TRITON_INTERPRET=1` (how CI tests it).
-"""
+transformers' `grouped_mm` path runs a dozen ops per layer around two grouped GEMMs and materialises the
+gate/up product. Here each (token, expert) pair is placed in blocks of `block_m` rows of one expert; one kernel
+reads an expert's gate and up rows once per block and writes SiLU(gate) * up, a second multiplies by the down
+projection and the routing weight. The block layout's size depends only on the token count, so a CUDA graph
+can capture it. With FP8 experts (fp8.py) each kernel's input is quantized per row and 128 columns first, and
+every tile's product is e4m3 x e4m3, scaled by its row's and its weight block's scales. Runs on the GPU, or on
+the CPU under `TRITON_INTERPRET=1` (how CI tests it)."""
 
 from __future__ import annotations
 
@@ -39,8 +31,7 @@ except ImportError:  # CPU installs without triton: the kernels are simply unava
 
 @dataclass(frozen=True, slots=True)
 class Tiles:
-    """One launch configuration of both kernels: rows per block (all one expert's), output
-    columns and reduction depth per program, and Triton's warps and pipeline stages."""
+    """One launch configuration of both kernels: block rows, output columns, reduction depth, warps, stages."""
 
     block_m: int
     block_n: int = 64
@@ -51,15 +42,13 @@ class Tiles:
 
 # decode: a few tokens per expert, so small blocks waste little
 DECODE_TILES = Tiles(block_m=16)
-# prefill: bigger blocks read each expert's weights fewer times. Swept on the H200 at 1024 and 3072
-# tokens (benchmarks/h200/burst-probe.json): within 6% of the best for both stages at both sizes;
-# the Thinker's 3072-token experts 1.30 -> 0.97 ms a layer against the first choice (64, 64, 128, 4, 3)
+# prefill: bigger blocks read each expert's weights fewer times; near the best of a sweep of launch shapes
+# for both stages at short and long prompts
 PREFILL_TILES = Tiles(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
 
 
-# FP8 prefill: deeper, narrower tiles (one block of scales deep). On an H100, one Thinker layer's experts
-# (benchmarks/h100/kernels/): 1,024 tokens 777 -> 419 us, 4,096 tokens 2,064 -> 1,114 us against PREFILL_TILES,
-# where bf16 takes 647 and 1,344
+# FP8 prefill: deeper, narrower tiles (one block of scales deep); with bf16's PREFILL_TILES, FP8 experts are
+# slower than bf16's
 FP8_PREFILL_TILES = Tiles(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4)
 
 
@@ -77,19 +66,15 @@ class BlockLayout:
 
 
 def block_layout(top_k_index: torch.Tensor, num_experts: int, block_m: int) -> BlockLayout:
-    """Group (token, k) pairs by expert, each expert's run padded to a multiple of `block_m`.
-
-    Shapes depend only on the number of pairs, never on the routing, and nothing syncs with the
-    host: a CUDA graph can capture this. At most min(E, pairs) experts are used, each wasting
-    fewer than `block_m` rows, which bounds the padded length. A pair's place within its expert's
-    run is a running count over a one-hot of the routing, not a sort: a stable argsort of a few
-    hundred ids is one 27 us radix-sort launch, 48 of them in a Thinker step at batch 64.
-    """
+    """Group (token, k) pairs by expert, each expert's run padded to a multiple of `block_m`. Shapes depend only on the
+    number of pairs, and nothing syncs with the host. At most min(E, pairs) experts are used, each wasting fewer than
+    `block_m` rows, which bounds the padded length. A pair's place in its run is a running count over a one-hot of
+    the routing, where a sort would cost a radix-sort launch per layer."""
     experts = top_k_index.reshape(-1)
     num_pairs = experts.numel()
     device = experts.device
     # [E, pairs], so the running count is a scan along each row's contiguous memory (a scan down
-    # the columns of [pairs, E] is one slow kernel: 91 us at 512 pairs)
+    # the columns of [pairs, E] is one slow kernel)
     onehot = (experts[None, :] == torch.arange(num_experts, device=device)[:, None]).to(torch.int32)
     counts = onehot.sum(1, dtype=torch.long)
     rank = (onehot.cumsum(1, dtype=torch.int32) - onehot).gather(0, experts[None, :])[0]
@@ -312,14 +297,12 @@ def _scale_strides(scale: torch.Tensor) -> tuple[int, int, int]:
 
 
 def fused_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-    """transformers' experts-function signature (gated, concatenated [gate; up], no bias); FP8 experts carry
-    their scales beside their weights (engine/omni/accel/fp8.py)."""
+    """transformers' experts-function signature (gated, [gate; up], no bias); FP8 scales sit beside the weights."""
     return fused_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights,
                          gate_up_scale=getattr(self, "gate_up_scale", None), down_scale=getattr(self, "down_scale", None))
 
 
 def enable(model: Any) -> None:
-    """Register the implementation and make every experts module of `model` call it."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     module: Any
@@ -336,8 +319,7 @@ def enable(model: Any) -> None:
 
 
 def enable_fp8_reference(model: Any) -> None:
-    """Make every experts module of `model`, quantized to FP8, compute in plain torch what the kernels compute
-    (`fp8_reference_forward`): a reference, and the CPU's emulation without Triton."""
+    """Make `model`'s FP8 experts compute the kernels' arithmetic in plain torch: the reference, and the CPU's path."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     if not any(fp8.is_quantized(m) for m in model.modules()):

@@ -1,35 +1,15 @@
 """Varlen attention over packed tokens straight from the paged KV cache (a Triton kernel).
 
-One packed step carries decode rows (one query token per speaking reply) and
-prefill pieces (many tokens of one prompt) as unpadded tokens `[T]`. Before
-attention runs, the step has written every token's K/V into its sequence's pages
-at its position, so each sequence attends causally over its own slot: query i of
-a sequence that held `start` keys sits at position start+i and sees keys
-0..start+i. Each block of keys lies in one page (the page size is a multiple of
-the key block), found in the sequence's page list. Nothing is gathered or
-repeated per query head.
-
-The host lays out two work lists (engine/omni/runners/packed_batch.py's `block_tables`):
-sequences of up to `SMALL_Q` query tokens (decode rows) one block each in the
-small table, longer ones in blocks of `BLOCK_Q` tokens in the big table. One
-program per (block, key/value head) packs the block's tokens x the group's query
-heads as the rows of one tile (the heads of a group share each key read) and runs
-an online softmax over blocks of keys up to the block's last causal position.
-The same kernel body is launched once per table with its own tile size: a decode
-row in a 16-token tile would leave 15/16 of its rows idle (on an H200, Hq 32,
-Hkv 4, D 128: 64 decode rows at 2000 keys took 112 us against 82 us for a
-decode-only kernel), while prompt pieces want the big tile (BLOCK_Q 4 for
-everything cost a 2048-token prefill 153 -> 209-240 us). The tables are plain
-tensors padded with -1 blocks, so a CUDA graph holds them for any mix of lengths.
-Where the small table's programs would leave the GPU idle (few decode rows over
-long contexts), each row's keys are split into shares, one program each, and a
-second kernel merges the shares' softmaxes (`shares_for`).
-
-Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it);
-packed_batch.py's `ReferenceAttention` is the same computation in plain torch,
-the CPU path of `kernels: reference`. `KernelAttention` hands a runner's
-`PackedBatch` to the kernel.
-"""
+A packed step carries decode rows (one query token per speaking reply) and prefill pieces as unpadded tokens
+`[T]`, whose K/V the step has already written into their sequences' pages: query i of a sequence that held
+`start` keys sees keys 0..start+i. A key block lies in one page (the page size is a multiple of it); nothing is
+gathered or repeated per head. The host lays out two work lists (packed_batch.py's `block_tables`): sequences of
+up to `SMALL_Q` tokens one block each in the small table, longer ones in `BLOCK_Q`-token blocks in the big one.
+One program per (block, key/value head) packs the block's tokens x the group's query heads into one tile (the
+group shares each key read) and runs an online softmax up to the block's last causal position. Each table gets
+its own tile size: a decode row alone in a 16-token tile leaves 15/16 of it idle. The tables are -1-padded
+tensors, so a CUDA graph holds them for any mix. Few decode rows over long contexts split their keys into shares,
+merged by a second kernel (`shares_for`). Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1`."""
 
 from __future__ import annotations
 
@@ -125,7 +105,7 @@ if triton is not None:
         hi = tl.minimum(end, lo + per_split)
         if PIPELINED:
             # a for loop over a runtime bound is what the compiler software-pipelines (the next keys load
-            # while this block computes); on an H200 it ran 1.3-1.6x faster than the while loop below
+            # while this block computes), which the while loop below does not
             for key_start in range(lo, hi, BLOCK_N):
                 m, total, acc = _key_block(q, k_head, v_head, pages, key_start, end, position, m, total, acc, dims,
                                            stride_ks, stride_kl, stride_vs, stride_vl, BLOCK_N, PAGE, PRECISION, SCALE)
@@ -186,13 +166,10 @@ def packed_attention(
     seq_start: torch.Tensor, seq_q0: torch.Tensor, seq_len: torch.Tensor, small_seq: torch.Tensor,
     block_seq: torch.Tensor, block_q: torch.Tensor, scale: float, *, block_n: int = 64, splits: int = 1,
 ) -> torch.Tensor:
-    """query [T, Hq, D] packed tokens; keys/values [pages, Hkv, page_size, D]; per sequence: its page list
-    `seq_pages` [N, pages per slot], and [N] (int32 or int64) `start` (keys its slot held before this step),
-    its first token's index in `query` and its query length; the tables of packed_batch.py's `block_tables`: `small_seq` [NS] (the sequences of up to
-    SMALL_Q tokens), `block_seq`/`block_q` [NB] (blocks of BLOCK_Q tokens of the longer ones). -> [T, Hq, D]
-    in query's dtype; rows no sequence covers are zeros. `splits`: the small table's keys in that many shares,
-    each its own program, merged by a third launch (decode rows over long contexts: more programs read the KV
-    at once). Two or three launches, no host syncs: a CUDA graph captures it."""
+    """query [T, Hq, D]; keys/values [pages, Hkv, page_size, D]; per sequence [N]: `seq_pages` [N, pages per slot],
+    `start` (keys its slot held before this step), its first token's index and its query length; the tables of
+    packed_batch.py's `block_tables`. -> [T, Hq, D] in query's dtype; rows no sequence covers are zeros. `splits`:
+    the small table's keys in that many shares, merged by a third launch. No host syncs: a CUDA graph captures it."""
     if triton is None:
         raise RuntimeError("packed attention needs triton (pip install triton), or set kernels: reference")
     num_heads, head_dim = query.shape[1], query.shape[2]
@@ -227,9 +204,8 @@ def packed_attention(
                 # a constant, not an argument: torch.compile would pass a Python float as float64
                 PRECISION=dot_precision(query.dtype), SCALE=scale,
                 PIPELINED=not interpreted(),
-                # on an H200 with Hq 32, Hkv 4, D 128 (128-row tiles) 8 warps and 3 stages ran 1.5x faster
-                # than 4 warps on decode, prefill and mixed steps; smaller tiles keep Triton's usual 4 warps,
-                # 2 stages
+                # big tiles (128 rows of 128) want 8 warps and 3 stages on decode, prefill and mixed steps
+                # alike; smaller tiles keep Triton's usual 4 warps, 2 stages
                 **({"num_warps": 8, "num_stages": 3} if rows * head_dim >= 128 * 128
                    else {"num_warps": 4, "num_stages": 2}),
             )
@@ -241,9 +217,8 @@ def packed_attention(
     return out
 
 
-# Most decode rows' keys in one share each, unless their programs would leave the GPU half idle: on an H100
-# (132 SMs; benchmarks/h100/kernels/attention.json) 16 rows over 8,192 keys took 233 us in one share and 114 in
-# four, one row 178 and 42 in eight, while 64 rows (256 programs) ran 2-28 % slower in any split
+# Most decode rows' keys in one share each, unless their programs would leave the GPU half idle: a few rows
+# over long contexts gain from splitting, a full GPU's worth of programs only loses by it
 MAX_SHARES = 8
 
 
@@ -258,10 +233,9 @@ def shares_for(rows: int, kv_heads: int, programs: int) -> int:
 
 
 class KernelAttention:
-    """The kernel as a runner's packed attention (engine/omni/runners/packed_batch.py's `PackedAttention`): it
-    reads the batch's per-sequence tensors and both block tables, so a graph replays it for any step.
-    `programs`: how many programs fill the device (twice its SMs on a GPU: two resident per SM), which decides
-    how far decode rows' keys are split; 0 keeps them whole (the CPU)."""
+    """The kernel as a runner's `PackedAttention`, reading the batch's tensors and both block tables, so a graph
+    replays it for any step. `programs`: how many programs fill the device (twice its SMs: two resident per SM),
+    which decides how far decode rows' keys are split; 0 keeps them whole (the CPU)."""
 
     block_q = BLOCK_Q
 

@@ -1,17 +1,11 @@
 """The code predictor's attention for one position of a frame, in one Triton kernel.
 
-A frame of the code predictor (engine/omni/runners/code_predictor.py) is 16 positions x 5 layers of
-one token per row; at each layer the attention reads at most 16 keys. In torch that is the
-q and k RMSNorms with their rotary embedding, two batched matmuls and a softmax between them:
-five or six small kernels a layer, 80 layer-steps a frame, each a few microseconds of launch and
-tail for a few kilobytes of work. Here one program per (row, key/value head) normalises and
-rotates its key and its group's queries straight from the q/k/v GEMM's output, scores them
-against the frame's earlier keys and the position's own, and writes the attention output, the
-key and the value. Everything runs in float32 and is rounded to the model's dtype where the
-torch step rounds it before its next GEMM (the stored key and value, the output).
-
-Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it against the torch step).
-"""
+A code predictor frame is 16 positions x 5 layers of one token per row, each layer reading at most 16 keys; in
+torch that is five or six tiny kernels a layer-step. Here one program per (row, key/value head) normalises and
+rotates its key and its group's queries straight from the q/k/v GEMM's output, scores them against the frame's
+earlier keys and the position's own, and writes the output, the key and the value. It computes in float32 and
+rounds to the model's dtype where the torch step rounds before its next GEMM. Runs on the GPU, or on the CPU
+under `TRITON_INTERPRET=1` (how CI tests it against the torch step)."""
 
 from __future__ import annotations
 
@@ -91,12 +85,10 @@ def predictor_attention(
     qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
     position: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_heads: int, num_kv_heads: int, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer's attention at `position` ([1], on the device) for a token per row.
-
-    qkv [B, (Hq + 2 Hkv) D]: the q/k/v projection; q_norm, k_norm [D]: the RMSNorm weights; cos, sin
-    [positions, D]: the rotary table; keys, values [B, Hkv, positions, D]: the frame's buffer, read at
-    positions before `position` only, never written. -> (attention output [B, Hq D], this position's
-    key [B, Hkv, D] and value [B, Hkv, D]), in qkv's dtype. One launch, no host syncs."""
+    """One layer's attention at `position` ([1], on the device) for a token per row: qkv [B, (Hq + 2 Hkv) D];
+    q_norm, k_norm [D]; cos, sin [positions, D]; keys, values [B, Hkv, positions, D], the frame's buffer, read
+    before `position` only, never written. -> (output [B, Hq D], this position's key and value [B, Hkv, D]), in
+    qkv's dtype. One launch, no host syncs."""
     if triton is None:
         raise RuntimeError("the code predictor's attention kernel needs triton")
     batch, head_dim, positions = qkv.shape[0], cos.shape[-1], keys.shape[2]

@@ -1,14 +1,8 @@
 """Code2Wav's SnakeBeta activation as one Triton kernel.
 
-transformers computes x + sin(x * e^alpha)^2 / (e^beta + eps) as five full-size bf16
-ops (scale, sin, square, scale, add), each reading and writing the whole activation;
-at batch 64 they were half of a 25-frame Code2Wav chunk's GPU time on the H200
-(docs/performance.md, kernels). Here each element is read once, computed in
-float32 and written once.
-
-`enable(code2wav)` points every SnakeBeta module's forward at the kernel. Runs on
-the GPU, or on the CPU under `TRITON_INTERPRET=1` (how CI tests it).
-"""
+transformers computes x + sin(x * e^alpha)^2 / (e^beta + eps) as five full-size bf16 ops, each reading and
+writing the whole activation. Here each element is read once, computed in float32 and written once. `enable`
+points every SnakeBeta module's forward at the kernel. Runs on the GPU, or on the CPU under `TRITON_INTERPRET=1`."""
 
 from __future__ import annotations
 
@@ -74,7 +68,6 @@ def _fused_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def enable(code2wav: nn.Module) -> int:
-    """Make every SnakeBeta module of `code2wav` run the kernel; returns how many."""
     if triton is None:
         raise RuntimeError("the fused SnakeBeta needs triton (pip install triton), or set kernels: reference")
     count = 0

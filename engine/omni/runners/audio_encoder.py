@@ -1,16 +1,12 @@
 """The Thinker's audio tower over every clip of a prefill at once, at a few fixed shapes, replayed from CUDA
 graphs on a GPU.
 
-The tower cuts each clip's log-mel into chunks of `2 * n_window` frames (one second), runs three
-convolutions over all chunks as one batch, then windowed attention within each clip
-(engine/omni/runners/audio_tower.py lays that out at one shape per chunk count). On a GPU the chunks are
-padded up to a bucket (`CHUNK_BUCKETS`), and every bucket is met once at start-up (`warm_up`): the first
-time cuDNN meets a convolution shape under load costs a request ~0.2 s. Up to `DENSE_CHUNKS` the padded
-layout runs, and on a GPU those buckets are captured as CUDA graphs there too (transformers' forward took
-~50 ms of host time for one 4 s question); more audio in one prefill goes through transformers' forward
-(its attention one call per window), with a silent clip of its own as the padding. Counts past the
-largest bucket run as they are and are counted as cold work (engine/metrics.py).
-"""
+The tower cuts each clip's log-mel into one-second chunks of `2 * n_window` frames, runs three convolutions over
+all chunks as one batch, then windowed attention within each clip (audio_tower.py lays that out at one shape per
+chunk count). On a GPU the chunks are padded up to a bucket (`CHUNK_BUCKETS`), each met once at start-up
+(`warm_up`), since cuDNN's first meeting of a convolution shape is slow. Up to `DENSE_CHUNKS` the padded layout
+runs, captured as CUDA graphs on a GPU; more audio in one prefill goes through transformers' forward, with a
+silent clip of its own as the padding. Counts past the largest bucket run as they are, counted as cold work."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ class _Graph:
 
 
 class AudioEncoder:
-    """`buckets`: chunk counts the batch is padded to (empty: unpadded, as on a CPU). `graphed`: capture the
-    buckets up to `DENSE_CHUNKS` at `warm_up`. `timed`: told the host time of each call."""
+    """`buckets`: chunk counts the batch is padded to (none on a CPU); `graphed`: capture those up to DENSE_CHUNKS."""
 
     def __init__(self, thinker: Any, *, buckets: tuple[int, ...] = (), graphed: bool = False,
                  cold: ColdWork | None = None, timed: Callable[[float], None] | None = None) -> None:
@@ -57,7 +52,6 @@ class AudioEncoder:
         self.timed = timed
 
     def chunks(self, clip: torch.Tensor) -> int:
-        """The chunks the tower cuts a clip's log-mel [mel, frames] into."""
         return -(-clip.shape[-1] // self.chunk_frames)
 
     def __call__(self, clips: list[torch.Tensor], rows: int) -> torch.Tensor:

@@ -1,13 +1,11 @@
-"""The Thinker's audio tower at one shape per chunk count: what transformers' tower computes, laid out so that
-a CUDA graph can capture it.
+"""The Thinker's audio tower at one shape per chunk count: what transformers' tower computes, laid out so that a
+CUDA graph can capture it.
 
-transformers' forward reads the clips' lengths back to the host several times, splits its attention into one
-call per window, and runs ~40 eager kernels a layer: one 4 s question took ~50 ms of host time on the H200
-for ~1 ms of GPU work. Here every chunk is padded to a whole second (`CHUNK_FRAMES` frames, `TOKENS` tokens
-after the convolutions), attention runs over all of a batch's tokens at once with a mask that keeps each
-token in its clip's window (padding tokens see only themselves), and the host works the layout out from the
-clips' frame counts, which it already knows. Same sums, same rows: tests/unit/test_audio_tower.py.
-"""
+transformers' forward reads the clips' lengths back to the host several times and splits its attention into one
+call per window: host time dwarfs the GPU work. Here every chunk is padded to a whole second (`CHUNK_FRAMES`
+frames, `TOKENS` tokens after the convolutions), attention runs over a batch's tokens at once with a mask that
+keeps each token in its clip's window (padding tokens see only themselves), and the host works the layout out
+from the frame counts it already knows. Same sums, same rows: tests/unit/test_audio_tower.py."""
 
 from __future__ import annotations
 
@@ -78,8 +76,7 @@ class PaddedTower:
         return Layout(features, windows, torch.cat(real))
 
     def forward(self, features: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-        """Padded chunks [chunks, mel, frames] and token windows [chunks * TOKENS] -> every token's row
-        [chunks * TOKENS, out]; device work only (a CUDA graph captures this)."""
+        """Chunks [chunks, mel, frames], token windows [chunks * TOKENS] -> rows [chunks * TOKENS, out]; graphable."""
         t = self.tower
         x = features.unsqueeze(1).to(t.conv2d1.weight.dtype)
         x = F.gelu(t.conv2d1(x))

@@ -1,23 +1,12 @@
 """Code2Wav's tensor work, streamed: each chunk of a reply decodes only its new frames.
 
-A windowed decode would re-run frames of left context with every chunk (tests keep one as the
-reference). Here each request owns a slot of carried state instead: the last
-`sliding_window - 1` keys and values of every pre-transformer layer, the last `kernel - 1`
-inputs of every causal convolution, and the last input of every transposed convolution
-(whose look-ahead of one input is what makes Code2Wav's 555-sample tail). A reply decoded
-chunk by chunk this way is the one-shot decode of all its frames, whatever the chunking.
-
-Rows of a batch are right-padded: every layer is causal (the transposed convolutions emit
-a sample only once both of their inputs exist), so padding never reaches a valid sample,
-and each state is read back at the row's own valid end. The model's own modules do the
-arithmetic; this file only routes state around them.
-
-Shape buckets: on a GPU each (batch, frames) shape the convolutions first meet costs ~200 ms
-(cuDNN builds its plans), so with `batch_buckets` / `frame_buckets` a step is padded up to
-the next bucket (padding rows write into a scratch slot) and `warm_up()` meets every bucket
-once at start-up. Which shapes exist is then fixed, and none is first met under load; a step
-has no host sync, so `capture_graphs()` can also hold each bucket as a CUDA graph.
-"""
+Each request owns a slot of carried state: the last `sliding_window - 1` keys and values of every pre-transformer
+layer, the last `kernel - 1` inputs of every causal convolution, and the last input of every transposed
+convolution (whose look-ahead of one input makes the 555-sample tail). A reply decoded chunk by chunk is the
+one-shot decode of its frames, whatever the chunking (tests keep a windowed decode as the reference). Rows are
+right-padded: every layer is causal, so padding never reaches a valid sample, and each state is read back at the
+row's own end. On a GPU a step is padded up to its `batch_buckets` / `frame_buckets` bucket, each met once at
+start-up (`warm_up`; cuDNN's first meeting of a shape is slow) and capturable as a CUDA graph."""
 
 from __future__ import annotations
 
@@ -100,10 +89,8 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def decode(self, batch: StreamBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (float32 audio [B, L] right-padded, valid samples per row [B]).
-
-        Row b's valid samples continue its reply exactly where its previous chunk stopped.
-        """
+        """-> (float32 audio [B, L] right-padded, valid samples per row [B]); row b continues its reply exactly where
+        its previous chunk stopped."""
         rows, _, frames = batch.codes.shape
         padded = self._pad(batch, _bucket(rows, self.batch_buckets), _bucket(frames, self.frame_buckets))
         graphed = self.graphs.get((padded.codes.shape[0], padded.codes.shape[2]))
@@ -118,8 +105,7 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def capture_graphs(self) -> int:
-        """A CUDA graph per bucket shape, largest first into one memory pool; returns how many. If a capture
-        fails, none is kept (the steps run eagerly) and the error goes to the caller."""
+        """A CUDA graph per bucket, largest first into one pool; -> how many. A failed capture keeps none and raises."""
         try:
             return self._capture_graphs()
         except Exception:
@@ -142,7 +128,6 @@ class StreamingCode2Wav:
 
     @torch.inference_mode()
     def warm_up(self) -> int:
-        """Decode one step of every bucket shape (into the scratch slot); returns how many."""
         shapes = self.step_shapes()
         for rows, frames in shapes:
             codes = torch.zeros(rows, self.model.config.num_quantizers, frames, dtype=torch.long)
@@ -264,9 +249,8 @@ class StreamingCode2Wav:
 
 def step_shapes(batch_buckets: tuple[int, ...], frame_buckets: tuple[int, ...],
                 max_step_frames: int | None) -> list[tuple[int, int]]:
-    """The padded (rows, frames) a step can take: a step of several rows holds at most `max_step_frames`
-    (rows x its widest chunk), so the widest buckets of many rows never occur and are neither warmed nor
-    captured (their graphs would hold the most memory of all)."""
+    """The padded (rows, frames) a step can take: a step holds at most `max_step_frames` (rows x its widest chunk), so
+    the widest buckets of many rows never occur and are neither warmed nor captured."""
     shapes = []
     largest = batch_buckets[-1] if batch_buckets else 1
     for i, frames in enumerate(frame_buckets):
@@ -282,10 +266,8 @@ def _bucket(size: int, buckets: tuple[int, ...]) -> int:
 
 
 def _take(joined: torch.Tensor, valid: torch.Tensor, size: int, dim: int = -1) -> torch.Tensor:
-    """Per row b, the `size` entries of `joined` along `dim` that end at `size + valid[b]`.
-
-    `joined` is [carried state of `size` | new entries], so these are the row's last `size` valid ones.
-    """
+    """Per row b, the `size` entries of `joined` ([carried state of `size` | new entries]) along `dim` that end at
+    `size + valid[b]`: the row's last `size` valid ones."""
     dim = dim % joined.dim()
     index = valid[:, None] + torch.arange(size, device=joined.device)  # [B, size]
     shape = [1] * joined.dim()

@@ -1,28 +1,13 @@
 """The Talker's code predictor: the 15 residual codebooks of a frame, given its codebook 0.
 
-Two implementations of one callable, `predictor(past_hidden [B, H], code0 [B], rows) -> (codes
-[B, G], summed codec embedding [B, H])`: `TransformersCodePredictor` runs transformers' modules
-(the eager reference), `StaticCodePredictor` one fixed-shape step per position, which
-torch.compile can fuse and a CUDA graph can capture (what CUDA-graph profiles run).
-
-transformers runs the predictor through a DynamicCache that grows by one key per pass,
-so every pass has new shapes, and each of its 5 layers launches ~55 small kernels: at
-batch 64 the 15 passes of one frame take 17 ms on an H200 for 0.6 ms of weight reads
-(docs/performance.md). Here every position runs the same step: one token per row
-against a zeroed KV buffer of all 16 positions, masked from the current one on, beside the
-token's own key and value, which the step returns and its caller writes at its position. The
-compiled step only reads the buffer: a write into one layer's view of it (a graph input) makes
-inductor copy the whole buffer, every layer and row, out and back on every step. The math is
-transformers' (eager attention, its RMSNorm and RoPE, the same weights); q/k/v and
-gate/up are each one GEMM, over fused weights that the transformers modules keep as
-views, so no memory is duplicated and the eager path still works. With `compiled`, the
-step and the sampler go through torch.compile once each (the batch size is dynamic), and
-the frame is then captured as one CUDA graph as before (engine/omni/accel/cuda_graphs.py).
-
-The first pass of transformers takes two tokens (the Talker's hidden state, then the
-embedding of codebook 0); here they are two single-token steps, which causal attention
-makes the same computation.
-"""
+`predictor(past_hidden [B, H], code0 [B], rows) -> (codes [B, G], summed codec embedding [B, H])`:
+`TransformersCodePredictor` runs transformers' modules (the eager reference), whose DynamicCache gives every pass
+new shapes; `StaticCodePredictor` runs one fixed-shape step per position, which torch.compile can fuse and a CUDA
+graph capture: one token per row against a zeroed buffer of all 16 positions, masked from the current one on,
+beside the token's own key and value, which the step returns for its caller to write. The compiled step only
+reads the buffer: a write into one layer's view of it makes inductor copy the whole buffer out and back every
+step. q/k/v and gate/up are each one GEMM over fused weights the transformers modules keep views of. transformers'
+first pass takes two tokens; here they are two single-token steps, the same computation under causal attention."""
 
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
 """What the Thinker's and the Talker's prefix caches share: a paged KV cache's slots kept after their sequences
 finished, in the order they were kept or used, their count of the pool's pages, and the index of the positions
-they hold (`PrefixIndex`).
+they hold (`PrefixIndex`): which kept prefixes share the most of a prompt's first blocks, so that a prompt is
+compared position by position only with those, not with every kept prefix.
 
-Which kept prefixes share the most of a prompt's first blocks, so that a prompt is compared position by position
-only with those, not with every kept prefix.
-
-A kept prefix is filed under a chained digest of each of its whole blocks of positions (a block's digest covers
-every position before it, as vLLM's prefix cache hashes its blocks). A prompt walks its own blocks' digests
-while some eligible prefix holds them; the holders at the deepest block are its candidates, and nothing that
-matches fewer whole blocks can match longer. A match shorter than one block is never wanted: the caches ask
-for at least one block's worth.
-
-The candidates agree with the prompt on their shared blocks by digest, so each is compared from there on only:
-less than a block, since none holds the next one. Many conversations kept beside one long system prompt then
-cost a block's compare each, not their whole length. Only the winner is compared from its start, so that a
-digest collision, however unlikely, can shorten a match but never make a wrong one.
-"""
+A kept prefix is filed under a chained digest of each of its whole blocks (a block's digest covers every position
+before it, as vLLM's prefix cache hashes its blocks). A prompt walks its blocks' digests while some eligible
+prefix holds them; the holders at the deepest block are its candidates, and each is compared only past its shared
+blocks (less than a block), so many conversations beside one long system prompt cost a block's compare each. The
+caches never want a match shorter than a block. Only the winner is compared from its start, so that a digest
+collision can shorten a match but never make a wrong one."""
 
 from __future__ import annotations
 
@@ -39,7 +32,6 @@ class Match(Generic[K]):
 
 
 def agreement(kept: np.ndarray, keys: np.ndarray) -> int:
-    """How many first positions `kept` and `keys` agree on."""
     n = min(len(kept), len(keys))
     same = kept[:n] == keys[:n]
     return n if same.all() else int(np.argmin(same))
@@ -148,7 +140,6 @@ class KeptSlots(Generic[E]):
         return self.kv.pages_for(length) <= self.kv.num_free_pages + self._kept_pages()
 
     def count_pages(self) -> None:
-        """The pool's pages by holder, into /metrics."""
         kept = self._kept_pages()
         free = self.kv.num_free_pages
         for holder, n in ((self.busy, self.kv.num_pages - kept - free), ("kept", kept), ("free", free)):

@@ -1,13 +1,11 @@
 """A paged KV cache for continuous batching over transformers' attention layers.
 
-Each request holds a slot from its first prompt piece to its finish; a slot holds pages, `page_size`
-positions each, out of one pool shared by all slots. A slot takes pages as its positions are written, and
-the Thinker's stage reserves a prompt's and its longest reply's when it starts (engine/omni/stages/thinker.py), so
-memory follows what the conversations hold rather than `num_slots x max_len`: the pool's size (`num_pages`)
-is the budget, and a slot can still grow to `max_len`. A forward over any set of slots, each at its own
-position, goes through a packed batch (engine/omni/runners/packed_batch.py), which the model's attention layers
-call as their `cache`; it carries each sequence's page list, so nothing on the device changes when pages move.
-"""
+Each request holds a slot from its first prompt piece to its finish; a slot holds pages of `page_size`
+positions out of one pool shared by all slots, taken as its positions are written (the stages reserve a
+prompt's and its longest reply's when it starts). Memory follows what the conversations hold rather than
+`num_slots x max_len`: the pool (`num_pages`) is the budget, and a slot can still grow to `max_len`. A forward
+goes through a packed batch (packed_batch.py), which the attention layers call as their `cache`; it carries each
+sequence's page list, so nothing on the device changes when pages move."""
 
 from __future__ import annotations
 
@@ -66,10 +64,8 @@ class SlotKVCache:
     @classmethod
     def for_decoder(cls, config: Any, *, max_batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
                     pool_positions: int = 0, kept_slots: int = 0) -> SlotKVCache:
-        """The cache of a transformers decoder with `config` (its layers, KV heads and head size): a slot for each
-        of `max_batch` sequences at once and `kept_slots` more for kept prefixes (engine/omni/runners/prefix_cache.py);
-        `pool_positions`: the pool's size in positions (0: `max_batch` x `max_len`, every sequence its whole
-        length)."""
+        """The cache of a transformers decoder with `config`: a slot for each of `max_batch` sequences and `kept_slots`
+        more for kept prefixes (prefix_cache.py); `pool_positions`: the pool's size (0: `max_batch` x `max_len`)."""
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         num_pages = -(-pool_positions // PAGE_SIZE) if pool_positions else max_batch * -(-max_len // PAGE_SIZE)
         return cls(num_layers=config.num_hidden_layers, num_slots=max_batch + kept_slots,
@@ -78,7 +74,6 @@ class SlotKVCache:
 
     @property
     def position_bytes(self) -> int:
-        """What one position's keys and values take over all layers."""
         return sum(2 * keys[0, :, 0].numel() * keys.element_size() for keys in self.keys)
 
     @property
@@ -108,8 +103,7 @@ class SlotKVCache:
         return self.table[slot, : self.held[slot]].tolist()
 
     def reserve(self, slot: int, length: int) -> bool:
-        """Pages for positions [0, min(length, max_len)) of `slot`; False (and nothing taken) when the pool is
-        short."""
+        """Pages for positions [0, min(length, max_len)) of `slot`; False (nothing taken) when the pool is short."""
         need = self.pages_for(length) - int(self.held[slot])
         if need > len(self.free_pages):
             return False
@@ -119,7 +113,6 @@ class SlotKVCache:
         return True
 
     def trim(self, slot: int, length: int) -> None:
-        """Give back the pages of `slot` past position `length`."""
         while self.held[slot] > self.pages_for(length):
             self.held[slot] -= 1
             self.free_pages.append(int(self.table[slot, self.held[slot]]))
@@ -130,8 +123,7 @@ class SlotKVCache:
         return self.table[slots, positions // self.page_size]
 
     def page_table(self, slots: np.ndarray | list[int], pad_to: int = 0) -> np.ndarray:
-        """[max(len(slots), pad_to), pages_per_slot]: each slot's pages, the scratch page past them (and in the
-        padding rows)."""
+        """[max(len(slots), pad_to), pages_per_slot]: each slot's pages, then the scratch page (in padding rows too)."""
         table = np.full((max(len(slots), pad_to), self.pages_per_slot), self.scratch_page, dtype=np.int64)
         table[: len(slots)] = self.table[np.asarray(slots, dtype=np.int64)]
         return table

@@ -1,22 +1,11 @@
 """One packed forward over the slot KV cache: decode rows and prompt pieces as unpadded tokens.
 
-A step is a list of `Piece`s, each one sequence's rows in it: a prompt's next piece, or the one token a
-speaking reply decodes. Their tokens are packed end to end (`[T]` rows, nothing padded between them);
-each token writes its key and value at its slot's position (a page and an offset in it: the paged cache of
-engine/omni/runners/kv_cache.py) and attends causally over what its slot holds (`PackedAttention`: the Triton
-kernel of engine/omni/accel/packed_attention.py reads the pages in place through each sequence's page list,
-`ReferenceAttention` gathers them per sequence). No 4-D mask, no copy of the KV out of the pages, and
-"extend after a cached prefix" is no separate kind: a piece simply starts where its slot ends.
-
-A CUDA graph pads a step to its bucket of tokens and sequences: padding tokens write the cache's scratch
-page, belong to no sequence and read zeros out of attention; padding sequences have no tokens.
-Every index a step needs, the page lists too, lives in one int64 tensor, filled by one copy from the host.
-
-The kernel works from two block tables, so that a decode row does not fill a 16-token tile alone:
-sequences of at most `SMALL_Q` query tokens (decode rows) take one small block each, longer ones
-blocks of `block_q` tokens. Both tables have a size fixed by the step's (tokens, sequences) and are
-padded with -1 entries, so a CUDA graph replays them for any mix of lengths.
-"""
+A step is a list of `Piece`s, each one sequence's rows (a prompt's next piece, or a reply's next token), packed
+end to end as `[T]` rows; each token writes its key and value at its slot's position (a page and an offset) and
+attends causally over what its slot holds. No 4-D mask and no copy out of the pages; a piece after a cached prefix
+simply starts where its slot ends. A CUDA graph pads a step to its bucket: padding tokens write the scratch page
+and read zeros, padding sequences have none. Every index a step needs lives in one int64 tensor, filled by one
+copy from the host."""
 
 from __future__ import annotations
 
@@ -37,9 +26,8 @@ SMALL_Q = 2
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """One sequence's rows in a step: `length` tokens written from `start`, the positions its slot holds.
-    `rope`: their M-RoPE rows [3, length] where they are not the slot's positions (a prompt with images,
-    and its reply after it: engine/intake/images.py)."""
+    """One sequence's rows in a step: `length` tokens written from `start`, the positions its slot holds. `rope`: their
+    M-RoPE rows [3, length] where they are not the slot's positions (a prompt with images, and its reply)."""
 
     slot: int
     start: int
@@ -75,15 +63,13 @@ def query_blocks(lengths: list[int], block_q: int, num_blocks: int | None = None
 
 
 def num_blocks(tokens: int, seqs: int, block_q: int) -> int:
-    """Big-table blocks that any `seqs` sequences of `tokens` tokens in all can need: each sequence may end
-    one block early."""
+    """Big-table blocks any `seqs` sequences of `tokens` tokens can need: each may end one block early."""
     return 0 if block_q == 0 else -(-tokens // block_q) + seqs
 
 
 def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tuple[list[int], list[int], list[int]]:
-    """The kernel's two work lists for sequences of these query lengths in a step of (`tokens`, `seqs`):
-    the small table (the index of each sequence of 1..SMALL_Q tokens, one block each, padded with -1 to
-    `seqs`) and the big table (`query_blocks` of the longer ones, padded to `num_blocks`)."""
+    """The kernel's two work lists for a step of (`tokens`, `seqs`): the small table (each sequence of 1..SMALL_Q
+    tokens, padded with -1 to `seqs`) and the big table (`query_blocks` of the longer ones, padded to `num_blocks`)."""
     small = [n for n, length in enumerate(lengths) if 0 < length <= SMALL_Q]
     assert len(small) <= seqs, (len(small), seqs)
     long = [length if length > SMALL_Q else 0 for length in lengths]
@@ -92,11 +78,9 @@ def block_tables(lengths: list[int], block_q: int, tokens: int, seqs: int) -> tu
 
 
 class PackedBatch:
-    """The view one forward takes as its cache: per token the page and offset it writes and its position,
-    per sequence its start, first token and length, the index of its last token and its page list
-    (`seq_pages`, [N, pages_per_slot]), the kernel's two block tables (`small_seq`; `block_seq`,
-    `block_q`), and per token its three M-RoPE rows (`rope`); all views of `meta`. `pieces`: the host's
-    copy (None in a graph's static batch, whose contents change per replay)."""
+    """The view one forward takes as its cache, all views of `meta`: per token its page, offset, position and
+    M-RoPE rows; per sequence its start, first token, length, last token and page list ([N, pages_per_slot]);
+    the kernel's block tables. `pieces`: the host's copy (None in a graph's static batch)."""
 
     def __init__(self, cache: SlotKVCache, attention: PackedAttention, tokens: int, seqs: int,
                  meta: torch.Tensor, pieces: list[Piece] | None = None) -> None:
@@ -121,7 +105,6 @@ class PackedBatch:
 
     @classmethod
     def of(cls, cache: SlotKVCache, attention: PackedAttention, pieces: list[Piece]) -> PackedBatch:
-        """An eager step's batch: exactly these pieces."""
         tokens = sum(p.length for p in pieces)
         host = torch.from_numpy(_layout(cache, attention.block_q, tokens, len(pieces), pieces))
         return cls(cache, attention, tokens, len(pieces), host.to(cache.keys[0].device, non_blocking=True), pieces)
@@ -154,8 +137,7 @@ class PackedBatch:
 
 
 class ReferenceAttention:
-    """Each sequence's queries over its slot's keys, gathered from its pages, in float32 (the CPU path and the
-    kernel's reference); needs the host's pieces."""
+    """Each sequence's queries over its slot's keys gathered from its pages, in float32; needs the host's pieces."""
 
     block_q = 0
 
@@ -191,7 +173,6 @@ def packed_attention_forward(module, query, key, value, attention_mask, scaling=
 
 
 def use_packed_attention(model: Any) -> None:
-    """Make a text decoder attend through the packed batch it is given (`packed=`)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)

@@ -1,35 +1,16 @@
 """Finished requests' KV kept in their slots, so that a prompt that begins the same prefills only the rest.
 
-A conversation's next turn is its last prompt, the reply, and something new. When a Thinker request
-finishes, its slot is not freed but kept with the keys of the positions its KV holds; a new prompt
-takes the entry with the longest common prefix (at least `min_tokens`, so that the few tokens every
-prompt shares, a chat template's header, never move a conversation's slot or cost a copy) and
-prefills only what follows. A match that covers the entry's prompt moves the slot to the new request (what is left
-past it is that conversation's reply); a shorter one (one system prompt, many users) copies the
-shared part into a free slot and leaves the entry for others. The KV cache has `KEPT_PER_SLOT` slots for kept
-prefixes beside each request's (a slot is a row of the page table; what a kept prefix holds is pages of the shared
-pool), so more conversations than `max_batch` keep theirs; kept slots are given back, least recently used first,
-whenever a request needs a slot or pages and none are free, so the cache only ever holds what nobody else
-wants. Anything that does not match prefills in full, as it would without the cache.
-
-More conversations than slots would push one another out, so a kept slot given back moves its KV to a
-pool in host memory (at most `host_bytes`, least recently used dropped first); a prompt that matches
-there is copied back into a slot, which costs a PCIe copy (~25 GB/s) where a prefill would cost the
-whole prefix again.
-
-A kept prefix also holds the Talker's rows of its prompt (the Thinker's layer-0 and captured rows, 8 KiB a
-position at full size): a conversation whose Talker lost its own kept rows prefills them from these. They wait
-in host memory (`host_rows`), where they cost the GPU nothing: on the GPU, outside the KV pool that start-up
-sizes to the memory left, a long call's kept rows grew by gigabytes and a step ran out of memory. They are kept
-as pieces, each copied to the host once, when the step that made it is done: a long call's next turn adds its
-own rows to the pieces it reused, and what it reused stays where it is. The Talker copies back to the GPU only
-the rows its own kept prefix lacks (usually none of a reused prefix's): sending the whole prefix to the GPU and
-back every turn put ~80 MB of copies on the Thinker's stream per turn by turn 50 of a long call.
-
-A position's key is its token id, except under an audio clip, where every position carries the
-clip's digest (engine/intake/prompt.py: a negative number no token id can equal): the same placeholders over other audio do
-not match. A match never ends inside a clip, so a clip is encoded whole or not at all.
-"""
+A finished Thinker request's slot is kept with the keys of its positions; a new prompt takes the entry with the
+longest common prefix of at least `min_tokens` (a chat template's shared header never moves a slot) and prefills
+the rest. A match covering the entry's prompt moves the slot to the new request; a shorter one (one system prompt,
+many users) copies the shared part into a free slot and leaves the entry. `KEPT_PER_SLOT` kept slots sit beside
+each request's, given back least recently used first whenever a request needs a slot or pages: the cache holds
+only what nobody else wants. A kept slot given back moves its KV to a host pool (`host_bytes`, LRU), from which a
+match is copied back instead of prefilled. A kept prefix also holds the Talker's rows of its prompt, in pinned
+host memory (on the GPU, outside the KV pool start-up sizes, a long call's rows would run a step out of memory),
+as pieces copied to the host once each; a Talker copies back only the rows its own kept prefix lacks. A
+position's key is its token id, except under an audio clip, where it is the clip's digest (negative, so no token
+id equals it); a match never ends inside a clip, so a clip is encoded whole or not at all."""
 
 from __future__ import annotations
 
@@ -89,8 +70,7 @@ class Reuse:
 
 
 class PrefixCache(KeptSlots[Entry]):
-    """Owns the kept slots (engine/omni/runners/kept_slots.py) and the host pool, each most recently kept or used
-    last."""
+    """Owns the kept slots (kept_slots.py) and the host pool, each most recently kept or used last."""
 
     def __init__(self, kv: SlotKVCache, metrics: PrefixCacheMetrics, *, min_tokens: int = 64,
                  host_bytes: int = 0) -> None:
@@ -123,8 +103,7 @@ class PrefixCache(KeptSlots[Entry]):
         return True
 
     def _evict(self, slot: int | None = None) -> None:
-        """A kept prefix out of its slot (the least recently used one by default): to the host pool, its slot
-        and pages free."""
+        """A kept prefix (by default the least recently used) to the host pool: its slot and pages free."""
         entry = self._take(next(iter(self.entries)) if slot is None else slot)
         self._to_host(entry)
         self.kv.free(entry.slot)
@@ -163,8 +142,7 @@ class PrefixCache(KeptSlots[Entry]):
         return entry
 
     def claim(self, keys: np.ndarray, media_spans: list[tuple[int, int]], *, want_hidden: bool) -> Reuse | None:
-        """A slot holding the longest cached prefix of a prompt with these keys, now the caller's; None
-        when nothing long enough matches (allocate a slot and prefill it all)."""
+        """The slot holding the longest cached prefix of these keys, now the caller's; None when none is long enough."""
         best: Entry | HostEntry | None = None
         best_key, best_length = 0, 0
         prompt = keys[:-1]  # the last prompt position is always prefilled: its logits
@@ -246,10 +224,9 @@ def head(pieces: Rows, n: int) -> Rows:
 
 
 def host_rows(pieces: list[torch.Tensor]) -> Rows | None:
-    """Row pieces as the cache keeps them: those on the host as they are (a reused prefix's), unless a small view
-    of a larger tensor; each run of pieces on a GPU copied into one pinned buffer without waiting (the copy back to
-    a GPU, on a stream that waits for this one, comes after it; nothing reads them on the host). None for none: a
-    request that made no rows (it spoke no audio) keeps none for a request that will."""
+    """Row pieces as the cache keeps them: those on the host as they are (unless a small view of a larger
+    tensor); each run of GPU pieces copied into one pinned buffer without waiting (the copy back to a GPU runs
+    on a stream that waits for this one). None for a request that made no rows (it spoke no audio)."""
     out: list[torch.Tensor] = []
     for on_gpu, group in itertools.groupby(pieces, key=lambda piece: piece.is_cuda):
         run = list(group)

@@ -22,9 +22,8 @@ from engine.omni.runners.packed_batch import Piece
 class PackedReplay(Protocol):
     def __call__(self, embeds: torch.Tensor, pieces: list[Piece],
                  deepstack: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
-        """Packed rows [T, H] of these pieces (engine/omni/runners/packed_batch.py), and the rows added inside the
-        first decoder layers where the step holds images ([layers, T, H], zeros elsewhere); None when no bucket
-        fits."""
+        """Packed rows [T, H] of these pieces, and the images' rows for the first decoder layers ([layers, T, H], zeros
+        elsewhere); None when no bucket fits."""
         ...
 
 
@@ -46,9 +45,8 @@ EAGER = StepGraphs()
 
 def run_packed(graphs: StepGraphs, embeds: torch.Tensor, pieces: list[Piece], eager: Callable[[], Any],
                cold: ColdWork | None, what: str, deepstack: torch.Tensor | None = None) -> Any:
-    """A packed step replayed where a graph's bucket fits it, else `eager()`; with graphs, a step none fits is
-    cold work (told to `cold` as `what`). `deepstack`: the images' rows for the first layers, as the replay
-    takes them."""
+    """A packed step replayed where a graph's bucket fits it, else `eager()`, which with graphs is cold work (told to
+    `cold` as `what`)."""
     if graphs.packed is not None:
         if (out := graphs.packed(embeds, pieces, deepstack)) is not None:
             return out
@@ -58,10 +56,9 @@ def run_packed(graphs: StepGraphs, embeds: torch.Tensor, pieces: list[Piece], ea
 
 
 def capture(fn: Callable[[], Any], pool: Any, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture
-    it on `stream` into `pool` and replay it once; returns the graph and the outputs its replays
-    overwrite. A graph's first replay also uploads it to the device, which under load is a request's
-    wait: spoken turns that met a graph for the first time took 60-100 ms longer."""
+    """Run `fn` twice on a side stream (lazy initialisation stays out of the graph), then capture it on `stream` into
+    `pool` and replay it once, so that its upload to the device is not a request's wait; returns the graph and the
+    outputs its replays overwrite."""
     side = torch.cuda.Stream(stream.device)
     side.wait_stream(torch.cuda.current_stream(stream.device))
     with torch.cuda.stream(side):

@@ -5,16 +5,11 @@ counter, the token id), so a seeded request draws the same tokens whatever batch
 it shares, with no per-row generator, no host sync and a fixed kernel count per
 step (what CUDA graphs need later).
 
-Constrained decoding in the Thinker: each constrained reply's grammar state, and the batch's token masks.
-
-The grammar text comes with the admitted request (engine/intake/constraints.py says why llguidance);
-`Grammars` compiles it against the Thinker's tokenizer into a `GrammarState`, which advances by
-one token per decoded token. Before each sampling step `Grammars.mask` computes the allowed tokens
-of the batch's constrained rows, in parallel across rows; the sampler applies them
-(`TokenMask`). A batch with no constrained row gets no mask at all.
-
-The masks are host work: on a GPU they are computed while the step's forward still runs (the
-runner's logits are queued, not waited for).
+Constrained decoding: `Grammars` compiles an admitted request's grammar text (engine/intake/constraints.py) against
+the Thinker's tokenizer into a `GrammarState`, which advances one token per decoded token. Before each sampling
+step `Grammars.mask` computes the allowed tokens of the batch's constrained rows, in parallel across rows, for the
+`TokenMask`; a batch with no constrained row gets no mask. The masks are host work: on a GPU they are computed
+while the step's forward still runs.
 """
 
 from __future__ import annotations
@@ -109,11 +104,9 @@ class RowTensors:
 
 @dataclass(frozen=True, slots=True)
 class TokenMask:
-    """Some rows of a batch held to some tokens (constrained decoding, engine/omni/runners/sampler.py).
-
-    `rows`: those rows' indices in the batch; `bits` [len(rows), words] int32 on the host: bit j of
-    word w allows token 32 * w + j. Tokens past 32 * words (the model's vocab can be larger than
-    its tokenizer's) are never allowed."""
+    """Some rows of a batch held to some tokens (constrained decoding). `rows`: their indices in the batch; `bits`
+    [len(rows), words] int32 on the host: bit j of word w allows token 32 * w + j. Tokens past 32 * words (the
+    model's vocab can be larger than its tokenizer's) are never allowed."""
 
     rows: list[int]
     bits: torch.Tensor
@@ -182,7 +175,6 @@ class GrammarState:
     matcher: llguidance.LLMatcher
 
     def accept(self, token_id: int) -> None:
-        """Advance by the token just decoded (the mask allowed it)."""
         if not self.matcher.consume_token(token_id):
             log.error("grammar refused token %d: %s", token_id, self.matcher.get_error())
 
@@ -193,11 +185,8 @@ class GrammarState:
 
 
 class Grammars:
-    """Owns the grammar engine's view of the tokenizer and the threads that compute masks.
-
-    That view takes ~2 s of CPU to build for Qwen's 152k-token vocabulary, holding the GIL: it is
-    built on the first constrained request, not at start-up, so that servers that never constrain
-    a reply never pay it."""
+    """Owns the grammar engine's view of the tokenizer and the threads that compute masks. That view costs seconds of
+    CPU under the GIL for Qwen's vocabulary, so it is built on the first constrained request, not at start-up."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer

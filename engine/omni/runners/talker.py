@@ -1,11 +1,9 @@
 """The Talker's tensor work: prompt projection, one packed step of codebook 0 over any mix of prompt pieces and
-speaking replies' next rows (engine/omni/runners/packed_batch.py), and the code predictor.
+speaking replies' next rows (packed_batch.py), and the code predictor.
 
-Owns the Talker model and its KV cache. The math follows transformers'
-`Qwen3OmniMoeForConditionalGeneration.generate` and the talker's
-`prepare_inputs_for_generation`, reorganised so that rows arrive one text token
-at a time and requests of different lengths share each forward.
-"""
+The math follows transformers' `Qwen3OmniMoeForConditionalGeneration.generate` and the talker's
+`prepare_inputs_for_generation`, reorganised so that rows arrive one text token at a time and requests of
+different lengths share each forward."""
 
 from __future__ import annotations
 
@@ -66,13 +64,9 @@ class TalkerRow:
 
 
 class TalkerRunner:
-    """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps.
-
-    `tts_embeds`: the Thinker's input embeddings of tts_bos, tts_eos, tts_pad ([3, thinker_hidden]).
-    `kv_tokens`: the KV pool's rows for all slots (engine/omni/runners/kv_cache.py); 0, every slot its `max_len`.
-    `predictor`: the 15 residual codebooks of a frame (engine/omni/runners/code_predictor.py); by default
-    transformers' own modules, the eager reference.
-    `attention`, `capture` and `cold` as the Thinker runner's."""
+    """Owns the Talker model, its KV cache, the repetition history per slot and the captured steps. `tts_embeds`: the
+    Thinker's input embeddings of tts_bos, tts_eos, tts_pad [3, thinker_hidden]. `kv_tokens`: the KV pool's rows (0:
+    every slot its `max_len`). `attention`, `capture` and `cold` as the Thinker runner's."""
 
     def __init__(self, talker: Any, config: Any, tts_embeds: torch.Tensor, *, max_batch: int, max_len: int,
                  kv_tokens: int = 0, predictor: CodePredictor | None = None, attention: PackedAttention | None = None,
@@ -133,13 +127,10 @@ class TalkerRunner:
                                self._multimodal_id_set)
 
     def user_rows(self, layout: PromptLayout, embeds: torch.Tensor, hidden: torch.Tensor, first: int = 0) -> torch.Tensor:
-        """The talker prompt's rows for the Thinker prompt's rows at positions [first, first + n): those of its
-        user turns [U, H], text rows projected from the Thinker's input embeddings, audio (and image, video)
-        rows from its hidden rows. The rows of consecutive pieces, joined, are the rows of the whole.
-
-        Which rows are which comes from the ids on the host, so a burst of prompts is queued without
-        the host waiting on the GPU once: masks and lookups on the device made six waits a prompt,
-        each slow beside a busy Thinker (a prefill of 51 prompts took 120 ms on the H200)."""
+        """The talker prompt's rows for the Thinker prompt's positions [first, first + n): its user turns' rows [U, H],
+        text projected from the Thinker's input embeddings, audio (image, video) from its hidden rows. Consecutive
+        pieces' rows, joined, are the whole's. Which rows are which comes from the ids on the host, so a burst of
+        prompts is queued without the host waiting on the GPU."""
         end = first + embeds.shape[0]
         spans: list[tuple[int, int]] = []
         flags: list[bool] = []
@@ -162,9 +153,8 @@ class TalkerRunner:
         return rows
 
     def positions(self, layout: PromptLayout, token_ids: list[int], grids: list[Grid]) -> np.ndarray:
-        """[3, L]: the M-RoPE rows of a talker prompt whose user turns hold images or videos of these grids;
-        transformers places them as the Thinker does, over the talker prompt's own rows (its user rows, then the
-        assistant's)."""
+        """[3, L]: the M-RoPE rows of a talker prompt whose user turns hold images or videos of these grids, placed
+        as the Thinker places them, over the talker prompt's own rows."""
         ids = [token_ids[i] for a, b in layout.user_spans for i in range(a, b)]
         _, spans = media_spans(ids, self.audio_token_id, self.visual_token_ids)
         return mrope_positions(len(ids) + ASSISTANT_ROWS, spans, grids, self.merge)
@@ -179,7 +169,6 @@ class TalkerRunner:
         return text_track + self._codec_track(speaker)
 
     def _codec_track(self, speaker: str) -> torch.Tensor:
-        """The codec rows under the assistant header for `speaker`, made once per speaker."""
         if (track := self._codec_tracks.get(speaker)) is None:
             ids = torch.tensor(self.codec_prefix + [self.speaker_ids[speaker]] + self.codec_suffix, device=self.device)
             zeros = torch.zeros(3, self.tts_pad.shape[-1], device=self.device, dtype=self.dtype)
@@ -207,10 +196,8 @@ class TalkerRunner:
     def residual_codes(
         self, past_hidden: torch.Tensor, code0: torch.Tensor, rows: list[RowSampling]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codebooks 1..15 for each row, and the summed codec embedding of the whole frame.
-
-        past_hidden [B, H], code0 [B] -> codes [B, num_code_groups], next talker input [B, H]
-        """
+        """Codebooks 1..15 for each row and the frame's summed codec embedding: past_hidden [B, H], code0 [B] ->
+        codes [B, num_code_groups], next talker input [B, H]."""
         settings = RowTensors.of(rows, self.device)
         if self.graphs.predictor is not None and (out := self.graphs.predictor(past_hidden, code0, settings)):
             codes, total = out
@@ -227,7 +214,6 @@ class TalkerRunner:
         return self.predictor(past_hidden, code0, rows)
 
     def forget_codes(self, slots: list[int]) -> None:
-        """New replies in these slots: nothing produced yet."""
         self.seen_codes[host_to_device(slots, torch.long, self.device)] = False
 
     def penalise_repeats(self, logits: torch.Tensor, slots: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -1,17 +1,12 @@
 """Finished replies' Talker KV kept in their slots, so that a conversation's next turn prefills only its new rows.
 
-The Talker's prompt is every user turn's rows of the Thinker's prompt, then the assistant part
-(engine/omni/runners/talker.py). A conversation's next Thinker prompt begins with its last one, so the user rows
-the Talker prefilled last turn are this turn's first rows: a long call would otherwise prefill its whole
-history in the Talker on every turn. A Talker row at Thinker position p depends on the Thinker's prompt up to
-p alone (its token, or the Thinker's causal hidden row there), so a kept slot's first rows hold for a new
-prompt as far as the two Thinker prompts agree: the rows that end at or before their longest common prefix.
-
-A kept slot holds the pages of its user rows alone (the assistant part and frames go back to the pool). Kept
-slots are given back, least recently used first, whenever a reply needs a slot and none is free, or pages and
-the pool is short; a match moves the slot to the new reply (what it holds past the match is the old reply's
-assistant part, which the new prompt overwrites).
-"""
+The Talker's prompt is every user turn's rows of the Thinker's prompt, then the assistant part. A conversation's
+next Thinker prompt begins with its last one, so the user rows the Talker prefilled last turn are this turn's
+first rows; a long call would otherwise prefill its whole history in the Talker every turn. A Talker row at
+Thinker position p depends on the Thinker's prompt up to p alone, so a kept slot's rows hold for a new prompt as
+far as the two Thinker prompts agree. A kept slot holds the pages of its user rows alone; kept slots are given
+back, least recently used first, whenever a reply needs a slot or pages and none are free; a match moves the slot
+to the new reply, whose prompt overwrites what it holds past the match."""
 
 from __future__ import annotations
 

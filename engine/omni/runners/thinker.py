@@ -1,15 +1,10 @@
 """The Thinker's tensor work: one packed step over any mix of prompt pieces (text, audio and images; whole, or
-after what their slot holds) and replies' next tokens (engine/omni/runners/packed_batch.py).
+after what their slot holds) and replies' next tokens (packed_batch.py).
 
-A step with images in it replays the same graphs as any other: the vision tower's "deepstack" rows, added inside
-the first decoder layers at the images' places, go in dense (zeros elsewhere) and are added whole, where
+A step with images replays the same graphs as any other: the vision tower's "deepstack" rows, added inside the
+first decoder layers at the images' places, go in dense (zeros elsewhere) and are added whole, where
 transformers picks the images' rows by a mask (a host sync, which no graph can hold). A step no graph fits runs
-eagerly; its kernels are met once at start-up (`warm_eager`).
-
-Owns the Thinker model and its KV cache. Scheduling lives in `engine/omni/stages/thinker.py`.
-The Thinker stays behind this small interface (a step of rows in, rows out) so another
-backend (e.g. vLLM on a GPU host) can take its place.
-"""
+eagerly; its kernels are met once at start-up (`warm_eager`). Scheduling lives in engine/omni/stages/thinker.py."""
 
 from __future__ import annotations
 
@@ -76,22 +71,17 @@ class StepRunner(Protocol):
     def embed(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor: ...
 
     def audio_chunks(self, clip: torch.Tensor) -> int:
-        """The chunks of audio a clip's log-mel costs a step."""
         ...
 
     def step(self, rows: list[StepRow]) -> list[RowOut]: ...
 
 
 class ThinkerRunner:
-    """Owns the Thinker model, its audio tower, its KV cache and its captured steps.
-
-    `attention`: how packed queries attend over the slots (the Triton kernel on a GPU; by default the
-    reference). `capture`: called once with the finished runner; what it returns is replayed wherever a
-    step fits (engine/omni/accel/cuda_graphs.py). `audio_buckets`: chunk counts the audio tower's batch is
-    padded to (engine/omni/runners/audio_encoder.py), and `audio_graphed`: the small ones replayed from CUDA
-    graphs. `cold`: told of steps that graphs exist for but that run eagerly. `audio_timed`: told how
-    long each tower call took. `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`).
-    `image_normalisation`: how the checkpoint scales images' pixels (engine/intake/images.py)."""
+    """Owns the Thinker model, its audio tower, its KV cache and its captured steps. `attention`: packed attention over
+    the slots (the Triton kernel on a GPU; the reference by default). `capture`: called once with the finished
+    runner; what it returns is replayed wherever a step fits. `audio_buckets`: chunk counts the audio tower's batch is
+    padded to (replayed from graphs under `audio_graphed`). `cold`: told of steps that run eagerly though graphs
+    exist. `kv_tokens`: the KV cache's positions for all slots (0: each its `max_len`)."""
 
     def __init__(self, thinker: Any, config: Any, *, max_batch: int, max_len: int,
                  attention: PackedAttention | None = None,
@@ -165,9 +155,8 @@ class ThinkerRunner:
         return outs
 
     def warm_eager(self) -> int:
-        """Runs, once at start-up, what a step runs uncaptured, so that its kernels compile now and not under a
-        user's first step that no graph fits: the attention's small and block tables, the experts' decode and
-        prefill tiles (a step of 18 tokens, then of 512). -> the steps run; their slots are given back."""
+        """Runs once at start-up what a step runs uncaptured (both attention tables, the experts' decode and prefill
+        tiles), so that its kernels compile now, not under a user's step; their slots are given back."""
         kv = self.kv
         slots = [kv.allocate() for _ in range(2 if kv.num_slots > 1 and kv.num_pages > 1 else 1)]
         # the first slot's piece in the pages the others' one row leaves it

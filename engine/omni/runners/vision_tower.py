@@ -1,15 +1,9 @@
 """The Thinker's vision tower over every image of a step at once.
 
-The tower attends within each image (transformers lays the images end to end and separates them by their
-sequence lengths), so one call over the step's images equals a call per image. It returns the merged rows
-that take the images' placeholders, and the "deepstack" rows that the first decoder layers add at those
-same places (engine/omni/runners/thinker.py).
-
-The patch embedding is a 3-D convolution whose kernel is its stride: each patch's pixels times one matrix. It
-runs as that matmul (`PatchMatmul`): cuDNN meets each new count of patches as a new convolution shape, and
-a request paid for the first meeting (as the audio tower's convolutions did, ~0.2 s under load); a matmul
-takes any count.
-"""
+The tower attends within each image, so one call over the step's images equals a call per image. It returns the
+merged rows that take the images' placeholders and the "deepstack" rows the first decoder layers add at those
+places. The patch embedding, a 3-D convolution whose kernel is its stride, runs as a matmul (`PatchMatmul`):
+cuDNN would meet each new count of patches as a new convolution shape, which a request would wait for."""
 
 from __future__ import annotations
 
@@ -58,10 +52,9 @@ def _mean_std(normalisation: Normalisation, device: torch.device) -> tuple[torch
 
 def patches(image: ImageInput, normalisation: Normalisation, *, temporal: int, patch: int,
             device: torch.device | str | None = None) -> torch.Tensor:
-    """[patches, 3 * temporal * patch * patch] float32 on `device` (the pixels' own by default): what
-    transformers' Qwen2-VL image processor makes of the resized pixels. Scaled and normalised, cut into patches,
-    each merge x merge block of patches in raster order, a patch's values (channel, frame, row, column); an image
-    is repeated over the temporal patch."""
+    """[patches, 3 * temporal * patch * patch] float32 on `device`: what transformers' Qwen2-VL image processor makes
+    of the resized pixels (scaled, normalised, each merge x merge block of patches in raster order, a patch's
+    values (channel, frame, row, column); an image repeated over the temporal patch)."""
     t, h, w = image.grid_thw
     m = image.merge
     x = image.pixels.to(device).permute(0, 3, 1, 2).float() / 255  # [frames, 3, height, width]
@@ -80,8 +73,7 @@ class VisionRows:
 
 
 class PatchMatmul(torch.nn.Module):
-    """The vision tower's patch embedding, [patches, C * T * P * P] -> [patches, hidden], as one matmul over the
-    convolution's own weights (a view: no copy)."""
+    """The patch embedding, [patches, C * T * P * P] -> [patches, hidden], as one matmul over the conv's weights."""
 
     def __init__(self, conv: torch.nn.Conv3d) -> None:
         super().__init__()

@@ -1,15 +1,11 @@
 """Code2Wav stage: cuts each reply's codec frames into chunks and decodes ready chunks in one batch.
 
-Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first
-packet, then the `ramp_frames` sizes, if any, then `chunk_frames`. Each reply's decoder state
-stays in a slot of the streaming decoder between its chunks, so every chunk decodes only its new
-frames. Chunk boundaries depend only on frame counts, never on timing, so a reply's audio is the
-same however the stages interleave. Async chunk off: one decode when the Talker finishes.
-
-Ready chunks go by playback deadline: first chunks first (a listener waits for them), then the replies
-whose listeners hold the least audio (the playback clock, engine/omni/stages/playback.py, which this stage
-keeps as it emits); a step takes as many as fit `max_step_frames`, so none holds the GPU for long.
-"""
+Async chunk on: a small first chunk (`initial_chunk_frames`) for an early first packet, then the `ramp_frames`
+sizes, then `chunk_frames`; each reply's decoder state stays in a slot between its chunks. Chunk boundaries
+depend only on frame counts, never on timing, so a reply's audio is the same however the stages interleave.
+Async chunk off: one decode when the Talker finishes. Ready chunks go by playback deadline (first chunks first,
+then the replies whose listeners hold least: playback.py), as many as fit `max_step_frames` a step, so none
+holds the GPU for long."""
 
 from __future__ import annotations
 
@@ -58,14 +54,10 @@ class _Reply:
 
 
 class PlaybackClock:
-    """How much audio each speaking reply's listener holds, so that the least fed is fed first. Owns each speaking
-    reply's first-packet time and emitted audio, from its first packet to its last.
-
-    A listener plays a reply from its first audio packet on, in real time, and waits when it runs dry (its
-    player stalls, then goes on from where it stopped). Code2Wav tells the clock what it has emitted; what a
-    listener holds at `now` is the audio emitted minus what it has played: the time since its first packet,
-    less the time it stalled. Code2Wav decodes the least buffered replies first and reports the least of it
-    (`engine_playback_slack_seconds`). Shared by the Code2Wav copies' threads, so every access takes a lock."""
+    """How much audio each speaking reply's listener holds, so that the least fed is fed first; owns each speaking
+    reply's first-packet time and emitted audio. A listener plays a reply in real time from its first packet and
+    stalls when it runs dry: what it holds at `now` is the audio emitted less what it played, the time since its
+    first packet less the time it stalled. Shared by the Code2Wav copies' threads, so every access takes a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -189,8 +181,7 @@ class Code2WavStage(Stage):
         return self.last_batch
 
     def _capped(self, ready: list[tuple[Code2WavSeq, int]]) -> list[tuple[Code2WavSeq, int]]:
-        """The most urgent chunks that fit one step: `max_batch` of them, padded to the widest within
-        `max_step_frames`."""
+        """The most urgent chunks that fit a step: `max_batch`, padded to the widest within `max_step_frames`."""
         taken: list[tuple[Code2WavSeq, int]] = []
         widest = 0
         for seq, end in ready[: self.cfg.max_batch]:

@@ -1,32 +1,16 @@
 """First-packet priority in one place: what waits, and for how long, so that a reply's first audio comes early.
 
-A reply is heard from its first audio chunk on, so while some reply still waits for that chunk,
-work for replies already speaking (or text far ahead of its speech) only takes the GPU from it.
-The rules, each measured on the H200 (docs/performance.md):
-
-* Text pacing (`text_lead` > 0): the Thinker decodes only while some reply's text is fewer than
-  `text_lead` tokens ahead of what its Talker has consumed. Text runs ~2x faster than speech; the
-  steps that outrun it only take the GPU from the stages that make the audio, and each step the
-  Thinker does take serves a larger batch. Text nobody speaks is never held back.
-* First-chunk priority (with pacing): text is first made for the replies still waiting for their
-  first chunk; once each of them holds the rows that chunk consumes, the others' text waits at a
-  lead of one until those frames are made (a batch-64 Talker frame beside a Thinker step takes
-  about twice as long).
-* One step for everybody: every Thinker step carries a row for every running reply beside the prompt
-  pieces it prefills (inside a step that reads every expert anyway, 64 rows cost ~1.5 ms against a
-  13-15 ms step of their own), so prompts never starve the replies that speak. Pieces fill the step's
-  token budget first come first served, so prompts finish one after another, not abreast.
-* The budget is fixed (`max_step_tokens`). Shrinking it while some listener held under a second of
-  audio (measured on the H200) starved a wave's prefill, first audio 5.2 s on average against 0.98 s, and
-  under steady arrivals left more replies behind, not fewer. A gentle chunk ramp keeps the listeners fed
-  instead (docs/performance.md).
-* CUDA stream priorities: stages nearer the audio run first (`Stage.stream_priority`).
-
-Holding Code2Wav back for replies far ahead of real time while another awaited its first packet
-helped a burst of 64 arrivals, but under steady arrivals (admission control keeps the stages full)
-some reply always awaits its first packet, the others sat at the threshold, and a third of the
-replies stuttered: it was taken out (docs/performance.md).
-"""
+A reply is heard from its first audio chunk on, so while some reply waits for that chunk, work for replies already
+speaking (or text far ahead of its speech) only takes the GPU from it. Text pacing (`text_lead` > 0): the Thinker
+decodes only while some spoken reply's text is fewer than `text_lead` tokens ahead of what its Talker consumed;
+text outruns speech, and steps it takes without need leave the audio stages less GPU. First-chunk priority (with
+pacing): text is first made for the replies still waiting for their first chunk; once each holds the rows that
+chunk consumes, the others' text waits at a lead of one until those frames are made. Every Thinker step carries a
+row for every running reply beside the prompt pieces it prefills, so prompts never starve speaking replies; pieces
+fill the fixed `max_step_tokens` first come first served. The budget stays fixed: shrinking it while listeners are
+short of audio starves a wave's prefill and leaves more replies behind, which a gentle chunk ramp avoids. Stages
+nearer the audio get higher CUDA stream priority. Code2Wav is never held back for replies far ahead of real time:
+under steady arrivals some reply always awaits its first packet, and the others would stutter at the threshold."""
 
 from __future__ import annotations
 
@@ -46,12 +30,10 @@ class PacedText(Protocol):
 
     @property
     def made(self) -> int:
-        """Text tokens made so far."""
         ...
 
     @property
     def spoken(self) -> int:
-        """Text rows its Talker has consumed."""
         ...
 
 
@@ -64,11 +46,9 @@ class FirstPacketPolicy:
 
     @property
     def paces_text(self) -> bool:
-        """The Talker reports what it consumed to the Thinker (`SpeechProgress`)."""
         return self.text_lead > 0
 
     def thinker_may_decode(self, texts: Iterable[PacedText]) -> bool:
-        """Whether a Thinker decode step over these running replies is worth its GPU time now."""
         texts = list(texts)
         if not texts:
             return False

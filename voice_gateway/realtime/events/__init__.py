@@ -1,20 +1,12 @@
 """The OpenAI Realtime protocol: every client and server event as a pydantic model, parsed and serialised here only.
 
-`dialect` (GA / beta and beta's names), `session` (SessionConfig, its payload, the update fields), `updates`
-(how client events change a config), `items` (message items), `client` (client events, `parse_client_event`),
-`server` (server events, `serialize`), on `wire` (the base model, base64 audio).
-
-One set of models serves two dialects. GA (`client.realtime.connect`) is the native shape.
-Beta (`client.beta.realtime.connect`, which sends `OpenAI-Beta: realtime=v1`) differs in the
-session object (flat `modalities`, `input_audio_format`, `turn_detection`, `voice`), in the
-names of a few server events and in the type of assistant content parts (`text`/`audio` for
-`output_text`/`output_audio`). Client events are accepted in either spelling on any connection;
-`serialize` writes server events in the connection's dialect.
-
-Opus is our extension: output format `{"type": "audio/opus"}` (GA) or `"opus"` (beta). Such a
-session's audio leaves as binary WebSocket messages (framed by `audio/opus.py`) instead of
-`response.output_audio.delta` events; everything else is unchanged.
-"""
+One set of models serves two dialects. GA (`client.realtime.connect`) is the native shape; beta (which sends
+`OpenAI-Beta: realtime=v1`) differs in the session object (flat `modalities`, `input_audio_format`,
+`turn_detection`, `voice`), in a few server events' names and in assistant content parts' types (`text`/`audio`
+for `output_text`/`output_audio`). Client events are accepted in either spelling; `serialize` writes server
+events in the connection's dialect. Opus is our extension: output format `{"type": "audio/opus"}` (GA) or
+`"opus"` (beta) sends a session's audio as binary WebSocket messages (audio/opus.py) instead of
+`response.output_audio.delta` events."""
 
 from voice_gateway.realtime.events.client import (
     ClientEvent,

@@ -168,8 +168,7 @@ _CLIENT_EVENTS: TypeAdapter[ClientEvent] = TypeAdapter(ClientEvent)
 
 
 def _without_item_tags(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
-    """An item's type tag is no field of the event: `item.message.role` is `item.role`, and
-    `response.input.0.message.role` is `response.input.0.role`."""
+    """An item's type tag is no field of the event: `item.message.role` is `item.role`."""
     def is_tag(i: int) -> bool:
         after_item = loc[i - 1] == "item" or (isinstance(loc[i - 1], int) and loc[i - 2 : i - 1] == ("input",))
         return loc[i] in INPUT_ITEM_TYPES and after_item

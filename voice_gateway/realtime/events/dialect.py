@@ -19,7 +19,6 @@ def dialect_for(openai_beta_header: str | None) -> Dialect:
 
 
 def dialect_in(info: SerializationInfo) -> Dialect:
-    """The dialect a model is being serialised for (`serialize` passes it as context)."""
     return Dialect((info.context or {}).get("dialect", Dialect.GA))
 
 

@@ -43,12 +43,9 @@ Eagerness = Literal["low", "medium", "high", "auto"]
 
 
 class TurnDetection(BaseModel, frozen=True):
-    """Turn detection settings; a session without them takes a turn only on commit / response.create.
-
-    `semantic_vad` ends a turn on Smart Turn's judgement (`audio/semantic_vad.py`); where the model is absent, on the
-    server VAD with the silence its `eagerness` picks (`SEMANTIC_SILENCE_MS`). The server VAD's own fields are kept
-    for a switch back to `server_vad`.
-    """
+    """Turn detection settings; a session without them takes a turn only on commit / response.create. `semantic_vad`
+    ends a turn on Smart Turn's judgement, or where the model is absent on the server VAD with the silence its
+    `eagerness` picks. The server VAD's own fields are kept for a switch back to `server_vad`."""
 
     type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = 0.5
@@ -134,7 +131,6 @@ Truncation = Literal["auto", "disabled"] | RetentionRatio
 
 
 def _truncation(value: object) -> Truncation:
-    """One validator rather than a union, whose errors would name union members in `param`."""
     if value in ("auto", "disabled"):
         return value
     if isinstance(value, dict) and value.get("type") == "retention_ratio":
@@ -170,7 +166,6 @@ class SessionConfig(BaseModel, frozen=True):
 
 
 def session_payload(config: SessionConfig, dialect: Dialect) -> dict[str, Any]:
-    """The `session` object of session.created / session.updated, in `dialect`'s shape."""
     voice = {"voice": config.voice} if config.voice is not None else {}
     tools = {
         "tools": [t.model_dump(exclude_none=True) for t in config.tools],
@@ -299,8 +294,7 @@ class OutputSettings(EventModel):
 
 
 class ResponseOverrides(OutputSettings):
-    """`response.create`'s settings for that response only, and what only a response has: its metadata, whether
-    its output joins the conversation, and the prompt items it may bring instead of the conversation's."""
+    """`response.create`'s settings for one response, its metadata, its conversation and the items it brings."""
 
     metadata: _Metadata | None = None  # the response carries it back
     conversation: Literal["auto", "none"] | None = None  # "none": out of band (None: "auto")
