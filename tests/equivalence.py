@@ -58,7 +58,7 @@ async def _run_engine(
                 audio.append(event.samples)
             elif isinstance(event, Finished):
                 finished = event
-        return engine.intake.intake.prompts.build(request.messages).token_ids, tokens, audio, finished
+        return engine.intake.prompts.build(request.messages).token_ids, tokens, audio, finished
 
     try:
         results = await asyncio.gather(*(one(i, p) for i, p in enumerate(PROMPTS)))

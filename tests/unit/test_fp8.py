@@ -162,7 +162,7 @@ def check_fp8_engine_equals_generate(tiny_checkpoint, cache_dir, device: str, to
         await engine.start()
         try:
             messages = CONVERSATIONS["text only"]
-            return engine.intake.intake.prompts.build(messages), await _reply(engine, "fp8", messages)
+            return engine.intake.prompts.build(messages), await _reply(engine, "fp8", messages)
         finally:
             await engine.stop()
 

@@ -78,7 +78,7 @@ async def _run(cache_dir: Path) -> tuple[list[int], list[int], list[np.ndarray],
                     tokens += event.token_ids
                 elif isinstance(event, AudioChunk):
                     audio.append(event.samples)
-            return engine.intake.intake.prompts.build(request.messages).token_ids, tokens, audio
+            return engine.intake.prompts.build(request.messages).token_ids, tokens, audio
 
         speaking_reply = asyncio.create_task(speaker())
         prompt_ids, tokens, audio = await asyncio.wait_for(long(), timeout=120)

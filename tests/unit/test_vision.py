@@ -129,7 +129,7 @@ def every_conversation(engine) -> tuple[list, list]:
         await engine.start()
         try:
             results = await asyncio.gather(*(_reply(engine, name, m) for name, m in CONVERSATIONS.items()))
-            return [engine.intake.intake.prompts.build(m) for m in CONVERSATIONS.values()], results
+            return [engine.intake.prompts.build(m) for m in CONVERSATIONS.values()], results
         finally:
             await engine.stop()
 
@@ -172,7 +172,7 @@ def test_a_video_with_its_sound_equals_generate(cache_dir: Path, reference_with_
         engine = _engine(cache_dir)
         await engine.start()
         try:
-            return engine.intake.intake.prompts.build(WITH_SOUND), await _reply(engine, "av", WITH_SOUND)
+            return engine.intake.prompts.build(WITH_SOUND), await _reply(engine, "av", WITH_SOUND)
         finally:
             await engine.stop()
 
@@ -249,7 +249,7 @@ def test_positions_are_transformers_rope_index(cache_dir: Path, reference) -> No
     """Text, speech and two images: the M-RoPE rows transformers' get_rope_index gives the whole prompt."""
     async def build():
         engine = _engine(cache_dir)
-        return engine.intake.intake.prompts.build(WITH_SPEECH)
+        return engine.intake.prompts.build(WITH_SPEECH)
 
     prompt = asyncio.run(build())
     assert prompt.audio_tokens and len(prompt.images) == 4
@@ -329,9 +329,9 @@ def test_next_turn_reuses_the_prefix_that_holds_the_image(cache_dir: Path, refer
         await engine.start()
         try:
             tokens, _, _ = await _reply(engine, "turn1", first)
-            text = engine.intake.intake.prompts.tokenizer.decode(tokens)
+            text = engine.intake.prompts.tokenizer.decode(tokens)
             second = (*first, Message("assistant", (TextPart(text),)), Message("user", (TextPart("Are you sure?"),)))
-            return engine.intake.intake.prompts.build(second), await _reply(engine, "turn2", second)
+            return engine.intake.prompts.build(second), await _reply(engine, "turn2", second)
         finally:
             await engine.stop()
 
