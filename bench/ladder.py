@@ -9,7 +9,7 @@ A ladder file (YAML) names a base profile and lists rows in order, each a delta 
     bench: {concurrency: [1, 16, 32, 64], max_tokens: 40}   # optional sweep defaults
     rows:
       - name: eager                                # file names: DIR/<name>.json, DIR/logs/<name>.log
-        what: the staged engine without graphs     # one line: what this row adds
+        what: the Omni engine without graphs     # one line: what this row adds
         profile: {cuda_graphs: false}              # optional, merged after the top-level profile
         serve: --http-workers 1                    # optional extra `voice-gateway serve` args
         bench: {concurrency: [1], num_requests: 4} # optional, this row only

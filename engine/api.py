@@ -130,7 +130,7 @@ class EngineRequest:
     # every server process sends its turns to the same replica, where their prefix is kept
     conversation: str | None = None
     # "transcribe": the reply is the words of the last message's audio (a realtime item's input transcription).
-    # The staged engine's Thinker answers it as any request; an engine that hears before it thinks (the
+    # The Omni engine's Thinker answers it as any request; an engine that hears before it thinks (the
     # assistant's) answers from its ears and runs no model after them.
     task: Literal["reply", "transcribe"] = "reply"
 

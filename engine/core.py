@@ -1,5 +1,5 @@
-"""What runs admitted requests: the staged orchestrator, the transformers baseline, or a proxy to
-either in another process. The front end (engine/frontend.py) drives any of them the same way."""
+"""What runs admitted requests: a backend's stages behind the gate (engine/backend.py), or a proxy to them in
+another process. The front end (engine/frontend.py) drives any of them the same way."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The staged engine's core: admitted requests across the stages; owns the per-request records.
+"""Admitted requests across a backend's stages; owns the per-request records.
 
 Stages run in their own threads and report here through the event loop (`ReportQueue`); each
 request's events leave through its sink, and `Finished` goes out once the Thinker is done and

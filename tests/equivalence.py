@@ -1,4 +1,4 @@
-"""The staged engine against transformers' own Qwen3-Omni pipeline: what the CPU tests and the GPU lane share.
+"""The Omni engine against transformers' own Qwen3-Omni pipeline: what the CPU tests and the GPU lane share.
 
 Reference: `Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True)` on the
 same tiny checkpoint, greedy everywhere. Two requests of different lengths run

@@ -1,4 +1,4 @@
-"""Assembling the staged engine: each stage's weights, kernels, runner and stage, wired through constructor
+"""Assembling the Omni engine: each stage's weights, kernels, runner and stage, wired through constructor
 arguments into an `Orchestrator`: inboxes and routers first, so every stage is built knowing where its payloads
 go, then per stage its model (kernels applied to it), its runner (graphs captured from it) and the stage."""
 

@@ -5,7 +5,7 @@ returns, the reply's text leaves as one TextDelta and its audio as one AudioChun
 library's path, served through the same HTTP edge as the baseline row of the benchmark ladder. Aborts are
 honoured between requests. Profile (backend: transformers_generate): the model lives on `stages.thinker.device`
 in `stages.thinker.dtype`; text settings come from the Thinker's section, codec ones (max_frames, ignore_eos,
-speaker, sampling) from the Talker's, with the staged engine's meaning."""
+speaker, sampling) from the Talker's, with the Omni engine's meaning."""
 
 from __future__ import annotations
 

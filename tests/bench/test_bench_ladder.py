@@ -1,5 +1,5 @@
 """`voice-gateway bench --ladder` end to end: a real server per row (the transformers generate()
-baseline and the staged engine, tiny model on the CPU), JSON per row, ladder.json and figures;
+baseline and the Omni engine, tiny model on the CPU), JSON per row, ladder.json and figures;
 a row whose server cannot start is recorded as failed and the ladder goes on. Rows given as whole
 `serve:` commands run against any server; rows as profile deltas need `serve --overrides`."""
 
@@ -60,7 +60,7 @@ rows:
     what: transformers generate(return_audio=True), one request at a time
     serve: [tiny, --deploy-config, "{baseline_profile}", --cache-dir, "{cache_dir}"]
   - name: staged
-    what: the staged engine, async chunked audio
+    what: the Omni engine, async chunked audio
     serve: [tiny, --deploy-config, "{staged_profile}", --cache-dir, "{cache_dir}"]
     bench: {{concurrency: [2]}}
 """)
@@ -154,7 +154,7 @@ rows:
     profile: {{backend: transformers_generate}}
     serve: [--cache-dir, "{cache_dir}"]
   - name: staged
-    what: the staged engine as configs/tiny.yaml ships it
+    what: the Omni engine as configs/tiny.yaml ships it
     serve: [--cache-dir, "{cache_dir}"]
 """)
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""The staged engine on a GPU reproduces transformers' own pipeline: plain, with our Triton kernels, and
+"""The Omni engine on a GPU reproduces transformers' own pipeline: plain, with our Triton kernels, and
 with everything the GPU profile turns on (kernels, CUDA graphs of prefills alone and in groups, decode
 steps with compiled layers, the compiled code predictor, Code2Wav buckets)."""
 

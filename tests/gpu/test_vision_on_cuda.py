@@ -1,4 +1,4 @@
-"""Images and a video through the staged engine on a GPU, with everything the GPU profile turns on (our kernels,
+"""Images and a video through the Omni engine on a GPU, with everything the GPU profile turns on (our kernels,
 CUDA graphs): the same tokens and speech as transformers' generate() on the same GPU. A prompt with an image
 prefills eagerly; its reply's decode steps replay graphs with the prompt's M-RoPE rows."""
 

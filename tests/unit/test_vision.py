@@ -1,4 +1,4 @@
-"""Images and videos through the staged engine: the same text and speech as transformers' own generate(), M-RoPE
+"""Images and videos through the Omni engine: the same text and speech as transformers' own generate(), M-RoPE
 positions as transformers places them, the vision tower batched, kept prefixes that hold an image, refusals."""
 
 from __future__ import annotations
