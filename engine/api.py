@@ -195,12 +195,14 @@ class EngineHealth:
     for longer than it should (not yet a stall); `down`: it cannot (not started, stopped, or its
     process lost and being started again), and a request is refused with `UNAVAILABLE`.
     `restarts`: engine processes started (or, for a server process attached to another's, joined)
-    after one was lost, since this server started. `retry_after_s`: when down, when it may serve."""
+    after one was lost, since this server started. `retry_after_s`: when down, when it may serve.
+    `capacity`: what the engine holds at once, where it sized itself to its GPU (engine/omni/memory.py)."""
 
     status: Literal["ok", "degraded", "down"]
     detail: str = ""  # why it is not ok
     restarts: int = 0
     retry_after_s: float | None = None
+    capacity: str = ""
 
     def refusal(self) -> EngineError:
         """The error a request gets while the engine is down."""

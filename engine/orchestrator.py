@@ -24,7 +24,7 @@ from engine.api import (
     TextDelta,
     Timings,
 )
-from engine.core import SERVING, Sink
+from engine.core import Sink
 from engine.handoff import (
     Abort,
     AdmittedRequest,
@@ -57,7 +57,8 @@ class RequestRecord:
 
 class Orchestrator:
     """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped here; `speaks`:
-    whether a stage after the Thinker speaks; `routers`: in front of stages with copies (an abort must reach them)."""
+    whether a stage after the Thinker speaks; `routers`: in front of stages with copies (an abort must reach them);
+    `capacity`: the memory plan's line, where there is one."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class Orchestrator:
         metrics: EngineMetrics,
         speaks: bool,
         routers: tuple[StickyRouter, ...] = (),
+        capacity: str = "",
     ) -> None:
         self.thinker_inbox = thinker_inbox
         self.stages = stages
@@ -76,6 +78,7 @@ class Orchestrator:
         self.registry = metrics.registry
         self.speaks = speaks
         self.routers = routers
+        self.serving = EngineHealth("ok", capacity=capacity)
         self.records: dict[str, RequestRecord] = {}
 
     # -- lifecycle
@@ -96,7 +99,7 @@ class Orchestrator:
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
 
     def health(self) -> EngineHealth:
-        return SERVING
+        return self.serving
 
     # -- requests
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:

@@ -145,6 +145,19 @@ class FirstPacketConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    """How the Omni engine sizes itself to its GPU (engine/omni/memory.py): the share of the card it may use (vLLM's
+    `gpu_memory_utilization`), what start-up holds beyond weights and KV pools, and the replies `quantization: auto`
+    keeps bf16 experts for (`max_batch` of `typical_positions`)."""
+
+    gpu_memory_utilization: float = field(default=0.90, metadata={"min": 0.05, "max": 1.0})
+    # CUDA graphs, activations, workspaces and the decoders' streaming state: what the full-size GPU profile holds
+    # after start-up beyond its weights and pools (docs/deployment.md, "Which card")
+    reserve_gib: float = field(default=8.0, metadata=_at_least(0.0))
+    typical_positions: int = field(default=2048, metadata=_at_least(16))
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     """How many replies run at once, and how many more wait and for how long (engine/gate.py)."""
 
@@ -268,8 +281,10 @@ class DeployProfile:
     # reference: transformers' own modules
     kernels: Literal["reference", "triton"] = "reference"
     # fp8: the Thinker's and Talker's experts as e4m3 with block scales (engine/omni/accel/fp8.py), quantized at
-    # load, their inputs quantized per row as they arrive; read by the triton kernels only
-    quantization: Literal["none", "fp8"] = "none"
+    # load, their inputs quantized per row as they arrive; read by the triton kernels only. auto: on a GPU, bf16
+    # where the card holds `max_batch` replies of `memory.typical_positions` beside them, else fp8 (the memory plan)
+    quantization: Literal["none", "fp8", "auto"] = "none"
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
@@ -280,8 +295,8 @@ class DeployProfile:
         devices = (self.stages.thinker.device, self.stages.talker.device, self.stages.code2wav.device)
         if self.cuda_graphs and not all(d.startswith("cuda") for d in devices):
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
-        if self.quantization == "fp8" and (self.kernels != "triton" or self.backend != "omni"):
-            raise ProfileError("quantization: fp8 needs kernels: triton and backend: omni (the fused MoE "
+        if self.quantization != "none" and (self.kernels != "triton" or self.backend != "omni"):
+            raise ProfileError(f"quantization: {self.quantization} needs kernels: triton and backend: omni (the fused MoE "
                                "kernels read FP8 experts)")
         if self.backend == "transformers_generate" and self.engine.where != "in_process":
             raise ProfileError(f"engine.where: the transformers_generate baseline runs in_process, got {self.engine.where}")

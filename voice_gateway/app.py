@@ -156,6 +156,7 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
             "active_sessions": admission.active_sessions,
             "stage_load": engine.stage_load(),
             "engine": {"detail": state.detail, "restarts": state.restarts},
+            "capacity": state.capacity or None,
         }
         if state.status != "down":
             return JSONResponse(body)

@@ -22,9 +22,9 @@ log = logging.getLogger("voice_gateway")
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", nargs="?", default="assistant",
-        help="'assistant' (the default: small real models on the CPU that hear, answer and speak; "
-        "docs/deployment.md), 'tiny' (Qwen3-Omni's architecture with random weights, for tests), a local "
+        "model", nargs="?", default=None,
+        help="'assistant' (the default, or with --deploy-config the file's `model:`: small real models on the CPU "
+        "that hear, answer and speak; docs/deployment.md), 'tiny' (Qwen3-Omni's architecture with random weights, for tests), a local "
         "Qwen3-Omni checkpoint directory, or a Hugging Face id already in the local cache (nothing is downloaded)",
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -100,12 +100,14 @@ def serve(args: argparse.Namespace) -> int:
     from voice_gateway.webrtc import WebRTCConfig
 
     try:
-        profile = load_profile(args.deploy_config, model=args.model, stage_overrides=args.stage_overrides,
+        profile = load_profile(args.deploy_config, model=args.model or "assistant", stage_overrides=args.stage_overrides,
                                overrides=args.overrides)
     except ProfileError as e:
         log.error("bad deploy profile: %s", e)
         return 2
     log.info("deploy profile %s: %s", profile.name, profile)
+    # no model named: the profile's own (`--deploy-config`'s `model:`, else the assistant's)
+    args.model = args.model or profile.model
     try:
         gateway = GatewayConfig(
             api_key=args.api_key or os.environ.get("VOICE_GATEWAY_API_KEY") or None,

@@ -15,11 +15,13 @@ import torch
 from engine.api import EngineError
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
+from engine.omni import memory
 from engine.omni.accel import packed_attention
 from engine.omni.accel.cuda_graphs import talker_capture, thinker_capture
 from engine.omni.accel.predictor_attention import predictor_attention
 from engine.omni.accel.prepare import load_stage
 from engine.omni.accel.triton_launch import interpreted
+from engine.omni.memory import MemoryPlan
 from engine.omni.runners.audio_encoder import CHUNK_BUCKETS
 from engine.omni.runners.code2wav import StreamingCode2Wav
 from engine.omni.runners.code_predictor import (
@@ -141,6 +143,22 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
 
 
+def _memory_plan(source: ModelSource, profile: DeployProfile) -> MemoryPlan | None:
+    """The pools and the experts' precision sized to the GPU, where every stage shares one; None elsewhere (the
+    profile's own numbers)."""
+    s = profile.stages
+    devices = {s.thinker.device, *((s.talker.device, s.code2wav.device) if source.has_talker else ())}
+    if len(devices) != 1 or not s.thinker.device.startswith("cuda"):
+        return None
+    config = source.config
+    stages = ("thinker", "talker", "code2wav") if source.has_talker else ("thinker",)
+    plan = memory.plan(profile, memory.card_of(s.thinker.device), memory.count_params(source, stages),
+                       memory.position_bytes(config.thinker_config.text_config),
+                       memory.position_bytes(config.talker_config.text_config) if source.has_talker else 0)
+    log.info("capacity: %s", plan.line())
+    return plan
+
+
 def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     stages_cfg, config = profile.stages, source.config
     _check_triton(profile)
@@ -157,7 +175,13 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     code2wav_inboxes = [Inbox() for _ in range(cw.copies if has_talker else 0)]
     routers: list[StickyRouter] = []
 
-    thinker = load_stage(source, "thinker", tk.device, tk.dtype, triton=triton, quantization=profile.quantization)
+    plan = _memory_plan(source, profile)
+    quantization = plan.quantization if plan else "none" if profile.quantization == "auto" else profile.quantization
+    # every stage's weights first: the pools take what they leave
+    thinker = load_stage(source, "thinker", tk.device, tk.dtype, triton=triton, quantization=quantization)
+    if has_talker:
+        talker = load_stage(source, "talker", tl.device, tl.dtype, triton=triton, quantization=quantization)
+        code2wav = load_stage(source, "code2wav", cw.device, cw.dtype, triton=triton, quantization=quantization)
     with torch.inference_mode():
         on_gpu = tk.device.startswith("cuda")
         thinker_runner = ThinkerRunner(thinker, config, max_batch=tk.max_batch, max_len=tk.max_model_len,
@@ -165,7 +189,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                        capture=thinker_capture(tk.max_step_tokens) if graphs else None,
                                        audio_buckets=CHUNK_BUCKETS if on_gpu else (),
                                        audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
-                                       audio_timed=metrics.audio_tower.observe, kv_tokens=tk.kv_cache_tokens,
+                                       audio_timed=metrics.audio_tower.observe,
+                                       kv_tokens=plan.thinker_positions if plan else tk.kv_cache_tokens,
                                        image_normalisation=Normalisation.for_checkpoint(source.path))
         if on_gpu:
             started = time.perf_counter()
@@ -180,8 +205,6 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     stages: list[Stage] = []
     to_talker = _route(talker_inboxes, lambda item: isinstance(item, ThinkerDone), routers) if has_talker else _no_talker
     if has_talker:
-        talker = load_stage(source, "talker", tl.device, tl.dtype, triton=triton, quantization=profile.quantization)
-        code2wav = load_stage(source, "code2wav", cw.device, cw.dtype, triton=triton, quantization=profile.quantization)
         to_code2wav = _route(code2wav_inboxes, lambda item: item.is_final, routers)
         with torch.inference_mode():
             tts_ids = [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
@@ -192,7 +215,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
             with torch.inference_mode():
                 runner = TalkerRunner(
                     talker, config, tts_embeds, max_batch=tl.max_batch, max_len=profile.stages.talker_max_len,
-                    kv_tokens=tl.kv_cache_tokens, predictor=predictor,
+                    kv_tokens=plan.talker_rows if plan else tl.kv_cache_tokens, predictor=predictor,
                     attention=packed_attention.KernelAttention.on(tl.device) if triton else None,
                     capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
@@ -214,4 +237,5 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         metrics=metrics,
         speaks=has_talker,
         routers=tuple(routers),
+        capacity=plan.line() if plan else "",
     )

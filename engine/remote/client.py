@@ -203,7 +203,7 @@ class RemoteCore:
         if self.serving:
             if (silent_s := self._silence.seconds) > LATE_S:
                 return EngineHealth("degraded", f"no word from {self.reach.what} for {silent_s:.1f} s", self.restarts)
-            return EngineHealth("ok", restarts=self.restarts)
+            return EngineHealth("ok", restarts=self.restarts, capacity=self._state.capacity)
         # the wait for the next attempt, then a start as long as the last one
         retry_after_s = max(1.0, self._next_attempt_at - time.monotonic() + self._start_s)
         return EngineHealth("down", self._down, self.restarts, retry_after_s)

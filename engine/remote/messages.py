@@ -71,6 +71,7 @@ class State:
     metrics_text: str  # the engine's Prometheus families, as text
     open_requests: int = 0  # every connection's: a router weighs the engine's whole load
     received: int = 0  # the submits it has had from the connection told: what it has not seen yet is in flight
+    capacity: str = ""  # the core's (EngineHealth.capacity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,8 @@ class CoreService:
 
     async def _beat(self) -> None:
         while True:
-            state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes))
+            state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes),
+                          capacity=self.core.health().capacity)
             for conn in list(self.clients):
                 self._tell(conn, state)
             await asyncio.sleep(STATE_PERIOD_S)

@@ -148,5 +148,5 @@ class ReplicaSet:
             return EngineHealth("down", "; ".join(unwell), restarts, retry_after_s)
         if unwell:
             return EngineHealth("degraded", "; ".join(unwell), restarts)
-        return EngineHealth("ok", restarts=restarts)
+        return EngineHealth("ok", restarts=restarts, capacity=states[0].capacity)
 

