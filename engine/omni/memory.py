@@ -6,7 +6,7 @@ activations, workspaces, the decoders' streaming state) is held back (`reserve_g
 reply needs of each: `n` Thinker positions and, in the Talker, its user rows, the assistant part and a row per
 frame, `n + max_frames + 16` rows (the profile's `talker_max_len` at `n = max_model_len`). So the Thinker's pool
 holds P positions and the Talker's P x talker_max_len / max_model_len rows, both in the proportion a reply of the
-whole context takes. `max_batch` stays the most replies at once; the pools, not `max_batch x max_model_len`, bound
+whole context takes, and never more than every slot's whole length. `max_batch` stays the most replies at once; the pools, not `max_batch x max_model_len`, bound
 what they hold (a reply reserves its prompt and its longest reply when it starts, and waits for the pages). An
 explicit `kv_cache_tokens` wins over the plan for its stage.
 
@@ -69,7 +69,10 @@ class MemoryPlan:
     max_batch: int
 
     def replies(self, positions: int) -> int:
-        """Replies of `positions` Thinker positions (a prompt and its reply) the pools hold at once, within the batch."""
+        """Replies of `positions` Thinker positions (a prompt and its reply) the pools hold at once, within the batch;
+        0 past the context."""
+        if positions > self.max_model_len:
+            return 0
         talker_rows = positions + self.max_frames + 16
         return min(self.max_batch, self.thinker_positions // positions, self.talker_rows // talker_rows)
 
@@ -110,7 +113,7 @@ def plan(profile: DeployProfile, card: Card, params: dict[str, StageParams], thi
     # the pools in the proportion a reply of the whole context takes, rounded down to whole replies' worth of
     # positions where that matters little: the Thinker's in positions, the Talker's in rows
     talker_len = profile.stages.talker_max_len
-    units = left / one
+    units = min(left / one, tk.max_batch)  # never more than every slot's whole length: no slot could use it
     thinker_positions = tk.kv_cache_tokens or int(units * tk.max_model_len)
     talker_rows = tl.kv_cache_tokens or int(units * talker_len) // tl.copies
     return MemoryPlan(card=card, quantization=quantization, why=why, weights_bytes=weights,

@@ -94,5 +94,9 @@ def test_the_tiny_model_plans_too(tiny_checkpoint: Path, cache_dir: Path) -> Non
     profile = load_profile(model="tiny", platform="cpu")
     p = plan(profile, Card("a small card", 16 * GIB, 0), params, position_bytes(c.thinker_config.text_config),
              position_bytes(c.talker_config.text_config))
+    tk = profile.stages.thinker
     assert p.quantization == "none" and p.weights_bytes < GIB
-    assert p.replies(2048) == profile.stages.thinker.max_batch
+    assert p.replies(tk.max_model_len) == tk.max_batch and p.replies(tk.max_model_len + 1) == 0
+    # a small model on a big card: the pools stop at every slot's whole length, the old default
+    assert (p.thinker_positions, p.talker_rows) == (tk.max_batch * tk.max_model_len,
+                                                    tk.max_batch * profile.stages.talker_max_len)
