@@ -282,7 +282,8 @@ class DeployProfile:
     kernels: Literal["reference", "triton"] = "reference"
     # fp8: the Thinker's and Talker's experts as e4m3 with block scales (engine/omni/accel/fp8.py), quantized at
     # load, their inputs quantized per row as they arrive; read by the triton kernels only. auto: on a GPU, bf16
-    # where the card holds `max_batch` replies of `memory.typical_positions` beside them, else fp8 (the memory plan)
+    # where the card holds `max_batch` replies of `memory.typical_positions` beside them, else fp8 where the
+    # triton kernels run (the memory plan); elsewhere none
     quantization: Literal["none", "fp8", "auto"] = "none"
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     first_packet: FirstPacketConfig = field(default_factory=FirstPacketConfig)
@@ -295,8 +296,8 @@ class DeployProfile:
         devices = (self.stages.thinker.device, self.stages.talker.device, self.stages.code2wav.device)
         if self.cuda_graphs and not all(d.startswith("cuda") for d in devices):
             raise ProfileError(f"cuda_graphs: needs every stage on a CUDA device, got {', '.join(devices)}")
-        if self.quantization != "none" and (self.kernels != "triton" or self.backend != "omni"):
-            raise ProfileError(f"quantization: {self.quantization} needs kernels: triton and backend: omni (the fused MoE "
+        if self.quantization == "fp8" and (self.kernels != "triton" or self.backend != "omni"):
+            raise ProfileError("quantization: fp8 needs kernels: triton and backend: omni (the fused MoE "
                                "kernels read FP8 experts)")
         if self.backend == "transformers_generate" and self.engine.where != "in_process":
             raise ProfileError(f"engine.where: the transformers_generate baseline runs in_process, got {self.engine.where}")

@@ -90,6 +90,8 @@ def choose_quantization(profile: DeployProfile, card: Card, params: dict[str, St
     `typical_positions` fit beside bf16 weights, else FP8."""
     if profile.quantization != "auto":
         return profile.quantization, "as the profile sets"
+    if profile.kernels != "triton":
+        return "none", "FP8 experts need kernels: triton"
     mem, tk = profile.memory, profile.stages.thinker
     wanted = tk.max_batch * _reply_bytes(profile, mem.typical_positions, thinker_position_bytes, talker_row_bytes)
     room = _budget(profile, card) - _weights(params, fp8_experts=False)
