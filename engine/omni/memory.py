@@ -1,18 +1,11 @@
-"""The memory plan of the Omni engine on one GPU: the experts' precision, and the KV pools sized to the card.
+"""The Omni engine's memory plan on one GPU: the experts' precision, and the KV pools sized to the card.
 
-vLLM's convention: what the weights take is known, what start-up holds beyond weights and pools (CUDA graphs,
-activations, workspaces, the decoders' streaming state) is held back (`reserve_gib`, measured), and of the rest of
-`gpu_memory_utilization` x the card the Thinker's and the Talker's KV pools take all. The pools split by what a
-reply needs of each: `n` Thinker positions and, in the Talker, its user rows, the assistant part and a row per
-frame, `n + max_frames + 16` rows (the profile's `talker_max_len` at `n = max_model_len`). So the Thinker's pool
-holds P positions and the Talker's P x talker_max_len / max_model_len rows, both in the proportion a reply of the
-whole context takes, and never more than every slot's whole length. `max_batch` stays the most replies at once; the pools, not `max_batch x max_model_len`, bound
-what they hold (a reply reserves its prompt and its longest reply when it starts, and waits for the pages). An
-explicit `kv_cache_tokens` wins over the plan for its stage.
-
-`quantization: auto` keeps the experts in bf16 where that leaves the pools room for `max_batch` replies of
-`typical_positions`, and takes FP8 experts where it does not. A card that cannot hold the weights and one sequence
-of `max_model_len` is refused before anything loads, with what does not fit and the keys that would make it fit.
+As vLLM does: the weights' size is known before they load, what start-up holds beyond weights and pools (graphs,
+activations, workspaces) is held back (`reserve_gib`), and the rest of `gpu_memory_utilization` x the card goes to
+the Thinker's and the Talker's pools, split as a reply of the whole context takes them (n Thinker positions,
+n + max_frames + 16 Talker rows) and never beyond every slot's whole length; explicit `kv_cache_tokens` win.
+`quantization: auto` keeps bf16 experts where `max_batch` replies of `typical_positions` fit beside them, else FP8.
+A card that cannot hold the weights and one sequence of `max_model_len` is refused before anything loads.
 """
 
 from __future__ import annotations
