@@ -55,11 +55,12 @@ class ListeningPrompts:
         if not heard or heard[0].role != "system":
             heard = (Message("system", (TextPart(self.system),)), *heard)
         prompt = self.builder.build(heard, tools)
-        clips = [p for p in messages[-1].content if isinstance(p, AudioPart)] if messages else []
-        if not clips:
+        if not messages or not any(isinstance(p, AudioPart) for p in messages[-1].content):
             return prompt
-        # each clip was heard above: its words come from the recent transcripts
-        return replace(prompt, heard=Transcript(" ".join(filter(None, map(self.transcript, clips))), took))
+        # the last message's clips, as heard: the parts that stand where its audio stood
+        words = [h.text for p, h in zip(messages[-1].content, heard[-1].content, strict=True)
+                 if isinstance(p, AudioPart) and isinstance(h, TextPart)]
+        return replace(prompt, heard=Transcript(" ".join(filter(None, words)), took))
 
     def transcript(self, clip: AudioPart) -> str:
         key = hashlib.blake2b(clip.samples.tobytes(), digest_size=16).digest()
