@@ -4,6 +4,7 @@ another process. The front end (engine/frontend.py) drives any of them the same 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,27 @@ def deliver(sinks: dict[str, Sink], event: OutputEvent) -> bool:
         del sinks[event.request_id]
     sink(event)
     return ended
+
+
+@dataclass(frozen=True, slots=True)
+class Pools:
+    """The KV pools a core's stages reserve each reply's room from when it starts (its prompt and longest reply in
+    the Thinker's, and in the Talker's its prompt's rows and `talker_reply_rows`), in pages of `page` positions: what
+    the gate counts so that replies past the pools wait or are refused rather than queue inside the stages."""
+
+    thinker_positions: int
+    talker_rows: int
+    talker_reply_rows: int  # a reply's frames and its assistant header
+    page: int
+
+    def room(self, request: AdmittedRequest) -> tuple[int, int]:
+        """The Thinker positions and Talker rows `request` reserves, whole pages of each."""
+        prompt = len(request.token_ids)
+        rows = self._pages(prompt + self.talker_reply_rows) if request.want_audio else 0
+        return self._pages(prompt + request.max_tokens + 1), rows
+
+    def _pages(self, n: int) -> int:
+        return -(-n // self.page) * self.page
 
 
 class EngineCore(Protocol):

@@ -1,8 +1,10 @@
 """The gate: how many replies the stages run at once, and how long the others may wait (the profile's `admission`).
 
 The stages batch whatever they hold, so past their batch every reply slows down together and replies stutter.
-`Gate` is an `EngineCore` in front of the real one that keeps the running replies within the stages' batch (a
-reply holds its place from its start to its last audio chunk); the next `max_queued` requests wait in arrival
+`Gate` is an `EngineCore` in front of the real one that keeps the running replies within the stages' batch and,
+where the core says what its KV pools hold (`Pools`), within them too (a reply holds its place and its room from
+its start to its last audio chunk), so that no reply waits for pages inside the stages while its caller's
+deadline runs; the next `max_queued` requests wait in arrival
 order, each at most `queue_timeout_s`, and the rest are refused at once with `Failed(OVERLOADED)` and a
 `retry_after_s` (the edge's 429, or a failed realtime response). It lives next to the stages, so server
 processes in front of one engine share one count."""
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from engine.api import OVERLOADED, EngineError, EngineHealth, Failed, Finished, OutputEvent
-from engine.core import EngineCore, Sink
+from engine.core import EngineCore, Pools, Sink
 from engine.handoff import AdmittedRequest
 from engine.profile import AdmissionConfig
 
@@ -45,22 +47,25 @@ class _Waiting:
 class Gate:
     """Owns the running count and the queue; `core` does the work."""
 
-    def __init__(self, core: EngineCore, *, max_active: int, max_queued: int, queue_timeout_s: float) -> None:
+    def __init__(self, core: EngineCore, *, max_active: int, max_queued: int, queue_timeout_s: float,
+                 pools: Pools | None = None) -> None:
         self.core = core
+        self.pools = pools
         self.registry = core.registry
         self.max_active = max_active
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
         self.metrics = GateMetrics(core.registry)
-        self._active: set[str] = set()
+        self._active: dict[str, tuple[int, int]] = {}  # request id -> the room it holds
+        self._held = (0, 0)  # Thinker positions, Talker rows
         self._waiting: OrderedDict[str, _Waiting] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def for_profile(cls, core: EngineCore, admission: AdmissionConfig, capacity: int) -> Gate:
+    def for_profile(cls, core: EngineCore, admission: AdmissionConfig, capacity: int, pools: Pools | None = None) -> Gate:
         """`capacity`: the replies the core's stages run at once (the smallest batch among them)."""
         return cls(core, max_active=admission.max_active or capacity, max_queued=admission.max_queued,
-                   queue_timeout_s=admission.queue_timeout_s)
+                   queue_timeout_s=admission.queue_timeout_s, pools=pools)
 
     @property
     def retry_after_s(self) -> float:
@@ -85,7 +90,7 @@ class Gate:
         rid = request.request_id
         if rid in self._active or rid in self._waiting:
             raise EngineError(f"request id {rid} is already in use")
-        if len(self._active) < self.max_active and not self._waiting:
+        if self._fits(request) and not self._waiting:
             self._run(request, sink)
         elif len(self._waiting) < self.max_queued and self.queue_timeout_s > 0:
             assert self._loop is not None, "gate not started"
@@ -93,8 +98,8 @@ class Gate:
             self._waiting[rid] = _Waiting(request, sink, time.perf_counter(), timer)
             self.metrics.queued.set(len(self._waiting))
         else:
-            self._refuse(rid, sink, "full", f"the server is at capacity ({self.max_active} replies running, "
-                         f"{len(self._waiting)} waiting): try again later")
+            self._refuse(rid, sink, "full", f"the server is at capacity ({len(self._active)} replies running"
+                         f"{self._pools_held()}, {len(self._waiting)} waiting): try again later")
 
     def abort(self, request_id: str) -> None:
         if request_id in self._waiting:
@@ -102,13 +107,40 @@ class Gate:
         else:
             self.core.abort(request_id)
 
+    def _fits(self, request: AdmittedRequest) -> bool:
+        if len(self._active) >= self.max_active:
+            return False
+        if self.pools is None:
+            return True
+        positions, rows = self.pools.room(request)
+        held_positions, held_rows = self._held
+        # the first reply always goes in: the plan sized each pool for one of the whole context
+        return not self._active or (held_positions + positions <= self.pools.thinker_positions
+                                    and held_rows + rows <= self.pools.talker_rows)
+
+    def _pools_held(self) -> str:
+        if self.pools is None:
+            return ""
+        return (f", holding {self._held[0]:,} of {self.pools.thinker_positions:,} Thinker positions and "
+                f"{self._held[1]:,} of {self.pools.talker_rows:,} Talker rows")
+
+    def _hold(self, request_id: str, room: tuple[int, int] | None) -> None:
+        """Take `room` for `request_id`, or (None) give back what it held."""
+        if room is None:
+            room = self._active.pop(request_id, None)
+            sign = -1
+        else:
+            self._active[request_id], sign = room, 1
+        if room is not None:
+            self._held = (self._held[0] + sign * room[0], self._held[1] + sign * room[1])
+
     def _run(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id
-        self._active.add(rid)
+        self._hold(rid, self.pools.room(request) if self.pools is not None else (0, 0))
 
         def relay(event: OutputEvent) -> None:
             if isinstance(event, (Finished, Failed)):
-                self._active.discard(rid)
+                self._hold(rid, None)
                 sink(event)
                 self._admit_waiting()
             else:
@@ -117,11 +149,11 @@ class Gate:
         try:
             self.core.begin(request, relay)
         except BaseException:
-            self._active.discard(rid)
+            self._hold(rid, None)
             raise
 
     def _admit_waiting(self) -> None:
-        while self._waiting and len(self._active) < self.max_active:
+        while self._waiting and self._fits(self._waiting[next(iter(self._waiting))].request):
             rid = next(iter(self._waiting))
             waiting = self._drop(rid)
             self.metrics.wait.observe(time.perf_counter() - waiting.since)

@@ -24,7 +24,7 @@ from engine.api import (
     TextDelta,
     Timings,
 )
-from engine.core import Sink
+from engine.core import Pools, Sink
 from engine.handoff import (
     Abort,
     AdmittedRequest,
@@ -58,7 +58,8 @@ class RequestRecord:
 class Orchestrator:
     """`thinker_inbox`: where admitted requests go; `stages`: every stage by name, started and stopped here; `speaks`:
     whether a stage after the Thinker speaks; `routers`: in front of stages with copies (an abort must reach them);
-    `capacity`: the memory plan's line, where there is one."""
+    `capacity`: the memory plan's line, and `pools` what it gave the KV pools, where there is one (the gate counts
+    each reply's room in them)."""
 
     def __init__(
         self,
@@ -70,6 +71,7 @@ class Orchestrator:
         speaks: bool,
         routers: tuple[StickyRouter, ...] = (),
         capacity: str = "",
+        pools: Pools | None = None,
     ) -> None:
         self.thinker_inbox = thinker_inbox
         self.stages = stages
@@ -79,6 +81,7 @@ class Orchestrator:
         self.speaks = speaks
         self.routers = routers
         self.serving = EngineHealth("ok", capacity=capacity)
+        self.pools = pools
         self.records: dict[str, RequestRecord] = {}
 
     # -- lifecycle

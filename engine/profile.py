@@ -151,10 +151,14 @@ class MemoryConfig:
     keeps bf16 experts for (`max_batch` of `typical_positions`)."""
 
     gpu_memory_utilization: float = field(default=0.90, metadata={"min": 0.05, "max": 1.0})
-    # CUDA graphs, activations, workspaces and the decoders' streaming state: what the full-size GPU profile holds
-    # after start-up beyond its weights and pools (docs/deployment.md, "Which card")
-    reserve_gib: float = field(default=8.0, metadata=_at_least(0.0))
+    # the Thinker's and Talker's graphs, activations, workspaces, the decoders' streaming state and CUDA's own: what
+    # the full-size GPU profile holds after start-up beyond its weights, pools and Code2Wav's graphs (which the plan
+    # counts by its step; docs/deployment.md, "Which card")
+    reserve_gib: float = field(default=4.0, metadata=_at_least(0.0))
     typical_positions: int = field(default=2048, metadata=_at_least(16))
+    # the card as the engine may use it: less than its own memory caps the process there (a card shared with other
+    # work, or a smaller card's plan tried on a larger one); none: the whole card
+    card_gib: float | None = field(default=None, metadata={"min": 1.0})
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,7 +99,8 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(cache_dir: Path, log_path: Path, *extra: str, model: str = "tiny") -> tuple[subprocess.Popen, Server]:
+def start_server(cache_dir: Path, log_path: Path, *extra: str, model: str = "tiny",
+                 ready_s: float = 180) -> tuple[subprocess.Popen, Server]:
     port = free_port()
     cmd = [sys.executable, "-m", "voice_gateway.cli", "serve", model, "--port", str(port), "--cache-dir", str(cache_dir),
            *extra]
@@ -107,7 +108,7 @@ def start_server(cache_dir: Path, log_path: Path, *extra: str, model: str = "tin
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", log_path, proc.pid)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")

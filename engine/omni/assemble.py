@@ -4,6 +4,7 @@ go, then per stage its model (kernels applied to it), its runner (graphs capture
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from engine.api import EngineError
+from engine.core import Pools
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
 from engine.metrics import EngineMetrics
 from engine.omni import memory
@@ -21,7 +23,7 @@ from engine.omni.accel.cuda_graphs import talker_capture, thinker_capture
 from engine.omni.accel.predictor_attention import predictor_attention
 from engine.omni.accel.prepare import load_stage
 from engine.omni.accel.triton_launch import interpreted
-from engine.omni.memory import MemoryPlan
+from engine.omni.memory import TALKER_HEADER_ROWS, MemoryPlan
 from engine.omni.runners.audio_encoder import CHUNK_BUCKETS
 from engine.omni.runners.code2wav import StreamingCode2Wav
 from engine.omni.runners.code_predictor import (
@@ -30,6 +32,7 @@ from engine.omni.runners.code_predictor import (
     TransformersCodePredictor,
     frame_attention,
 )
+from engine.omni.runners.kv_cache import PAGE_SIZE
 from engine.omni.runners.talker import TalkerRunner
 from engine.omni.runners.thinker import ThinkerRunner
 from engine.omni.runners.vision_tower import Normalisation
@@ -39,7 +42,7 @@ from engine.omni.stages.talker import TalkerStage
 from engine.omni.stages.thinker import ThinkerStage
 from engine.omni.weights.source import ModelSource
 from engine.orchestrator import Orchestrator
-from engine.profile import DeployProfile
+from engine.profile import ChunkConfig, Code2WavConfig, DeployProfile
 from engine.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -62,10 +65,9 @@ def _check_triton(profile: DeployProfile) -> None:
         raise EngineError("kernels: triton needs CUDA devices (or TRITON_INTERPRET=1 on the CPU)")
 
 
-def _code2wav(model: Any, profile: DeployProfile) -> StreamingCode2Wav:
+def _code2wav(model: Any, cfg: Code2WavConfig, chunks: ChunkConfig, graphs: bool) -> StreamingCode2Wav:
     """On a GPU, steps are padded to a fixed set of shapes, each met once here rather than under load (cuDNN's first
     meeting of a shape is slow); with graphs each shape is also captured."""
-    cfg, chunks = profile.stages.code2wav, profile.async_chunk
     if not cfg.device.startswith("cuda"):
         return StreamingCode2Wav(model, cfg.max_streams)
     batches = sorted({b for b in _CODE2WAV_BATCHES if b < cfg.max_batch} | {cfg.max_batch})
@@ -74,7 +76,7 @@ def _code2wav(model: Any, profile: DeployProfile) -> StreamingCode2Wav:
     started = time.perf_counter()
     count = decoder.warm_up()
     log.info("code2wav: %d step shapes warmed in %.1f s", count, time.perf_counter() - started)
-    if profile.cuda_graphs:
+    if graphs:
         # the graphs' pool cannot reuse blocks the warm-up left cached, and after the KV caches little is free
         torch.cuda.empty_cache()
         try:
@@ -152,7 +154,8 @@ def _memory_plan(source: ModelSource, profile: DeployProfile) -> MemoryPlan | No
         return None
     config = source.config
     stages = ("thinker", "talker", "code2wav") if source.has_talker else ("thinker",)
-    plan = memory.plan(profile, memory.card_of(s.thinker.device), memory.count_params(source, stages),
+    plan = memory.plan(profile, memory.card_of(s.thinker.device, profile.memory.card_gib),
+                       memory.count_params(source, stages),
                        memory.position_bytes(config.thinker_config.text_config),
                        memory.position_bytes(config.talker_config.text_config) if source.has_talker else 0)
     log.info("capacity: %s", plan.line())
@@ -174,8 +177,11 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     talker_inboxes = [Inbox() for _ in range(tl.copies if has_talker else 0)]
     code2wav_inboxes = [Inbox() for _ in range(cw.copies if has_talker else 0)]
     routers: list[StickyRouter] = []
+    talker_pages = 0  # every Talker copy's pool
 
     plan = _memory_plan(source, profile)
+    if plan and plan.code2wav_step_frames:
+        cw = dataclasses.replace(cw, max_step_frames=plan.code2wav_step_frames)  # narrowed where the card is small
     quantization = plan.quantization if plan else "none" if profile.quantization == "auto" else profile.quantization
     # every stage's weights first: the pools take what they leave
     thinker = load_stage(source, "thinker", tk.device, tk.dtype, triton=triton, quantization=quantization)
@@ -220,10 +226,11 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                     capture=talker_capture(tl.max_step_tokens) if graphs else None, cold=metrics.cold_work)
             stages.append(TalkerStage(runner, tl, inbox, to_code2wav, to_thinker, reports.put, metrics,
                                       _name("talker", i, tl.copies)))
+            talker_pages += runner.kv.num_pages
             _log_memory(f"{_name('talker', i, tl.copies)} (weights, KV, graphs)", tl.device)
         # copies share the stage's weights; each has its own state, graphs and thread
         for i, inbox in enumerate(code2wav_inboxes):
-            stages.append(Code2WavStage(_code2wav(code2wav, profile), cw, profile.async_chunk, clock, inbox,
+            stages.append(Code2WavStage(_code2wav(code2wav, cw, profile.async_chunk, graphs), cw, profile.async_chunk, clock, inbox,
                                         reports.put, metrics, _name("code2wav", i, cw.copies)))
             _log_memory(_name("code2wav", i, cw.copies), cw.device)
     tokenizer = source.tokenizer()
@@ -238,4 +245,6 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         speaks=has_talker,
         routers=tuple(routers),
         capacity=plan.line() if plan else "",
+        pools=Pools(thinker_runner.kv.num_pages * PAGE_SIZE, talker_pages * PAGE_SIZE, tl.max_frames + TALKER_HEADER_ROWS,
+                    PAGE_SIZE),
     )

@@ -62,9 +62,8 @@ class OmniBackend:
         if self.baseline:
             from engine.omni.reference import ReferenceCore
 
-            core: EngineCore = ReferenceCore.load(self.source, self.profile)
-        else:
-            from engine.omni.assemble import assemble
+            return Gate.for_profile(ReferenceCore.load(self.source, self.profile), self.profile.admission, self.capacity)
+        from engine.omni.assemble import assemble
 
-            core = assemble(self.source, self.profile)
-        return Gate.for_profile(core, self.profile.admission, self.capacity)
+        stages = assemble(self.source, self.profile)
+        return Gate.for_profile(stages, self.profile.admission, self.capacity, stages.pools)

@@ -1,11 +1,14 @@
-"""The Omni engine's memory plan on one GPU: the experts' precision, and the KV pools sized to the card.
+"""The Omni engine's memory plan on one GPU: the experts' precision, Code2Wav's widest step, and the KV pools sized
+to the card.
 
 As vLLM does: the weights' size is known before they load, what start-up holds beyond weights and pools (graphs,
-activations, workspaces) is held back (`reserve_gib`), and the rest of `gpu_memory_utilization` x the card goes to
-the Thinker's and the Talker's pools, split as a reply of the whole context takes them (n Thinker positions,
-n + max_frames + 16 Talker rows) and never beyond every slot's whole length; explicit `kv_cache_tokens` win.
-`quantization: auto` keeps bf16 experts where `max_batch` replies of `typical_positions` fit beside them, else FP8.
-A card that cannot hold the weights and one sequence of `max_model_len` is refused before anything loads.
+activations, workspaces) is held back (`reserve_gib`, and Code2Wav's graphs, which grow with its widest step), and
+the rest of `gpu_memory_utilization` x the card goes to the Thinker's and the Talker's pools, split as a reply of the
+whole context takes them (n Thinker positions, n + max_frames + 16 Talker rows) and never beyond every slot's whole
+length; explicit `kv_cache_tokens` win. `quantization: auto` keeps bf16 experts where `max_batch` replies of
+`typical_positions` fit beside them, else FP8; where even FP8 leaves them no room, Code2Wav's step narrows (to four
+of its widest chunks at the least) before the pools do. A card that cannot hold the weights and one sequence of
+`max_model_len` is refused before anything loads.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from engine.omni.weights.source import ModelSource
 from engine.profile import DeployProfile
 
 GIB = 2**30
+TALKER_HEADER_ROWS = 16  # a Talker reply's rows beyond its prompt's and its frames' (its assistant header)
 BF16_BYTES = 2
 FP8_BYTES = 1  # e4m3; its block scales (one float per 128 x 128) are within the reserve
+# Code2Wav's graphs' pool per frame of its widest step: its upsampling convolutions' activations (an 800-frame step
+# held 7.5 GiB on an H100, benchmarks/h100/as-shipped/memory.txt)
+CODE2WAV_FRAME_BYTES = int(7.5 * GIB / 800)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,7 @@ class Card:
     name: str
     total_bytes: int
     used_bytes: int
+    capped: bool = False  # `memory.card_gib` under the card's own size: the process may use no more
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +68,23 @@ class MemoryPlan:
     max_model_len: int
     max_frames: int
     max_batch: int
+    code2wav_step_frames: int  # the widest step Code2Wav's graphs are made for (0: no Code2Wav)
 
     def replies(self, positions: int) -> int:
         """Replies of `positions` Thinker positions (a prompt and its reply) the pools hold at once, within the batch;
         0 past the context."""
         if positions > self.max_model_len:
             return 0
-        talker_rows = positions + self.max_frames + 16
+        talker_rows = positions + self.max_frames + TALKER_HEADER_ROWS
         return min(self.max_batch, self.thinker_positions // positions, self.talker_rows // talker_rows)
 
     def line(self) -> str:
-        return (f"{self.card.name}, {self.card.total_bytes / GIB:.1f} GiB: weights {self.weights_bytes / GIB:.1f} GiB "
+        code2wav = (f", Code2Wav's steps {self.code2wav_step_frames} frames "
+                    f"({self.code2wav_step_frames * CODE2WAV_FRAME_BYTES / GIB:.1f} GiB)" if self.code2wav_step_frames else "")
+        return (f"{self.card.name}, {self.card.total_bytes / GIB:.1f} GiB{' (capped)' if self.card.capped else ''}: "
+                f"weights {self.weights_bytes / GIB:.1f} GiB "
                 f"({'FP8' if self.quantization == 'fp8' else 'bf16'} experts: {self.why}), held back "
-                f"{self.reserve_bytes / GIB:.1f} GiB; KV pools: Thinker {self.thinker_positions:,} positions, Talker "
+                f"{self.reserve_bytes / GIB:.1f} GiB{code2wav}; KV pools: Thinker {self.thinker_positions:,} positions, Talker "
                 f"{self.talker_rows:,} rows; replies at once of 2,048 positions {self.replies(2048)}, of 8,192 "
                 f"{self.replies(8192)} (max_batch {self.max_batch})")
 
@@ -87,7 +99,7 @@ def choose_quantization(profile: DeployProfile, card: Card, params: dict[str, St
         return "none", "FP8 experts need kernels: triton"
     mem, tk = profile.memory, profile.stages.thinker
     wanted = tk.max_batch * _reply_bytes(profile, mem.typical_positions, thinker_position_bytes, talker_row_bytes)
-    room = _budget(profile, card) - _weights(params, fp8_experts=False)
+    room = _budget(profile, card) - _weights(params, fp8_experts=False) - _code2wav_bytes(profile, params)
     if room >= wanted:
         return "none", f"bf16 leaves {room / GIB:.1f} GiB, {tk.max_batch} replies of {mem.typical_positions:,} " \
                        f"positions take {wanted / GIB:.1f}"
@@ -101,10 +113,14 @@ def plan(profile: DeployProfile, card: Card, params: dict[str, StageParams], thi
     quantization, why = choose_quantization(profile, card, params, thinker_position_bytes, talker_row_bytes)
     weights = _weights(params, fp8_experts=quantization == "fp8")
     tk, tl = profile.stages.thinker, profile.stages.talker
-    left = _budget(profile, card) - weights
+    room = _budget(profile, card) - weights
     one = _reply_bytes(profile, tk.max_model_len, thinker_position_bytes, talker_row_bytes)
+    wanted = tk.max_batch * _reply_bytes(profile, profile.memory.typical_positions, thinker_position_bytes,
+                                         talker_row_bytes)
+    frames = _code2wav_frames(profile, params, room - wanted)
+    left = room - frames * CODE2WAV_FRAME_BYTES
     if left < one:
-        raise EngineError(_refusal(profile, card, weights, left, one))
+        raise EngineError(_refusal(profile, card, weights, frames, left, one))
     # the pools in the proportion a reply of the whole context takes, rounded down to whole replies' worth of
     # positions where that matters little: the Thinker's in positions, the Talker's in rows
     talker_len = profile.stages.talker_max_len
@@ -115,12 +131,26 @@ def plan(profile: DeployProfile, card: Card, params: dict[str, StageParams], thi
                       reserve_bytes=int(profile.memory.reserve_gib * GIB), thinker_positions=thinker_positions,
                       talker_rows=talker_rows, thinker_position_bytes=thinker_position_bytes,
                       talker_row_bytes=talker_row_bytes, max_model_len=tk.max_model_len, max_frames=tl.max_frames,
-                      max_batch=tk.max_batch)
+                      max_batch=tk.max_batch, code2wav_step_frames=frames)
 
 
 def _weights(params: dict[str, StageParams], *, fp8_experts: bool) -> int:
     # the Talker's and Code2Wav's copies share their stage's weights
     return sum(p.bytes(fp8_experts and stage != "code2wav") for stage, p in params.items())
+
+
+def _code2wav_bytes(profile: DeployProfile, params: dict[str, StageParams]) -> int:
+    return profile.stages.code2wav.max_step_frames * CODE2WAV_FRAME_BYTES if "code2wav" in params else 0
+
+
+def _code2wav_frames(profile: DeployProfile, params: dict[str, StageParams], spare: int) -> int:
+    """Code2Wav's widest step: the profile's, or narrower where `spare` (what the weights, the reserve and the
+    typical replies leave) cannot hold its graphs; four of the widest chunks at the least."""
+    if "code2wav" not in params:
+        return 0
+    widest = profile.stages.code2wav.max_step_frames
+    least = min(widest, 4 * max(profile.async_chunk.sizes()))
+    return max(least, min(widest, spare // CODE2WAV_FRAME_BYTES))
 
 
 def _budget(profile: DeployProfile, card: Card) -> int:
@@ -131,11 +161,11 @@ def _budget(profile: DeployProfile, card: Card) -> int:
 
 def _reply_bytes(profile: DeployProfile, positions: int, thinker_position_bytes: int, talker_row_bytes: int) -> int:
     """One reply of `positions` Thinker positions in both pools (its Talker rows across every Talker copy's)."""
-    rows = positions + profile.stages.talker.max_frames + 16
+    rows = positions + profile.stages.talker.max_frames + TALKER_HEADER_ROWS
     return positions * thinker_position_bytes + rows * talker_row_bytes
 
 
-def _refusal(profile: DeployProfile, card: Card, weights: int, left: int, one: int) -> str:
+def _refusal(profile: DeployProfile, card: Card, weights: int, frames: int, left: int, one: int) -> str:
     tk = profile.stages.thinker
     fixes = [f"a smaller stages.thinker.max_model_len (now {tk.max_model_len:,})"] if left > 0 else []
     if profile.quantization == "none":
@@ -144,7 +174,9 @@ def _refusal(profile: DeployProfile, card: Card, weights: int, left: int, one: i
                  f"memory.gpu_memory_utilization (now {profile.memory.gpu_memory_utilization:g})")
     return (f"the card does not fit this profile: {card.name} has {card.total_bytes / GIB:.1f} GiB "
             f"({card.used_bytes / GIB:.1f} held by others); the weights take {weights / GIB:.1f} GiB and "
-            f"{profile.memory.reserve_gib:g} GiB is held back for graphs and activations, which leaves "
+            f"{profile.memory.reserve_gib:g} GiB is held back for graphs and activations"
+            f"{f' and {frames * CODE2WAV_FRAME_BYTES / GIB:.1f} for Code2Wav steps of {frames} frames' if frames else ''}"
+            f", which leaves "
             f"{left / GIB:.1f} GiB of the {profile.memory.gpu_memory_utilization:.0%} used, and one sequence of "
             f"{tk.max_model_len:,} positions needs {one / GIB:.2f} GiB ({(one - left) / GIB:.2f} GiB short). "
             f"What would fit: {'; '.join(fixes)}; or a card with more memory")
@@ -164,12 +196,17 @@ def count_params(source: ModelSource, stages: tuple[str, ...]) -> dict[str, Stag
     return params
 
 
-def card_of(device: str) -> Card:
-    """The GPU `device` names, as the engine finds it before loading anything."""
+def card_of(device: str, card_gib: float | None = None) -> Card:
+    """The GPU `device` names, as the engine finds it before loading anything; `card_gib` under its size caps this
+    process there (torch's per-process fraction), as if the card were that small."""
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
-    return Card(torch.cuda.get_device_name(device), total, total - free)
+    name, used = torch.cuda.get_device_name(device), total - free
+    if card_gib is None or card_gib * GIB >= total:
+        return Card(name, total, used)
+    torch.cuda.set_per_process_memory_fraction(card_gib * GIB / total, device)
+    return Card(name, int(card_gib * GIB), used, capped=True)
 
 
 def position_bytes(config: object, dtype_bytes: int = BF16_BYTES) -> int:

@@ -175,3 +175,28 @@ def test_a_server_stopped_with_its_engine_process_serves_on_when_both_resume(pro
     finally:
         for who in (pid, process_server.pid):
             os.kill(who, signal.SIGCONT)  # a failed test's stopped processes go on, to stop in order
+
+
+@pytest.mark.parametrize("where", ["process_server", "workers_server"])
+def test_a_restarted_engine_counts_its_load_from_zero(where: str, request: pytest.FixtureRequest) -> None:
+    process_server: Server = request.getfixturevalue(where)
+    (pid,) = _engine_pids(process_server)
+    try:
+        _lose_mid_reply(process_server, pid, signal.SIGKILL)
+        _until_health(process_server, "ok", times=4)
+        # replies that speak, some of them left mid-stream as callers hang up
+        body = {"model": "tiny", "messages": MESSAGES, "modalities": ["text", "audio"],
+                "audio": {"voice": "ethan", "format": "pcm16"}, "stream": True, "max_tokens": 60}
+        with httpx.Client(timeout=30) as http:
+            for left_after in (1, 3, None, 2, None):
+                with http.stream("POST", process_server.base_url + "/v1/chat/completions", json=body) as response:
+                    for n, _ in enumerate(line for line in response.iter_lines() if '"data"' in line):
+                        if n == left_after:
+                            break
+        deadline = time.monotonic() + 20
+        while any((health := process_server.get("/health").json())["stage_load"].values()):
+            assert time.monotonic() < deadline, health
+            time.sleep(0.2)
+        assert health["active_requests"] == 0
+    finally:
+        _release(pid)

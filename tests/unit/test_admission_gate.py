@@ -1,5 +1,6 @@
-"""Admission control on the tiny engine: replies beyond the stages' batch wait in a bounded queue with a
-deadline, or are refused at once as overloaded; a place that frees goes to the longest waiting."""
+"""Admission control on the tiny engine: replies beyond the stages' batch, or beyond the room their KV pools hold,
+wait in a bounded queue with a deadline, or are refused at once as overloaded; a place that frees goes to the
+longest waiting."""
 
 from __future__ import annotations
 
@@ -24,19 +25,20 @@ from engine.omni.backend import OmniBackend
 from engine.omni.weights.source import ModelSource
 
 
-def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: float) -> Engine:
+def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: float, kv_tokens: int = 0) -> Engine:
     profile = load_profile(model="tiny", platform="cpu",
                            overrides={"admission": {"max_queued": max_queued, "queue_timeout_s": queue_timeout_s}},
-                           stage_overrides={"thinker": {"max_batch": batch, "ignore_eos": True},
+                           stage_overrides={"thinker": {"max_batch": batch, "ignore_eos": True,
+                                                        "kv_cache_tokens": kv_tokens},
                                             "talker": {"ignore_eos": True}})
     assert OmniBackend(ModelSource.open("tiny", cache_dir=cache_dir), profile).capacity == batch
     return create_engine("tiny", profile, cache_dir)
 
 
-def _request(rid: str, *, audio: bool) -> EngineRequest:
+def _request(rid: str, *, audio: bool, max_tokens: int = 4) -> EngineRequest:
     # a spoken reply of the tiny model's 48 frames takes seconds on a CPU, a text reply of 4 tokens far less
     return EngineRequest(rid, (Message("user", (TextPart("hello"),)),), want_audio=audio,
-                         sampling=SamplingParams(max_tokens=4, seed=0))
+                         sampling=SamplingParams(max_tokens=max_tokens, seed=0))
 
 
 async def _outcome(engine: Engine, request: EngineRequest) -> list:
@@ -92,5 +94,34 @@ async def test_a_queued_request_is_refused_when_its_deadline_passes_and_an_abort
         assert gate.metrics.refused.labels("timeout")._value.get() == 1
         # the aborted one took no place: a new request runs at once
         assert isinstance((await _outcome(engine, _request("after", audio=False)))[-1], Finished)
+    finally:
+        await engine.stop()
+
+
+async def test_replies_past_the_thinkers_pool_wait_for_room_though_slots_are_free(
+        tiny_checkpoint: Path, cache_dir: Path) -> None:
+    # a pool of one whole context (1,024 positions, four pages): a reply that may run to 300 tokens reserves two
+    engine = _engine(cache_dir, batch=8, max_queued=1, queue_timeout_s=120, kv_tokens=1024)
+    await engine.start()
+    try:
+        gate = engine.core  # type: ignore[attr-defined]
+        assert gate.pools is not None and gate.pools.thinker_positions == 1024
+        running = [asyncio.create_task(_outcome(engine, _request(f"run{i}", audio=True, max_tokens=300)))
+                   for i in range(2)]
+        while len(gate._active) < 2:
+            await asyncio.sleep(0.01)
+        queued = asyncio.create_task(_outcome(engine, _request("queued", audio=False, max_tokens=300)))
+        while not gate._waiting:
+            await asyncio.sleep(0.01)
+        assert len(gate._active) == 2  # six of its eight slots free, but no room for a third reply's 300 tokens
+        refused = await asyncio.wait_for(_outcome(engine, _request("refused", audio=False)), timeout=5)
+        assert _refused(refused) and "holding 1,024 of 1,024 Thinker positions" in refused[0].reason, refused
+        for task in (*running, queued):
+            events = await asyncio.wait_for(task, timeout=300)
+            assert isinstance(events[-1], Finished), events[-1]
+        assert not gate._active and gate._held == (0, 0)
+        # short replies take a page each: four at once
+        shorts = await asyncio.gather(*(_outcome(engine, _request(f"short{i}", audio=False)) for i in range(4)))
+        assert all(isinstance(events[-1], Finished) for events in shorts)
     finally:
         await engine.stop()

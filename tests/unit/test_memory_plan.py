@@ -9,13 +9,27 @@ from pathlib import Path
 import pytest
 
 from engine import EngineError, load_profile
-from engine.omni.memory import GIB, Card, StageParams, count_params, plan, position_bytes
+from engine.core import Pools
+from engine.handoff import AdmittedRequest
+from engine.omni.memory import (
+    CODE2WAV_FRAME_BYTES,
+    GIB,
+    TALKER_HEADER_ROWS,
+    Card,
+    MemoryPlan,
+    StageParams,
+    count_params,
+    plan,
+    position_bytes,
+)
+from engine.omni.runners.kv_cache import PAGE_SIZE
 from engine.omni.weights.source import ModelSource
 
 CONTEXT = int(0.5 * GIB)  # what the CUDA context holds before the engine loads anything
 H100 = Card("NVIDIA H100 80GB HBM3", int(79.19 * GIB), CONTEXT)
 H200 = Card("NVIDIA H200", int(139.8 * GIB), CONTEXT)
 L40S = Card("NVIDIA L40S", int(44.4 * GIB), CONTEXT)
+A6000 = Card("NVIDIA RTX A6000", 48 * GIB, CONTEXT)
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +56,17 @@ def test_an_80_gb_card_takes_fp8_experts_and_holds_64_replies(released) -> None:
     profile = _gpu_profile()
     p = plan(profile, H100, params, thinker_position, talker_row)
     assert p.quantization == "fp8" and "bf16 would not fit" in p.why
-    # what is left of 90 % after the context, the reserve and the FP8 weights goes to the pools, split by a reply
-    left = int(0.9 * H100.total_bytes) - CONTEXT - 8 * GIB - p.weights_bytes
+    # what is left of 90 % after the context, the reserve, Code2Wav's widest step as the profile has it and the FP8
+    # weights goes to the pools, split by a reply
+    assert p.code2wav_step_frames == profile.stages.code2wav.max_step_frames == 800
+    held = 4 * GIB + 800 * CODE2WAV_FRAME_BYTES
+    left = int(0.9 * H100.total_bytes) - CONTEXT - held - p.weights_bytes
     tk, talker_len = profile.stages.thinker, profile.stages.talker_max_len
     one = tk.max_model_len * thinker_position + talker_len * talker_row
     assert p.thinker_positions == int(left / one * tk.max_model_len)
     assert p.talker_rows == int(left / one * talker_len)
     used = p.weights_bytes + p.thinker_positions * thinker_position + p.talker_rows * talker_row
-    assert used <= 0.9 * H100.total_bytes - CONTEXT - 8 * GIB
+    assert used <= 0.9 * H100.total_bytes - CONTEXT - held
     assert 35 * GIB < p.weights_bytes < 37 * GIB
     assert p.replies(2048) == 64 and 16 < p.replies(8192) < 64
     assert "NVIDIA H100 80GB HBM3" in p.line() and "FP8 experts" in p.line()
@@ -64,7 +81,33 @@ def test_an_h200_keeps_bf16_experts(released) -> None:
     assert "bf16 experts" in p.line()
 
 
-def test_a_48_gb_card_is_refused_with_what_would_make_it_fit(released) -> None:
+def test_a_48_gb_card_narrows_code2wav_and_serves_short_replies(released) -> None:
+    params, thinker_position, talker_row = released
+    profile = _gpu_profile()
+    p = plan(profile, A6000, params, thinker_position, talker_row)
+    assert p.quantization == "fp8"
+    # no room for 64 typical replies: Code2Wav's graphs shrink to four of its widest chunks first
+    assert p.code2wav_step_frames == 4 * profile.async_chunk.chunk_frames
+    assert p.replies(profile.stages.thinker.max_model_len) >= 1 and p.replies(2048) < 16
+    # the bench's replies (a short prompt, 40 tokens, 10 s of speech) fit 32 at once by their room in the pools
+    pools = _pools(p)
+    request = AdmittedRequest(request_id="r", token_ids=[0] * 60, audio_features=[], audio_tokens=0, audio_keys=[],
+                              want_audio=True, speaker="ethan", max_tokens=40, temperature=0.7, top_p=0.8, top_k=20,
+                              seed=None)
+    bench = plan(_gpu_profile(stages={"talker": {"max_frames": 125}}), A6000, params, thinker_position, talker_row)
+    positions, rows = _pools(bench).room(request)
+    assert min(bench.thinker_positions // positions, bench.talker_rows // rows) >= 32
+    assert pools.room(request) == (256, 1280)  # whole pages: the prompt and reply, the prompt's rows and 1,040 more
+    assert "(capped)" not in p.line() and "Code2Wav's steps 100 frames" in p.line()
+
+
+def _pools(p: MemoryPlan) -> Pools:
+    """As assemble.py makes them from the runners' caches, which take the plan's pools in whole pages."""
+    return Pools(-(-p.thinker_positions // PAGE_SIZE) * PAGE_SIZE, -(-p.talker_rows // PAGE_SIZE) * PAGE_SIZE,
+                 p.max_frames + TALKER_HEADER_ROWS, PAGE_SIZE)
+
+
+def test_a_card_too_small_is_refused_with_what_would_make_it_fit(released) -> None:
     params, thinker_position, talker_row = released
     with pytest.raises(EngineError, match=r"^the card does not fit this profile: NVIDIA L40S has 44\.4 GiB") as refused:
         plan(_gpu_profile(), L40S, params, thinker_position, talker_row)
