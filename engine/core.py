@@ -41,12 +41,14 @@ class Pools:
     talker_rows: int
     talker_reply_rows: int  # a reply's frames and its assistant header
     page: int
+    thinker_max_len: int  # a slot's most, which no reservation passes
+    talker_max_len: int
 
     def room(self, request: AdmittedRequest) -> tuple[int, int]:
         """The Thinker positions and Talker rows `request` reserves, whole pages of each."""
         prompt = len(request.token_ids)
-        rows = self._pages(prompt + self.talker_reply_rows) if request.want_audio else 0
-        return self._pages(prompt + request.max_tokens + 1), rows
+        rows = self._pages(min(prompt + self.talker_reply_rows, self.talker_max_len)) if request.want_audio else 0
+        return self._pages(min(prompt + request.max_tokens + 1, self.thinker_max_len)), rows
 
     def _pages(self, n: int) -> int:
         return -(-n // self.page) * self.page

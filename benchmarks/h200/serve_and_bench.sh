@@ -29,5 +29,7 @@ for args in "$@"; do
   python3 -m voice_gateway.cli bench --url http://127.0.0.1:8000 --out-dir "$out" $args 2>&1 | tail -25
   python3 -c 'import httpx; print(httpx.get("http://127.0.0.1:8000/metrics").text)' >"$out/metrics-$run.txt"
 done
+sleep 3  # replies the bench left are aborted: what the stages still count after that is a leak
+python3 -c 'import httpx; print(httpx.get("http://127.0.0.1:8000/health").text)' >"$out/health-after.json"
 grep -h "cold work\|captured\|warmed" "$out/server.log" >"$out/cold-work.txt"
 grep -c "cold work after ready" "$out/server.log" | sed 's/^/cold work events: /'

@@ -246,5 +246,5 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
         routers=tuple(routers),
         capacity=plan.line() if plan else "",
         pools=Pools(thinker_runner.kv.num_pages * PAGE_SIZE, talker_pages * PAGE_SIZE, tl.max_frames + TALKER_HEADER_ROWS,
-                    PAGE_SIZE),
+                    PAGE_SIZE, tk.max_model_len, stages_cfg.talker_max_len),
     )

@@ -1,6 +1,6 @@
 """128 replies at once (the tiny model on the CPU): admission lets 128 run, the Thinker's 128 slots share a KV
-pool of a quarter of 128 x max_model_len, the Talker's a pool of 64 pages (each reply reserves one, so half of
-them wait for the others' pages), and every reply finishes with its text and speech; replies after them take
+pool of a quarter of 128 x max_model_len, the Talker's a pool of 64 pages (each reply reserves one, so the gate
+holds half of them back until the others give their pages back), and every reply finishes with its text and speech; replies after them take
 the pages the first gave back, and every page is back in the end."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ GREEDY = {"temperature": 0}
 
 def _engine(cache_dir: Path):
     on = {"device": "cpu", "max_batch": REPLIES}
-    profile = load_profile(model="tiny", platform="cpu", overrides={"admission": {"max_queued": 2 * REPLIES}},
+    profile = load_profile(model="tiny", platform="cpu", overrides={"admission": {"max_queued": 2 * REPLIES,
+                                                                                "queue_timeout_s": 120}},
                            stage_overrides={
                                "thinker": {**on, "max_model_len": 512, "kv_cache_tokens": REPLIES * 512 // 4,
                                            "max_step_tokens": 2048},

@@ -104,7 +104,7 @@ def test_a_48_gb_card_narrows_code2wav_and_serves_short_replies(released) -> Non
 def _pools(p: MemoryPlan) -> Pools:
     """As assemble.py makes them from the runners' caches, which take the plan's pools in whole pages."""
     return Pools(-(-p.thinker_positions // PAGE_SIZE) * PAGE_SIZE, -(-p.talker_rows // PAGE_SIZE) * PAGE_SIZE,
-                 p.max_frames + TALKER_HEADER_ROWS, PAGE_SIZE)
+                 p.max_frames + TALKER_HEADER_ROWS, PAGE_SIZE, p.max_model_len, p.max_model_len + p.max_frames + 16)
 
 
 def test_a_card_too_small_is_refused_with_what_would_make_it_fit(released) -> None:
