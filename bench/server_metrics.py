@@ -11,8 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.stats import StageSteps
 
 STEP_HISTOGRAM = "engine_stage_step_seconds"
+FIRST_PACKET_PART = "engine_first_packet_part_seconds"
 _LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
-                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM)
+                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM, FIRST_PACKET_PART)
 
 
 async def server_latency_sums(client: httpx.AsyncClient,
@@ -38,6 +39,12 @@ async def server_latency_sums(client: httpx.AsyncClient,
                 pair = sums.setdefault(f"{family.name}{{{labels}}}" if labels else family.name, [0.0, 0.0])
                 pair[part == "_count"] = sample.value
     return {key: (total, count) for key, (total, count) in sums.items()}
+
+
+def first_packet_parts(means: dict[str, float]) -> dict[str, float]:
+    """Each part of the engine's first packet, from means keyed as `server_latency_sums` keys them."""
+    prefix = f"{FIRST_PACKET_PART}{{part="
+    return {key[len(prefix):-1]: mean for key, mean in means.items() if key.startswith(prefix)}
 
 
 def step_shares(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],

@@ -64,6 +64,8 @@ class LevelResult:
     # the gap to ttft_s/ttfp_s is what HTTP, the event loop and the client add
     server_ttft_mean_s: float | None = None
     server_ttfp_mean_s: float | None = None
+    # where the engine's first packet went: each part's mean (engine/api.py FirstPacketParts; they add up to it)
+    server_first_packet_parts_mean_s: dict[str, float] = field(default_factory=dict)
     # ... and from the request's arrival in the app to the chunk written: adds the HTTP side's share
     server_http_ttft_mean_s: float | None = None
     server_http_ttfp_mean_s: float | None = None

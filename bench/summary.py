@@ -112,6 +112,10 @@ def _growth(timeline: list[Window]) -> str:
     grown = [f"{k} {first.steps[k].mean_ms:.1f} -> {last.steps[k].mean_ms:.1f} ms" for k in shared]
     if first.prompt_tokens_per_step is not None and last.prompt_tokens_per_step is not None:
         grown.append(f"thinker prompt tokens a step {first.prompt_tokens_per_step:.0f} -> {last.prompt_tokens_per_step:.0f}")
+    parts = sorted(set(first.engine_first_packet_parts_mean_s) & set(last.engine_first_packet_parts_mean_s))
+    if parts:
+        grown.append("first packet " + ", ".join(f"{p} {first.engine_first_packet_parts_mean_s[p]:.3f} -> "
+                                                 f"{last.engine_first_packet_parts_mean_s[p]:.3f} s" for p in parts))
     return f"{where}: " + ", ".join(grown)
 
 

@@ -27,7 +27,7 @@ from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
 from bench.processes import Started, run_in_processes
 from bench.result_file import write_json
-from bench.server_metrics import server_latency_sums, step_shares
+from bench.server_metrics import first_packet_parts, server_latency_sums, step_shares
 from bench.speech import load_questions
 from bench.stats import LevelResult, Stat, summarize_level
 from bench.video import BenchVideo, VideoInfo, load_video
@@ -241,10 +241,12 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
         watch.cancel()
     level = summarize_level(concurrency, records, wall_s, prompt_words)
     after = await server_latency_sums(client)
-    means = {name: (after[name][0] - before[name][0]) / count
-             for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
+    # a labelled series appears with its first sample: one the level began shows its whole sum
+    means = {name: (after[name][0] - before.get(name, (0.0, 0.0))[0]) / count
+             for name in after if (count := after[name][1] - before.get(name, (0.0, 0.0))[1]) > 0}
     return replace(level, server_ttft_mean_s=means.get("engine_ttft_seconds"),
                    server_ttfp_mean_s=means.get("engine_ttfp_seconds"),
+                   server_first_packet_parts_mean_s=first_packet_parts(means),
                    server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"), client_lag_ms=Stat.of(lags),
                    server_steps=step_shares(before, after, wall_s))

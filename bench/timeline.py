@@ -1,8 +1,8 @@
 """What the server's stages did over a realtime level, window by window: its /metrics read every few seconds
 while the level runs, and each window's steps per stage and phase, the Thinker's prompt tokens a step, the
 engine's own first packet and the turns that ended in it. A long call's first audio grows with its history;
-the windows say whether a stage's steps grew with it (the turns of a level move through their conversations
-together, so a window's median turn index places it in the call)."""
+the windows say whether a stage's steps grew with it, and which part of the engine's first packet did (the turns
+of a level move through their conversations together, so a window's median turn index places it in the call)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from bench.server_metrics import STEP_HISTOGRAM, server_latency_sums, step_shares
+from bench.server_metrics import FIRST_PACKET_PART, STEP_HISTOGRAM, server_latency_sums, step_shares
 from bench.stats import StageSteps
 from bench.turn import TurnRecord
 
 ENGINE_TTFP = "engine_ttfp_seconds"
+PARTS = ("queued", "thinker", "talker_prefill", "talker_frames", "code2wav")  # engine/api.py FirstPacketParts
 STEP_TOKENS = "engine_thinker_step_tokens"
 PROMPT_TOKENS = f"{STEP_TOKENS}{{kind=prompt}}"
 PROMPT_STEPS = f"{STEP_HISTOGRAM}{{phase=prefill,stage=thinker}}"
@@ -43,6 +44,9 @@ class Window:
     steps: dict[str, StageSteps] = field(default_factory=dict)  # "stage/phase" -> its steps in the window
     # the Thinker's prompt tokens over its steps that carried any: with `steps`, what a prompt token cost
     prompt_tokens_per_step: float | None = None
+    # where the first packet went: each part's mean over the window's spoken replies (they add up to
+    # engine_ttfp_mean_s)
+    engine_first_packet_parts_mean_s: dict[str, float] = field(default_factory=dict)
 
 
 async def sample(client: httpx.AsyncClient, into: list[Snapshot], every_s: float = WINDOW_S) -> None:
@@ -54,7 +58,7 @@ async def sample(client: httpx.AsyncClient, into: list[Snapshot], every_s: float
 
 
 async def snapshot(client: httpx.AsyncClient, into: list[Snapshot]) -> None:
-    sums = await server_latency_sums(client, [STEP_HISTOGRAM, ENGINE_TTFP, STEP_TOKENS])
+    sums = await server_latency_sums(client, [STEP_HISTOGRAM, ENGINE_TTFP, STEP_TOKENS, FIRST_PACKET_PART])
     if sums:  # a server without /metrics leaves no windows
         into.append(Snapshot(time.time(), sums))
 
@@ -69,6 +73,7 @@ def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window
     for before, after in zip(snapshots, snapshots[1:], strict=False):
         inside = [r for r in ended if before.at <= r.ended_at < after.at]  # type: ignore[operator]
         total, count = _gained(before, after, ENGINE_TTFP)
+        parts = {part: _gained(before, after, f"{FIRST_PACKET_PART}{{part={part}}}") for part in PARTS}
         tokens, _ = _gained(before, after, PROMPT_TOKENS)
         _, prompt_steps = _gained(before, after, PROMPT_STEPS)
         out.append(Window(
@@ -76,6 +81,7 @@ def windows(snapshots: list[Snapshot], records: list[TurnRecord]) -> list[Window
             turn_median=float(np.median([r.turn for r in inside])) if inside else None,
             first_audio_p50_s=float(np.median([r.first_audio_s for r in inside])) if inside else None,
             engine_ttfp_mean_s=total / count if count > 0 else None,
+            engine_first_packet_parts_mean_s={part: s / n for part, (s, n) in parts.items() if n > 0},
             steps=step_shares(before.sums, after.sums, after.at - before.at),
             prompt_tokens_per_step=tokens / prompt_steps if prompt_steps > 0 else None))
     return out

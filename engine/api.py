@@ -166,6 +166,23 @@ class Timings:
     audio_samples: int
     cached_tokens: int = 0  # of prompt_tokens, those reused from a cached prefix rather than prefilled
     prompt_image_tokens: int = 0  # of prompt_tokens, those standing for input images
+    first_packet: FirstPacketParts | None = None  # where ttfp_s went, for a spoken reply of the Omni engine
+
+
+@dataclass(frozen=True, slots=True)
+class FirstPacketParts:
+    """A spoken reply's first packet (`Timings.ttfp_s`) split where its stages passed it on; they add up to it.
+    A stage that was ahead of the one before it (the Talker prefills a prompt while the Thinker does) adds 0."""
+
+    queued_s: float  # submit -> the Thinker takes it from its queue
+    thinker_s: float  # -> its first token (the prompt's prefill, or what a kept prefix left of it)
+    talker_prefill_s: float  # -> the Talker holds the prompt's rows and the reply's header
+    talker_frames_s: float  # -> Code2Wav begins its first chunk (the Talker made that chunk's frames)
+    code2wav_s: float  # -> the first packet
+
+    @property
+    def total_s(self) -> float:
+        return self.queued_s + self.thinker_s + self.talker_prefill_s + self.talker_frames_s + self.code2wav_s
 
 
 @dataclass(frozen=True, slots=True)

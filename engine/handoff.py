@@ -256,6 +256,21 @@ class ThinkerFinished:
     cached_tokens: int  # of prompt_tokens, those a cached prefix held (not prefilled)
 
 
+# where a spoken reply's way to its first packet stands, in the order it passes them: the Thinker takes it from its
+# queue, samples its first token; the Talker has prefilled its prompt and header (its frames come next); Code2Wav
+# begins its first chunk
+Milestone = Literal["thinker", "first_token", "talker", "code2wav"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reached:
+    """A stage passed one of a reply's milestones at `at` (time.perf_counter(), the orchestrator's clock)."""
+
+    request_id: str
+    milestone: Milestone
+    at: float
+
+
 @dataclass(frozen=True, slots=True)
 class AudioFinished:
     """Code2Wav sent a reply's last audio; `codec_frames` is how many frames the Talker made."""

@@ -24,6 +24,9 @@ class EngineMetrics:
         r = self.registry
         self.ttft = Histogram("engine_ttft_seconds", "Submit to first text token", buckets=_LATENCY_BUCKETS_S, registry=r)
         self.ttfp = Histogram("engine_ttfp_seconds", "Submit to first audio chunk", buckets=_LATENCY_BUCKETS_S, registry=r)
+        # engine/api.py FirstPacketParts: queued, thinker, talker_prefill, talker_frames, code2wav
+        self.first_packet = Histogram("engine_first_packet_part_seconds", "Submit to first audio chunk, by the part "
+                                      "each stage took", ["part"], buckets=_LATENCY_BUCKETS_S, registry=r)
         self.rtf = Histogram(
             "engine_rtf", "Time to last audio / audio duration", buckets=(0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1, 1.5, 2, 5), registry=r
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.api import (
@@ -20,6 +20,7 @@ from engine.api import (
     EngineHealth,
     Failed,
     Finished,
+    FirstPacketParts,
     OutputEvent,
     TextDelta,
     Timings,
@@ -30,6 +31,8 @@ from engine.handoff import (
     AdmittedRequest,
     AudioFinished,
     Inbox,
+    Milestone,
+    Reached,
     ReportQueue,
     StageFailed,
     StickyRouter,
@@ -53,6 +56,8 @@ class RequestRecord:
     thinker: ThinkerFinished | None = None
     audio: AudioFinished | None = None
     done: bool = False
+    reached: dict[Milestone, float] = field(default_factory=dict)
+    first_packet: FirstPacketParts | None = None
 
 
 class Orchestrator:
@@ -154,6 +159,9 @@ class Orchestrator:
                 if record.first_audio_at is None:
                     record.first_audio_at = now
                     self.metrics.ttfp.observe(now - record.submitted_at)
+                    record.first_packet = _parts(record.submitted_at, record.reached, now)
+                    for part, seconds in asdict(record.first_packet).items():
+                        self.metrics.first_packet.labels(part.removesuffix("_s")).observe(seconds)
                 elif record.last_audio_at is not None:
                     self.metrics.chunk_gap.observe(now - record.last_audio_at)
                 record.last_audio_at = now
@@ -163,6 +171,8 @@ class Orchestrator:
             record.thinker = item
             self.metrics.prompt_tokens.labels("prefilled").inc(item.prompt_tokens - item.cached_tokens)
             self.metrics.prompt_tokens.labels("cached").inc(item.cached_tokens)
+        elif isinstance(item, Reached):
+            record.reached[item.milestone] = item.at
         elif isinstance(item, AudioFinished):
             record.audio = item
         elif isinstance(item, StageFailed):
@@ -188,6 +198,7 @@ class Orchestrator:
             codec_frames=record.audio.codec_frames if record.audio else 0,
             audio_samples=record.audio_samples,
             cached_tokens=record.thinker.cached_tokens,
+            first_packet=record.first_packet,
         )
         if record.audio_samples and record.last_audio_at is not None:
             self.metrics.rtf.observe((record.last_audio_at - t0) / (record.audio_samples / SAMPLE_RATE_HZ))
@@ -212,3 +223,17 @@ class Orchestrator:
         self.records.pop(record.request.request_id, None)
         self.metrics.active.set(len(self.records))
         record.sink(event)
+
+
+def _parts(submitted_at: float, reached: dict[Milestone, float], first_audio_at: float) -> FirstPacketParts:
+    """The first packet split at the milestones its stages reported: each part runs from the later of the milestones
+    before it, so none is negative and they add up to submit -> first packet. A milestone not reported (a stage
+    that failed to say) gives its part 0."""
+    ends, at = [], submitted_at
+    for milestone in ("thinker", "first_token", "talker", "code2wav"):
+        at = min(max(at, reached.get(milestone, at)), first_audio_at)
+        ends.append(at)
+    ends.append(first_audio_at)
+    starts = [submitted_at, *ends[:-1]]
+    queued, thinker, talker_prefill, talker_frames, code2wav = (end - start for start, end in zip(starts, ends, strict=True))
+    return FirstPacketParts(queued, thinker, talker_prefill, talker_frames, code2wav)

@@ -85,6 +85,13 @@ rows:
             # the request's arrival) come in that order, before the client sees them
             assert 0 < lv["server_ttft_mean_s"] <= lv["server_http_ttft_mean_s"] <= lv["ttft_s"]["mean"]
             assert 0 < lv["server_ttfp_mean_s"] <= lv["server_http_ttfp_mean_s"] <= lv["ttfp_s"]["mean"]
+            # the staged engine says where its first packet went, part by part; generate() has no parts
+            parts = lv["server_first_packet_parts_mean_s"]
+            if row["name"] == "staged":
+                assert set(parts) == {"queued", "thinker", "talker_prefill", "talker_frames", "code2wav"}
+                assert sum(parts.values()) == pytest.approx(lv["server_ttfp_mean_s"], rel=1e-6)
+            else:
+                assert parts == {}
             assert lv["client_lag_ms"]["p99"] >= lv["client_lag_ms"]["mean"] >= -1  # sampled while it ran
             # the headers leave once the engine took the request, before its first text
             assert 0 < lv["headers_s"]["mean"] <= lv["ttft_s"]["mean"]

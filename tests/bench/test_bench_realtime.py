@@ -71,6 +71,9 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
         stepped = {key.split("/")[0] for w in windows for key in w["steps"]}
         assert {"thinker", "talker", "code2wav"} <= stepped
         assert any(w["engine_ttfp_mean_s"] for w in windows)
+        for w in windows:  # where each window's first packets went adds up to their mean
+            if w["engine_first_packet_parts_mean_s"]:
+                assert sum(w["engine_first_packet_parts_mean_s"].values()) == pytest.approx(w["engine_ttfp_mean_s"])
     assert (tmp_path / "voice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench --realtime voice (tiny)" in result.stdout and "vad opus C=2: " in result.stdout
     assert "vad opus C=2 steps: " in result.stdout and " ms x " in result.stdout  # each stage's share, busiest first

@@ -242,4 +242,6 @@ def test_the_summary_says_how_each_stage_step_grew_over_the_call() -> None:
     first, last = window(0, 12.0), window(49, 19.5)
     first.prompt_tokens_per_step, last.prompt_tokens_per_step = 130.0, 840.0
     assert _growth([first, last]).endswith("thinker/decode 12.0 -> 19.5 ms, thinker prompt tokens a step 130 -> 840")
+    first.engine_first_packet_parts_mean_s, last.engine_first_packet_parts_mean_s = {"thinker": 0.05}, {"thinker": 0.2}
+    assert _growth([first, last]).endswith("130 -> 840, first packet thinker 0.050 -> 0.200 s")
     assert _growth([window(0, 12.0)]) == ""

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.api import SAMPLE_RATE_HZ, AudioChunk
-from engine.handoff import AudioFinished, CodecFrames, Inbox, Report
+from engine.handoff import AudioFinished, CodecFrames, Inbox, Reached, Report
 from engine.metrics import EngineMetrics
 from engine.omni.runners.code2wav import StreamBatch, StreamingCode2Wav
 from engine.profile import ChunkConfig, Code2WavConfig
@@ -167,6 +167,10 @@ class Code2WavStage(Stage):
         # final with every frame decoded already: only the end of the stream is left to send
         closing = [s for s, end in ready if end == s.decoded_frames]
         to_decode = [(s, end) for s, end in ready if end > s.decoded_frames]
+        now = time.perf_counter()
+        for seq, _ in to_decode:
+            if not seq.decoded_chunks:
+                self.report(Reached(seq.request_id, "code2wav", now))
         if to_decode:
             audio = self._decode(to_decode)
             for (seq, end), samples in zip(to_decode, audio, strict=True):

@@ -23,6 +23,7 @@ from engine.handoff import (
     CodecFrames,
     Inbox,
     PromptRows,
+    Reached,
     Report,
     SpeechProgress,
     ThinkerDone,
@@ -275,6 +276,7 @@ class TalkerStage(Stage):
         for i, (seq, embeds) in enumerate(pieces):
             seq.position += embeds.shape[0]
             if seq.header_queued and not seq.todo.shape[0]:  # type: ignore[union-attr]
+                self.report(Reached(seq.request_id, "talker", time.perf_counter()))
                 self.running[seq.request_id] = self.pending.pop(seq.request_id)
                 self._consumed.append(seq.request_id)  # its first text row is in the prompt
                 sampled.append((i, seq))

@@ -22,6 +22,7 @@ from engine.handoff import (
     AdmittedRequest,
     Inbox,
     PromptRows,
+    Reached,
     Report,
     SpeechProgress,
     ThinkerDone,
@@ -309,6 +310,7 @@ class ThinkerStage(Stage):
     def _start(self, seq: ThinkerSeq) -> ThinkerSeq:
         job = seq.job
         if job.want_audio:  # its Talker prefills the prompt's rows as they come
+            self.report(Reached(job.request_id, "thinker", time.perf_counter()))
             self.to_talker(ThinkerPrompt(job.request_id, job.token_ids, job.speaker, job.seed, seq.keys,
                                          tuple(i.grid for i in job.images)))
         reuse = self.cache.claim(seq.keys, seq.clips + seq.images, want_hidden=job.want_audio)
@@ -357,6 +359,8 @@ class ThinkerStage(Stage):
             seq.generated.append(token)
             self._emit_text(seq)
             if job.want_audio:
+                if len(seq.generated) == 1:
+                    self.report(Reached(job.request_id, "first_token", time.perf_counter()))
                 self._speak(seq, token, embed)
         # a finished grammar ends the reply, at its last token or (with ignore_eos too) at EOS
         is_eos = is_eos or (seq.grammar is not None and seq.grammar.done)
