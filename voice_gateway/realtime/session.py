@@ -10,6 +10,7 @@ adapters each decode a frame (`frames.deliver`), `handle` the event, and write o
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -76,7 +77,8 @@ class Session:
                                        takes_images=engine.info.max_image_pixels > 0)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                     int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ),
-                                    gateway.images.max_images_per_session, engine.info.max_image_pixels)
+                                    gateway.images.max_images_per_session, engine.info.max_image_pixels,
+                                    cut_early=random.Random(self.id).uniform(0.0, 0.5))
         self.items = ConversationItems(conversation, Transcriber(engine, self.sender, self.id), self.settings,
                                        self.sender, self.reporter, gateway.max_stored_audio_s)
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
