@@ -159,8 +159,8 @@ def question(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def sea(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    return _spoken("Tell me about the sea.", tmp_path_factory.mktemp("speech"))
+def sky(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    return _spoken("What color is the sky?", tmp_path_factory.mktemp("speech"))
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +247,7 @@ async def _played_out(call: CarrierCall, quiet_s: float = 1.0, timeout_s: float 
 
 
 async def test_spoken_questions_are_answered_in_ulaw_that_says_its_transcript(
-        phone_server: Server, app: App, question: np.ndarray, sea: np.ndarray, ears: WhisperEars) -> None:
+        phone_server: Server, app: App, question: np.ndarray, sky: np.ndarray, ears: WhisperEars) -> None:
     """The caller asks two questions over a Twilio stream; each reply comes back as 20 ms µ-law frames paced at the
     line's rate (never more than the lead and a little jitter queued), and Whisper hears the replies say their
     transcripts: at most 25 % word error over both. Over both, and at temperature 0, for the reasons
@@ -260,7 +260,7 @@ async def test_spoken_questions_are_answered_in_ulaw_that_says_its_transcript(
     async with CarrierCall("twilio", url, params, call_id) as call:
         band = await sideband(phone_server, call_id)
         await asyncio.sleep(0.5)
-        for speech in (question, sea):
+        for speech in (question, sky):
             after, start_byte = len(band.events), len(call.heard.ulaw)
             call.heard.first_media_at = None
             call.speak(np.concatenate([speech, np.zeros(4000, np.float32)]))
@@ -350,6 +350,7 @@ async def test_the_sideband_answers_a_function_call_the_caller_triggered(phone_s
         await asyncio.sleep(0.3)
         call.speak(np.concatenate([question, np.zeros(4000, np.float32)]))
         called = await band.until("response.function_call_arguments.done", name="lookup_capital")
+        await band.until("response.done")  # the response that made the call
         assert call.frames_in == 0  # the forced call says nothing
         after = len(band.events)
         await band.send({"type": "conversation.item.create", "item": {
@@ -358,7 +359,7 @@ async def test_the_sideband_answers_a_function_call_the_caller_triggered(phone_s
         done = await band.until("response.done", after=after)
         await _played_out(call)
     assert done["response"]["status"] == "completed", done
-    assert call.frames_in > 0  # the answer reached the phone
+    assert call.frames_in > 0, done  # the answer reached the phone
     await _no_sessions_left(phone_server)
 
 
