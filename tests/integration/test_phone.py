@@ -1,5 +1,5 @@
 """Phone calls end to end: `voice-gateway serve assistant` on loopback answers calls from a simulated carrier
-(tests/integration/phone_carrier.py, written from Twilio's and Telnyx's references), with the app's server (a
+(bench/phone_carrier.py, written from Twilio's and Telnyx's references), with the app's server (a
 local webhook receiver that accepts each call) and Twilio's REST API (a local HTTP server) beside it."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import pytest
 import soundfile as sf
 import websockets
 
+from bench.phone_carrier import CarrierCall, answer_stream, ring
 from engine.cascade.ears import WhisperEars
 from tests.conftest import Server, start_server, stop_server
-from tests.integration.phone_carrier import CarrierCall, answer_stream, ring
 from tests.unit.test_assistant import edits
 from voice_gateway.audio.g711 import ulaw_decode
 from voice_gateway.audio.resample import resample

@@ -1,6 +1,6 @@
-"""A phone carrier for tests, written from the carriers' published media-stream references (Twilio's "Media
-Streams - WebSocket Messages" and its webhook security page; Telnyx's "Stream call media over WebSocket"), not from
-the server's code.
+"""A simulated phone carrier, for the tests and `voice-gateway bench --phone`, written from the carriers' published
+media-stream references (Twilio's "Media Streams - WebSocket Messages" and its webhook security page; Telnyx's
+"Stream call media over WebSocket"), not from the server's code (the bench imports none of it).
 
 It plays Twilio (or Telnyx) answering a call: it signs and POSTs the voice webhook, reads the answer document's
 `<Connect><Stream>`, opens the stream and says `connected` and `start` with the document's parameters, then sends
@@ -26,11 +26,19 @@ import httpx
 import numpy as np
 import websockets
 
-from voice_gateway.audio.g711 import ulaw_encode
-
 FRAME_BYTES = 160  # 20 ms at 8 kHz, one byte a sample
 FRAME_S = 0.02
 SILENCE = b"\xff" * FRAME_BYTES  # µ-law's zero
+
+
+def ulaw_encode(samples: np.ndarray) -> bytes:
+    """Float32 in [-1, 1] -> G.711 µ-law bytes (ITU-T G.711's segment encoding, bias 132 on 14-bit magnitudes)."""
+    pcm = (np.clip(samples, -1.0, 32767 / 32768) * 32768).astype(np.int32)
+    sign = np.where(pcm < 0, 0x80, 0)
+    magnitude = np.minimum(np.abs(pcm), 32635) + 132
+    exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 7  # 0..7: the segment
+    mantissa = (magnitude >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8).tobytes()
 
 
 def twilio_signature(auth_token: str, url: str, params: dict[str, str]) -> str:
