@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 _PAUSE_S = 0.5  # the caller's silence before each question
-_QUIET_S = 1.0  # a reply has ended once the phone heard nothing new for this long
+_QUIET_S = 3.0  # a reply has ended once the phone heard nothing new for this long (a stall shorter is a gap)
 
 
 @dataclass
@@ -50,6 +50,7 @@ class TurnRecord:
     first_audio_s: float | None  # end of speech -> first reply frame at the phone; None: no reply in time
     reply_s: float  # the reply's audio, as played
     max_queued_ms: int
+    gap_ms: int  # silence inside the reply: generation fell behind playback
 
 
 async def _call(cfg: PhoneBenchConfig, index: int, questions: list[tuple[str, np.ndarray]]) -> list[TurnRecord]:
@@ -63,13 +64,17 @@ async def _call(cfg: PhoneBenchConfig, index: int, questions: list[tuple[str, np
         for turn in range(cfg.turns):
             name, speech = questions[(index + turn) % len(questions)]
             await asyncio.sleep(_PAUSE_S)
-            heard_before, call.heard.first_media_at, call.heard.max_queued_bytes = len(call.heard.ulaw), None, 0
             call.speak(speech)
-            first = await _reply_played(call, cfg.timeout_s)
+            while call.speech_ended_at is None:
+                await asyncio.sleep(0.01)
             ended = call.speech_ended_at
-            records.append(TurnRecord(index, turn, name, None if first is None or ended is None else first - ended,
-                                      (len(call.heard.ulaw) - heard_before) / FRAME_BYTES * 0.02,
-                                      call.heard.max_queued_bytes // 8))
+            heard = call.heard
+            heard_before, heard.first_media_at, heard.max_queued_bytes, heard.gap_ms, heard.dry_ms = \
+                len(heard.ulaw), None, 0, 0, 0
+            first = await _reply_played(call, cfg.timeout_s)
+            records.append(TurnRecord(index, turn, name, None if first is None else first - ended,
+                                      (len(heard.ulaw) - heard_before) / FRAME_BYTES * 0.02,
+                                      heard.max_queued_bytes // 8, heard.gap_ms))
     return records
 
 
@@ -86,6 +91,12 @@ async def _reply_played(call: CarrierCall, timeout_s: float) -> float | None:
     return call.heard.first_media_at
 
 
+def _speech_only(samples: np.ndarray) -> np.ndarray:
+    """The recording less its leading and trailing silence: the end of speech is the end of what is sent."""
+    loud = np.flatnonzero(np.abs(samples) > 0.02)
+    return samples[loud[0]:loud[-1] + 1] if loud.size else samples
+
+
 def _summary(records: list[TurnRecord]) -> dict[str, Any]:
     latencies = sorted(r.first_audio_s for r in records if r.first_audio_s is not None)
     return {
@@ -94,6 +105,8 @@ def _summary(records: list[TurnRecord]) -> dict[str, Any]:
         "first_audio_p90_s": round(latencies[int(0.9 * (len(latencies) - 1))], 3) if latencies else None,
         "first_audio_max_s": round(latencies[-1], 3) if latencies else None,
         "max_queued_ms": max((r.max_queued_ms for r in records), default=0),
+        "turns_with_gaps": sum(r.gap_ms > 0 for r in records),
+        "gap_ms_total": sum(r.gap_ms for r in records),
     }
 
 
@@ -101,8 +114,8 @@ async def run_phone_bench(cfg: PhoneBenchConfig) -> dict[str, Any]:
     if not cfg.auth_token:
         raise BenchError("--phone needs the server's Twilio auth token (--twilio-auth-token, or "
                          "VOICE_GATEWAY_TWILIO_AUTH_TOKEN)")
-    questions = [(q.name, soxr.resample(np.frombuffer(q.pcm16, "<i2").astype(np.float32) / 32768, 24_000, 8_000))
-                 for q in load_questions(cfg.questions)]
+    questions = [(q.name, _speech_only(soxr.resample(np.frombuffer(q.pcm16, "<i2").astype(np.float32) / 32768,
+                                                     24_000, 8_000))) for q in load_questions(cfg.questions)]
     levels = []
     for c in cfg.concurrency:
         started = time.monotonic()

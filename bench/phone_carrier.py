@@ -81,6 +81,8 @@ class Heard:
     echoed: list[str] = field(default_factory=list)  # marks echoed after their audio played
     echoed_at_bytes: list[int] = field(default_factory=list)  # how much audio had played at each of those echoes
     max_queued_bytes: int = 0  # the most audio ever waiting to play: what a burst would swell
+    gap_ms: int = 0  # silence inside replies: the phone ran dry and then more of the reply came (it fell behind)
+    dry_ms: int = 0  # the current dry spell, counted into gap_ms if audio follows it
     dropped: list[str] = field(default_factory=list)  # marks echoed because a clear dropped their audio
 
 
@@ -201,6 +203,8 @@ class CarrierCall:
             await asyncio.sleep(max(0.0, started + n * FRAME_S - time.monotonic()))
             n += 1
             budget = FRAME_BYTES
+            if not self.playing and self.heard.first_media_at is not None:
+                self.heard.dry_ms += 20
             while self._playback and (self._playback[0][0] == "mark" or budget > 0):
                 kind, value = self._playback[0]
                 if kind == "mark":
@@ -211,6 +215,9 @@ class CarrierCall:
                     continue
                 assert isinstance(value, bytes), value
                 take = value[:budget]
+                if budget == FRAME_BYTES:
+                    self.heard.gap_ms += self.heard.dry_ms if self.heard.dry_ms <= 2000 else 0  # longer: a new reply
+                    self.heard.dry_ms = 0
                 self.heard.ulaw += take
                 self.heard.media_times.append(time.monotonic())
                 budget -= len(take)

@@ -50,11 +50,12 @@ async def media(ws: WebSocket, carrier: str) -> None:
         start = await asyncio.wait_for(_await_start(ws, dialect, cfg), cfg.start_timeout_s)
         answered = book.claim(start.parameters.get("token"), start.call_id, carrier)
         if answered is None:
-            raise Refusal(CLOSE_POLICY, "this server did not answer that call, or its token is not valid")
+            raise Refusal(CLOSE_POLICY, f"call {start.call_id}: this server did not answer it, or the token is not "
+                          "valid")
         try:
             slot = state.admission.acquire("phone")
         except Refused as refused:
-            raise Refusal(CLOSE_TRY_AGAIN, refused.message) from None
+            raise Refusal(CLOSE_TRY_AGAIN, f"call {start.call_id}: {refused.message}") from None
     except TimeoutError:
         log.warning("%s stream: no start within %.0f s; closing", carrier, cfg.start_timeout_s)
         await _close(ws, CLOSE_POLICY, "no start")
