@@ -50,11 +50,14 @@ def twilio_signature(auth_token: str, url: str, params: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Wire:
-    """The carrier's names (the one place the two references differ for what this carrier does)."""
+    """The carrier's names (the one place the references differ for what this carrier does)."""
 
     stream_key: str
     sequence_key: str
     start: dict  # the `start` object, less the parameters
+    media_in: str = "media"  # what the server's audio is called
+    mark_in: str = "mark"  # what its marks are called; each comes back as `mark_echo(name)`
+    clear_in: str = "clear"
 
     @staticmethod
     def of(carrier: str, call_id: str) -> Wire:
@@ -62,12 +65,29 @@ class Wire:
             return Wire("streamSid", "sequenceNumber", {
                 "accountSid": "AC" + "0" * 32, "callSid": call_id, "tracks": ["inbound"],
                 "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}})
+        if carrier == "plivo":
+            return Wire("streamId", "sequenceNumber", {
+                "callId": call_id, "accountId": "MA" + "0" * 18, "tracks": ["inbound"],
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000}},
+                "playAudio", "checkpoint", "clearAudio")
         return Wire("stream_id", "sequence_number", {
             "user_id": str(uuid.uuid4()), "call_control_id": call_id, "from": "+13122010094", "to": "+13122123456",
             "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}})
 
-    def params_key(self) -> str:
-        return "customParameters" if self.stream_key == "streamSid" else "custom_parameters"
+    def start_message(self, parameters: dict[str, str]) -> dict:
+        if self.mark_in == "checkpoint":  # Plivo: the stream's extra headers, "k=v,...", beside `start`
+            return {"event": "start", "start": self.start,
+                    "extra_headers": ",".join(f"{k}={v}" for k, v in parameters.items())}
+        key = "customParameters" if self.stream_key == "streamSid" else "custom_parameters"
+        return {"event": "start", "start": {**self.start, key: parameters}}
+
+    def mark_name(self, message: dict) -> str:
+        return message["name"] if self.mark_in == "checkpoint" else message["mark"]["name"]
+
+    def mark_echo(self, name: str) -> dict:
+        if self.mark_in == "checkpoint":
+            return {"event": "playedStream", "name": name}
+        return {"event": "mark", "mark": {"name": name}}
 
 
 @dataclass
@@ -87,10 +107,16 @@ class Heard:
 
 
 def answer_stream(document: str) -> tuple[str, dict[str, str]]:
-    """The stream URL and parameters of an answer's `<Connect><Stream>`."""
-    stream = ET.fromstring(document).find("./Connect/Stream")
-    assert stream is not None, document
-    return stream.attrib["url"], {p.attrib["name"]: p.attrib["value"] for p in stream.findall("Parameter")}
+    """The stream URL and parameters of an answer's `<Connect><Stream>` (Twilio, Telnyx), or of its bidirectional
+    `<Stream>`, the URL its text and the parameters its `extraHeaders` (Plivo)."""
+    root = ET.fromstring(document)
+    stream = root.find("./Connect/Stream")
+    if stream is not None:
+        return stream.attrib["url"], {p.attrib["name"]: p.attrib["value"] for p in stream.findall("Parameter")}
+    stream = root.find("./Stream")
+    assert stream is not None and stream.attrib.get("bidirectional") == "true", document
+    headers = stream.attrib.get("extraHeaders", "")
+    return (stream.text or "").strip(), dict(pair.split("=", 1) for pair in headers.split(",") if "=" in pair)
 
 
 class CarrierCall:
@@ -117,8 +143,7 @@ class CarrierCall:
     async def __aenter__(self) -> CarrierCall:
         self.ws = await websockets.connect(self.url, max_size=2**20)
         await self._send({"event": "connected", "protocol": "Call", "version": "1.0.0"})
-        start = {**self.wire.start, self.wire.params_key(): self.parameters}
-        await self._send({"event": "start", "start": start})
+        await self._send(self.wire.start_message(self.parameters))
         self._tasks = [asyncio.create_task(f()) for f in (self._line, self._receive, self._play)]
         return self
 
@@ -170,7 +195,7 @@ class CarrierCall:
                 message = json.loads(text)
                 assert message.get(self.wire.stream_key) == self.stream_id, message
                 event = message["event"]
-                if event == "media":
+                if event == self.wire.media_in:
                     audio = base64.b64decode(message["media"]["payload"])
                     self.frames_in += 1
                     if self.heard.first_media_at is None:
@@ -178,14 +203,14 @@ class CarrierCall:
                     self._playback.append(("audio", audio))
                     queued = sum(len(v) for k, v in self._playback if k == "audio")
                     self.heard.max_queued_bytes = max(self.heard.max_queued_bytes, queued)
-                elif event == "mark":
-                    self._playback.append(("mark", message["mark"]["name"]))
-                elif event == "clear":
+                elif event == self.wire.mark_in:
+                    self._playback.append(("mark", self.wire.mark_name(message)))
+                elif event == self.wire.clear_in:
                     self.heard.clears.append(time.monotonic())
                     for kind, value in list(self._playback):
                         if kind == "mark":
                             self.heard.dropped.append(str(value))
-                            await self._send({"event": "mark", "mark": {"name": value}})
+                            await self._send(self.wire.mark_echo(str(value)))
                     self._playback.clear()
                 else:
                     raise AssertionError(f"a message the carrier does not know: {message}")
@@ -211,7 +236,7 @@ class CarrierCall:
                     self._playback.popleft()
                     self.heard.echoed.append(str(value))
                     self.heard.echoed_at_bytes.append(len(self.heard.ulaw))
-                    await self._send({"event": "mark", "mark": {"name": value}})
+                    await self._send(self.wire.mark_echo(str(value)))
                     continue
                 assert isinstance(value, bytes), value
                 take = value[:budget]
@@ -233,6 +258,9 @@ async def ring(base_url: str, carrier: str, *, auth_token: str | None = None, se
     call_id = call_id or ("CA" + uuid.uuid4().hex if carrier == "twilio" else "v3:" + uuid.uuid4().hex)
     form = {"AccountSid": "AC" + "0" * 32, "CallSid": call_id, "From": "+14155550100", "To": "+14155550199",
             "CallStatus": "ringing", "Direction": "inbound"}
+    if carrier == "plivo":  # Plivo's answer URL names the call CallUUID
+        form = {"CallUUID": call_id, "From": "14155550100", "To": "14155550199", "CallStatus": "ringing",
+                "Direction": "inbound"}
     url = f"{base_url}/v1/phone/{carrier}/incoming" + (f"?secret={secret}" if secret else "")
     headers = {"X-Twilio-Signature": twilio_signature(auth_token, url, form)} if auth_token else {}
     async with httpx.AsyncClient(timeout=30) as client:
