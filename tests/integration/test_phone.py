@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -25,7 +26,7 @@ import pytest
 import soundfile as sf
 import websockets
 
-from bench.phone_carrier import CarrierCall, answer_stream, ring
+from bench.phone_carrier import CarrierCall, answer_stream, ring, ulaw_encode
 from engine.cascade.ears import WhisperEars
 from tests.conftest import Server, start_server, stop_server
 from tests.unit.test_assistant import edits
@@ -435,3 +436,36 @@ async def test_the_app_can_reject_a_call(phone_server: Server, app: App) -> None
     reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
     assert reply.status_code == 200 and "<Reject" in reply.text and "<Stream" not in reply.text, reply.text
     assert app.bad_signatures == 0
+
+
+async def test_a_carrier_that_stops_reading_is_closed_and_its_session_freed(phone_server: Server,
+                                                                           question: np.ndarray) -> None:
+    """A carrier that reads nothing while a reply plays (a receive window of a few KiB, never read, so no mark ever
+    comes back): the server gives the call up 5 s after its first unechoed mark, and the session's slot comes
+    back."""
+    url, params, call_id = await _answered(phone_server)
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # set before connecting: no window to grow into
+    sock.connect((host, port))
+    sock.setblocking(False)
+    ws = await websockets.connect(url, sock=sock, max_queue=1)
+    stream = {"streamSid": "MZ" + os.urandom(16).hex()}
+    await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+    await ws.send(json.dumps({"event": "start", **stream, "start": {
+        "callSid": call_id, "customParameters": params,
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
+    line = ulaw_encode(np.concatenate([np.zeros(4000, np.float32), question, np.zeros(60 * 8000, np.float32)]))
+    started, freed_at = time.monotonic(), None
+    with contextlib.suppress(websockets.ConnectionClosed, OSError):
+        for n, i in enumerate(range(0, len(line), 160)):  # the caller speaks on and never reads
+            await asyncio.sleep(max(0.0, started + n * 0.02 - time.monotonic()))
+            await ws.send(json.dumps({"event": "media", **stream, "media": {
+                "track": "inbound", "chunk": str(n), "timestamp": str(n * 20),
+                "payload": base64.b64encode(line[i:i + 160]).decode()}}))
+            if n % 50 == 0 and phone_server.get("/health").json()["active_sessions"] == 0 and n > 100:
+                freed_at = time.monotonic()
+                break
+    ws.transport.abort()
+    assert freed_at is not None, "the session was still held after a minute of a carrier that does not read"
+    assert "the carrier took no frame" in phone_server.log()

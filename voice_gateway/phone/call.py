@@ -33,7 +33,9 @@ from voice_gateway.realtime.session import Session
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL, CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, CLOSE_ERROR = 1000, 1007, 1008, 1009, 1011
-_SEND_TIMEOUT_S = 5.0  # a carrier that takes longer than this to take one frame has stopped reading
+# A carrier that takes longer than this to take one frame, or to echo a mark, has stopped reading (or playing).
+_SEND_TIMEOUT_S = 5.0
+_WATCH_S = 1.0
 _DRAIN_BEFORE_HANGUP_S = 15.0  # the goodbye plays out before the line is cut, for at most this long
 
 
@@ -82,6 +84,7 @@ class PhoneCall:
         self.spawn(self._guard(self.playout.run()))
         self.spawn(self._guard(self._pump()))
         self.spawn(self._guard(self._read()))
+        self.spawn(self._guard(self._watch()))
         try:
             async with asyncio.timeout(self.session.gateway.max_session_s):
                 await self.ended.wait()
@@ -112,6 +115,15 @@ class PhoneCall:
         except TimeoutError:
             log.warning("call %s: the carrier took no frame for %.0f s, closing", self.call_id, _SEND_TIMEOUT_S)
             raise CallEnded(CLOSE_POLICY, "the carrier stopped reading") from None
+
+    async def _watch(self) -> None:
+        """Sends can stall unseen (a send that never returns, or the kernel's buffers taking all): the marks tell."""
+        while True:
+            await asyncio.sleep(_WATCH_S)
+            if self.playout.unechoed_s > _SEND_TIMEOUT_S:
+                log.warning("call %s: the carrier took no frame (no mark echoed for %.0f s), closing", self.call_id,
+                            _SEND_TIMEOUT_S)
+                raise CallEnded(CLOSE_POLICY, "the carrier stopped reading")
 
     # -- from the carrier
     async def _read(self) -> None:
@@ -237,12 +249,14 @@ class PhoneCall:
         await self.session.close()
         for task in list(self.tasks):
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        # a send stalled in the transport may not end when cancelled: the call does not wait on it for long
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=_SEND_TIMEOUT_S)
         for queue in self.sidebands:
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(None)
         with contextlib.suppress(Exception):
-            await self.ws.close(code=end.code, reason=end.reason[:120])
+            await asyncio.wait_for(self.ws.close(code=end.code, reason=end.reason[:120]), _SEND_TIMEOUT_S)
         log.info("call %s: ended (%d, %s); %d frames played out", self.call_id, end.code, end.reason,
                  self.playout.frames_sent)
 

@@ -48,6 +48,7 @@ class Playout:
         self.call_id = call_id
         self._dry_at = 0.0  # monotonic time at which the carrier has played all it was sent
         self._marks: dict[str, tuple[str, int]] = {}  # mark name -> (item id, ms of its audio up to there)
+        self._sent_at: dict[str, float] = {}  # mark name -> when it left (monotonic), while not echoed
         self._sent_ms: dict[str, int] = {}
         self.heard_ms: dict[str, int] = {}
         self._next_mark = 0
@@ -85,6 +86,7 @@ class Playout:
         name = f"{item_id}:{sent_ms}:{self._next_mark}"
         self._next_mark += 1
         self._marks[name] = (item_id, sent_ms)
+        self._sent_at[name] = now
         self.frames_sent += 1
         await self.send(self.dialect.media(self.stream_id, ulaw_encode(samples)))
         await self.send(self.dialect.mark(self.stream_id, name))
@@ -92,6 +94,7 @@ class Playout:
     def echoed(self, name: str) -> None:
         """The carrier played the audio before mark `name` (a name it was not sent, or one cleared, is ignored)."""
         entry = self._marks.pop(name, None)
+        self._sent_at.pop(name, None)
         if entry is None:
             return
         item_id, ms = entry
@@ -103,12 +106,20 @@ class Playout:
             return None
         item_id = next(iter(self._marks.values()))[0]
         self._marks.clear()
+        self._sent_at.clear()
         self._dry_at = 0.0
         await self.send(self.dialect.clear(self.stream_id))
         cut = Cut(item_id, self.heard_ms.get(item_id, 0))
         log.info("call %s: barge-in, clear sent; %s heard to %d ms of %d sent", self.call_id, item_id, cut.heard_ms,
                  self._sent_ms.get(item_id, 0))
         return cut
+
+    @property
+    def unechoed_s(self) -> float:
+        """How long the oldest mark not yet echoed has been out: a carrier that plays (and reads) echoes each
+        within about `lead_ms` of its sending; one that stopped reading never does."""
+        oldest = next(iter(self._sent_at.values()), None)
+        return 0.0 if oldest is None else time.monotonic() - oldest
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until all reply audio was heard (every mark echoed); False if `timeout_s` passed first."""
