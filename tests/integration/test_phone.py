@@ -469,3 +469,27 @@ async def test_a_carrier_that_stops_reading_is_closed_and_its_session_freed(phon
     ws.transport.abort()
     assert freed_at is not None, "the session was still held after a minute of a carrier that does not read"
     assert "the carrier took no frame" in phone_server.log()
+
+
+async def test_the_app_hangs_up_and_transfers_live_calls(phone_server: Server, twilio_api: Recorder) -> None:
+    """`/v1/realtime/calls/{id}/hangup` and `/refer`, with the API key: Twilio's REST API is told (Status=completed;
+    new TwiML that dials the target), and the stream closes. Without the key, or for a call not live: refused."""
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=phone_server.base_url, timeout=30) as http:
+        assert (await http.post("/v1/realtime/calls/CAnone/hangup")).status_code == 401
+        assert (await http.post("/v1/realtime/calls/CAnone/hangup", headers=headers)).status_code == 404
+        for verb, body in (("hangup", None), ("refer", {"target_uri": "tel:+14155550123"})):
+            url, params, call_id = await _answered(phone_server)
+            async with CarrierCall("twilio", url, params, call_id) as call:
+                await sideband(phone_server, call_id)  # the call is live
+                reply = await http.post(f"/v1/realtime/calls/{call_id}/{verb}", json=body, headers=headers)
+                assert reply.status_code == 200, reply.text
+                await asyncio.wait_for(call.closed.wait(), 10)
+            assert call.close_code == 1000, (verb, call.close_code)
+            [request] = [r for r in twilio_api.requests if call_id in r[1]]
+            form = urllib.parse.parse_qs(request[3].decode())
+            if verb == "hangup":
+                assert form == {"Status": ["completed"]}, form
+            else:
+                assert form == {"Twiml": ["<Response><Dial>+14155550123</Dial></Response>"]}, form
+    await _no_sessions_left(phone_server)
