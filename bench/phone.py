@@ -68,9 +68,7 @@ async def _call(cfg: PhoneBenchConfig, index: int, questions: list[tuple[str, np
             while call.speech_ended_at is None:
                 await asyncio.sleep(0.01)
             ended = call.speech_ended_at
-            heard = call.heard
-            heard_before, heard.first_media_at, heard.max_queued_bytes, heard.gap_ms, heard.dry_ms = \
-                len(heard.ulaw), None, 0, 0, 0
+            heard, heard_before = call.heard, call.next_turn()
             first = await _reply_played(call, cfg.timeout_s)
             records.append(TurnRecord(index, turn, name, None if first is None else first - ended,
                                       (len(heard.ulaw) - heard_before) / FRAME_BYTES * 0.02,

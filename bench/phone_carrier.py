@@ -169,6 +169,13 @@ class CarrierCall:
         self._speech += ulaw_encode(samples_8k)
         self.speech_ended_at = None
 
+    def next_turn(self) -> int:
+        """Forget the last reply's first frame, queue peak and gaps (what a turn measures); returns the bytes played
+        so far, where this turn's reply will start."""
+        heard = self.heard
+        heard.first_media_at, heard.max_queued_bytes, heard.gap_ms, heard.dry_ms = None, 0, 0, 0
+        return len(heard.ulaw)
+
     async def dtmf(self, digit: str) -> None:
         track = "inbound_track"
         await self._send({"event": "dtmf", "dtmf": {"track": track, "digit": digit}})

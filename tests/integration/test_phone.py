@@ -262,8 +262,7 @@ async def test_spoken_questions_are_answered_in_ulaw_that_says_its_transcript(
         band = await sideband(phone_server, call_id)
         await asyncio.sleep(0.5)
         for speech in (question, sky):
-            after, start_byte = len(band.events), len(call.heard.ulaw)
-            call.heard.first_media_at = None
+            after, start_byte = len(band.events), call.next_turn()
             call.speak(np.concatenate([speech, np.zeros(4000, np.float32)]))
             done = await band.until("response.done", after=after)
             await _played_out(call)

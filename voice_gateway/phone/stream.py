@@ -15,6 +15,7 @@ import logging
 from fastapi import APIRouter, WebSocket
 
 from voice_gateway.admission import Refused
+from voice_gateway.audio.g711 import G711_SAMPLE_RATE_HZ
 from voice_gateway.phone.book import CallBook
 from voice_gateway.phone.call import CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_TOO_BIG, PhoneCall
 from voice_gateway.phone.config import PhoneConfig
@@ -27,10 +28,11 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 CLOSE_TRY_AGAIN = 1013
-PHONE_RATE_HZ = 8000
 
 
 class Refusal(Exception):
+    """A stream refused before its call began: the close's `code` and `reason`."""
+
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(reason)
         self.code, self.reason = code, reason
@@ -65,7 +67,7 @@ async def media(ws: WebSocket, carrier: str) -> None:
         await _close(ws, refusal.code, refusal.reason)
         return
     session = Session(state.engine, state.gateway, ev.Dialect.GA, state.gateway_metrics, "phone",
-                      audio_on_track=True, track_rate_hz=PHONE_RATE_HZ)
+                      audio_on_track=True, track_rate_hz=G711_SAMPLE_RATE_HZ)
     tools = _call_tools(cfg, answered.session)
     call = PhoneCall(ws, session, slot, dialect, start, cfg, tools, control_for(carrier, cfg), book)
     session.open()
