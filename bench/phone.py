@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import statistics
 import subprocess
 import time
@@ -100,7 +101,8 @@ def _summary(records: list[TurnRecord]) -> dict[str, Any]:
     return {
         "turns": len(records), "answered": len(latencies),
         "first_audio_p50_s": round(statistics.median(latencies), 3) if latencies else None,
-        "first_audio_p90_s": round(latencies[int(0.9 * (len(latencies) - 1))], 3) if latencies else None,
+        # nearest rank: the smallest value at or above 90 % of the turns
+        "first_audio_p90_s": round(latencies[math.ceil(0.9 * len(latencies)) - 1], 3) if latencies else None,
         "first_audio_max_s": round(latencies[-1], 3) if latencies else None,
         "max_queued_ms": max((r.max_queued_ms for r in records), default=0),
         "turns_with_gaps": sum(r.gap_ms > 0 for r in records),
