@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from rich.console import Console
 from bench.config import OUTPUT_FORMATS, SWEEP_KEYS, VOICE_MODES, BenchConfig, BenchError, VoiceConfig
 from bench.image import check_image_spec
 from bench.ladder import load_ladder, replot_ladder, run_ladder
+from bench.phone import PhoneBenchConfig, run_phone_bench
 from bench.plots import plot_compare
 from bench.rounds import summarize_rounds
 from bench.soak import DEFAULT_MIX, SoakConfig, run_soak
@@ -165,6 +167,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     vopt("--image-every", type=_at_least(1), metavar="N",
          help="with --image: turn t of a conversation sends the picture when t %% N == 0 (default 1: every turn, "
               "a camera frame with each question)")
+    add("--phone", action="store_true",
+        help="simulated phone calls (Twilio Media Streams) against --url: C calls at a time (--concurrency, "
+             "default 1,4), each of --turns spoken questions; end of speech -> first reply audio at the phone")
+    add("--twilio-auth-token", default=os.environ.get("VOICE_GATEWAY_TWILIO_AUTH_TOKEN", ""),
+        help="with --phone: the server's Twilio auth token, which the bench signs its webhooks with "
+             "(default: VOICE_GATEWAY_TWILIO_AUTH_TOKEN)")
     modes = parser.add_subparsers(dest="mode", metavar="soak")
     add_soak_arguments(modes.add_parser("soak", help="mixed traffic for a long while, sampling the server's memory "
                                         "and open files"))
@@ -267,6 +275,8 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     if args.realtime:
         return _realtime_main(args, argv, console)
+    if args.phone:
+        return _phone_main(args, argv, console)
     if voice_only := [key for key in _VOICE_KEYS if hasattr(args, key)]:
         log.error("%s: only with --realtime", ", ".join(_flag(key) for key in voice_only))
         return 2
@@ -297,6 +307,26 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
     print_summary(result, console)
     return 1 if any(lv.failures for lv in result.levels) else 0
+
+
+def _phone_main(args: argparse.Namespace, argv: list[str], console: Console) -> int:
+    cfg = PhoneBenchConfig(url=args.url, auth_token=args.twilio_auth_token, argv=list(argv),
+                           out=(args.out_dir or _DEFAULT_OUT) / f"{args.label or 'phone'}.json")
+    if hasattr(args, "concurrency"):
+        cfg.concurrency = args.concurrency
+    if hasattr(args, "turns"):
+        cfg.turns = args.turns
+    if hasattr(args, "questions"):
+        cfg.questions = args.questions
+    try:
+        result = asyncio.run(run_phone_bench(cfg))
+    except BenchError as exc:
+        log.error("%s", exc)
+        return 2
+    for level in result["levels"]:
+        console.print({k: v for k, v in level.items() if k != "records"})
+    console.print(f"wrote {cfg.out}")
+    return 0 if all(lv["answered"] == lv["turns"] for lv in result["levels"]) else 1
 
 
 def _realtime_main(args: argparse.Namespace, argv: list[str], console: Console) -> int:

@@ -27,6 +27,7 @@ from voice_gateway.config import GatewayConfig
 from voice_gateway.errors import install_error_handlers, retry_after
 from voice_gateway.metrics import GatewayMetrics, shared_across_processes
 from voice_gateway.openai import router as openai_router
+from voice_gateway.phone import CallBook, PhoneConfig, attach_sideband, control_router, incoming_router, media_router
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
@@ -104,7 +105,7 @@ def _add_docs(app: FastAPI, keyed: list) -> None:
 
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None,
-               metrics: GatewayMetrics | None = None) -> FastAPI:
+               metrics: GatewayMetrics | None = None, phone: PhoneConfig | None = None) -> FastAPI:
     gateway = gateway or GatewayConfig()
     metrics = metrics or GatewayMetrics()
     admission = Admission(gateway, engine, metrics)
@@ -133,6 +134,9 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.state.admission = admission
     app.state.webrtc = webrtc or WebRTCConfig()
     app.state.calls = set()
+    app.state.phone = phone or PhoneConfig()
+    app.state.phone_calls = CallBook(app.state.phone.token_ttl_s)
+    app.state.sideband = attach_sideband  # WS /v1/realtime?call_id=...: realtime/ws.py hands the socket over
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.add_middleware(LimitBody, max_bytes=gateway.max_body_bytes)
@@ -141,6 +145,10 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.include_router(openai_router, dependencies=keyed)
     app.include_router(realtime_router)
     app.include_router(webrtc_router)
+    # the carrier's webhook and stream: signed or token-gated, never keyed (a carrier sends no API key)
+    app.include_router(incoming_router)
+    app.include_router(media_router)
+    app.include_router(control_router, dependencies=keyed)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from voice_gateway import probe_cli
 
 if TYPE_CHECKING:
     from voice_gateway.config import GatewayConfig
+    from voice_gateway.phone import PhoneConfig
     from voice_gateway.webrtc import WebRTCConfig
 
 log = logging.getLogger("voice_gateway")
@@ -127,6 +129,11 @@ def serve(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     webrtc = WebRTCConfig(host_addresses=tuple(args.webrtc_host_address))
+    try:
+        phone = _phone_settings(os.environ)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     # uvicorn's own HTTP protocols plus read deadlines: it has none for a client that sends a request too slowly
     http = http_protocol(args.http, ReadTimeouts(gateway.header_timeout_s, gateway.body_timeout_s))
     uvicorn_args = dict(host=args.host, port=args.port, log_level=args.log_level.lower(), loop=args.loop, http=http,
@@ -145,8 +152,25 @@ def serve(args: argparse.Namespace) -> int:
     except (EngineError, FileNotFoundError) as e:
         log.error("%s", e)
         return 2
-    uvicorn.run(create_app(engine, gateway, webrtc), **uvicorn_args)
+    uvicorn.run(create_app(engine, gateway, webrtc, phone=phone), **uvicorn_args)
     return 0
+
+
+def _phone_settings(env: Mapping[str, str]) -> PhoneConfig:
+    """Phone calls' settings from the environment (docs/phone.md lists the variables): secrets stay off the
+    command line, where `ps` would show them."""
+    from voice_gateway.phone import PhoneConfig
+
+    def get(name: str) -> str | None:
+        return env.get(f"VOICE_GATEWAY_{name}") or None
+
+    tools = get("PHONE_TOOLS")
+    return PhoneConfig(
+        twilio_auth_token=get("TWILIO_AUTH_TOKEN"), twilio_account_sid=get("TWILIO_ACCOUNT_SID"),
+        twilio_api_base=get("TWILIO_API_BASE"), public_url=get("PUBLIC_URL"), carrier_secret=get("PHONE_SECRET"),
+        app_webhook_url=get("PHONE_WEBHOOK_URL"), app_webhook_secret=get("PHONE_WEBHOOK_SECRET"),
+        call_tools=tuple(t for t in (tools or "").split(",") if t),
+        dtmf_items=get("PHONE_DTMF_ITEMS") in ("1", "true", "yes"))
 
 
 def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfile, gateway: GatewayConfig,

@@ -120,23 +120,37 @@ def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) 
 
 
 class TrackSink:
-    """A WebRTC call's reply audio, queued at 48 kHz for its media track to pull as 20 ms frames. Owns the queue and
-    which response is on the wire (`playing`): `output_audio_buffer.started` when a response's first frame leaves,
-    `.stopped` once a finished response has played out; cancel empties the queue at once."""
+    """A call's reply audio, queued at `rate_hz` (48 kHz for a WebRTC track, 8 kHz for a phone line) for its transport
+    to pull as 20 ms frames. Owns the queue and which response is on the wire (`playing`, and the item it speaks):
+    `output_audio_buffer.started` when a response's first frame leaves, `.stopped` once a finished response has
+    played out; cancel empties the queue at once."""
 
-    def __init__(self, sender: EventSender) -> None:
+    def __init__(self, sender: EventSender, rate_hz: int = TRACK_RATE_HZ) -> None:
         self.sender = sender
+        self.rate_hz = rate_hz
+        self.frame_samples = rate_hz // 50  # 20 ms
         self.playing: str | None = None
+        self._item_ids: dict[str, str] = {}  # response id -> its assistant item, while queued or playing
         self._queue: deque[tuple[str, np.ndarray]] = deque()
         self._pending = np.zeros(0, np.float32)
         self._pending_id: str | None = None
         self._writing: str | None = None
         self._finished: set[str] = set()  # responses whose audio is all queued
-        self._resampler = Resampler(SAMPLE_RATE_HZ, TRACK_RATE_HZ)
+        self._resampler = Resampler(SAMPLE_RATE_HZ, rate_hz)
 
     def begin(self, response_id: str, item_id: str) -> None:
         self._writing = response_id
+        self._item_ids[response_id] = item_id
         self._resampler.reset()
+
+    @property
+    def has_audio(self) -> bool:
+        """Whether reply audio waits to leave (a phone line sends no silence between replies)."""
+        return self._pending.size > 0 or bool(self._queue)
+
+    def item_of(self, response_id: str) -> str | None:
+        """The assistant item whose audio `response_id` plays."""
+        return self._item_ids.get(response_id)
 
     def write(self, samples: np.ndarray) -> Delivery:
         assert self._writing is not None, "write before begin"
@@ -156,19 +170,21 @@ class TrackSink:
         self._queue.clear()
         self._pending, self._pending_id = np.zeros(0, np.float32), None
         self._finished.clear()
+        self._item_ids = {r: i for r, i in self._item_ids.items() if r == self._writing}
         self.playing = None
         return dropped
 
     def next_frame(self) -> np.ndarray:
-        """The next 20 ms at 48 kHz, float32, padded with silence when the queue runs short."""
+        """The next 20 ms at `rate_hz`, float32, padded with silence when the queue runs short."""
+        n = self.frame_samples
         frame_id = self._pending_id if self._pending.size else (self._queue[0][0] if self._queue else None)
-        while self._pending.size < TRACK_FRAME_SAMPLES and self._queue:
+        while self._pending.size < n and self._queue:
             self._pending_id, chunk = self._queue.popleft()
             self._pending = np.concatenate([self._pending, chunk])
-        frame, self._pending = self._pending[:TRACK_FRAME_SAMPLES], self._pending[TRACK_FRAME_SAMPLES:]
+        frame, self._pending = self._pending[:n], self._pending[n:]
         self._note_playback(frame_id if frame.size else None)
-        if frame.size < TRACK_FRAME_SAMPLES:
-            frame = np.concatenate([frame, np.zeros(TRACK_FRAME_SAMPLES - frame.size, np.float32)])
+        if frame.size < n:
+            frame = np.concatenate([frame, np.zeros(n - frame.size, np.float32)])
         return frame
 
     def _note_playback(self, response_id: str | None) -> None:
@@ -182,5 +198,7 @@ class TrackSink:
     def _stopped(self) -> None:
         if self.playing is not None:
             self._finished.discard(self.playing)
+            if self.playing != self._writing:
+                self._item_ids.pop(self.playing, None)
             self.sender.event(ev.OutputAudioBufferStopped(response_id=self.playing))
             self.playing = None

@@ -24,7 +24,7 @@ from voice_gateway.realtime import events as ev
 from voice_gateway.realtime import item_events
 from voice_gateway.realtime.audio_input import AudioInput
 from voice_gateway.realtime.audio_out import AudioOut
-from voice_gateway.realtime.audio_sinks import TrackSink
+from voice_gateway.realtime.audio_sinks import TRACK_RATE_HZ, TrackSink
 from voice_gateway.realtime.checks import RequestChecks
 from voice_gateway.realtime.client_items import ClientItemReader
 from voice_gateway.realtime.conversation import Conversation
@@ -56,9 +56,12 @@ class Session:
 
     def __init__(
         self, engine: Engine, gateway: GatewayConfig, dialect: ev.Dialect, metrics: GatewayMetrics, transport: str,
-        *, audio_on_track: bool = False, camera: Callable[[], np.ndarray | None] | None = None,
+        *, audio_on_track: bool = False, track_rate_hz: int = TRACK_RATE_HZ,
+        camera: Callable[[], np.ndarray | None] | None = None,
     ) -> None:
-        """`camera`: the newest frame of a call's video (RGB), which joins each user turn its audio commits."""
+        """`audio_on_track`: replies leave as 20 ms frames at `track_rate_hz` that the transport pulls (a WebRTC
+        track, a phone line), not as events. `camera`: the newest frame of a call's video (RGB), which joins each
+        user turn its audio commits."""
         self.gateway = gateway
         self.dialect = dialect
         self.transport = transport
@@ -81,8 +84,8 @@ class Session:
                                     cut_early=random.Random(self.id).uniform(0.0, 0.5))
         self.items = ConversationItems(conversation, Transcriber(engine, self.sender, self.id), self.settings,
                                        self.sender, self.reporter, gateway.max_stored_audio_s)
-        # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
-        track = TrackSink(self.sender) if audio_on_track else None
+        # WebRTC and phone calls play replies on a track, whatever the output format; WebSockets get one sink per format
+        track = TrackSink(self.sender, track_rate_hz) if audio_on_track else None
         self.audio_out = AudioOut(self.sender, gateway.opus_bitrate_bps, track)
         self.responses = ResponseSlot(engine, self.items, self.audio_out, self.sender, self.reporter, metrics, self.id)
         self.idle = IdleTimer()

@@ -20,8 +20,11 @@ CLOSE_POLICY, CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN = 1008, 1011, 1013
 
 
 @router.websocket("/v1/realtime")
-async def realtime(ws: WebSocket, model: str | None = None) -> None:
+async def realtime(ws: WebSocket, model: str | None = None, call_id: str | None = None) -> None:
     state = ws.app.state
+    if call_id is not None:  # a sideband onto a live phone call's session (voice_gateway/phone/stream.py)
+        await state.sideband(ws, call_id)
+        return
     gateway, engine, metrics, admission = state.gateway, state.engine, state.gateway_metrics, state.admission
     subprotocols = ws.scope.get("subprotocols", [])
     try:

@@ -64,6 +64,14 @@ class InputAudioCleared(_ServerEvent):
     type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
 
 
+class DtmfEventReceived(_ServerEvent):
+    """A phone caller pressed a key (OpenAI's name for the event; `event` is the digit, `received_at` Unix seconds)."""
+
+    type: Literal["input_audio_buffer.dtmf_event_received"] = "input_audio_buffer.dtmf_event_received"
+    event: str
+    received_at: int
+
+
 class _ItemEvent(_ServerEvent):
     item: ConversationItem
     previous_item_id: str | None = None
@@ -334,6 +342,7 @@ class ErrorEvent(_ServerEvent):
 
 ServerEvent = (
     SessionCreated
+    | DtmfEventReceived
     | SessionUpdated
     | SpeechStarted
     | SpeechStopped
