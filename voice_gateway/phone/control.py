@@ -12,8 +12,6 @@ import logging
 from typing import Protocol
 from xml.sax.saxutils import escape
 
-from twilio.rest import Client
-
 from voice_gateway.phone.config import PhoneConfig
 from voice_gateway.realtime.events import FunctionTool
 
@@ -39,6 +37,8 @@ class TwilioControl:
     """Owns the Twilio REST client of the account the calls belong to."""
 
     def __init__(self, account_sid: str, auth_token: str, api_base: str | None) -> None:
+        from twilio.rest import Client  # here: a server that takes no Twilio calls never loads the client
+
         self.client = Client(account_sid, auth_token)
         if api_base is not None:
             self.client.api.base_url = api_base  # the Api domain's own setting: every Calls request goes there

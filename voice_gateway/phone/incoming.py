@@ -12,7 +12,6 @@ from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from twilio.request_validator import RequestValidator
 
 from voice_gateway.phone.answer import connect_document, media_url, public_url, reject_document
 from voice_gateway.phone.app_webhook import incoming_call_event, notify_app
@@ -63,6 +62,8 @@ def _authentic(request: Request, cfg: PhoneConfig, carrier: str, form: dict[str,
         signature = request.headers.get("x-twilio-signature")
         if cfg.twilio_auth_token is None or not signature:
             return False
+        from twilio.request_validator import RequestValidator  # here: only a Twilio webhook needs it
+
         return bool(RequestValidator(cfg.twilio_auth_token).validate(public_url(request, cfg), form, signature))
     offered = request.query_params.get("secret", "")
     return cfg.carrier_secret is not None and hmac.compare_digest(offered.encode(), cfg.carrier_secret.encode())
