@@ -99,9 +99,10 @@ class ContextFull(EngineError):
 
 class Conversation:
     """Owns the items, in order, and which of them keep their audio and images. `cut_early` (0 to 0.5): how much of
-    the way from the full room down to the retained share this conversation cuts before the room is full. Calls that
-    began together and say alike would reach their room at the same turn, and each cut re-prefills most of its
-    prompt: a conversation of its own cut point spreads those re-prefills over several turns (a session draws it)."""
+    the way from the full room down to the retained share this conversation's first cut comes before the room is
+    full. Calls that began together and say alike would reach their room at the same turn, and each cut re-prefills
+    most of its prompt: a first cut of its own spreads those re-prefills over several turns, and the cuts after it,
+    each a whole room apart, keep the spread (a session draws it)."""
 
     def __init__(self, budget_tokens: int, max_audio_samples: int, max_images: int,
                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS, cut_early: float = 0.0) -> None:
@@ -109,6 +110,7 @@ class Conversation:
         self.items: list[Item] = []
         self.budget_tokens = budget_tokens  # what the prompt may take of the context
         self.cut_early = cut_early
+        self.cut = False  # whether the history was cut before: only the first comes early
         self.max_audio_samples = max_audio_samples  # 16 kHz samples the items' audio may hold in all
         self.max_images = max_images  # images the items may hold in all
         self.max_image_pixels = max_image_pixels  # the model's budget for one image (ModelInfo.max_image_pixels)
@@ -223,8 +225,9 @@ class Conversation:
             return
         ratio = config.truncation.retention_ratio if isinstance(config.truncation, ev.RetentionRatio) else AUTO_RETENTION
         keep = ratio * room
-        if used <= room - self.cut_early * (room - keep):
+        if used <= room - (0.0 if self.cut else self.cut_early) * (room - keep):
             return
+        self.cut = True
         for item in live[:-1]:
             # a tool's output goes with the call it answers: no prompt holds an answer to nothing
             if used <= keep and item.kind != "function_call_output":
