@@ -86,6 +86,11 @@ class ServerVad:
     def in_speech(self) -> bool:
         return self._in_speech
 
+    @property
+    def voiced_run_start_ms(self) -> int | None:
+        """Where the voiced run now being fed began (None in silence): speech not yet long enough to be called so."""
+        return self._run_start_ms
+
     def feed(self, samples: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
         """Float32 mono at `sample_rate_hz`, any length; returns the events its complete frames produced, in order."""
         if samples.ndim != 1:

@@ -30,6 +30,7 @@ from engine import (
     Failed,
     Finished,
     Message,
+    RequestStream,
     SamplingParams,
     TextDelta,
     Timings,
@@ -109,8 +110,13 @@ class Response:
 
     @staticmethod
     def new(item: Item, config: SessionConfig, sink: AudioSink, speech_stopped_at: float | None,
-            speaker: str | None = None, metadata: dict[str, str] | None = None) -> Response:
-        return Response(f"resp_{uuid.uuid4().hex[:20]}", item, config, sink, speech_stopped_at, speaker, metadata)
+            speaker: str | None = None, metadata: dict[str, str] | None = None,
+            response_id: str | None = None) -> Response:
+        return Response(response_id or new_response_id(), item, config, sink, speech_stopped_at, speaker, metadata)
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex[:20]}"
 
 
 class ResponseRunner:
@@ -118,8 +124,10 @@ class ResponseRunner:
     the conversation's end and returns the id before it (an out-of-band response's adds nothing: out_of_band.py)."""
 
     def __init__(self, engine: Engine, response: Response, sender: EventSender,
-                 add_item: Callable[[Item], str | None]) -> None:
+                 add_item: Callable[[Item], str | None], head_start: RequestStream | None = None) -> None:
+        """`head_start`: the engine's stream of this very reply, asked for before the turn was sure to end."""
         self.engine = engine
+        self.head_start = head_start
         self.r = response
         self.sender = sender
         self.add_item = add_item
@@ -187,19 +195,8 @@ class ResponseRunner:
         self._finish(usage)
 
     async def _stream(self, messages: tuple[Message, ...]) -> Usage:
-        cfg = self.r.config
-        max_tokens = None if cfg.max_output_tokens == "inf" else cfg.max_output_tokens
-        request = EngineRequest(
-            request_id=self.r.id,
-            messages=messages,
-            want_audio=self.audio_mode,
-            speaker=self.r.speaker,
-            sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
-            tools=self.tools,
-            output=output_constraint(cfg),
-            conversation=cfg.id,  # the session's
-        )
-        stream = await self.engine.submit(request)
+        stream = self.head_start or await self.engine.submit(reply_request(self.r.id, messages, self.r.config,
+                                                                          self.r.speaker))
         sink, usage = self.r.sink, Usage()
         if self.audio_mode:
             sink.begin(self.r.id, self.r.item.id)
@@ -278,6 +275,22 @@ class ResponseRunner:
             self.sender.event(self._content(ContentPartDone, part=part))
         self.sender.event(OutputItemDone(response_id=r.id, output_index=self.message_index or 0, item=final_item))
         self.sender.event(ConversationItemDone(item=final_item))
+
+
+def reply_request(request_id: str, messages: tuple[Message, ...], cfg: SessionConfig,
+                  speaker: str | None) -> EngineRequest:
+    """The engine request of a response in session settings `cfg`: one place, so a reply started early is the same."""
+    max_tokens = None if cfg.max_output_tokens == "inf" else cfg.max_output_tokens
+    return EngineRequest(
+        request_id=request_id,
+        messages=messages,
+        want_audio=cfg.output_modality == "audio",
+        speaker=speaker,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
+        tools=engine_tools(cfg),
+        output=output_constraint(cfg),
+        conversation=cfg.id,  # the session's
+    )
 
 
 def _usage(t: Timings) -> Usage:

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from engine import INPUT_SAMPLE_RATE_HZ, Engine
+from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, Engine, Message
+from voice_gateway.audio.semantic_vad import ProbableEnd, Resumed
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
@@ -26,8 +27,9 @@ from voice_gateway.realtime.audio_out import AudioOut
 from voice_gateway.realtime.audio_sinks import TrackSink
 from voice_gateway.realtime.checks import RequestChecks
 from voice_gateway.realtime.client_items import ClientItemReader
-from voice_gateway.realtime.conversation import Conversation
+from voice_gateway.realtime.conversation import ContextFull, Conversation
 from voice_gateway.realtime.conversation_items import ConversationItems
+from voice_gateway.realtime.hearing import HearingAhead
 from voice_gateway.realtime.idle import IdleTimer
 from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
 from voice_gateway.realtime.out_of_band import ResponseContext
@@ -63,15 +65,19 @@ class Session:
         self.transport = transport
         # the model's own temperature, not OpenAI's 0.8: a small model is told apart from noise at its own
         # (the assistant's 135M model, at 0.8, begins about half its answers in French)
-        config = ev.SessionConfig(model=engine.info.model_id, temperature=engine.info.temperature)
+        # an engine that hears ahead takes turns by what was said (semantic_vad with the words of each pause)
+        turn_detection = ev.TurnDetection(type="semantic_vad" if engine.info.listens_ahead else "server_vad")
+        config = ev.SessionConfig(model=engine.info.model_id, temperature=engine.info.temperature,
+                                  turn_detection=turn_detection)
         self.id = config.id
         self.outbox = Outbox(gateway.send_queue_messages)
         self.sender = EventSender(self.outbox, dialect)
         self.reporter = ErrorReporter(self.sender, metrics, self.id)
         self.checks = RequestChecks(engine, dialect, self.reporter)
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
-        self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s),
-                                      TurnTaking(config.turn_detection))
+        buffer = InputAudioBuffer(gateway.max_input_buffer_s)
+        hearing = HearingAhead(engine, buffer, self.id) if engine.info.listens_ahead else None
+        self.audio_input = AudioInput(buffer, TurnTaking(config.turn_detection, hearing))
         self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images,
                                        takes_images=engine.info.max_image_pixels > 0)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
@@ -150,6 +156,7 @@ class Session:
             self.idle.disarm()
         if td != previous.turn_detection:
             self.audio_input.configure(td)  # a new VAD counts from now
+            await self.responses.drop_early()
         self.audio_out.sink_for(self.config.output_audio_format)
 
     # -- input audio and turns
@@ -173,11 +180,28 @@ class Session:
             self.error("input_audio_buffer_full", str(e), event_id=event_id)
             return
         for change in changes:
-            self.sender.event(change)
-            if isinstance(change, ev.SpeechStarted):
+            if isinstance(change, ProbableEnd):
+                await self._probable_end(change)
+            elif isinstance(change, Resumed):
+                await self.responses.drop_early()
+            elif isinstance(change, ev.SpeechStarted):
+                self.sender.event(change)
                 await self._speech_started()
             else:
+                self.sender.event(change)
                 await self._speech_stopped(change)
+
+    async def _probable_end(self, end: ProbableEnd) -> None:
+        """The turn may end here: its reply starts, unseen, on the prompt the turn's own response would have."""
+        td = self.config.turn_detection
+        if td is None or not td.create_response or self.response is not None:
+            return
+        clip = self.audio_input.turn_so_far(end.audio_end_ms, td.prefix_padding_ms)
+        try:
+            history = self.items.prompt(ResponseContext(), self.config)
+        except ContextFull:
+            return
+        await self.responses.start_early(self.config, (*history, Message("user", (AudioPart(clip),))))
 
     async def _speech_started(self) -> None:
         self.idle.disarm()
@@ -205,10 +229,12 @@ class Session:
                        f"buffer too small: {self.audio_input.duration_ms} ms of audio, at least {_MIN_COMMIT_MS} ms "
                        "needed", event_id=event.event_id)
             return
+        await self.responses.drop_early()
         samples, item_id = self.audio_input.take_all()
         self.items.commit_audio(samples, item_id, event.event_id, self._frame())
 
     async def _clear(self, event: ev.InputAudioClear) -> None:
+        await self.responses.drop_early()
         self.audio_input.clear()
         self.sender.event(ev.InputAudioCleared())
 
