@@ -5,7 +5,7 @@ before it is sure to.
 At each pause the model hears the speech so far. Without the words, "complete" ends the turn at once and
 "incomplete" keeps it open until the speaker goes on, the model changes its mind as the silence grows (judged again
 every `REJUDGE_MS`), or the eagerness's longest wait has passed. With the words (`hear`: the turn so far transcribed
-while the pause is judged, at a shorter floor), each piece of evidence shortens the silence that ends the turn:
+from a silence's first moments, so mostly before its pause is judged, at a shorter floor), each piece of evidence shortens the silence that ends the turn:
 both saying "complete" end it after `SURE_SILENCE_MS`, one of them after `UNSURE_SILENCE_MS`, both longer than a
 pause inside a sentence ("I want to book... a table for two", which both may call complete), neither after the
 eagerness's longest wait. Words that read as a finished utterance make the pause a `ProbableEnd` at once: a reply
@@ -35,6 +35,9 @@ PAUSE_MS = 300
 # after a silence longer than the 300-600 ms a speaker pauses inside a sentence, which the voiced run of the speech
 # that goes on (150 ms before it is called speech) does not count towards.
 HEARD_PAUSE_MS = 150
+# The words of a silence start to be heard once it is this long, before it is a pause: should it become one, they
+# are the pause's words (the same audio), and the pause is judged sooner.
+EARLY_HEAR_MS = 30
 SURE_SILENCE_MS = 600
 UNSURE_SILENCE_MS = 700
 # A pause judged incomplete is judged again after this much more silence: a longer silence is evidence too.
@@ -136,6 +139,7 @@ class SemanticVad:
         # the held pause's words: hearing them starts at the pause and runs while the model judges (None: not heard)
         self._words: Future[str] | str | None = None
         self._probable = False  # the held pause was announced as a ProbableEnd
+        self._early: tuple[int, Future[str]] | None = None  # the words of the silence since (ms), heard early
         self._judged_at_ms = 0
 
     @property
@@ -164,12 +168,14 @@ class SemanticVad:
                     events.append(change)
             elif self._speech_start_ms is not None:
                 self._held = change
-                self._words = None if self._hear is None else self._hear(self._speech_start_ms, change.audio_end_ms)
+                self._words = self._words_until(self._speech_start_ms, change.audio_end_ms)
                 self._held_for_ms = self._silence_to_end(self._speech_start_ms)
                 if self._held_for_ms == 0:  # sure at the pause; a later change in this feed is a new turn's
                     events.append(self._end(change))
                 elif self._probable:
                     events.append(ProbableEnd(change.audio_end_ms))
+        if self._hear is not None and self._held is None and self._speech_start_ms is not None:
+            self._hear_early(self._speech_start_ms)
         if self._held is not None and self._speech_start_ms is not None:
             # speech that goes on is silence until its run is long enough to be called speech: it does not count
             run_start_ms = self._pauses.voiced_run_start_ms
@@ -180,6 +186,22 @@ class SemanticVad:
             if silence_ms >= min(self._held_for_ms, self.config.max_wait_ms):
                 events.append(self._end(self._held))
         return events
+
+    def _hear_early(self, speech_start_ms: int) -> None:
+        """A silence inside the speech, long enough: its words start to be heard (one hearing at a time)."""
+        assert self._hear is not None
+        since_ms = self._pauses.silent_since_ms
+        if since_ms is None or self.total_ms - since_ms < EARLY_HEAR_MS:
+            return
+        if self._early is None or (self._early[0] != since_ms and self._early[1].done()):
+            self._early = (since_ms, self._hear(speech_start_ms, since_ms))
+
+    def _words_until(self, speech_start_ms: int, end_ms: int) -> Future[str] | None:
+        if self._hear is None:
+            return None
+        if self._early is not None and self._early[0] == end_ms:
+            return self._early[1]
+        return self._hear(speech_start_ms, end_ms)
 
     def _keep(self, samples: np.ndarray) -> None:
         self._chunks.append(samples)
@@ -222,5 +244,5 @@ class SemanticVad:
         return heard
 
     def _end(self, stopped: SpeechStopped) -> SpeechStopped:
-        self._speech_start_ms, self._held, self._words, self._probable = None, None, None, False
+        self._speech_start_ms, self._held, self._words, self._probable, self._early = None, None, None, False, None
         return stopped
