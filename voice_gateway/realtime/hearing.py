@@ -40,6 +40,11 @@ class HearingAhead:
         self.buffer = buffer
         self.session_id = session_id
         self._loop = asyncio.get_running_loop()
+        self._heard: dict[int, tuple[float, float]] = {}  # end ms of the latest pause heard -> (began, done) at
+
+    def heard_at(self, end_ms: int) -> tuple[float, float] | None:
+        """When the words of the speech up to `end_ms` began to be heard and were (perf_counter), if they were."""
+        return self._heard.get(end_ms)
 
     def from_thread(self, offset_ms: int, padding_ms: int, start_ms: int, end_ms: int) -> Future[str]:
         """For the turn detector's thread: the words of the speech from `start_ms` (less `padding_ms`, as a turn is
@@ -74,6 +79,7 @@ class HearingAhead:
         except EngineError as e:
             log.info("session %s: hearing ahead refused (%s): %s", self.session_id, e.code, e)
             return ""
+        self._heard = {end_ms: (started, time.perf_counter())}
         log.info("session %s: heard %d ms of a turn so far in %.0f ms: %r", self.session_id, end_ms - start_ms,
                  1000 * (time.perf_counter() - started), words)
         return words

@@ -60,6 +60,7 @@ from voice_gateway.realtime.events import (
     RealtimeResponse,
     ResponseCreated,
     ResponseDone,
+    ResponseTiming,
     ServerEvent,
     SessionConfig,
     StatusDetails,
@@ -91,6 +92,32 @@ def slow_consumer_outcome() -> ResponseOutcome:
     return ResponseOutcome("failed", None, error, Delivery.SLOW_CONSUMER)
 
 
+@dataclass(frozen=True, slots=True)
+class TurnClock:
+    """A turn that turn detection ended, on perf_counter: its speech's end, its decision and its words heard (the
+    hearing's start and end, None where the engine hears audio itself)."""
+
+    speech_end_at: float
+    decided_at: float
+    heard: tuple[float, float] | None = None
+
+    def timing(self, r: Response) -> ResponseTiming | None:
+        """`response.timing` for `r`, once it is done; None if it sent no audio."""
+        if r.first_audio_at is None or r.reply_started_at is None:
+            return None
+
+        def ms(at: float) -> int:
+            return round(1000 * (at - self.speech_end_at))
+
+        first_token = None if r.ttft_s is None else ms(r.reply_started_at + r.ttft_s)
+        heard_ms = ears_ms = None
+        if self.heard is not None:
+            heard_ms, ears_ms = ms(self.heard[1]), round(1000 * (self.heard[1] - self.heard[0]))
+        return ResponseTiming(response_id=r.id, turn_ms=ms(self.decided_at), heard_ms=heard_ms, ears_ms=ears_ms,
+                              reply_started_ms=ms(r.reply_started_at), first_token_ms=first_token,
+                              first_audio_ms=ms(r.first_audio_at))
+
+
 @dataclass(slots=True)
 class Response:
     """A response's state; the session's `ResponseSlot` owns it and may cancel it."""
@@ -103,6 +130,9 @@ class Response:
     speaker: str | None = None  # config.voice as the engine names it (None: its default)
     metadata: dict[str, str] | None = None  # response.create's, echoed in response.created and response.done
     first_audio_at: float | None = None
+    turn: TurnClock | None = None  # the turn it answers, as turn detection ended it
+    reply_started_at: float | None = None  # perf_counter of its engine request (its head start's, if adopted)
+    ttft_s: float | None = None  # the engine's: request -> first text token
     outcome: ResponseOutcome = field(default_factory=ResponseOutcome)
     task: asyncio.Task | None = None
     announced: bool = False  # response.created went out
@@ -195,6 +225,8 @@ class ResponseRunner:
         self._finish(usage)
 
     async def _stream(self, messages: tuple[Message, ...]) -> Usage:
+        if self.head_start is None:
+            self.r.reply_started_at = time.perf_counter()
         stream = self.head_start or await self.engine.submit(reply_request(self.r.id, messages, self.r.config,
                                                                           self.r.speaker))
         sink, usage = self.r.sink, Usage()
@@ -213,6 +245,7 @@ class ResponseRunner:
                         return Usage()
                 elif isinstance(event, Finished):
                     usage = _usage(event.timings)
+                    self.r.ttft_s = event.timings.ttft_s
                     if self.calls is not None:
                         self.calls.close()
                     break

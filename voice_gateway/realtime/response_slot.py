@@ -22,7 +22,14 @@ from voice_gateway.realtime.head_start import HeadStart
 from voice_gateway.realtime.out_of_band import ResponseContext
 from voice_gateway.realtime.outbox import Delivery
 from voice_gateway.realtime.reporter import ErrorReporter
-from voice_gateway.realtime.response import CancelReason, Response, ResponseRunner, new_response_id, reply_request
+from voice_gateway.realtime.response import (
+    CancelReason,
+    Response,
+    ResponseRunner,
+    TurnClock,
+    new_response_id,
+    reply_request,
+)
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.voices import UnknownVoice, resolve_voice
 
@@ -40,7 +47,8 @@ class ResponseSlot:
     on a probable end of the user's turn (`head_start`), which the next response adopts if its prompt is the same."""
 
     def __init__(self, engine: Engine, items: ConversationItems, audio_out: AudioOut, sender: EventSender,
-                 reporter: ErrorReporter, metrics: GatewayMetrics, session_id: str) -> None:
+                 reporter: ErrorReporter, metrics: GatewayMetrics, session_id: str, timing: bool = False) -> None:
+        """`timing`: each response to a turn ends with our `response.timing` event (the client asked for it)."""
         self.engine = engine
         self.items = items
         self.audio_out = audio_out
@@ -48,6 +56,7 @@ class ResponseSlot:
         self.reporter = reporter
         self.metrics = metrics
         self.session_id = session_id
+        self.timing = timing
         self.current: Response | None = None
         self.aside: dict[str, Response] = {}  # out-of-band responses running beside `current`, by id
         self.head_start: HeadStart | None = None
@@ -74,13 +83,14 @@ class ResponseSlot:
                      1000 * (time.perf_counter() - head.started_at))
 
     def start(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
-              metadata: dict[str, str] | None, on_completed: OnCompleted) -> None:
+              metadata: dict[str, str] | None, on_completed: OnCompleted, turn: TurnClock | None = None) -> None:
         """Run a response now (none may be active); `on_completed` hears if it completes with none after it, and lives
         only as long as the response's task, so a closed session is no cycle's hostage."""
         assert self.current is None, f"response {self.current.id} is still active"
         head, self.head_start = self.head_start, None
         self.current = self._launch(config, context, speech_stopped_at, metadata, on_completed,
                                     self.audio_out.sink_for(config.output_audio_format), head)
+        self.current.turn = turn
 
     def aside_refusal(self, config: ev.SessionConfig) -> str | None:
         """Why an out-of-band response cannot run beside the current one now, or None."""
@@ -115,6 +125,8 @@ class ResponseSlot:
             head = None
         response = Response.new(item, config, sink, speech_stopped_at, self._speaker(config), metadata,
                                 head.response_id if head is not None else None)
+        if head is not None:
+            response.reply_started_at = head.started_at
         runner = ResponseRunner(self.engine, response, *context.output_to(self.items.conversation, self.sender),
                                 head.stream if head is not None else None)
         response.task = asyncio.create_task(self._run(runner, messages, refusal, on_completed))
@@ -133,6 +145,9 @@ class ResponseSlot:
                 response.sink.cancel()
                 self.reporter.error(Delivery.SLOW_CONSUMER.value,
                                     f"response {response.id} cancelled: the client did not read fast enough")
+            if self.timing and response.turn is not None and response.outcome.status == "completed" \
+                    and (timing := response.turn.timing(response)) is not None:
+                self.sender.event(timing)
             if response.outcome.status != "completed":
                 self.metrics.cancelled_responses.labels(response.outcome.reason or response.outcome.status).inc()
             else:

@@ -35,7 +35,7 @@ from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
 from voice_gateway.realtime.out_of_band import ResponseContext
 from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.reporter import ErrorReporter
-from voice_gateway.realtime.response import CancelReason, Response
+from voice_gateway.realtime.response import CancelReason, Response, TurnClock
 from voice_gateway.realtime.response_request import read_response_create
 from voice_gateway.realtime.response_slot import ResponseSlot
 from voice_gateway.realtime.sender import EventSender
@@ -57,9 +57,10 @@ class Session:
 
     def __init__(
         self, engine: Engine, gateway: GatewayConfig, dialect: ev.Dialect, metrics: GatewayMetrics, transport: str,
-        *, audio_on_track: bool = False, camera: Callable[[], np.ndarray | None] | None = None,
+        *, audio_on_track: bool = False, camera: Callable[[], np.ndarray | None] | None = None, timing: bool = False,
     ) -> None:
-        """`camera`: the newest frame of a call's video (RGB), which joins each user turn its audio commits."""
+        """`camera`: the newest frame of a call's video (RGB), which joins each user turn its audio commits;
+        `timing`: responses to turns end with our `response.timing` event."""
         self.gateway = gateway
         self.dialect = dialect
         self.transport = transport
@@ -76,8 +77,8 @@ class Session:
         self.checks = RequestChecks(engine, dialect, self.reporter)
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
         buffer = InputAudioBuffer(gateway.max_input_buffer_s)
-        hearing = HearingAhead(engine, buffer, self.id) if engine.info.listens_ahead else None
-        self.audio_input = AudioInput(buffer, TurnTaking(config.turn_detection, hearing))
+        self.hearing = HearingAhead(engine, buffer, self.id) if engine.info.listens_ahead else None
+        self.audio_input = AudioInput(buffer, TurnTaking(config.turn_detection, self.hearing))
         self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images,
                                        takes_images=engine.info.max_image_pixels > 0)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
@@ -88,7 +89,8 @@ class Session:
         # WebRTC plays replies on a media track, whatever the output format; WebSockets get one sink per format
         track = TrackSink(self.sender) if audio_on_track else None
         self.audio_out = AudioOut(self.sender, gateway.opus_bitrate_bps, track)
-        self.responses = ResponseSlot(engine, self.items, self.audio_out, self.sender, self.reporter, metrics, self.id)
+        self.responses = ResponseSlot(engine, self.items, self.audio_out, self.sender, self.reporter, metrics, self.id,
+                                      timing)
         self.idle = IdleTimer()
         self.camera = camera
 
@@ -218,10 +220,14 @@ class Session:
         td = self.config.turn_detection
         assert td is not None, "speech detected without turn detection"
         stopped_at = time.perf_counter()
+        # the audio after the speech's end is the silence the decision waited for, received at real-time pace
+        waited_s = (self.audio_input.buffer.end_ms - stopped.audio_end_ms) / 1000
+        heard = None if self.hearing is None else self.hearing.heard_at(stopped.audio_end_ms)
+        turn = TurnClock(stopped_at - waited_s, stopped_at, heard)
         self.items.commit_audio(self.audio_input.take_turn(stopped, td.prefix_padding_ms), stopped.item_id,
                                 frame=self._frame())
         if td.create_response and self.response is None:
-            self._start_response(self.config, ResponseContext(), stopped_at)
+            self._start_response(self.config, ResponseContext(), stopped_at, turn=turn)
 
     async def _commit(self, event: ev.InputAudioCommit) -> None:
         if self.audio_input.duration_ms < _MIN_COMMIT_MS:
@@ -282,9 +288,9 @@ class Session:
                    event_id=event.event_id)
 
     def _start_response(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
-                        metadata: dict[str, str] | None = None) -> None:
+                        metadata: dict[str, str] | None = None, turn: TurnClock | None = None) -> None:
         self.idle.disarm()
-        self.responses.start(config, context, speech_stopped_at, metadata, self._arm_idle_timeout)
+        self.responses.start(config, context, speech_stopped_at, metadata, self._arm_idle_timeout, turn)
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         response = self.responses.find(event.response_id) if event.response_id else self.response
