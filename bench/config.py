@@ -56,7 +56,7 @@ class BenchConfig:
 
 
 DEFAULT_QUESTIONS = Path("benchmarks/voice")
-VOICE_MODES = ("commit", "vad")
+VOICE_MODES = ("commit", "vad", "server")
 OUTPUT_FORMATS = ("pcm16", "opus")
 
 
@@ -70,7 +70,8 @@ class VoiceConfig:
     concurrency: list[int] = field(default_factory=lambda: [1, 16, 64])
     turns: int = 6
     # commit: the client appends the question, then commits and asks for a response; vad: it streams the
-    # question and then silence, and the server's VAD ends the turn and answers on its own
+    # question and then silence, and the server's VAD ends the turn and answers on its own; server: the same on
+    # the server's default turn detection (the session's turn_detection left as it is)
     turn_mode: list[str] = field(default_factory=lambda: ["commit"])
     output_format: list[str] = field(default_factory=lambda: ["pcm16"])  # pcm16 deltas, or binary Opus packets
     num_sessions: int | None = None  # None: C per level, one conversation per worker

@@ -27,12 +27,14 @@ _GA_FORMATS = {"pcm16": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "opus": {"ty
 
 
 def session_update(config: VoiceConfig, mode: str, output_format: str) -> dict[str, Any]:
-    """The GA `session.update`: audio replies of `max_tokens` text tokens; turn_detection null for manual turns."""
-    turn_detection = {"type": "server_vad"} if mode == "vad" else None
+    """The GA `session.update`: audio replies of `max_tokens` text tokens; turn_detection null for manual turns, the
+    server VAD for `vad`, and none named for `server` (the server's own default)."""
+    audio_in: dict[str, Any] = {"format": _GA_FORMATS["pcm16"]}
+    if mode != "server":  # server: its own default stays
+        audio_in["turn_detection"] = {"type": "server_vad"} if mode == "vad" else None
     return {"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["audio"], "max_output_tokens": config.max_tokens,
-        "audio": {"input": {"format": _GA_FORMATS["pcm16"], "turn_detection": turn_detection},
-                  "output": {"format": _GA_FORMATS[output_format]} | _voice(config)}}}
+        "audio": {"input": audio_in, "output": {"format": _GA_FORMATS[output_format]} | _voice(config)}}}
 
 
 def _voice(config: VoiceConfig) -> dict[str, str]:
@@ -151,7 +153,7 @@ async def run_session(config: VoiceConfig, model: str, mode: str, output_format:
                 if turn:
                     await asyncio.sleep(think_pause_s(config, index, turn))
                     records.append(record(turn))
-                timer = TurnTimer(records[-1], vad=mode == "vad")
+                timer = TurnTimer(records[-1], vad=mode != "commit")
                 async with asyncio.timeout(config.timeout):
                     await _turn(ws, timer, ask(turn), config, shows(turn))
                 assert timer.input_end is not None, records[-1]

@@ -68,14 +68,14 @@ def _clip(video: VideoInfo) -> str:
 def _turn_row(lv_label: list[str], t: TurnStats) -> list[str]:
     return [*lv_label, "all" if t.turn is None else str(t.turn + 1), str(t.turns), f"{t.failures} ({t.refused})",
             f"{_fmt(t.first_audio_s.mean)}/{_fmt(t.first_audio_s.p50)}/{_fmt(t.first_audio_s.p99)}",
-            _fmt(t.vad_wait_s.mean), _fmt(t.done_s.mean), _fmt(t.audio_s_mean, ".2f"),
+            _fmt(t.vad_wait_s.mean), f"{_fmt(t.speech_end_s.p50)}/{_fmt(t.speech_end_s.p99)}", _fmt(t.done_s.mean), _fmt(t.audio_s_mean, ".2f"),
             f"{_fmt(t.input_tokens_mean, '.0f')} ({_fmt(t.cached_tokens_mean, '.0f')})", f"{t.underruns} ({t.underrun_turns})"]
 
 
 def print_voice_summary(result: VoiceResult, console: Console) -> None:
     table = Table(title=f"bench --realtime {result.label} ({result.config['model']})")
     for col in ("mode", "out", "C", "turn", "n", "fail (refused)", "first audio mean/p50/p99 s", "VAD wait s",
-                "done s", "audio s", "in tokens (cached)", "underruns (turns)"):
+                "speech end -> audio p50/p99 s", "done s", "audio s", "in tokens (cached)", "underruns (turns)"):
         table.add_column(col, justify="left" if col in ("mode", "out", "turn") else "right")
     for lv in result.levels:
         label = [lv.mode, lv.output_format, str(lv.concurrency)]

@@ -42,6 +42,9 @@ class TurnRecord:
     status: str | None = None  # response.done's status
     vad_wait_s: float | None = None  # server VAD: last speech chunk sent -> speech_stopped (the silence window)
     first_audio_s: float | None = None  # input end -> first audio delta or Opus packet: the spoken-turn latency
+    # turn detection on the server: the question's last chunk sent -> first audio, the wait the user hears (the
+    # turn decision, vad_wait_s, included)
+    speech_end_s: float | None = None
     done_s: float | None = None  # input end -> response.done
     audio_s: float = 0.0  # reply audio received
     pieces: int = 0  # audio deltas or Opus packets
@@ -143,5 +146,7 @@ class TurnTimer:
         if not self._pieces:
             raise TurnError("the reply carried no audio")
         rec.first_audio_s = self._pieces[0][0] - self.input_end
+        if self._question_sent is not None:
+            rec.speech_end_s = self._pieces[0][0] - self._question_sent
         rec.underruns, rec.stall_ms = scheduled_underruns(self._pieces)
         rec.ok = True

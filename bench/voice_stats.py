@@ -26,6 +26,7 @@ class TurnStats:
     first_audio_s: Stat  # input end -> first audio
     done_s: Stat  # input end -> response.done
     vad_wait_s: Stat  # server VAD: the question's end -> speech_stopped, waited on top of first_audio_s
+    speech_end_s: Stat  # server turn detection: the question's end -> first audio (what the user waits)
     audio_s_mean: float | None
     input_tokens_mean: float | None  # the conversation so far, as the server counted it
     cached_tokens_mean: float | None  # of those, held by a cached prefix (the rest was prefilled)
@@ -68,7 +69,8 @@ def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
     return TurnStats(
         turn=turn, turns=len(records), completed=len(ok), refused=refused, failures=len(records) - len(ok) - refused,
         first_audio_s=Stat.of(r.first_audio_s for r in ok), done_s=Stat.of(r.done_s for r in ok),
-        vad_wait_s=Stat.of(r.vad_wait_s for r in ok), audio_s_mean=_mean(r.audio_s for r in ok),
+        vad_wait_s=Stat.of(r.vad_wait_s for r in ok), speech_end_s=Stat.of(r.speech_end_s for r in ok),
+        audio_s_mean=_mean(r.audio_s for r in ok),
         input_tokens_mean=_mean(r.input_tokens for r in ok), cached_tokens_mean=_mean(r.cached_tokens for r in ok),
         cached_share_mean=_mean(r.cached_tokens / r.input_tokens for r in ok
                                 if r.cached_tokens is not None and r.input_tokens),

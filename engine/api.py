@@ -238,6 +238,10 @@ class ModelInfo:
     temperature: float  # what a request that names none samples at (its profile's): realtime sessions start at it
     # an image is resized to at most this many pixels (one prompt token per 32 x 32); 0: the model takes no images
     max_image_pixels: int = 0
+    # it makes a user's speech text before it thinks, and keeps each clip's words: the edge may have it hear a turn
+    # while the turn may still go on (a realtime session's turn detection judges pauses on those words, and the
+    # reply finds the turn heard)
+    listens_ahead: bool = False
 
 
 class RequestStream(Protocol):

@@ -6,7 +6,8 @@
 //   ?transport=   webrtc (default) | ws-opus | ws-pcm16          ?mode=ptt       start in push-to-talk
 //   ?tool_choice= auto (default) | none | required | set_lamp: whether the assistant must call the page's lamp
 //                 tool (a model with random weights calls only when it must)
-//   ?transcribe=1 the server transcribes your turns, and the transcript shows their words
+//   ?transcribe=  1 | 0: the server transcribes your turns (the transcript shows their words), or not; by default
+//                 it does where the model makes your speech text anyway (the assistant)
 
 import { AudioEngine } from "./audio.js";
 import { Banner } from "./banner.js";
@@ -37,13 +38,15 @@ const audio = new AudioEngine({ onPlayback: (msg) => session.onPlayback(msg) });
 const picker = new TransportPicker({ select: $("transport"), pill: $("conn-state"), initial: params.get("transport"),
                                      onChange: (kind) => session.switchTransport(kind) });
 const transcript = new Transcript({ list: $("turns"), empty: $("empty") });
-const latency = new Latency({ last: $("lat-last"), median: $("lat-median"), bars: $("lat-bars") });
+const latency = new Latency({ last: $("lat-last"), median: $("lat-median"), bars: $("lat-bars"),
+                              split: $("lat-split") });
 const meter = new LevelMeter({ fill: $("meter-fill"), readout: $("meter-db"), ring: $("ring") });
 const tools = [new Lamp({ card: $("lamp") })];
 const session = new Session({ baseUrl, apiKey, mode: params.get("mode"), audio, audioElement: $("remote-audio"),
                               picker, model, transcript, latency, meter, banner, tools,
                               toolChoice: toolChoice(params.get("tool_choice"), tools),
-                              transcribe: params.get("transcribe") === "1", camera });
+                              transcribe: params.has("transcribe") ? params.get("transcribe") === "1" : null,
+                              camera });
 session.addEventListener("change", () => picker.show(session.state, session.kind));
 const talk = new TalkControl({ session, modeSwitch: $("mode"), talk: $("talk"), label: $("talk-label"),
                                hint: $("hint"), end: $("end") });

@@ -10,8 +10,10 @@ const MIN_PTT_MS = 150; // the server refuses to commit less than 100 ms
 const LINK_POLL_MS = 250;
 
 /** The turn_detection of a session.update for turn mode `mode` ("vad" | "ptt"). */
-export function turnDetection(mode) {
-  return mode === "vad" ? { type: "server_vad", create_response: true, interrupt_response: true } : null;
+export function turnDetection(mode, byWords) {
+  if (mode !== "vad") return null;
+  // a model that hears ahead ends a turn by what was said: its default, semantic_vad
+  return { type: byWords ? "semantic_vad" : "server_vad", create_response: true, interrupt_response: true };
 }
 
 /** The session's tool_choice for the page option `option` (?tool_choice=): auto, none, required or a tool's name. */
@@ -36,8 +38,9 @@ export class Conversation {
   /**
    * kind: "webrtc" | "ws-opus" | "ws-pcm16"; transport: its connected-or-connecting transport; mode(): the
    * session's turn mode now; onChange(): `activity` changed; tools: the page's tools ({name, declaration, call});
-   * toolChoice: the session's tool_choice; transcribe: whether the server transcribes the user's audio; camera: the
-   * page's Camera, whose frame goes with each user turn while it is on.
+   * toolChoice: the session's tool_choice; transcribe: whether the server transcribes the user's audio; byWords:
+   * whether hands-free turns end by what was said (semantic_vad); camera: the page's Camera, whose frame goes with
+   * each user turn while it is on.
    *
    * Public state, written only here: replies (item id -> {id, status, text, latencyMs, receivedMs, playedMs,
    * dropped}; receivedMs / playedMs / dropped by the playback tracker), counts, link (the transport's last
@@ -45,8 +48,9 @@ export class Conversation {
    * ptt-ready | user-speaking | thinking | speaking), playback and frames.
    */
   constructor({ kind, transport, audio, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe,
-                camera }) {
-    Object.assign(this, { kind, transport, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe });
+                byWords, camera }) {
+    Object.assign(this, { kind, transport, transcript, latency, banner, mode, onChange, tools, toolChoice, transcribe,
+                          byWords });
     this.replies = new Map();
     this.counts = { responsesCompleted: 0, responsesCancelled: 0, responsesFailed: 0, userTurns: 0,
                     bargeIns: 0, truncationsSent: 0, truncationsAcked: 0 };
@@ -66,7 +70,7 @@ export class Conversation {
 
   /** The session.update that configures a new connection. */
   sessionUpdate() {
-    const session = { type: "realtime", audio: { input: { turn_detection: turnDetection(this.mode()) } },
+    const session = { type: "realtime", audio: { input: { turn_detection: turnDetection(this.mode(), this.byWords) } },
                       tools: this.tools.map((t) => t.declaration), tool_choice: this.toolChoice };
     if (this.transcribe) session.audio.input.transcription = { model: "whisper-1" }; // echoed: the Thinker transcribes
     if (this.kind === "ws-opus") session.audio.output = { format: { type: "audio/opus" } };
@@ -83,7 +87,8 @@ export class Conversation {
   /** The session's turn mode changed while connected. */
   modeChanged() {
     this.transport.send({ type: "session.update",
-                          session: { type: "realtime", audio: { input: { turn_detection: turnDetection(this.mode()) } } } });
+                          session: { type: "realtime",
+                                     audio: { input: { turn_detection: turnDetection(this.mode(), this.byWords) } } } });
     this.ready();
   }
 
@@ -117,6 +122,7 @@ export class Conversation {
         if (ev.item?.type === "function_call") this.#callDone(ev.item);
         return;
       case "response.done": return this.#responseDone(ev.response || {});
+      case "response.timing": return this.latency.timing(ev);
       case "input_audio_buffer.committed": return this.#committed(ev.item_id);
       case "conversation.item.added": return this.#itemAdded(ev.item);
       case "conversation.item.input_audio_transcription.delta":

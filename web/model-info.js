@@ -19,6 +19,11 @@ export class ModelInfo {
     return this.info?.input_modalities?.includes("image") ?? false;
   }
 
+  /** Whether the model makes speech text before it thinks (it transcribes anyway, and takes turns by the words). */
+  get listensAhead() {
+    return this.info?.listens_ahead ?? false;
+  }
+
   async load() {
     try {
       const headers = this.apiKey ? { headers: { Authorization: `Bearer ${this.apiKey}` } } : {};

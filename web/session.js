@@ -18,7 +18,8 @@ export class Session extends EventTarget {
   /**
    * audio: the page's AudioEngine; audioElement: the muted <audio> WebRTC needs; picker: the TransportPicker;
    * model: the ModelInfo; transcript, latency, meter, banner: the views a conversation reports to; tools,
-   * toolChoice, transcribe: what each conversation offers the assistant and asks of the server (see Conversation);
+   * toolChoice, transcribe: what each conversation offers the assistant and asks of the server (see Conversation;
+   * transcribe null: as the model suggests);
    * camera: the page's Camera, whose frames go with the user's turns.
    */
   constructor({ baseUrl, apiKey, mode, audio, audioElement, picker, model, transcript, latency, meter, banner, tools,
@@ -141,7 +142,9 @@ export class Session extends EventTarget {
     conversation = new Conversation({
       kind, transport, audio: this.audio, transcript: this.transcript, latency: this.latency, banner: this.banner,
       mode: () => this.#mode, onChange: () => this.dispatchEvent(new Event("change")),
-      tools: this.tools, toolChoice: this.toolChoice, transcribe: this.transcribe, camera: this.camera,
+      tools: this.tools, toolChoice: this.toolChoice, camera: this.camera,
+      // a model that hears ahead transcribes anyway: its words show unless the page was told otherwise
+      transcribe: this.transcribe ?? this.model.listensAhead, byWords: this.model.listensAhead,
     });
     return conversation;
   }

@@ -68,6 +68,7 @@ export class WebRtcTransport {
     await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
     const url = new URL("/v1/realtime/calls", baseUrl);
     if (model) url.searchParams.set("model", model);
+    url.searchParams.set("timing", "1"); // our response.timing event: where each reply's wait went
     const headers = { "Content-Type": "application/sdp" };
     if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
     const res = await fetch(url, { method: "POST", body: pc.localDescription.sdp, headers });

@@ -11,6 +11,7 @@ export function wsUrl(baseUrl, model) {
   const url = new URL("/v1/realtime", baseUrl);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   if (model) url.searchParams.set("model", model);
+  url.searchParams.set("timing", "1"); // our response.timing event: where each reply's wait went
   return url.toString();
 }
 

@@ -80,7 +80,8 @@ class CascadeBackend:
     def info(self) -> ModelInfo:
         return ModelInfo(model_id=MODEL_ID, is_random_weights=False, description=description(self.cascade),
                          max_model_len=self.cascade.brain.max_model_len, speakers=(SPEAKERS[self.cascade.voice],),
-                         codec_frame_samples=SAMPLE_RATE_HZ // 25, temperature=self.cascade.brain.sampling.temperature)
+                         codec_frame_samples=SAMPLE_RATE_HZ // 25, temperature=self.cascade.brain.sampling.temperature,
+                         listens_ahead=True)
 
     @functools.cached_property
     def models(self) -> _Models:

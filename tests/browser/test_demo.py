@@ -63,7 +63,7 @@ def test_a_turn_over_websocket_opus(tiny_checkpoint: Path, cache_dir: Path, fake
 
 def test_the_assistant_answers_a_spoken_turn_in_words(cache_dir: Path, fake_mic_wav: Path, tmp_path: Path) -> None:
     """The default model in the page: it names the assistant, shows no random-weights notice, and its reply to
-    the microphone's question is English text, spoken."""
+    the microphone's question is English text, spoken; the page shows the words it heard and where the wait went."""
     result = run_driver("ws-opus-turn", fake_mic_wav, cache_dir, tmp_path, model="assistant")
     why = explain(result, tmp_path)
     assert result["connect_error"] is None and "wait_error" not in result, why
@@ -74,6 +74,14 @@ def test_the_assistant_answers_a_spoken_turn_in_words(cache_dir: Path, fake_mic_
     assert stats["audioSamplesPlayed"] > 0, why
     reply = result["page"]["replies"][0]["text"]
     assert len([w for w in reply.split() if w.strip(".,!?'\"").isalpha()]) >= 3, why
+    # it transcribes anyway, so the page shows the words it heard, not "speech, N s"
+    [user, *_] = result["dom"]["users"]
+    assert "weather" in user["text"].lower(), why
+    # and its latency card splits the wait, from the server's response.timing
+    split = stats["latencySplit"]
+    assert split is not None, why
+    assert all(split[k] is not None for k in ("totalMs", "turnMs", "earsMs", "brainMs", "voiceMs", "networkMs")), why
+    assert 0 < split["turnMs"] < split["totalMs"] and split["networkMs"] >= 0, why
 
 
 def test_a_turn_over_webrtc(tiny_checkpoint: Path, cache_dir: Path, fake_mic_wav: Path, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """`voice-gateway serve assistant` on loopback, driven as clients drive it: a spoken question streamed at real-time pace
-into a realtime session whose server VAD ends the turn and answers in audio that Whisper hears as its transcript; a
-seeded chat reply streamed equals the same reply in one piece, text and audio; LiveKit Agents' and Pipecat's own
+into a realtime session whose default turn detection ends the turn and answers in audio that Whisper hears as its
+transcript; a seeded chat reply streamed equals the same reply in one piece, text and audio; LiveKit Agents' and Pipecat's own
 OpenAI realtime clients ask the question aloud and get English words back."""
 
 from __future__ import annotations
@@ -104,10 +104,10 @@ def reply_of(events: list) -> tuple[str, np.ndarray]:
     return done.output[0].content[0].transcript, np.frombuffer(pcm, "<i2").astype(np.float32) / 32768
 
 
-async def test_server_vad_ends_spoken_questions_and_the_replies_are_heard_as_their_transcripts(
+async def test_the_default_turn_detection_ends_spoken_questions_and_the_replies_are_heard_as_their_transcripts(
         assistant_server: Server, question: np.ndarray, tmp_path: Path, ears: WhisperEars) -> None:  # noqa: F811
-    """No commit and no response.create from the client: server_vad (the default) finds each question's speech and
-    its end, and the turn is committed and answered. The replies' audio speaks their transcripts: Whisper hears them
+    """No commit and no response.create from the client: the assistant's default, semantic_vad with the words of each
+    pause, finds each question's speech and its end, and the turn is committed and answered. The replies' audio speaks their transcripts: Whisper hears them
     with a word error of at most 25 % over both. Over both, as in tests/unit/test_assistant.py: the reply to the
     first, "The capital of France is Paris.", is always heard as "... Francis Paris." (2 edits in 6 words). At
     temperature 0: sampled (0.6 or 0.8), the 135M model begins about half its answers to it in French ("La femme de
@@ -121,9 +121,9 @@ async def test_server_vad_ends_spoken_questions_and_the_replies_are_heard_as_the
         await conn.session.update(session={"type": "realtime", "max_output_tokens": 80, "temperature": 0.0,
                                            "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
         updated = (await events_until(conn, "session.updated"))[-1].session
-        assert updated.audio.input.turn_detection.type == "server_vad", updated.audio.input.turn_detection
-        capital = await answered_turn(conn, np.concatenate([silence(0.5), question, silence(1.5)]))
-        about_sea = await answered_turn(conn, np.concatenate([resample(samples, rate, RATE), silence(1.5)]))
+        assert updated.audio.input.turn_detection.type == "semantic_vad", updated.audio.input.turn_detection
+        capital = await answered_turn(conn, np.concatenate([silence(0.5), question, silence(AFTER_SPEECH_S)]))
+        about_sea = await answered_turn(conn, np.concatenate([resample(samples, rate, RATE), silence(AFTER_SPEECH_S)]))
 
     for events in (capital, about_sea):
         order = [first(events, kind) for kind in (

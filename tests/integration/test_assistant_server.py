@@ -48,6 +48,7 @@ def test_models_name_the_cascade(assistant_server: Server) -> None:
     assert model["id"] == "assistant" and model["random_weights"] is False and model["voices"] == ["joe"]
     assert "Whisper" in model["description"] and "SmolLM2" in model["description"]
     assert model["input_modalities"] == ["text", "audio"]
+    assert model["listens_ahead"] is True  # its ears make speech text first: sessions take turns by the words
 
 
 def test_a_spoken_question_over_chat_is_answered(assistant_server: Server, question_wav: Path) -> None:

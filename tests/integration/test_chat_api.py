@@ -46,6 +46,7 @@ def test_models_say_the_weights_are_random(client: openai.OpenAI) -> None:
     assert models[0].model_extra["random_weights"] is True
     assert "noise" in models[0].model_extra["description"]
     assert models[0].model_extra["input_modalities"] == ["text", "audio", "image"]
+    assert models[0].model_extra["listens_ahead"] is False  # the Thinker hears audio itself
 
 
 def test_text_only(client: openai.OpenAI, server: Server) -> None:

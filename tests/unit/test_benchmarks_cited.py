@@ -233,6 +233,21 @@ FIGURES = (
            "levels/concurrency=1/overall/underrun_turns"),
     Figure("| 1 of 40 (44 ms) |", "1", "benchmarks/cpu-small/assistant-realtime.json",
            "levels/concurrency=4/overall/underrun_turns"),
+    # the assistant at a conversation's pace: streamed questions, the server's turn detection, before and after
+    *(Figure(f"| {users} | {before} s ({before_p99}) | {after} s ({after_p99}) |", number,
+             f"benchmarks/cpu-small/pace/{tree}.json", f"levels/{level}/overall/speech_end_s/{key}")
+      for users, level, before, before_p99, after, after_p99 in (("1", 0, "2.031", "2.360", "1.118", "1.295"),
+                                                                  ("4", 1, "2.180", "2.898", "1.605", "2.508"))
+      for tree, p50, p99 in (("before", before, before_p99), ("after", after, after_p99))
+      for number, key in ((p50, "p50"), (p99, "p99"))),
+    *(Figure(f"turn decision: last chunk -> `speech_stopped` | {before} s | {after} s", number,
+             f"benchmarks/cpu-small/pace/{tree}.json", "levels/0/overall/vad_wait_s/mean")
+      for before, after in (("0.593", "0.720"),)
+      for tree, number in (("before", before), ("after", after))),
+    *(Figure(f"`speech_stopped` -> first audio | {before} s | {after} s", number,
+             f"benchmarks/cpu-small/pace/{tree}.json", "levels/0/overall/first_audio_s/p50")
+      for before, after in (("1.430", "0.385"),)
+      for tree, number in (("before", before), ("after", after))),
     # long calls on an H100, with and without the users' pauses
     *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}-summary.json",
              "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),

@@ -86,6 +86,16 @@ class ServerVad:
     def in_speech(self) -> bool:
         return self._in_speech
 
+    @property
+    def silent_since_ms(self) -> int | None:
+        """In speech, in a silence: where it began (the last voiced frame's end); else None."""
+        return self._last_voiced_end_ms if self._in_speech and self._run_start_ms is None else None
+
+    @property
+    def voiced_run_start_ms(self) -> int | None:
+        """Where the voiced run now being fed began (None in silence): speech not yet long enough to be called so."""
+        return self._run_start_ms
+
     def feed(self, samples: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
         """Float32 mono at `sample_rate_hz`, any length; returns the events its complete frames produced, in order."""
         if samples.ndim != 1:

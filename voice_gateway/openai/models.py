@@ -26,6 +26,9 @@ async def list_models(request: Request) -> dict[str, Any]:
                 "voices": list(info.speakers),
                 # what input the model takes besides text: speech always; images where it has a vision tower
                 "input_modalities": ["text", "audio", *(["image"] if info.max_image_pixels else [])],
+                # it makes speech text before it thinks: a transcription of the user's turns costs nothing more, and
+                # its realtime sessions take turns by what was said (semantic_vad with the words of each pause)
+                "listens_ahead": info.listens_ahead,
             }
         ],
     }

@@ -11,9 +11,7 @@ import numpy as np
 from engine import INPUT_SAMPLE_RATE_HZ
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.input_buffer import InputAudioBuffer
-from voice_gateway.realtime.turns import TurnTaking
-
-SpeechChange = ev.SpeechStarted | ev.SpeechStopped
+from voice_gateway.realtime.turns import TurnChange, TurnTaking
 
 
 class AudioInput:
@@ -40,7 +38,7 @@ class AudioInput:
         """A new turn detection (or none) counts from now; a segment in progress is forgotten."""
         self.turns.configure(td, self.buffer.end_ms)
 
-    async def append(self, samples_16k: np.ndarray) -> list[SpeechChange]:
+    async def append(self, samples_16k: np.ndarray) -> list[TurnChange]:
         """Into the buffer (BufferFull when full) and the VAD: the speech starts and stops they complete, in order."""
         self.buffer.append(samples_16k)
         return await self.turns.feed(samples_16k)
@@ -48,6 +46,10 @@ class AudioInput:
     def take_turn(self, stopped: ev.SpeechStopped, prefix_padding_ms: int) -> np.ndarray:
         """The speech that just stopped, with `prefix_padding_ms` before its start; all before its end leaves."""
         return self.buffer.take_until(stopped.audio_end_ms, self.turns.start_ms - prefix_padding_ms)
+
+    def turn_so_far(self, end_ms: int, prefix_padding_ms: int) -> np.ndarray:
+        """What `take_turn` would take were the speech in progress to stop at `end_ms`; nothing leaves."""
+        return self.buffer.peek(self.turns.start_ms - prefix_padding_ms, end_ms)
 
     def take_all(self) -> tuple[np.ndarray, str]:
         """Everything buffered, and the id of the item it becomes (the speech in progress's, else a new one)."""

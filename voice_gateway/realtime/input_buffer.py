@@ -54,11 +54,20 @@ class InputAudioBuffer:
             self._chunks = [np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)]
         return self._chunks[0]
 
-    def take_until(self, end_ms: int, start_ms: int = 0) -> np.ndarray:
-        """Samples from `start_ms` to `end_ms` (clock ms); everything before `end_ms` leaves the buffer."""
+    def _span(self, start_ms: int, end_ms: int) -> tuple[np.ndarray, int, int]:
         data = self._all()
         end = min(data.size, max(0, end_ms * _SAMPLES_PER_MS - self.start_sample))
         start = min(end, max(0, start_ms * _SAMPLES_PER_MS - self.start_sample))
+        return data, start, end
+
+    def peek(self, start_ms: int, end_ms: int) -> np.ndarray:
+        """A copy of what `take_until(end_ms, start_ms)` would take now; nothing leaves."""
+        data, start, end = self._span(start_ms, end_ms)
+        return data[start:end].copy()
+
+    def take_until(self, end_ms: int, start_ms: int = 0) -> np.ndarray:
+        """Samples from `start_ms` to `end_ms` (clock ms); everything before `end_ms` leaves the buffer."""
+        data, start, end = self._span(start_ms, end_ms)
         taken = data[start:end].copy()
         self._chunks = [data[end:]]
         self._size = data.size - end

@@ -30,6 +30,7 @@ from engine import (
     Failed,
     Finished,
     Message,
+    RequestStream,
     SamplingParams,
     TextDelta,
     Timings,
@@ -59,6 +60,7 @@ from voice_gateway.realtime.events import (
     RealtimeResponse,
     ResponseCreated,
     ResponseDone,
+    ResponseTiming,
     ServerEvent,
     SessionConfig,
     StatusDetails,
@@ -90,6 +92,32 @@ def slow_consumer_outcome() -> ResponseOutcome:
     return ResponseOutcome("failed", None, error, Delivery.SLOW_CONSUMER)
 
 
+@dataclass(frozen=True, slots=True)
+class TurnClock:
+    """A turn that turn detection ended, on perf_counter: its speech's end, its decision and its words heard (the
+    hearing's start and end, None where the engine hears audio itself)."""
+
+    speech_end_at: float
+    decided_at: float
+    heard: tuple[float, float] | None = None
+
+    def timing(self, r: Response) -> ResponseTiming | None:
+        """`response.timing` for `r`, once it is done; None if it sent no audio."""
+        if r.first_audio_at is None or r.reply_started_at is None:
+            return None
+
+        def ms(at: float) -> int:
+            return round(1000 * (at - self.speech_end_at))
+
+        first_token = None if r.ttft_s is None else ms(r.reply_started_at + r.ttft_s)
+        heard_ms = ears_ms = None
+        if self.heard is not None:
+            heard_ms, ears_ms = ms(self.heard[1]), round(1000 * (self.heard[1] - self.heard[0]))
+        return ResponseTiming(response_id=r.id, turn_ms=ms(self.decided_at), heard_ms=heard_ms, ears_ms=ears_ms,
+                              reply_started_ms=ms(r.reply_started_at), first_token_ms=first_token,
+                              first_audio_ms=ms(r.first_audio_at))
+
+
 @dataclass(slots=True)
 class Response:
     """A response's state; the session's `ResponseSlot` owns it and may cancel it."""
@@ -102,6 +130,9 @@ class Response:
     speaker: str | None = None  # config.voice as the engine names it (None: its default)
     metadata: dict[str, str] | None = None  # response.create's, echoed in response.created and response.done
     first_audio_at: float | None = None
+    turn: TurnClock | None = None  # the turn it answers, as turn detection ended it
+    reply_started_at: float | None = None  # perf_counter of its engine request (its head start's, if adopted)
+    ttft_s: float | None = None  # the engine's: request -> first text token
     outcome: ResponseOutcome = field(default_factory=ResponseOutcome)
     task: asyncio.Task | None = None
     announced: bool = False  # response.created went out
@@ -109,8 +140,13 @@ class Response:
 
     @staticmethod
     def new(item: Item, config: SessionConfig, sink: AudioSink, speech_stopped_at: float | None,
-            speaker: str | None = None, metadata: dict[str, str] | None = None) -> Response:
-        return Response(f"resp_{uuid.uuid4().hex[:20]}", item, config, sink, speech_stopped_at, speaker, metadata)
+            speaker: str | None = None, metadata: dict[str, str] | None = None,
+            response_id: str | None = None) -> Response:
+        return Response(response_id or new_response_id(), item, config, sink, speech_stopped_at, speaker, metadata)
+
+
+def new_response_id() -> str:
+    return f"resp_{uuid.uuid4().hex[:20]}"
 
 
 class ResponseRunner:
@@ -118,8 +154,10 @@ class ResponseRunner:
     the conversation's end and returns the id before it (an out-of-band response's adds nothing: out_of_band.py)."""
 
     def __init__(self, engine: Engine, response: Response, sender: EventSender,
-                 add_item: Callable[[Item], str | None]) -> None:
+                 add_item: Callable[[Item], str | None], head_start: RequestStream | None = None) -> None:
+        """`head_start`: the engine's stream of this very reply, asked for before the turn was sure to end."""
         self.engine = engine
+        self.head_start = head_start
         self.r = response
         self.sender = sender
         self.add_item = add_item
@@ -187,19 +225,10 @@ class ResponseRunner:
         self._finish(usage)
 
     async def _stream(self, messages: tuple[Message, ...]) -> Usage:
-        cfg = self.r.config
-        max_tokens = None if cfg.max_output_tokens == "inf" else cfg.max_output_tokens
-        request = EngineRequest(
-            request_id=self.r.id,
-            messages=messages,
-            want_audio=self.audio_mode,
-            speaker=self.r.speaker,
-            sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
-            tools=self.tools,
-            output=output_constraint(cfg),
-            conversation=cfg.id,  # the session's
-        )
-        stream = await self.engine.submit(request)
+        if self.head_start is None:
+            self.r.reply_started_at = time.perf_counter()
+        stream = self.head_start or await self.engine.submit(reply_request(self.r.id, messages, self.r.config,
+                                                                          self.r.speaker))
         sink, usage = self.r.sink, Usage()
         if self.audio_mode:
             sink.begin(self.r.id, self.r.item.id)
@@ -216,6 +245,7 @@ class ResponseRunner:
                         return Usage()
                 elif isinstance(event, Finished):
                     usage = _usage(event.timings)
+                    self.r.ttft_s = event.timings.ttft_s
                     if self.calls is not None:
                         self.calls.close()
                     break
@@ -278,6 +308,22 @@ class ResponseRunner:
             self.sender.event(self._content(ContentPartDone, part=part))
         self.sender.event(OutputItemDone(response_id=r.id, output_index=self.message_index or 0, item=final_item))
         self.sender.event(ConversationItemDone(item=final_item))
+
+
+def reply_request(request_id: str, messages: tuple[Message, ...], cfg: SessionConfig,
+                  speaker: str | None) -> EngineRequest:
+    """The engine request of a response in session settings `cfg`: one place, so a reply started early is the same."""
+    max_tokens = None if cfg.max_output_tokens == "inf" else cfg.max_output_tokens
+    return EngineRequest(
+        request_id=request_id,
+        messages=messages,
+        want_audio=cfg.output_modality == "audio",
+        speaker=speaker,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=cfg.temperature),
+        tools=engine_tools(cfg),
+        output=output_constraint(cfg),
+        conversation=cfg.id,  # the session's
+    )
 
 
 def _usage(t: Timings) -> Usage:

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from engine import INPUT_SAMPLE_RATE_HZ, Engine
+from engine import INPUT_SAMPLE_RATE_HZ, AudioPart, Engine, Message
+from voice_gateway.audio.semantic_vad import ProbableEnd, Resumed
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
 from voice_gateway.realtime import events as ev
@@ -27,14 +28,15 @@ from voice_gateway.realtime.audio_out import AudioOut
 from voice_gateway.realtime.audio_sinks import TRACK_RATE_HZ, TrackSink
 from voice_gateway.realtime.checks import RequestChecks
 from voice_gateway.realtime.client_items import ClientItemReader
-from voice_gateway.realtime.conversation import Conversation
+from voice_gateway.realtime.conversation import ContextFull, Conversation
 from voice_gateway.realtime.conversation_items import ConversationItems
+from voice_gateway.realtime.hearing import HearingAhead
 from voice_gateway.realtime.idle import IdleTimer
 from voice_gateway.realtime.input_buffer import BufferFull, InputAudioBuffer
 from voice_gateway.realtime.out_of_band import ResponseContext
 from voice_gateway.realtime.outbox import Outbox
 from voice_gateway.realtime.reporter import ErrorReporter
-from voice_gateway.realtime.response import CancelReason, Response
+from voice_gateway.realtime.response import CancelReason, Response, TurnClock
 from voice_gateway.realtime.response_request import read_response_create
 from voice_gateway.realtime.response_slot import ResponseSlot
 from voice_gateway.realtime.sender import EventSender
@@ -57,25 +59,29 @@ class Session:
     def __init__(
         self, engine: Engine, gateway: GatewayConfig, dialect: ev.Dialect, metrics: GatewayMetrics, transport: str,
         *, audio_on_track: bool = False, track_rate_hz: int = TRACK_RATE_HZ,
-        camera: Callable[[], np.ndarray | None] | None = None,
+        camera: Callable[[], np.ndarray | None] | None = None, timing: bool = False,
     ) -> None:
         """`audio_on_track`: replies leave as 20 ms frames at `track_rate_hz` that the transport pulls (a WebRTC
         track, a phone line), not as events. `camera`: the newest frame of a call's video (RGB), which joins each
-        user turn its audio commits."""
+        user turn its audio commits; `timing`: responses to turns end with our `response.timing` event."""
         self.gateway = gateway
         self.dialect = dialect
         self.transport = transport
         # the model's own temperature, not OpenAI's 0.8: a small model is told apart from noise at its own
         # (the assistant's 135M model, at 0.8, begins about half its answers in French)
-        config = ev.SessionConfig(model=engine.info.model_id, temperature=engine.info.temperature)
+        # an engine that hears ahead takes turns by what was said (semantic_vad with the words of each pause)
+        turn_detection = ev.TurnDetection(type="semantic_vad" if engine.info.listens_ahead else "server_vad")
+        config = ev.SessionConfig(model=engine.info.model_id, temperature=engine.info.temperature,
+                                  turn_detection=turn_detection)
         self.id = config.id
         self.outbox = Outbox(gateway.send_queue_messages)
         self.sender = EventSender(self.outbox, dialect)
         self.reporter = ErrorReporter(self.sender, metrics, self.id)
         self.checks = RequestChecks(engine, dialect, self.reporter)
         self.settings = SessionSettings(config, self.checks, self.reporter, self.sender)
-        self.audio_input = AudioInput(InputAudioBuffer(gateway.max_input_buffer_s),
-                                      TurnTaking(config.turn_detection))
+        buffer = InputAudioBuffer(gateway.max_input_buffer_s)
+        self.hearing = HearingAhead(engine, buffer, self.id) if engine.info.listens_ahead else None
+        self.audio_input = AudioInput(buffer, TurnTaking(config.turn_detection, self.hearing))
         self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images,
                                        takes_images=engine.info.max_image_pixels > 0)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
@@ -87,7 +93,8 @@ class Session:
         # WebRTC and phone calls play replies on a track, whatever the output format; WebSockets get one sink per format
         track = TrackSink(self.sender, track_rate_hz) if audio_on_track else None
         self.audio_out = AudioOut(self.sender, gateway.opus_bitrate_bps, track)
-        self.responses = ResponseSlot(engine, self.items, self.audio_out, self.sender, self.reporter, metrics, self.id)
+        self.responses = ResponseSlot(engine, self.items, self.audio_out, self.sender, self.reporter, metrics, self.id,
+                                      timing)
         self.idle = IdleTimer()
         self.camera = camera
 
@@ -155,6 +162,7 @@ class Session:
             self.idle.disarm()
         if td != previous.turn_detection:
             self.audio_input.configure(td)  # a new VAD counts from now
+            await self.responses.drop_early()
         self.audio_out.sink_for(self.config.output_audio_format)
 
     # -- input audio and turns
@@ -178,11 +186,28 @@ class Session:
             self.error("input_audio_buffer_full", str(e), event_id=event_id)
             return
         for change in changes:
-            self.sender.event(change)
-            if isinstance(change, ev.SpeechStarted):
+            if isinstance(change, ProbableEnd):
+                await self._probable_end(change)
+            elif isinstance(change, Resumed):
+                await self.responses.drop_early()
+            elif isinstance(change, ev.SpeechStarted):
+                self.sender.event(change)
                 await self._speech_started()
             else:
+                self.sender.event(change)
                 await self._speech_stopped(change)
+
+    async def _probable_end(self, end: ProbableEnd) -> None:
+        """The turn may end here: its reply starts, unseen, on the prompt the turn's own response would have."""
+        td = self.config.turn_detection
+        if td is None or not td.create_response or self.response is not None:
+            return
+        clip = self.audio_input.turn_so_far(end.audio_end_ms, td.prefix_padding_ms)
+        try:
+            history = self.items.prompt(ResponseContext(), self.config)
+        except ContextFull:
+            return
+        await self.responses.start_early(self.config, (*history, Message("user", (AudioPart(clip),))))
 
     async def _speech_started(self) -> None:
         self.idle.disarm()
@@ -199,10 +224,14 @@ class Session:
         td = self.config.turn_detection
         assert td is not None, "speech detected without turn detection"
         stopped_at = time.perf_counter()
+        # the audio after the speech's end is the silence the decision waited for, received at real-time pace
+        waited_s = (self.audio_input.buffer.end_ms - stopped.audio_end_ms) / 1000
+        heard = None if self.hearing is None else self.hearing.heard_at(stopped.audio_end_ms)
+        turn = TurnClock(stopped_at - waited_s, stopped_at, heard)
         self.items.commit_audio(self.audio_input.take_turn(stopped, td.prefix_padding_ms), stopped.item_id,
                                 frame=self._frame())
         if td.create_response and self.response is None:
-            self._start_response(self.config, ResponseContext(), stopped_at)
+            self._start_response(self.config, ResponseContext(), stopped_at, turn=turn)
 
     async def _commit(self, event: ev.InputAudioCommit) -> None:
         if self.audio_input.duration_ms < _MIN_COMMIT_MS:
@@ -210,10 +239,12 @@ class Session:
                        f"buffer too small: {self.audio_input.duration_ms} ms of audio, at least {_MIN_COMMIT_MS} ms "
                        "needed", event_id=event.event_id)
             return
+        await self.responses.drop_early()
         samples, item_id = self.audio_input.take_all()
         self.items.commit_audio(samples, item_id, event.event_id, self._frame())
 
     async def _clear(self, event: ev.InputAudioClear) -> None:
+        await self.responses.drop_early()
         self.audio_input.clear()
         self.sender.event(ev.InputAudioCleared())
 
@@ -261,9 +292,9 @@ class Session:
                    event_id=event.event_id)
 
     def _start_response(self, config: ev.SessionConfig, context: ResponseContext, speech_stopped_at: float | None,
-                        metadata: dict[str, str] | None = None) -> None:
+                        metadata: dict[str, str] | None = None, turn: TurnClock | None = None) -> None:
         self.idle.disarm()
-        self.responses.start(config, context, speech_stopped_at, metadata, self._arm_idle_timeout)
+        self.responses.start(config, context, speech_stopped_at, metadata, self._arm_idle_timeout, turn)
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         response = self.responses.find(event.response_id) if event.response_id else self.response

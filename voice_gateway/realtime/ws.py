@@ -36,7 +36,8 @@ async def realtime(ws: WebSocket, model: str | None = None, call_id: str | None 
             metrics.protocol_errors.labels(refused.code).inc()
             await _refuse(ws, subprotocols, refused)
         return
-    session = Session(engine, gateway, dialect_for(ws.headers.get("openai-beta")), metrics, "websocket")
+    session = Session(engine, gateway, dialect_for(ws.headers.get("openai-beta")), metrics, "websocket",
+                      timing=ws.query_params.get("timing") == "1")
     writer: asyncio.Task[None] | None = None
     try:
         await ws.accept(subprotocol=_chosen_subprotocol(subprotocols))

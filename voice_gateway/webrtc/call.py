@@ -104,7 +104,7 @@ async def answer(request: Request, slot: SessionSlot) -> Response:
     dialect = ev.dialect_for(request.headers.get("openai-beta"))
     camera = Camera()
     session = Session(state.engine, state.gateway, dialect, state.gateway_metrics, "webrtc", audio_on_track=True,
-                      camera=camera.latest)
+                      camera=camera.latest, timing=request.query_params.get("timing") == "1")
     call = Call(state.calls, pc, session, slot, cfg, camera)
     pc.addTrack(call.reply)
     session.open()  # session.created waits in the outbox until the data channel opens

@@ -340,6 +340,27 @@ class ErrorEvent(_ServerEvent):
         return cls(error=ErrorDetail(code=exc.code, message=exc.message, param=exc.param, event_id=exc.event_id))
 
 
+class ResponseTiming(_ServerEvent):
+    """Our extension (`?timing=1` on the session's URL): where a reply's wait went, once it is done. Each time is ms
+    on the server's clock from the end of the user's speech (the end of its last voiced frame, as
+    `speech_stopped.audio_end_ms` says), for a response to a turn that turn detection ended: `turn_ms` the turn
+    decided (`speech_stopped` sent), `heard_ms` the turn's words heard and `ears_ms` the ears' time on them (null
+    where the engine hears audio itself), `reply_started_ms` the engine's request (before `turn_ms` when it started
+    on a probable end), `first_token_ms` its first text token, `first_audio_ms` its first audio sent."""
+
+    type: Literal["response.timing"] = "response.timing"
+    response_id: str
+    turn_ms: int
+    heard_ms: int | None = None
+    ears_ms: int | None = None
+    reply_started_ms: int
+    first_token_ms: int | None = None
+    first_audio_ms: int
+
+    def _payload(self, dialect: Dialect) -> dict[str, Any] | None:
+        return self.model_dump(mode="json", context={"dialect": dialect})
+
+
 ServerEvent = (
     SessionCreated
     | DtmfEventReceived
@@ -373,6 +394,7 @@ ServerEvent = (
     | InputTranscriptionFailed
     | OutputAudioBufferStarted
     | OutputAudioBufferStopped
+    | ResponseTiming
     | OutputAudioBufferCleared
     | ErrorEvent
 )
@@ -386,3 +408,4 @@ def serialize(event: ServerEvent, dialect: Dialect) -> str | None:
     if dialect is Dialect.BETA:
         payload["type"] = BETA_EVENT_TYPES.get(payload["type"], payload["type"])
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
