@@ -157,8 +157,8 @@ class MemoryConfig:
     reserve_gib: float = field(default=4.0, metadata=_at_least(0.0))
     typical_positions: int = field(default=2048, metadata=_at_least(16))
     # the card as the engine may use it: less than its own memory caps the process there (a card shared with other
-    # work, or a smaller card's plan tried on a larger one); none: the whole card
-    card_gib: float | None = field(default=None, metadata={"min": 1.0})
+    # work, or a smaller card's plan tried on a larger one); 0: the whole card
+    card_gib: float = field(default=0.0, metadata=_at_least(0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,16 +196,17 @@ def count_params(source: ModelSource, stages: tuple[str, ...]) -> dict[str, Stag
     return params
 
 
-def card_of(device: str, card_gib: float | None = None) -> Card:
+def card_of(device: str, card_gib: float = 0.0) -> Card:
     """The GPU `device` names, as the engine finds it before loading anything; `card_gib` under its size caps this
     process there (torch's per-process fraction), as if the card were that small."""
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
     name, used = torch.cuda.get_device_name(device), total - free
-    if card_gib is None or card_gib * GIB >= total:
+    if not card_gib or card_gib * GIB >= total:
         return Card(name, total, used)
-    torch.cuda.set_per_process_memory_fraction(card_gib * GIB / total, device)
+    index = torch.device(device).index
+    torch.cuda.set_per_process_memory_fraction(card_gib * GIB / total, torch.cuda.current_device() if index is None else index)
     return Card(name, int(card_gib * GIB), used, capped=True)
 
 

@@ -143,3 +143,15 @@ def test_the_tiny_model_plans_too(tiny_checkpoint: Path, cache_dir: Path) -> Non
     # a small model on a big card: the pools stop at every slot's whole length, the old default
     assert (p.thinker_positions, p.talker_rows) == (tk.max_batch * tk.max_model_len,
                                                     tk.max_batch * profile.stages.talker_max_len)
+
+
+def test_a_capped_card_is_planned_at_its_cap(released) -> None:
+    """`memory.card_gib` (a card shared with other work, or a smaller card tried on a bigger one) is a profile key
+    like any other, and a card of its size plans as that card does."""
+    params, thinker_position, talker_row = released
+    profile = _gpu_profile(memory={"card_gib": 48})
+    assert profile.memory.card_gib == 48 and _gpu_profile().memory.card_gib == 0
+    capped = Card("NVIDIA H100 80GB HBM3", 48 * GIB, CONTEXT, capped=True)
+    p = plan(profile, capped, params, thinker_position, talker_row)
+    assert p.thinker_positions == plan(profile, A6000, params, thinker_position, talker_row).thinker_positions
+    assert "48.0 GiB (capped)" in p.line()
