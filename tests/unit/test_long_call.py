@@ -63,7 +63,7 @@ async def test_a_call_of_sixty_turns_keeps_its_cache_past_the_context(engines: t
         "output_modalities": ["text"], "max_output_tokens": REPLY_TOKENS, "temperature": 0,
         "audio": {"input": {"turn_detection": None}}})
     assert updated[-1]["type"] == "session.updated" and updated[-1]["session"]["truncation"] == "auto"
-    shares, trimmed, last_prompt = [], [], None
+    shares, trimmed, gone, last_prompt = [], [], [], None
     for turn in range(TURNS):
         await send(session, type="input_audio_buffer.append", audio=spoken(turn))
         await send(session, type="input_audio_buffer.commit")
@@ -77,15 +77,21 @@ async def test_a_call_of_sixty_turns_keeps_its_cache_past_the_context(engines: t
         usage = done["response"]["usage"]
         shares.append(usage["input_token_details"]["cached_tokens"] / usage["input_tokens"])
         trimmed.append(not session.conversation.items[0].in_context)
+        gone.append(sum(not item.in_context for item in session.conversation.items))
     start = trimmed.index(True)
     assert 20 < start < TURNS - 10, start  # trimming began, and a good part of the call came after
     after = shares[start:]
     assert sum(after) / len(after) >= 0.7, [round(s, 2) for s in after]
-    assert sum(s < 0.2 for s in after) <= 3  # the turns that cut, and no others, prefill most of their prompt
+    # the turns that cut, and no others, prefill most of their prompt (when a session's first cut comes early, 60
+    # turns may hold one more cut)
+    cuts = {turn for turn in range(1, TURNS) if gone[turn] > gone[turn - 1]}
+    assert {turn for turn in range(start, TURNS) if shares[turn] < 0.2} <= cuts <= set(range(start, TURNS)), (cuts, shares)
+    assert len(cuts) <= 4, cuts
     await session.close()
 
     last_reply = done["response"]["output"][0]["content"][0]["text"]
-    assert last_prompt is not None and usage["input_token_details"]["cached_tokens"] > 0
+    # the last turn reused its cache, unless it was one that cut (a session's own cut point may put one there)
+    assert last_prompt is not None and (usage["input_token_details"]["cached_tokens"] > 0 or TURNS - 1 in cuts)
     request = EngineRequest("fresh", last_prompt, want_audio=False,
                             sampling=SamplingParams(max_tokens=REPLY_TOKENS, temperature=0))
     events = [event async for event in await fresh.submit(request)]
