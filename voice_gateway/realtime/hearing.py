@@ -10,23 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from concurrent.futures import Future
 
 from engine import (
-    AudioPart,
     Engine,
     EngineError,
-    EngineRequest,
     Failed,
     Finished,
-    Message,
-    SamplingParams,
     TextDelta,
-    TextPart,
 )
 from voice_gateway.realtime.input_buffer import InputAudioBuffer
-from voice_gateway.realtime.transcription import TRANSCRIBE, max_tokens
+from voice_gateway.realtime.transcription import TRANSCRIBE, transcription_request
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +51,7 @@ class HearingAhead:
         ends at `end_ms` commits; "" if the engine refuses or fails."""
         clip = self.buffer.peek(start_ms, end_ms)
         started = time.perf_counter()
-        request = EngineRequest(
-            request_id=f"hear_{uuid.uuid4().hex[:20]}",
-            messages=(Message("system", (TextPart(TRANSCRIBE),)), Message("user", (AudioPart(clip),))),
-            want_audio=False, sampling=SamplingParams(max_tokens=max_tokens(clip.size), temperature=0.0),
-            task="transcribe")
+        request = transcription_request(clip, TRANSCRIBE, "hear")
         words = ""
         try:
             stream = await self.engine.submit(request)

@@ -57,6 +57,17 @@ def max_tokens(samples_16k: int) -> int:
     return max(_MIN_TOKENS, samples_16k * _TOKENS_PER_AUDIO_SECOND // 16_000)
 
 
+def transcription_request(samples: np.ndarray, instruction_text: str, id_prefix: str) -> EngineRequest:
+    """The engine request for the words of `samples` (16 kHz): greedy, bounded by the audio's length."""
+    return EngineRequest(
+        request_id=f"{id_prefix}_{uuid.uuid4().hex[:20]}",
+        messages=(Message("system", (TextPart(instruction_text),)), Message("user", (AudioPart(samples),))),
+        want_audio=False,
+        sampling=SamplingParams(max_tokens=max_tokens(samples.size), temperature=0.0),
+        task="transcribe",
+    )
+
+
 class Transcriber:
     """Owns a session's transcriptions in flight: one task per user audio item, until its last event."""
 
@@ -85,13 +96,7 @@ class Transcriber:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, item: Item, samples: np.ndarray, settings: Transcription) -> None:
-        request = EngineRequest(
-            request_id=f"transcribe_{uuid.uuid4().hex[:20]}",
-            messages=(Message("system", (TextPart(instruction(settings)),)), Message("user", (AudioPart(samples),))),
-            want_audio=False,
-            sampling=SamplingParams(max_tokens=max_tokens(samples.size), temperature=0.0),
-            task="transcribe",
-        )
+        request = transcription_request(samples, instruction(settings), "transcribe")
         try:
             stream = await self.engine.submit(request)
         except EngineError as e:
