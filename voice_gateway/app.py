@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from voice_gateway.errors import install_error_handlers, retry_after
 from voice_gateway.metrics import GatewayMetrics, shared_across_processes
 from voice_gateway.openai import router as openai_router
 from voice_gateway.phone import CallBook, PhoneConfig, attach_sideband, control_router, incoming_router, media_router
+from voice_gateway.phone.peers import Peers
 from voice_gateway.realtime.ws import router as realtime_router
 from voice_gateway.webrtc import WebRTCConfig
 from voice_gateway.webrtc import router as webrtc_router
@@ -63,6 +64,8 @@ class WorkerSpec:
     metrics_dir: Path  # the workers' gateway figures, which each worker's /metrics sums (voice_gateway/metrics.py)
     gateway: GatewayConfig
     webrtc: WebRTCConfig
+    phone: PhoneConfig
+    phone_dir: Path  # the calls the workers share (voice_gateway/phone/peers.py)
 
     def publish(self) -> None:
         os.environ[WORKER_ENV] = _WORKER_SPEC.dump_json(self).decode()
@@ -84,7 +87,7 @@ def worker_app() -> FastAPI:
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
     at = spec.engine_at
     engine = attach_replicas(at) if isinstance(at, RayAddress) else attach_engine(at)
-    return create_app(engine, spec.gateway, spec.webrtc, metrics)
+    return create_app(engine, spec.gateway, spec.webrtc, metrics, spec.phone, spec.phone_dir)
 
 
 def _add_docs(app: FastAPI, keyed: list) -> None:
@@ -105,8 +108,12 @@ def _add_docs(app: FastAPI, keyed: list) -> None:
 
 
 def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: WebRTCConfig | None = None,
-               metrics: GatewayMetrics | None = None, phone: PhoneConfig | None = None) -> FastAPI:
+               metrics: GatewayMetrics | None = None, phone: PhoneConfig | None = None,
+               phone_dir: Path | None = None) -> FastAPI:
+    """The server's app on `engine`; `phone_dir` is the folder where several HTTP workers share their calls."""
     gateway = gateway or GatewayConfig()
+    phone = phone or PhoneConfig()
+    calls = CallBook(phone.token_ttl_s, Peers(phone_dir, phone.token_ttl_s) if phone_dir is not None else None)
     metrics = metrics or GatewayMetrics()
     admission = Admission(gateway, engine, metrics)
 
@@ -119,7 +126,8 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
             pass
         freeze_startup_heap()
         try:
-            yield
+            async with calls.peers.serving(app) if calls.peers is not None else nullcontext():
+                yield
         finally:
             for call in list(app.state.calls):
                 await call.close()
@@ -134,8 +142,8 @@ def create_app(engine: Engine, gateway: GatewayConfig | None = None, webrtc: Web
     app.state.admission = admission
     app.state.webrtc = webrtc or WebRTCConfig()
     app.state.calls = set()
-    app.state.phone = phone or PhoneConfig()
-    app.state.phone_calls = CallBook(app.state.phone.token_ttl_s)
+    app.state.phone = phone
+    app.state.phone_calls = calls
     app.state.sideband = attach_sideband  # WS /v1/realtime?call_id=...: realtime/ws.py hands the socket over
     app.state.started_at = int(time.time())
     install_error_handlers(app)

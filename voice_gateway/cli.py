@@ -146,7 +146,7 @@ def serve(args: argparse.Namespace) -> int:
         log.error("--http-workers must be at least 1, got %d", workers)
         return 2
     if workers > 1:
-        return _serve_workers(args, workers, profile, gateway, webrtc, uvicorn_args)
+        return _serve_workers(args, workers, profile, gateway, webrtc, phone, uvicorn_args)
     try:
         engine = create_engine(args.model, profile, args.cache_dir)
     except (EngineError, FileNotFoundError) as e:
@@ -174,7 +174,7 @@ def _phone_settings(env: Mapping[str, str]) -> PhoneConfig:
 
 
 def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfile, gateway: GatewayConfig,
-                   webrtc: WebRTCConfig, uvicorn_args: dict[str, Any]) -> int:
+                   webrtc: WebRTCConfig, phone: PhoneConfig, uvicorn_args: dict[str, Any]) -> int:
     """One engine process (or the replicas on Ray), then `workers` uvicorn server processes attached to it."""
     import shutil
     import tempfile
@@ -193,7 +193,9 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
         return 2
     assert host.address is not None
     metrics_dir = Path(tempfile.mkdtemp(prefix="vg-metrics-"))
-    WorkerSpec(host.address, args.log_level.upper(), metrics_dir, gateway, webrtc).publish()
+    phone_dir = Path(tempfile.mkdtemp(prefix="vg-calls-"))
+    log.info("%d HTTP workers share their phone calls in %s", workers, phone_dir)
+    WorkerSpec(host.address, args.log_level.upper(), metrics_dir, gateway, webrtc, phone, phone_dir).publish()
     try:
         # A spawned worker imports torch and transformers before it answers uvicorn's health pings: on a
         # loaded host that takes longer than uvicorn's 5 s, which would kill and respawn each worker in turn.
@@ -202,6 +204,7 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
     finally:
         host.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(phone_dir, ignore_errors=True)
     return 0
 
 

@@ -79,7 +79,7 @@ class PhoneCall:
 
     async def run(self) -> None:
         """The call from its `start` to its end; returns once everything it held is back."""
-        self.book.live[self.call_id] = self
+        self.book.go_live(self)
         log.info("call %s: stream started (%s, session %s)", self.call_id, self.dialect.name, self.session.id)
         self.spawn(self._guard(self.playout.run()))
         self.spawn(self._guard(self._pump()))
@@ -244,7 +244,7 @@ class PhoneCall:
 
     async def _close(self) -> None:
         end = self._end or CallEnded(CLOSE_NORMAL, "ended")
-        self.book.live.pop(self.call_id, None)
+        self.book.gone(self.call_id)
         self.slot.release()
         await self.session.close()
         for task in list(self.tasks):

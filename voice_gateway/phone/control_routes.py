@@ -1,5 +1,6 @@
 """The app's hold on its calls: POST /v1/realtime/calls/{call_id}/accept|reject (a ringing call) and
-/hangup|refer (a live one), as OpenAI's SIP calls are driven; the API key guards them like every /v1 route."""
+/hangup|refer (a live one), as OpenAI's SIP calls are driven; the API key guards them like every /v1 route.
+Behind several HTTP workers, a request for a call another worker holds is answered by that worker (peers.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from voice_gateway.errors import APIError
 from voice_gateway.phone.book import CallBook
+from voice_gateway.phone.peers import FORWARDED
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -27,6 +29,15 @@ def _book(request: Request) -> CallBook:
     return request.app.state.phone_calls
 
 
+async def _elsewhere(request: Request, call_id: str) -> Response | None:
+    """The holder's answer, where another worker holds the call (and is there to answer)."""
+    book = _book(request)
+    if FORWARDED in request.headers or (holder := book.elsewhere(call_id)) is None:
+        return None
+    assert book.peers is not None
+    return await book.peers.forward(request, holder)
+
+
 def _no_call(call_id: str) -> APIError:
     return APIError(404, f"no call {call_id!r} is ringing or live on this server", code="call_not_found",
                     param="call_id")
@@ -34,6 +45,8 @@ def _no_call(call_id: str) -> APIError:
 
 @router.post("/v1/realtime/calls/{call_id}/accept")
 async def accept(request: Request, call_id: str) -> Response:
+    if (answer := await _elsewhere(request, call_id)) is not None:
+        return answer
     body = await request.body()
     session: dict[str, Any] = {}
     if body:
@@ -51,6 +64,8 @@ async def accept(request: Request, call_id: str) -> Response:
 
 @router.post("/v1/realtime/calls/{call_id}/reject")
 async def reject(request: Request, call_id: str) -> Response:
+    if (answer := await _elsewhere(request, call_id)) is not None:
+        return answer
     if not _book(request).decide(call_id, None):
         raise _no_call(call_id)
     return Response(status_code=200)
@@ -58,6 +73,8 @@ async def reject(request: Request, call_id: str) -> Response:
 
 @router.post("/v1/realtime/calls/{call_id}/hangup")
 async def hangup(request: Request, call_id: str) -> Response:
+    if (answer := await _elsewhere(request, call_id)) is not None:
+        return answer
     book = _book(request)
     if book.decide(call_id, None):
         return Response(status_code=200)  # still ringing: rejected
@@ -70,6 +87,8 @@ async def hangup(request: Request, call_id: str) -> Response:
 
 @router.post("/v1/realtime/calls/{call_id}/refer")
 async def refer(request: Request, call_id: str, body: Refer) -> Response:
+    if (answer := await _elsewhere(request, call_id)) is not None:
+        return answer
     call = _book(request).live.get(call_id)
     if call is None:
         raise _no_call(call_id)

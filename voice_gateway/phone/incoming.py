@@ -75,16 +75,13 @@ async def _decision(cfg: PhoneConfig, book: CallBook, carrier: str, call_id: str
     in time."""
     if cfg.app_webhook_url is None:
         return {}
-    future: asyncio.Future[dict | None] = asyncio.get_running_loop().create_future()
-    book.deciding[call_id] = future
-    try:
-        event = incoming_call_event(call_id, caller, called, carrier)
-        if not await notify_app(cfg.app_webhook_url, cfg.app_webhook_secret, event, cfg.app_decision_s):
+    with book.ringing(call_id) as decided:
+        try:
+            event = incoming_call_event(call_id, caller, called, carrier)
+            if not await notify_app(cfg.app_webhook_url, cfg.app_webhook_secret, event, cfg.app_decision_s):
+                return None
+            async with asyncio.timeout(cfg.app_decision_s):
+                return await decided
+        except TimeoutError:
+            log.warning("call %s: the app neither accepted nor rejected it in %.0f s", call_id, cfg.app_decision_s)
             return None
-        async with asyncio.timeout(cfg.app_decision_s):
-            return await future
-    except TimeoutError:
-        log.warning("call %s: the app neither accepted nor rejected it in %.0f s", call_id, cfg.app_decision_s)
-        return None
-    finally:
-        book.deciding.pop(call_id, None)

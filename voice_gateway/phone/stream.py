@@ -21,6 +21,7 @@ from voice_gateway.phone.call import CLOSE_BAD_DATA, CLOSE_POLICY, CLOSE_TOO_BIG
 from voice_gateway.phone.config import PhoneConfig
 from voice_gateway.phone.control import CALL_TOOLS, control_for
 from voice_gateway.phone.dialects import DIALECTS, CarrierError, Connected, Dialect, Start, parse
+from voice_gateway.phone.peers import FORWARDED
 from voice_gateway.realtime import events as ev
 from voice_gateway.realtime.session import Session
 
@@ -129,8 +130,13 @@ async def attach_sideband(ws: WebSocket, call_id: str) -> None:
     except Refused:
         await ws.close(code=CLOSE_POLICY, reason="invalid or missing API key")  # before accept: HTTP 403
         return
-    call: PhoneCall | None = state.phone_calls.live.get(call_id)
-    if call is None:
+    book: CallBook = state.phone_calls
+    if (holder := book.elsewhere(call_id)) is not None and FORWARDED not in ws.headers:
+        assert book.peers is not None
+        await book.peers.bridge(ws, holder)
+        return
+    call = book.live.get(call_id)
+    if not isinstance(call, PhoneCall):
         log.info("sideband refused: no live call %s", call_id)
         await ws.close(code=CLOSE_POLICY, reason="no such call")
         return
