@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import soxr
 
@@ -116,6 +117,10 @@ async def run_phone_bench(cfg: PhoneBenchConfig) -> dict[str, Any]:
                          "VOICE_GATEWAY_TWILIO_AUTH_TOKEN)")
     questions = [(q.name, _speech_only(soxr.resample(np.frombuffer(q.pcm16, "<i2").astype(np.float32) / 32768,
                                                      24_000, 8_000))) for q in load_questions(cfg.questions)]
+    try:
+        httpx.get(cfg.url + "/health", timeout=10)
+    except httpx.HTTPError as e:
+        raise BenchError(f"no server at {cfg.url}: {e}") from None
     levels = []
     for c in cfg.concurrency:
         started = time.monotonic()

