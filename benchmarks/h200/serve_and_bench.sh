@@ -4,8 +4,8 @@
 # The server runs as the GPU image does (docker/Dockerfile.gpu's entrypoint, docker/compose.yaml's
 # command and environment), with the dummy model in place of the checkpoint. Every run gets --url
 # and --out-dir OUT_DIR. OUT_DIR also gets server.log, metrics-N.txt (the server's /metrics after
-# run N) and cold-work.txt (the log's lines about work after ready). SERVE_OVERRIDES replaces the
-# default --overrides. Run from the repo root, after gpu_site.sh on a host without network.
+# run N), cpu-N.txt (the CPU seconds each of the server's processes has spent by the end of run N) and
+# cold-work.txt (the log's lines about work after ready). SERVE_OVERRIDES replaces the default --overrides. Run from the repo root, after gpu_site.sh on a host without network.
 set -uo pipefail
 out=$1; shift
 mkdir -p "$out"
@@ -28,6 +28,7 @@ for args in "$@"; do
   # shellcheck disable=SC2086
   python3 -m voice_gateway.cli bench --url http://127.0.0.1:8000 --out-dir "$out" $args 2>&1 | tail -25
   python3 -c 'import httpx; print(httpx.get("http://127.0.0.1:8000/metrics").text)' >"$out/metrics-$run.txt"
+  ps -o pid,ppid,cputimes,rss,args --ppid $server --pid $server | cut -c1-200 >"$out/cpu-$run.txt"
 done
 sleep 3  # replies the bench left are aborted: what the stages still count after that is a leak
 python3 -c 'import httpx; print(httpx.get("http://127.0.0.1:8000/health").text)' >"$out/health-after.json"
