@@ -78,7 +78,8 @@ def _kernel_count(frame: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    # one cycle: accumulating says so, where torch 2.11 otherwise warns that a cycle's end clears its events
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         frame()
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
