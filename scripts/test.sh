@@ -27,7 +27,7 @@ checks() {
 if [ "${1:-}" = "--fast" ]; then
   shift
   checks
-  exec python -m pytest tests/unit tests/bench -m "not (integration or slow)" "$@"
+  exec python -m pytest -n 2 --dist loadscope tests/unit tests/bench -m "not (integration or slow)" "$@"
 fi
 
 # espeak-ng speaks the test utterances; chromium runs the demo page (Playwright drives it,
@@ -48,5 +48,7 @@ pip install -c constraints.txt -e '.[dev]'
 pip install --no-deps --require-hashes -r requirements-assistant.txt
 checks
 bash scripts/docker_ci.sh  # builds the CPU image that tests/integration/test_docker_image.py starts
-# the slowest tests named at the end: the lane's time is a budget (a fresh clone within ~25 minutes)
-exec python -m pytest --durations=15 "$@"
+# Two processes, each taking a module at a time (its servers are started once, in one of them): most tests wait
+# on a server or on audio at real-time pace, so two share two cores well. The slowest tests are named at the end:
+# the lane's time is a budget (a fresh clone within 35 minutes).
+exec python -m pytest -n 2 --dist loadscope --durations=15 "$@"
