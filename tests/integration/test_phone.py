@@ -316,6 +316,21 @@ async def test_a_pressed_key_reaches_the_sideband(phone_server: Server) -> None:
     await _no_sessions_left(phone_server)
 
 
+async def test_a_pressed_key_is_a_user_item_where_the_apps_accept_asks(phone_server: Server, app: App) -> None:
+    call_id = "CA" + os.urandom(16).hex()
+    app.sessions[call_id] = {"dtmf_items": True}  # the server's own setting is off
+    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
+    url, params = answer_stream(reply.text)
+    async with CarrierCall("twilio", url, params, call_id) as call:
+        band = await sideband(phone_server, call_id)
+        await call.dtmf("5")
+        await band.until("input_audio_buffer.dtmf_event_received", timeout_s=10)
+        added = await band.until("conversation.item.added", timeout_s=10)
+    assert added["item"]["role"] == "user", added
+    assert added["item"]["content"][0]["text"] == "The caller pressed the 5 key.", added
+    await _no_sessions_left(phone_server)
+
+
 async def test_end_call_hangs_up_through_twilios_rest_api(phone_server: Server, app: App, twilio_api: Recorder,
                                                          question: np.ndarray) -> None:
     """The app enables the built-in `end_call` (and, so the small model surely calls it, requires it): the caller's

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket
 
@@ -70,7 +71,9 @@ async def media(ws: WebSocket, carrier: str) -> None:
     session = Session(state.engine, state.gateway, ev.Dialect.GA, state.gateway_metrics, "phone",
                       audio_on_track=True, track_rate_hz=G711_SAMPLE_RATE_HZ)
     tools = _call_tools(cfg, answered.session)
-    call = PhoneCall(ws, session, slot, dialect, start, cfg, tools, control_for(carrier, cfg), book)
+    # a pressed key as a user item too: the app's accept says so for its call (`dtmf_items`), else the server
+    call_cfg = replace(cfg, dtmf_items=bool(answered.session.get("dtmf_items", cfg.dtmf_items)))
+    call = PhoneCall(ws, session, slot, dialect, start, call_cfg, tools, control_for(carrier, cfg), book)
     session.open()
     await session.handle(_call_settings(tools, answered.session))
     await call.run()
