@@ -351,6 +351,30 @@ async def test_end_call_hangs_up_through_twilios_rest_api(phone_server: Server, 
     await _no_sessions_left(phone_server)
 
 
+async def test_transfer_call_dials_the_target_through_twilios_rest_api(phone_server: Server, app: App,
+                                                                     twilio_api: Recorder, question: np.ndarray) -> None:
+    """The app enables and requires the built-in `transfer_call`: the call gets new TwiML that dials the target the
+    model named, through Twilio's REST API, and the stream closes."""
+    call_id = "CA" + os.urandom(16).hex()
+    app.sessions[call_id] = {"tools": [{"type": "function", "name": "transfer_call"}],
+                             "tool_choice": {"type": "function", "name": "transfer_call"}}
+    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
+    url, params = answer_stream(reply.text)
+    async with CarrierCall("twilio", url, params, call_id) as call:
+        band = await sideband(phone_server, call_id)
+        await asyncio.sleep(0.3)
+        call.speak(np.concatenate([question, np.zeros(4000, np.float32)]))
+        called = await band.until("response.function_call_arguments.done", name="transfer_call")
+        await asyncio.wait_for(call.closed.wait(), 60)
+    target = json.loads(called["arguments"])["target"]
+    [transfer] = [r for r in twilio_api.requests if call_id in r[1]]
+    assert transfer[1] == f"/2010-04-01/Accounts/{ACCOUNT_SID}/Calls/{call_id}.json", transfer
+    twiml = urllib.parse.parse_qs(transfer[3].decode())["Twiml"][0]
+    assert twiml.startswith("<Response><Dial>") and twiml.endswith("</Dial></Response>"), twiml
+    assert target.strip() and call.close_code == 1000, (target, call.close_code)
+    await _no_sessions_left(phone_server)
+
+
 async def test_the_sideband_answers_a_function_call_the_caller_triggered(phone_server: Server, app: App,
                                                                         question: np.ndarray) -> None:
     call_id = "CA" + os.urandom(16).hex()
