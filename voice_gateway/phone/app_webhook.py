@@ -5,9 +5,11 @@ under the base64 key after `whsec_`), so the app verifies it with the same code.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import secrets
@@ -35,17 +37,31 @@ def incoming_call_event(call_id: str, caller: str, called: str, carrier: str) ->
 
 
 async def notify_app(url: str, secret: str | None, body: bytes, timeout_s: float) -> bool:
-    """POST the event; True if the app took it (2xx)."""
-    headers = {"content-type": "application/json"}
-    if secret is not None:
-        headers |= signature_headers(secret, body, f"wh_{secrets.token_hex(12)}", int(time.time()))
+    """POST the event until the app takes it (2xx): True; False when it refuses (another 4xx) or `timeout_s` ends.
+    A transport error, a 5xx or a 429 is tried again after a growing pause, under the same `webhook-id` (the
+    Standard Webhooks' way to let the app drop a repeat) and a fresh timestamp and signature."""
+    webhook_id, pause_s = f"wh_{secrets.token_hex(12)}", _FIRST_RETRY_S
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            reply = await client.post(url, content=body, headers=headers)
-    except httpx.HTTPError as e:
-        log.warning("the app's webhook %s failed: %s", url, e)
-        return False
-    if reply.status_code // 100 != 2:
-        log.warning("the app's webhook %s answered %d", url, reply.status_code)
-        return False
-    return True
+        async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=timeout_s) as client:
+            for attempt in itertools.count(1):
+                headers = {"content-type": "application/json"}
+                if secret is not None:
+                    headers |= signature_headers(secret, body, webhook_id, int(time.time()))
+                try:
+                    reply = await client.post(url, content=body, headers=headers)
+                except httpx.HTTPError as e:
+                    log.warning("the app's webhook %s failed (attempt %d): %s", url, attempt, e)
+                else:
+                    if reply.status_code // 100 == 2:
+                        return True
+                    log.warning("the app's webhook %s answered %d (attempt %d)", url, reply.status_code, attempt)
+                    if reply.status_code // 100 == 4 and reply.status_code != 429:
+                        return False
+                await asyncio.sleep(pause_s)
+                pause_s *= 2
+    except TimeoutError:
+        log.warning("the app's webhook %s did not take the call within %.0f s", url, timeout_s)
+    return False
+
+
+_FIRST_RETRY_S = 0.2  # then 0.4, 0.8, ...: a restarting app is back within the carrier's wait, or the call is lost

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
@@ -76,12 +77,18 @@ async def _decision(cfg: PhoneConfig, book: CallBook, carrier: str, call_id: str
     if cfg.app_webhook_url is None:
         return {}
     with book.ringing(call_id) as decided:
+        event = incoming_call_event(call_id, caller, called, carrier)
+        told = asyncio.create_task(notify_app(cfg.app_webhook_url, cfg.app_webhook_secret, event, cfg.app_decision_s))
         try:
-            event = incoming_call_event(call_id, caller, called, carrier)
-            if not await notify_app(cfg.app_webhook_url, cfg.app_webhook_secret, event, cfg.app_decision_s):
-                return None
             async with asyncio.timeout(cfg.app_decision_s):
+                # the app may decide before its webhook's reply arrives (or one that failed got through)
+                either: set[asyncio.Future[Any]] = {told, decided}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if not decided.done() and not told.result():
+                    return None
                 return await decided
         except TimeoutError:
             log.warning("call %s: the app neither accepted nor rejected it in %.0f s", call_id, cfg.app_decision_s)
             return None
+        finally:
+            told.cancel()
