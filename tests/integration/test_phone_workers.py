@@ -20,30 +20,23 @@ from websockets.asyncio.client import unix_connect
 
 from bench.phone_carrier import CarrierCall, answer_stream, ring
 from tests.conftest import Server, start_server, stop_server
-from tests.integration.test_phone import ACCOUNT_SID, API_KEY, AUTH_TOKEN, WEBHOOK_SECRET, App, Recorder, _twilio_rest
+from tests.integration.test_phone import (  # noqa: F401 (fixtures, this module's own instances)
+    ACCOUNT_SID,
+    API_KEY,
+    AUTH_TOKEN,
+    WEBHOOK_SECRET,
+    App,
+    Recorder,
+    app,
+    twilio_api,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest.fixture(scope="module")
-def app() -> Iterator[App]:
-    app = App()
-    yield app
-    app.server.shutdown()
-    app.server.server_close()
-
-
-@pytest.fixture(scope="module")
-def twilio_api() -> Iterator[Recorder]:
-    rest = Recorder(_twilio_rest)
-    yield rest
-    rest.shutdown()
-    rest.server_close()
-
-
-@pytest.fixture(scope="module")
-def two_workers(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, app: App,
-                twilio_api: Recorder) -> Iterator[tuple[Server, Path]]:
+def two_workers(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                app: App, twilio_api: Recorder) -> Iterator[tuple[Server, Path]]:  # noqa: F811
     env = {"VOICE_GATEWAY_TWILIO_AUTH_TOKEN": AUTH_TOKEN, "VOICE_GATEWAY_TWILIO_ACCOUNT_SID": ACCOUNT_SID,
            "VOICE_GATEWAY_TWILIO_API_BASE": twilio_api.url,
            "VOICE_GATEWAY_PHONE_WEBHOOK_URL": app.server.url + "/webhook",
@@ -82,7 +75,7 @@ async def _holder(folder: Path, call_id: str) -> Path:
 
 
 async def test_a_call_is_reached_from_the_worker_that_does_not_hold_it(
-        two_workers: tuple[Server, Path], twilio_api: Recorder) -> None:
+        two_workers: tuple[Server, Path], twilio_api: Recorder) -> None:  # noqa: F811
     server, folder = two_workers
     keyed = {"authorization": f"Bearer {API_KEY}"}
     reply, call_id = await ring(server.base_url, "twilio", auth_token=AUTH_TOKEN)  # the app accepts it
