@@ -145,8 +145,9 @@ class Peers:
     @contextlib.asynccontextmanager
     async def serving(self, app: Any) -> AsyncIterator[None]:
         """This worker's own socket, serving `app` to the other workers, for as long as the context lasts."""
+        # a sideband still bridged when the worker stops is cut after a few seconds, as the worker's own are
         server = _Beside(uvicorn.Config(app, uds=str(self.socket), lifespan="off", log_level="warning",
-                                        ws_max_size=32 * 1024 * 1024))
+                                        ws_max_size=32 * 1024 * 1024, timeout_graceful_shutdown=5))
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
