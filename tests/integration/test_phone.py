@@ -122,25 +122,27 @@ def twilio_api() -> Iterator[Recorder]:
     rest.server_close()
 
 
-@pytest.fixture(scope="module")
-def phone_server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, app: App,
-                 twilio_api: Recorder) -> Iterator[Server]:
+def start_phone_server(cache_dir: Path, log_path: Path, app: App, twilio_api: Recorder, *extra: str,
+                       model: str = "tiny") -> tuple[subprocess.Popen, Server]:
+    """`voice-gateway serve` with the Twilio account, the carriers' secret and the app's webhook set, keyed; the
+    app then calls it back."""
     env = {"VOICE_GATEWAY_TWILIO_AUTH_TOKEN": AUTH_TOKEN, "VOICE_GATEWAY_TWILIO_ACCOUNT_SID": ACCOUNT_SID,
            "VOICE_GATEWAY_TWILIO_API_BASE": twilio_api.url, "VOICE_GATEWAY_PHONE_SECRET": CARRIER_SECRET,
            "VOICE_GATEWAY_PHONE_WEBHOOK_URL": app.server.url + "/webhook",
            "VOICE_GATEWAY_PHONE_WEBHOOK_SECRET": WEBHOOK_SECRET}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # start_server passes this process's environment on
-    try:
-        proc, server = start_server(cache_dir, tmp_path_factory.mktemp("phone") / "server.log", "--api-key", API_KEY,
-                                    model="assistant")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with pytest.MonkeyPatch.context() as patch:  # start_server passes this process's environment on
+        for name, value in env.items():
+            patch.setenv(name, value)
+        proc, server = start_server(cache_dir, log_path, "--api-key", API_KEY, *extra, model=model)
     app.gateway_url = server.base_url
+    return proc, server
+
+
+@pytest.fixture(scope="module")
+def phone_server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, app: App,
+                 twilio_api: Recorder) -> Iterator[Server]:
+    proc, server = start_phone_server(cache_dir, tmp_path_factory.mktemp("phone") / "server.log", app, twilio_api,
+                                      model="assistant")
     yield server
     stop_server(proc)
 
@@ -227,6 +229,15 @@ async def _answered(server: Server, carrier: str = "twilio") -> tuple[str, dict[
     return url, params, call_id
 
 
+async def _accepted_with(server: Server, app: App, session: dict) -> tuple[str, dict[str, str], str]:
+    """A Twilio call the app accepts with `session`: its stream's URL, its `start` parameters and its id."""
+    call_id = "CA" + os.urandom(16).hex()
+    app.sessions[call_id] = session
+    reply, _ = await ring(server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
+    url, params = answer_stream(reply.text)
+    return url, params, call_id
+
+
 async def _no_sessions_left(server: Server) -> None:
     deadline = time.monotonic() + 10
     while (active := server.get("/health").json()["active_sessions"]) != 0:
@@ -253,10 +264,8 @@ async def test_spoken_questions_are_answered_in_ulaw_that_says_its_transcript(
     line's rate (never more than the lead and a little jitter queued), and Whisper hears the replies say their
     transcripts: at most 25 % word error over both. Over both, and at temperature 0, for the reasons
     tests/integration/test_assistant_clients.py gives ("... France is Paris" is always heard "Francis Paris")."""
-    call_id = "CA" + os.urandom(16).hex()
-    app.sessions[call_id] = {"temperature": 0.0, "max_output_tokens": 40}  # replies within Whisper's 30 s
-    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
-    url, params = answer_stream(reply.text)
+    # replies within Whisper's 30 s
+    url, params, call_id = await _accepted_with(phone_server, app, {"temperature": 0.0, "max_output_tokens": 40})
     said, audio, latencies = [], [], []
     async with CarrierCall("twilio", url, params, call_id) as call:
         band = await sideband(phone_server, call_id)
@@ -317,10 +326,7 @@ async def test_a_pressed_key_reaches_the_sideband(phone_server: Server) -> None:
 
 
 async def test_a_pressed_key_is_a_user_item_where_the_apps_accept_asks(phone_server: Server, app: App) -> None:
-    call_id = "CA" + os.urandom(16).hex()
-    app.sessions[call_id] = {"dtmf_items": True}  # the server's own setting is off
-    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
-    url, params = answer_stream(reply.text)
+    url, params, call_id = await _accepted_with(phone_server, app, {"dtmf_items": True})  # the server's is off
     async with CarrierCall("twilio", url, params, call_id) as call:
         band = await sideband(phone_server, call_id)
         await call.dtmf("5")
@@ -335,11 +341,8 @@ async def test_end_call_hangs_up_through_twilios_rest_api(phone_server: Server, 
                                                          question: np.ndarray) -> None:
     """The app enables the built-in `end_call` (and, so the small model surely calls it, requires it): the caller's
     question ends the call, through Twilio's REST API, and the stream closes."""
-    call_id = "CA" + os.urandom(16).hex()
-    app.sessions[call_id] = {"tools": [{"type": "function", "name": "end_call"}],
-                             "tool_choice": {"type": "function", "name": "end_call"}}
-    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
-    url, params = answer_stream(reply.text)
+    url, params, call_id = await _accepted_with(phone_server, app, {
+        "tools": [{"type": "function", "name": "end_call"}], "tool_choice": {"type": "function", "name": "end_call"}})
     async with CarrierCall("twilio", url, params, call_id) as call:
         await asyncio.sleep(0.3)
         call.speak(np.concatenate([question, np.zeros(4000, np.float32)]))
@@ -351,15 +354,13 @@ async def test_end_call_hangs_up_through_twilios_rest_api(phone_server: Server, 
     await _no_sessions_left(phone_server)
 
 
-async def test_transfer_call_dials_the_target_through_twilios_rest_api(phone_server: Server, app: App,
-                                                                     twilio_api: Recorder, question: np.ndarray) -> None:
+async def test_transfer_call_dials_the_target_through_twilios_rest_api(
+        phone_server: Server, app: App, twilio_api: Recorder, question: np.ndarray) -> None:
     """The app enables and requires the built-in `transfer_call`: the call gets new TwiML that dials the target the
     model named, through Twilio's REST API, and the stream closes."""
-    call_id = "CA" + os.urandom(16).hex()
-    app.sessions[call_id] = {"tools": [{"type": "function", "name": "transfer_call"}],
-                             "tool_choice": {"type": "function", "name": "transfer_call"}}
-    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
-    url, params = answer_stream(reply.text)
+    url, params, call_id = await _accepted_with(phone_server, app, {
+        "tools": [{"type": "function", "name": "transfer_call"}],
+        "tool_choice": {"type": "function", "name": "transfer_call"}})
     async with CarrierCall("twilio", url, params, call_id) as call:
         band = await sideband(phone_server, call_id)
         await asyncio.sleep(0.3)
@@ -377,14 +378,11 @@ async def test_transfer_call_dials_the_target_through_twilios_rest_api(phone_ser
 
 async def test_the_sideband_answers_a_function_call_the_caller_triggered(phone_server: Server, app: App,
                                                                         question: np.ndarray) -> None:
-    call_id = "CA" + os.urandom(16).hex()
-    app.sessions[call_id] = {
+    url, params, call_id = await _accepted_with(phone_server, app, {
         "tools": [{"type": "function", "name": "lookup_capital", "description": "The capital of a country.",
                    "parameters": {"type": "object", "properties": {"country": {"type": "string"}},
                                   "required": ["country"]}}],
-        "tool_choice": {"type": "function", "name": "lookup_capital"}}
-    reply, _ = await ring(phone_server.base_url, "twilio", auth_token=AUTH_TOKEN, call_id=call_id)
-    url, params = answer_stream(reply.text)
+        "tool_choice": {"type": "function", "name": "lookup_capital"}})
     async with CarrierCall("twilio", url, params, call_id) as call:
         band = await sideband(phone_server, call_id)
         await asyncio.sleep(0.3)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import re
 import time
 import urllib.parse
@@ -19,15 +18,14 @@ import pytest
 from websockets.asyncio.client import unix_connect
 
 from bench.phone_carrier import CarrierCall, answer_stream, ring
-from tests.conftest import Server, start_server, stop_server
+from tests.conftest import Server, stop_server
 from tests.integration.test_phone import (  # noqa: F401 (fixtures, this module's own instances)
-    ACCOUNT_SID,
     API_KEY,
     AUTH_TOKEN,
-    WEBHOOK_SECRET,
     App,
     Recorder,
     app,
+    start_phone_server,
     twilio_api,
 )
 
@@ -37,22 +35,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest.fixture(scope="module")
 def two_workers(tiny_checkpoint: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory,
                 app: App, twilio_api: Recorder) -> Iterator[tuple[Server, Path]]:  # noqa: F811
-    env = {"VOICE_GATEWAY_TWILIO_AUTH_TOKEN": AUTH_TOKEN, "VOICE_GATEWAY_TWILIO_ACCOUNT_SID": ACCOUNT_SID,
-           "VOICE_GATEWAY_TWILIO_API_BASE": twilio_api.url,
-           "VOICE_GATEWAY_PHONE_WEBHOOK_URL": app.server.url + "/webhook",
-           "VOICE_GATEWAY_PHONE_WEBHOOK_SECRET": WEBHOOK_SECRET}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # start_server passes this process's environment on
-    try:
-        proc, server = start_server(cache_dir, tmp_path_factory.mktemp("phone-workers") / "server.log",
-                                    "--api-key", API_KEY, "--http-workers", "2")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    app.gateway_url = server.base_url
+    proc, server = start_phone_server(cache_dir, tmp_path_factory.mktemp("phone-workers") / "server.log", app,
+                                      twilio_api, "--http-workers", "2")
     match = re.search(r"share their phone calls in (\S+)", server.log())
     assert match, server.log()
     folder = Path(match[1])
@@ -95,7 +79,8 @@ async def test_a_call_is_reached_from_the_worker_that_does_not_hold_it(
             assert event["event"] == "7", event
             async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(other)),
                                          base_url="http://127.0.0.1") as to_other:
-                refused = await to_other.post(f"/v1/realtime/calls/{call_id}/hangup")  # no key: refused where it arrives
+                # no key: refused where it arrives
+                refused = await to_other.post(f"/v1/realtime/calls/{call_id}/hangup")
                 hung_up = await to_other.post(f"/v1/realtime/calls/{call_id}/hangup", headers=keyed)
             await asyncio.wait_for(call.closed.wait(), 30)
     assert refused.status_code == 401 and refused.json()["error"]["type"] == "invalid_request_error", refused.text
