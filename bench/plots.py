@@ -226,6 +226,7 @@ _VOICE_PANELS = (("first audio (s)", "input end -> first audio (p50 o, p99 x)"),
 
 
 _STEPS_PANEL = ("ms a step", "the server's steps by stage (mean a window)")
+_PARTS_PANEL = ("s", "the engine's first packet by part (mean a turn)")
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
@@ -237,15 +238,27 @@ def _plot_steps(ax: Any, windows: list[dict[str, Any]], linestyle: str, prefix: 
                 color=f"C{j % 10}", label=f"{prefix}{key}")
 
 
+def _plot_parts(ax: Any, turns: list[dict[str, Any]], linestyle: str, prefix: str) -> None:
+    """Each part of the engine's first packet (its mean a turn index), against the turn."""
+    parts = list(dict.fromkeys(p for t in turns for p in t.get("engine_first_packet_parts_mean_s") or {}))
+    for j, part in enumerate(parts):
+        ax.plot([t["turn"] + 1 for t in turns],
+                [(t.get("engine_first_packet_parts_mean_s") or {}).get(part, np.nan) for t in turns], linestyle,
+                color=f"C{j % 10}", label=f"{prefix}{part}")
+
+
 def _percent(part: int, whole: int) -> float:
     return 100.0 * part / whole if whole else np.nan
 
 
 def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] | None = None) -> Path:
     """First-audio latency, underruns, conversation length and cached share against the turn's index in its
-    conversation; `names`: a run's name per level, before its mode, format and concurrency."""
+    conversation, and where the server's steps and the engine's first packets went, where the run recorded them;
+    `names`: a run's name per level, before its mode, format and concurrency."""
     timed = any(lv.get("timeline") for lv in levels)  # runs before the timeline have none
-    panels = _VOICE_PANELS + ((_STEPS_PANEL,) if timed else ())
+    # runs before response.timing carried them have no parts
+    parted = any(t.get("engine_first_packet_parts_mean_s") for lv in levels for t in lv["by_turn"])
+    panels = _VOICE_PANELS + ((_STEPS_PANEL,) if timed else ()) + ((_PARTS_PANEL,) if parted else ())
     fig, axes = _figure(5 * len(panels), 4.5, len(panels))
     for i, lv in enumerate(levels):
         name = f"{lv['mode']} {lv['output_format']} C={lv['concurrency']}"
@@ -255,11 +268,16 @@ def plot_voice(levels: list[Level], out_png: Path, title: str, names: list[str] 
         for pct, marker in (("p50", "o-"), ("p99", "x--")):
             axes[0].plot(xs, [_value(t, "first_audio_s", pct) for t in turns], marker, color=color,
                          alpha=1.0 if pct == "p50" else 0.6, label=f"{name} {pct}")
+        linestyle, prefix = _LINESTYLES[i % len(_LINESTYLES)], "" if len(levels) == 1 else f"{name} "
         windows = [w for w in lv.get("timeline", []) if w["turn_median"] is not None]
         if windows:
             axes[0].plot([w["turn_median"] + 1 for w in windows], [w["engine_ttfp_mean_s"] for w in windows], ":",
                          color=color, label=f"{name} engine's first packet (mean a window)")
-            _plot_steps(axes[4], windows, _LINESTYLES[i % len(_LINESTYLES)], "" if len(levels) == 1 else f"{name} ")
+            _plot_steps(axes[4], windows, linestyle, prefix)
+        if parted:
+            axes[0].plot(xs, [(t.get("engine_first_packet_s") or {}).get("mean") or np.nan for t in turns], "-.",
+                         color=color, label=f"{name} engine's first packet (mean a turn)")
+            _plot_parts(axes[-1], turns, linestyle, prefix)
         axes[1].plot(xs, [_percent(t["underrun_turns"], t["completed"]) for t in turns], _marker(i) + "-",
                      color=color, label=name)
         axes[2].plot(xs, [_value(t, "input_tokens_mean", None) for t in turns], _marker(i) + "-", color=color,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import random
 import time
@@ -23,6 +24,9 @@ from bench.turn import REFUSAL_CODES, TurnError, TurnRecord, TurnTimer
 
 # Under server VAD the client streams silence after the question until speech_stopped; past this much it gives up.
 MAX_SILENCE_S = 5.0
+# Our `response.timing` leaves right behind `response.done`; a server without the extension sends none, and the
+# turn goes without the engine's first packet after this long.
+TIMING_WAIT_S = 1.0
 _GA_FORMATS = {"pcm16": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "opus": {"type": "audio/opus"}}
 
 
@@ -48,7 +52,10 @@ def image_item(image_url: str) -> dict[str, Any]:
 
 
 def realtime_url(base_url: str, model: str) -> str:
-    return base_url.rstrip("/").replace("https://", "wss://").replace("http://", "ws://") + f"/v1/realtime?model={model}"
+    """The session's URL; `timing=1` asks for our `response.timing` after each spoken reply (the engine's own first
+    packet, by part)."""
+    ws_url = base_url.rstrip("/").replace("https://", "wss://").replace("http://", "ws://")
+    return f"{ws_url}/v1/realtime?model={model}&timing=1"
 
 
 class _Pacer:
@@ -89,8 +96,11 @@ async def _speak(ws: Any, timer: TurnTimer, question: Question, config: VoiceCon
 
 async def _listen(ws: Any, timer: TurnTimer) -> None:
     while not timer.done:
-        message = await ws.recv()
-        timer.on_message(message, time.perf_counter())
+        timer.on_message(await ws.recv(), time.perf_counter())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(TIMING_WAIT_S):
+            while timer.awaits_timing:
+                timer.on_message(await ws.recv(), time.perf_counter())
 
 
 async def _turn(ws: Any, timer: TurnTimer, question: Question, config: VoiceConfig, image_url: str | None) -> None:

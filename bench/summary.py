@@ -68,14 +68,17 @@ def _clip(video: VideoInfo) -> str:
 def _turn_row(lv_label: list[str], t: TurnStats) -> list[str]:
     return [*lv_label, "all" if t.turn is None else str(t.turn + 1), str(t.turns), f"{t.failures} ({t.refused})",
             f"{_fmt(t.first_audio_s.mean)}/{_fmt(t.first_audio_s.p50)}/{_fmt(t.first_audio_s.p99)}",
-            _fmt(t.vad_wait_s.mean), f"{_fmt(t.speech_end_s.p50)}/{_fmt(t.speech_end_s.p99)}", _fmt(t.done_s.mean), _fmt(t.audio_s_mean, ".2f"),
+            _fmt(t.vad_wait_s.mean), f"{_fmt(t.speech_end_s.p50)}/{_fmt(t.speech_end_s.p99)}",
+            f"{_fmt(t.engine_first_packet_s.mean)}/{_fmt(t.engine_first_packet_s.p99)}", _fmt(t.done_s.mean),
+            _fmt(t.audio_s_mean, ".2f"),
             f"{_fmt(t.input_tokens_mean, '.0f')} ({_fmt(t.cached_tokens_mean, '.0f')})", f"{t.underruns} ({t.underrun_turns})"]
 
 
 def print_voice_summary(result: VoiceResult, console: Console) -> None:
     table = Table(title=f"bench --realtime {result.label} ({result.config['model']})")
     for col in ("mode", "out", "C", "turn", "n", "fail (refused)", "first audio mean/p50/p99 s", "VAD wait s",
-                "speech end -> audio p50/p99 s", "done s", "audio s", "in tokens (cached)", "underruns (turns)"):
+                "speech end -> audio p50/p99 s", "engine first packet mean/p99 s", "done s", "audio s",
+                "in tokens (cached)", "underruns (turns)"):
         table.add_column(col, justify="left" if col in ("mode", "out", "turn") else "right")
     for lv in result.levels:
         label = [lv.mode, lv.output_format, str(lv.concurrency)]
@@ -99,6 +102,21 @@ def print_voice_summary(result: VoiceResult, console: Console) -> None:
             console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} steps: {_steps(lv.server_steps)}")
         if growth := _growth(lv.timeline):
             console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} steps over the call: {growth}")
+        if parts := _parts_by_turn(lv.by_turn):
+            console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} engine first packet by part, {parts}")
+
+
+def _parts_by_turn(by_turn: list[TurnStats]) -> str:
+    """Each part's mean at the first turn index that reports them and at the last (one turn: that one)."""
+    shown = [(t.turn + 1, t.engine_first_packet_parts_mean_s) for t in by_turn
+             if t.turn is not None and t.engine_first_packet_parts_mean_s]
+    if not shown:
+        return ""
+    (first_turn, first), (last_turn, last) = shown[0], shown[-1]
+    if first_turn == last_turn:
+        return f"turn {first_turn}: " + ", ".join(f"{p} {_fmt(s)} s" for p, s in first.items())
+    return f"turn {first_turn} -> {last_turn}: " + ", ".join(
+        f"{p} {_fmt(s)} -> {_fmt(last.get(p))} s" for p, s in first.items())
 
 
 def _growth(timeline: list[Window]) -> str:

@@ -55,6 +55,11 @@ class TurnRecord:
     cached_tokens: int | None = None  # of those, the ones a cached prefix held (not prefilled again)
     image_tokens: int | None = None  # of those, the pictures': every image the conversation still holds
     audio_frames: int | None = None  # usage.output_token_details.audio_tokens: codec frames
+    # our `response.timing` extension: the engine's own first packet (its request -> its first packet, on its
+    # clock) and where it went, part by part (queued, thinker, talker_prefill, talker_frames, code2wav; they add up
+    # to it); None from a server or engine that does not report them
+    engine_first_packet_s: float | None = None
+    first_packet_parts_s: dict[str, float] | None = None
     ended_at: float | None = None  # time.time() at response.done: where the turn falls in the level (bench/timeline.py)
 
     @property
@@ -67,7 +72,9 @@ class TurnTimer:
     """Folds one turn's timestamped server messages into its TurnRecord (times are perf_counter seconds).
 
     Under server VAD the input ends when `speech_stopped` arrives (the client says when the question's last chunk
-    left: `question_sent`); with manual turns the client says when it sent the commit (`input_ended`)."""
+    left: `question_sent`); with manual turns the client says when it sent the commit (`input_ended`). A session
+    opened with `?timing=1` gets `response.timing` right after a spoken reply's `response.done`: until it comes,
+    `awaits_timing` says so (a server without the extension never sends it, so the listener waits a while only)."""
 
     def __init__(self, record: TurnRecord, vad: bool) -> None:
         self.record, self.vad = record, vad
@@ -78,6 +85,8 @@ class TurnTimer:
         self._pcm_s = 0.0
         self._next_offset = 0
         self._t_done: float | None = None
+        self._response_id: str | None = None  # response.done's
+        self._timed = False
 
     def input_ended(self, now: float) -> None:
         self.input_end = now
@@ -106,6 +115,8 @@ class TurnTimer:
             self._pcm_s += seconds
         elif kind == "response.done":
             self._on_done(event["response"], now)
+        elif kind == "response.timing" and self.done and event.get("response_id") == self._response_id:
+            self._on_timing(event)  # one for an earlier turn's reply, late, is not this one's
 
     def _on_packet(self, data: bytes, now: float) -> None:
         if len(data) <= OPUS_HEADER.size:
@@ -125,7 +136,7 @@ class TurnTimer:
 
     def _on_done(self, response: dict[str, Any], now: float) -> None:
         rec = self.record
-        self.done, self._t_done = True, now
+        self.done, self._t_done, self._response_id = True, now, response.get("id")
         self.record.ended_at = time.time()
         rec.status = response.get("status")
         usage = response.get("usage") or {}
@@ -136,6 +147,18 @@ class TurnTimer:
         if rec.status != "completed":
             error = ((response.get("status_details") or {}).get("error")) or {}
             raise TurnError(f"response {rec.status}: {error.get('code')}: {error.get('message')}", error.get("code"))
+
+    def _on_timing(self, event: dict[str, Any]) -> None:
+        self._timed = True
+        if (engine_ms := event.get("engine_first_packet_ms")) is not None:
+            self.record.engine_first_packet_s = engine_ms / 1000
+        if parts := event.get("first_packet_parts_ms"):
+            self.record.first_packet_parts_s = {name.removesuffix("_ms"): ms / 1000 for name, ms in parts.items()}
+
+    @property
+    def awaits_timing(self) -> bool:
+        """The reply is done and spoke, and its `response.timing` has not come (yet)."""
+        return self.done and not self._timed and self.record.status == "completed" and bool(self._pieces)
 
     def finish(self) -> None:
         """Fill in the record's times once response.done has arrived; a reply without audio is a failure."""

@@ -1,5 +1,6 @@
 """Per-level statistics of the realtime bench: each turn index and all turns together (mean/p50/p99 of the
-spoken-turn latency, the silence window, underruns), and how much slower a conversation's later turns are."""
+spoken-turn latency, the silence window, the engine's own first packet and its parts, underruns), and how much
+slower a conversation's later turns are."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class TurnStats:
     done_s: Stat  # input end -> response.done
     vad_wait_s: Stat  # server VAD: the question's end -> speech_stopped, waited on top of first_audio_s
     speech_end_s: Stat  # server turn detection: the question's end -> first audio (what the user waits)
+    engine_first_packet_s: Stat  # the engine's own first packet (response.timing): its request -> its first packet
     audio_s_mean: float | None
     input_tokens_mean: float | None  # the conversation so far, as the server counted it
     cached_tokens_mean: float | None  # of those, held by a cached prefix (the rest was prefilled)
@@ -36,6 +38,9 @@ class TurnStats:
     underrun_turns: int  # turns whose reply stalled at least once
     stall_ms_mean: float | None
     offset_errors: int  # Opus packets out of place, over all turns
+    # where the engine's first packet went: each part's mean over the turns that report it (they add up to
+    # engine_first_packet_s's mean where every turn does): turn 5 and turn 70 compared part by part
+    engine_first_packet_parts_mean_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +68,14 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
+def _parts_mean(records: list[TurnRecord]) -> dict[str, float]:
+    parts: dict[str, list[float]] = {}
+    for r in records:
+        for name, seconds in (r.first_packet_parts_s or {}).items():
+            parts.setdefault(name, []).append(seconds)
+    return {name: float(np.mean(values)) for name, values in parts.items()}
+
+
 def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
     ok = [r for r in records if r.ok]
     refused = sum(1 for r in records if r.refused)
@@ -70,6 +83,7 @@ def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
         turn=turn, turns=len(records), completed=len(ok), refused=refused, failures=len(records) - len(ok) - refused,
         first_audio_s=Stat.of(r.first_audio_s for r in ok), done_s=Stat.of(r.done_s for r in ok),
         vad_wait_s=Stat.of(r.vad_wait_s for r in ok), speech_end_s=Stat.of(r.speech_end_s for r in ok),
+        engine_first_packet_s=Stat.of(r.engine_first_packet_s for r in ok),
         audio_s_mean=_mean(r.audio_s for r in ok),
         input_tokens_mean=_mean(r.input_tokens for r in ok), cached_tokens_mean=_mean(r.cached_tokens for r in ok),
         cached_share_mean=_mean(r.cached_tokens / r.input_tokens for r in ok
@@ -78,6 +92,7 @@ def turn_stats(turn: int | None, records: list[TurnRecord]) -> TurnStats:
         underruns=sum(r.underruns for r in ok),
         underrun_turns=sum(1 for r in ok if r.underruns), stall_ms_mean=_mean(r.stall_ms for r in ok),
         offset_errors=sum(r.offset_errors for r in records),
+        engine_first_packet_parts_mean_s=_parts_mean(ok),
     )
 
 

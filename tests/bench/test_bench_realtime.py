@@ -62,6 +62,8 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
             assert stats["cached_share_mean"] == pytest.approx(sum(shares) / len(shares))
         for stats in [lv["overall"], *lv["by_turn"]]:
             assert stats["failures"] == 0 and stats["first_audio_s"]["p99"] > 0
+        # the engine's own first packet of every turn (our response.timing), within the client's first audio
+        assert all(0 < r["engine_first_packet_s"] < r["first_audio_s"] + (r["vad_wait_s"] or 0) for r in records)
         assert (lv["server_turn_latency_mean_s"] is not None) == (mode == "vad")
         assert {"thinker", "talker", "code2wav"} <= {key.split("/")[0] for key in lv["server_steps"]}
         # the server's /metrics read while the level ran: every turn ended in one of its windows
@@ -77,6 +79,34 @@ def test_two_conversations_of_two_turns_in_each_mode_and_format(short_replies: S
     assert (tmp_path / "voice.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bench --realtime voice (tiny)" in result.stdout and "vad opus C=2: " in result.stdout
     assert "vad opus C=2 steps: " in result.stdout and " ms x " in result.stdout  # each stage's share, busiest first
+
+
+@pytest.mark.parametrize("mode", ["commit", "server"])
+def test_each_turn_splits_the_engines_first_packet_by_part(short_replies: Server, tmp_path: Path, mode: str) -> None:
+    """Every completed turn carries the engine's own first packet and its parts (our `response.timing`), whether
+    the client committed the turn or the server's own turn detection ended it; they add up, per turn and as the
+    means of each turn index."""
+    result = _bench("--realtime", "--url", short_replies.base_url, "--concurrency", "1", "--turns", "3",
+                    "--turn-mode", mode, "--output-format", "pcm16", "--max-tokens", "8", "--input-speed", "4",
+                    "--warmup", "0", "--label", "parts", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [lv] = json.loads((tmp_path / "parts.json").read_text())["levels"]
+    records = lv["records"]
+    assert [r["turn"] for r in records] == [0, 1, 2] and all(r["ok"] for r in records), records
+    parts = ("queued", "thinker", "talker_prefill", "talker_frames", "code2wav")
+    for r in records:
+        assert tuple(r["first_packet_parts_s"]) == parts, r
+        assert all(s >= 0 for s in r["first_packet_parts_s"].values()), r
+        assert sum(r["first_packet_parts_s"].values()) == pytest.approx(r["engine_first_packet_s"], abs=0.003), r
+    for t in lv["by_turn"]:
+        [r] = [r for r in records if r["turn"] == t["turn"]]
+        assert t["engine_first_packet_s"]["mean"] == pytest.approx(r["engine_first_packet_s"])
+        assert t["engine_first_packet_parts_mean_s"] == pytest.approx(r["first_packet_parts_s"])
+    overall = lv["overall"]
+    assert sum(overall["engine_first_packet_parts_mean_s"].values()) == pytest.approx(
+        overall["engine_first_packet_s"]["mean"], abs=0.003)
+    assert f"{mode} pcm16 C=1 engine first packet by part, turn 1 -> 3: queued " in result.stdout
+    assert (tmp_path / "parts.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_chat_with_input_audio_sends_the_questions(short_replies: Server, tmp_path: Path) -> None:

@@ -33,8 +33,9 @@ def _packet(offset: int, sequence: int = 0) -> bytes:
     return struct.pack(">III", sequence, sequence * 960, offset) + b"\xfc"
 
 
-def _done(status: str = "completed", **details: object) -> str:
-    response = {"status": status, "usage": {"input_tokens": 70, "output_token_details": {"audio_tokens": 16}}}
+def _done(status: str = "completed", response_id: str = "resp_1", **details: object) -> str:
+    response = {"id": response_id, "status": status,
+                "usage": {"input_tokens": 70, "output_token_details": {"audio_tokens": 16}}}
     if details:
         response["status_details"] = details
     return _event("response.done", response=response)
@@ -73,6 +74,36 @@ def test_server_vad_ends_the_input_at_speech_stopped_and_times_the_silence() -> 
     timer.finish()
     assert rec.vad_wait_s == pytest.approx(0.6) and rec.first_audio_s == pytest.approx(0.2)
     assert timer.input_end == 5.6
+
+
+def test_response_timing_gives_the_turn_the_engines_first_packet_by_part() -> None:
+    """Our extension's event follows response.done; one for another response (an earlier turn's, late) is not
+    this turn's."""
+    def timing(response_id: str, engine_ms: int) -> str:
+        parts = {"queued_ms": 2, "thinker_ms": 50, "talker_prefill_ms": 5, "talker_frames_ms": 20, "code2wav_ms": 3}
+        return _event("response.timing", response_id=response_id, turn_ms=None, reply_started_ms=1,
+                      first_audio_ms=95, engine_first_packet_ms=engine_ms, first_packet_parts_ms=parts)
+
+    rec = _record()
+    timer = TurnTimer(rec, vad=False)
+    timer.input_ended(0.0)
+    timer.on_message(timing("resp_0", 500), 0.05)  # the turn before's, late
+    timer.on_message(_delta(0.5), 0.1)
+    assert not timer.awaits_timing
+    timer.on_message(_done(response_id="resp_1"), 0.3)
+    assert timer.done and timer.awaits_timing
+    timer.on_message(timing("resp_0", 500), 0.31)
+    assert timer.awaits_timing and rec.engine_first_packet_s is None
+    timer.on_message(timing("resp_1", 80), 0.31)
+    timer.finish()
+    assert not timer.awaits_timing and rec.ok
+    assert rec.engine_first_packet_s == pytest.approx(0.08)
+    assert rec.first_packet_parts_s == pytest.approx({"queued": 0.002, "thinker": 0.05, "talker_prefill": 0.005,
+                                                      "talker_frames": 0.02, "code2wav": 0.003})
+    silent = TurnTimer(_record(), vad=False)  # no audio: no response.timing to wait for
+    silent.input_ended(0.0)
+    silent.on_message(_done(), 0.5)
+    assert silent.done and not silent.awaits_timing
 
 
 def test_speech_stopped_before_the_question_ended_is_an_error() -> None:
@@ -201,7 +232,7 @@ def test_the_session_asks_for_its_mode_and_format() -> None:
     vad = session_update(VoiceConfig(), "vad", "pcm16")["session"]
     assert vad["audio"]["input"]["turn_detection"] == {"type": "server_vad"}
     assert vad["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
-    assert realtime_url("http://127.0.0.1:8000/", "tiny") == "ws://127.0.0.1:8000/v1/realtime?model=tiny"
+    assert realtime_url("http://127.0.0.1:8000/", "tiny") == "ws://127.0.0.1:8000/v1/realtime?model=tiny&timing=1"
 
 
 def test_timeline_windows_hold_the_turns_and_steps_between_two_snapshots() -> None:

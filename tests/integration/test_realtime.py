@@ -221,6 +221,42 @@ async def _raw_turn(ws, speech: np.ndarray) -> tuple[list[dict], list[bytes]]:
                 return events, binary
 
 
+@pytest.mark.parametrize("asked", [True, False], ids=["timing", "no-timing"])
+async def test_response_timing_follows_a_reply_that_response_create_asked_for(server: Server, speech: np.ndarray,
+                                                                              asked: bool) -> None:
+    """Our extension: with `?timing=1`, a reply asked for by response.create after a commit ends with
+    `response.timing` too, its times from the asking (no turn was decided), the engine's own first packet split by
+    stage; without it, the event never comes."""
+    async with websockets.connect(_ws_url(server) + ("&timing=1" if asked else "")) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
+                                  "audio": {"input": {"turn_detection": None}}}}))
+        assert json.loads(await ws.recv())["type"] == "session.updated"
+        events, _ = await _raw_turn(ws, speech)
+        # events leave in order: whatever follows response.done comes before the answer to this
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        after = []
+        async with asyncio.timeout(10):
+            while not after or after[-1]["type"] != "input_audio_buffer.cleared":
+                after.append(json.loads(await ws.recv()))
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    timings = [e for e in events + after if e["type"] == "response.timing"]
+    if not asked:
+        assert timings == [], timings
+        return
+    assert [e["type"] for e in after] == ["response.timing", "input_audio_buffer.cleared"]
+    [timing] = timings
+    assert timing["response_id"] == done["id"]
+    assert timing["turn_ms"] is None and timing["heard_ms"] is None and timing["ears_ms"] is None, timing
+    assert 0 <= timing["reply_started_ms"] <= timing["first_token_ms"] <= timing["first_audio_ms"], timing
+    # the engine's own clock starts at its request and stops at its first packet, inside the edge's span
+    engine_ms, parts = timing["engine_first_packet_ms"], timing["first_packet_parts_ms"]
+    assert 0 < engine_ms <= timing["first_audio_ms"] - timing["reply_started_ms"] + 2, timing
+    assert set(parts) == {"queued_ms", "thinker_ms", "talker_prefill_ms", "talker_frames_ms", "code2wav_ms"}
+    assert all(ms >= 0 for ms in parts.values()) and abs(sum(parts.values()) - engine_ms) <= 1, timing
+
+
 def _low_pass(samples: np.ndarray, cutoff_hz: float) -> np.ndarray:
     spectrum = np.fft.rfft(samples)
     spectrum[np.fft.rfftfreq(len(samples), 1 / RATE) > cutoff_hz] = 0

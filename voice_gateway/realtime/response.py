@@ -10,6 +10,7 @@ only once it has words or audio, so a reply of calls alone (`tool_choice: "requi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 import uuid
@@ -29,6 +30,7 @@ from engine import (
     EngineRequest,
     Failed,
     Finished,
+    FirstPacketParts,
     Message,
     RequestStream,
     SamplingParams,
@@ -45,6 +47,7 @@ from voice_gateway.realtime.events import (
     ConversationItemAdded,
     ConversationItemDone,
     ErrorDetail,
+    FirstPacketPartsMs,
     FunctionCallItem,
     InputTokenDetails,
     MessageItem,
@@ -101,22 +104,6 @@ class TurnClock:
     decided_at: float
     heard: tuple[float, float] | None = None
 
-    def timing(self, r: Response) -> ResponseTiming | None:
-        """`response.timing` for `r`, once it is done; None if it sent no audio."""
-        if r.first_audio_at is None or r.reply_started_at is None:
-            return None
-
-        def ms(at: float) -> int:
-            return round(1000 * (at - self.speech_end_at))
-
-        first_token = None if r.ttft_s is None else ms(r.reply_started_at + r.ttft_s)
-        heard_ms = ears_ms = None
-        if self.heard is not None:
-            heard_ms, ears_ms = ms(self.heard[1]), round(1000 * (self.heard[1] - self.heard[0]))
-        return ResponseTiming(response_id=r.id, turn_ms=ms(self.decided_at), heard_ms=heard_ms, ears_ms=ears_ms,
-                              reply_started_ms=ms(r.reply_started_at), first_token_ms=first_token,
-                              first_audio_ms=ms(r.first_audio_at))
-
 
 @dataclass(slots=True)
 class Response:
@@ -132,7 +119,8 @@ class Response:
     first_audio_at: float | None = None
     turn: TurnClock | None = None  # the turn it answers, as turn detection ended it
     reply_started_at: float | None = None  # perf_counter of its engine request (its head start's, if adopted)
-    ttft_s: float | None = None  # the engine's: request -> first text token
+    asked_at: float = field(default_factory=time.perf_counter)  # when the session made it: its asking
+    timings: Timings | None = None  # the engine's own, once its request finished
     outcome: ResponseOutcome = field(default_factory=ResponseOutcome)
     task: asyncio.Task | None = None
     announced: bool = False  # response.created went out
@@ -147,6 +135,40 @@ class Response:
 
 def new_response_id() -> str:
     return f"resp_{uuid.uuid4().hex[:20]}"
+
+
+def response_timing(r: Response) -> ResponseTiming | None:
+    """`response.timing` for `r`, once it is done; None if it sent no audio. Its times count from the end of the
+    user's speech for a response to a turn (`r.turn`), else from the response's asking."""
+    if r.first_audio_at is None or r.reply_started_at is None:
+        return None
+    turn, t = r.turn, r.timings
+    start_at = r.asked_at if turn is None else turn.speech_end_at
+
+    def ms(at: float) -> int:
+        return round(1000 * (at - start_at))
+
+    turn_ms = heard_ms = ears_ms = None
+    if turn is not None:
+        turn_ms = ms(turn.decided_at)
+        if turn.heard is not None:
+            heard_ms, ears_ms = ms(turn.heard[1]), round(1000 * (turn.heard[1] - turn.heard[0]))
+    first_token = None if t is None or t.ttft_s is None else ms(r.reply_started_at + t.ttft_s)
+    engine_ms = None if t is None or t.ttfp_s is None else round(1000 * t.ttfp_s)
+    parts = None if t is None or t.first_packet is None else _parts_ms(t.first_packet)
+    return ResponseTiming(response_id=r.id, turn_ms=turn_ms, heard_ms=heard_ms, ears_ms=ears_ms,
+                          reply_started_ms=ms(r.reply_started_at), first_token_ms=first_token,
+                          first_audio_ms=ms(r.first_audio_at), engine_first_packet_ms=engine_ms,
+                          first_packet_parts_ms=parts)
+
+
+def _parts_ms(p: FirstPacketParts) -> FirstPacketPartsMs:
+    # each part is rounded where it ends, not alone, so that the parts add up to the rounded whole
+    parts_s = (p.queued_s, p.thinker_s, p.talker_prefill_s, p.talker_frames_s, p.code2wav_s)
+    ends_ms = [round(1000 * end) for end in itertools.accumulate(parts_s)]
+    queued, thinker, talker_prefill, talker_frames, code2wav = (b - a for a, b in itertools.pairwise([0, *ends_ms]))
+    return FirstPacketPartsMs(queued_ms=queued, thinker_ms=thinker, talker_prefill_ms=talker_prefill,
+                              talker_frames_ms=talker_frames, code2wav_ms=code2wav)
 
 
 class ResponseRunner:
@@ -245,7 +267,7 @@ class ResponseRunner:
                         return Usage()
                 elif isinstance(event, Finished):
                     usage = _usage(event.timings)
-                    self.r.ttft_s = event.timings.ttft_s
+                    self.r.timings = event.timings
                     if self.calls is not None:
                         self.calls.close()
                     break

@@ -29,6 +29,7 @@ from voice_gateway.realtime.response import (
     TurnClock,
     new_response_id,
     reply_request,
+    response_timing,
 )
 from voice_gateway.realtime.sender import EventSender
 from voice_gateway.voices import UnknownVoice, resolve_voice
@@ -48,7 +49,7 @@ class ResponseSlot:
 
     def __init__(self, engine: Engine, items: ConversationItems, audio_out: AudioOut, sender: EventSender,
                  reporter: ErrorReporter, metrics: GatewayMetrics, session_id: str, timing: bool = False) -> None:
-        """`timing`: each response to a turn ends with our `response.timing` event (the client asked for it)."""
+        """`timing`: each spoken response ends with our `response.timing` event (the client asked for it)."""
         self.engine = engine
         self.items = items
         self.audio_out = audio_out
@@ -145,8 +146,8 @@ class ResponseSlot:
                 response.sink.cancel()
                 self.reporter.error(Delivery.SLOW_CONSUMER.value,
                                     f"response {response.id} cancelled: the client did not read fast enough")
-            if self.timing and response.turn is not None and response.outcome.status == "completed" \
-                    and (timing := response.turn.timing(response)) is not None:
+            if self.timing and response.outcome.status == "completed" \
+                    and (timing := response_timing(response)) is not None:
                 self.sender.event(timing)
             if response.outcome.status != "completed":
                 self.metrics.cancelled_responses.labels(response.outcome.reason or response.outcome.status).inc()

@@ -63,7 +63,7 @@ class Session:
     ) -> None:
         """`audio_on_track`: replies leave as 20 ms frames at `track_rate_hz` that the transport pulls (a WebRTC
         track, a phone line), not as events. `camera`: the newest frame of a call's video (RGB), which joins each
-        user turn its audio commits; `timing`: responses to turns end with our `response.timing` event."""
+        user turn its audio commits; `timing`: spoken responses end with our `response.timing` event."""
         self.gateway = gateway
         self.dialect = dialect
         self.transport = transport

@@ -340,22 +340,39 @@ class ErrorEvent(_ServerEvent):
         return cls(error=ErrorDetail(code=exc.code, message=exc.message, param=exc.param, event_id=exc.event_id))
 
 
+class FirstPacketPartsMs(EventModel):
+    """Where the engine's first packet went, in ms (engine/api.py `FirstPacketParts`): rounded where one part ends
+    and the next begins, so that they add up to `engine_first_packet_ms` (give or take a millisecond)."""
+
+    queued_ms: int  # submit -> the Thinker takes the request from its queue
+    thinker_ms: int  # -> its first token (the prompt's prefill, or what a kept prefix left of it)
+    talker_prefill_ms: int  # -> the Talker holds the prompt's rows (the Thinker's handoff) and the reply's header
+    talker_frames_ms: int  # -> Code2Wav begins its first chunk
+    code2wav_ms: int  # -> the first packet
+
+
 class ResponseTiming(_ServerEvent):
-    """Our extension (`?timing=1` on the session's URL): where a reply's wait went, once it is done. Each time is ms
-    on the server's clock from the end of the user's speech (the end of its last voiced frame, as
-    `speech_stopped.audio_end_ms` says), for a response to a turn that turn detection ended: `turn_ms` the turn
-    decided (`speech_stopped` sent), `heard_ms` the turn's words heard and `ears_ms` the ears' time on them (null
-    where the engine hears audio itself), `reply_started_ms` the engine's request (before `turn_ms` when it started
-    on a probable end), `first_token_ms` its first text token, `first_audio_ms` its first audio sent."""
+    """Our extension (`?timing=1` on the session's URL): where a spoken reply's wait went, once it is done. Each
+    `_ms` but the engine's own is ms on the server's clock from the end of the user's speech (the end of its last
+    voiced frame, as `speech_stopped.audio_end_ms` says) for a response to a turn that turn detection ended, and
+    from the response's asking (its `response.create`, or the idle timeout) for any other: `turn_ms` the turn
+    decided (`speech_stopped` sent; null for any other), `heard_ms` the turn's words heard and `ears_ms` the
+    ears' time on them (null where the engine hears audio itself, or no turn was detected), `reply_started_ms`
+    the engine's request (before `turn_ms` when it started on a probable end), `first_token_ms` its first text
+    token, `first_audio_ms` its first audio sent. `engine_first_packet_ms` counts on the engine's own clock from
+    its request to its first packet, and `first_packet_parts_ms` splits it by stage (null where the engine does
+    not report them)."""
 
     type: Literal["response.timing"] = "response.timing"
     response_id: str
-    turn_ms: int
+    turn_ms: int | None = None
     heard_ms: int | None = None
     ears_ms: int | None = None
     reply_started_ms: int
     first_token_ms: int | None = None
     first_audio_ms: int
+    engine_first_packet_ms: int | None = None
+    first_packet_parts_ms: FirstPacketPartsMs | None = None
 
     def _payload(self, dialect: Dialect) -> dict[str, Any] | None:
         return self.model_dump(mode="json", context={"dialect": dialect})
