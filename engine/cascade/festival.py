@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,9 @@ class FestivalVoice:
             return np.zeros(0, dtype=np.float32)
         audio = soxr.resample(audio, rate, SAMPLE_RATE_HZ, quality="HQ")
         return np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
+
+    def stream(self, text: str, seed: int = 0) -> Iterator[np.ndarray]:
+        """`synthesize`'s samples as one piece, none when nothing is speakable: a process makes a clause whole."""
+        audio = self.synthesize(text, seed)
+        if audio.size:
+            yield audio

@@ -1,15 +1,18 @@
 """The cascade's speaking stage: each reply's text, as the Thinker stage decodes it, cut into clauses and spoken by
 the voice; owns each speaking reply's text so far, its clause cutter and how much of its audio has left.
 
-It takes the Thinker's payloads as a Talker does and reports to the orchestrator as Code2Wav does (a clause's
-audio is one chunk). A tool call the model writes as text is for the client, never spoken. A step speaks one
-clause: of a reply with no audio yet if there is one, else of the reply whose listener holds the least audio."""
+It takes the Thinker's payloads as a Talker does and reports to the orchestrator as Code2Wav does. A tool call the
+model writes as text is for the client, never spoken. A step speaks one piece of a reply with no audio yet if there
+is one, else of the reply whose listener holds the least audio. A clause is one piece (one chunk), but for a reply's
+first: its listener holds nothing yet, so its first frames go out as soon as they are made and the rest of the
+clause is the next piece."""
 
 from __future__ import annotations
 
 import re
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +45,11 @@ class Voice(Protocol):
         """float32 mono samples at 24 kHz; empty when `text` has nothing speakable."""
         ...
 
+    def stream(self, text: str, seed: int = 0) -> Iterator[np.ndarray]:
+        """`synthesize`'s samples in pieces, each made when asked for: joined, they are its samples to within float
+        rounding."""
+        ...
+
 
 @dataclass(slots=True)
 class Speech:
@@ -51,6 +59,7 @@ class Speech:
     tokens: list[int] = field(default_factory=list)
     text: str = ""  # of `tokens`, what went to the cutter
     clauses: deque[str] = field(default_factory=deque)  # cut, not yet spoken
+    pieces: Iterator[np.ndarray] | None = None  # the rest of a clause begun, made when taken
     spoken: int = 0  # clauses spoken: the next one's seed is `seed + spoken`
     samples: int = 0  # sent so far
     first_audio_at: float = 0.0  # perf_counter() of its first chunk
@@ -96,7 +105,7 @@ class SpeakStage(Stage):
         self.speeches.pop(request_id, None)
 
     def has_work(self) -> bool:
-        return any(s.clauses or s.text_done for s in self.speeches.values())
+        return any(s.clauses or s.pieces is not None or s.text_done for s in self.speeches.values())
 
     def num_waiting(self) -> int:
         return sum(1 for s in self.speeches.values() if not s.samples)
@@ -106,17 +115,16 @@ class SpeakStage(Stage):
 
     def step(self) -> list[str]:
         now = time.perf_counter()
-        for speech in [s for s in self.speeches.values() if s.text_done and not s.clauses]:
+        for speech in [s for s in self.speeches.values() if s.text_done and not s.clauses and s.pieces is None]:
             self._finish(speech)  # its last clause is out (or it said nothing speakable)
-        ready = [s for s in self.speeches.values() if s.clauses]
+        ready = [s for s in self.speeches.values() if s.clauses or s.pieces is not None]
         if not ready:
             self.last_batch = []
             return []
         speech = min(ready, key=lambda s: (s.samples > 0, s.buffered_s(now)))
         self.last_batch, self.last_phase = [speech.request_id], "decode"
-        audio = self.voice.synthesize(speech.clauses.popleft(), seed=speech.seed + speech.spoken)
-        speech.spoken += 1
-        last = speech.text_done and not speech.clauses
+        audio = self._next_piece(speech)
+        last = speech.text_done and not speech.clauses and speech.pieces is None
         if audio.size:
             if not speech.samples:
                 speech.first_audio_at = time.perf_counter()
@@ -127,8 +135,26 @@ class SpeakStage(Stage):
             self._finish(speech)
         return self.last_batch
 
+    def _next_piece(self, speech: Speech) -> np.ndarray:
+        """The rest of the clause begun, or the next clause: in pieces while its listener holds no audio, else whole."""
+        if speech.pieces is not None:
+            piece = next(speech.pieces, None)
+            if piece is not None:
+                return piece
+            speech.pieces = None  # its clause was all out
+            if not speech.clauses:
+                return np.zeros(0, np.float32)
+        clause, seed = speech.clauses.popleft(), speech.seed + speech.spoken
+        speech.spoken += 1
+        if speech.samples:
+            return self.voice.synthesize(clause, seed=seed)
+        speech.pieces = self.voice.stream(clause, seed=seed)
+        return next(speech.pieces, np.zeros(0, np.float32))
+
     def _finish(self, speech: Speech) -> None:
         self.speeches.pop(speech.request_id, None)
-        if not speech.ended:  # its last clause had nothing speakable, or it said nothing at all
+        # its last clause's last piece went out before the stream found it had no more, its last clause had nothing
+        # speakable, or it said nothing at all
+        if not speech.ended:
             self.report(AudioChunk(speech.request_id, np.zeros(0, np.float32), speech.samples, is_last=True))
         self.report(AudioFinished(speech.request_id, codec_frames=0))

@@ -21,9 +21,9 @@ _NODES = {"/dp/RandomNormalLike": NOISE_DP, "/RandomNormalLike": NOISE_FLOW}
 _FLOW_CHANNELS = 192  # the flow prior's noise: [batch, 192, frames]
 
 
-def with_noise_inputs(model: Path) -> bytes:
-    """The VITS graph at `model` with its noise read from the inputs `noise_dp` and `noise_flow`, serialised for
-    `onnxruntime.InferenceSession`. Each node's output keeps its name: the nodes that read the noise are unchanged."""
+def with_noise_inputs(model: Path) -> onnx.ModelProto:
+    """The VITS graph at `model` with its noise read from the inputs `noise_dp` and `noise_flow`. Each node's output
+    keeps its name: the nodes that read the noise are unchanged."""
     proto = onnx.load(model)
     graph = proto.graph
     nodes: list[onnx.NodeProto] = []
@@ -44,7 +44,7 @@ def with_noise_inputs(model: Path) -> bytes:
     assert sorted(replaced) == sorted(_NODES), f"noise nodes found: {replaced}, expected {list(_NODES)}"
     del graph.node[:]
     graph.node.extend(nodes)
-    return proto.SerializeToString()
+    return proto
 
 
 def _noise_from_input(noise: str, x: str, y: str) -> list[onnx.NodeProto]:

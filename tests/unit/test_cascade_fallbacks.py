@@ -201,3 +201,10 @@ def test_the_cascade_has_its_own_keys_and_each_voice_its_one_speaker() -> None:
     assert CascadeBackend(load_profile(model="assistant", platform="cpu")).info.speakers == ("joe",)
     brain = load_profile(model="assistant", platform="cpu", overrides={"cascade": {"brain": {"max_batch": 2}}})
     assert brain.cascade.brain.max_batch == 2 and brain.cascade.brain.max_model_len == 4096
+
+
+@needs_festival
+def test_festival_streams_a_clause_as_one_piece(festival: FestivalVoice) -> None:
+    (piece,) = festival.stream(CLAUSES[0])
+    np.testing.assert_array_equal(piece, festival.synthesize(CLAUSES[0]))
+    assert list(festival.stream("\U0001f642")) == []

@@ -23,7 +23,7 @@ def session(model: str | bytes) -> ort.InferenceSession:
 
 @pytest.fixture(scope="module")
 def ours() -> ort.InferenceSession:
-    return session(vits_noise.with_noise_inputs(PIPER_JOE.path(_MODEL)))
+    return session(vits_noise.with_noise_inputs(PIPER_JOE.path(_MODEL)).SerializeToString())
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The Piper voice on the real model: speech at 24 kHz, Piper's ids, samples that depend on the text and the seed
-alone, silence for nothing speakable, and a model file that is not the pinned one refused."""
+alone, whole or in pieces, silence for nothing speakable, and a model file that is not the pinned one refused."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from engine.api import SAMPLE_RATE_HZ
 from engine.cascade import voice as voice_module
 from engine.cascade.clauses import ClauseCutter
 from engine.cascade.packages import PIPER_JOE, PackageError
-from engine.cascade.voice import PiperVoice
+from engine.cascade.voice import FIRST_FRAMES, PiperVoice
 
 HELLO = "Hello, how are you today?"
+TOLERANCE = 1e-5  # pieces joined against the whole clause: decoder windows (tests/unit/test_cascade_vits_split.py)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,29 @@ def test_a_streamed_reply_equals_the_one_shot_reply_clause_for_clause(voice: Pip
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("text", ["The capital of France is Paris.", HELLO, "Two sentences here. And a second one!"])
+def test_a_clause_in_pieces_is_its_first_frames_then_the_rest_and_joined_the_whole(
+        voice: PiperVoice, text: str) -> None:
+    whole = voice.synthesize(text, seed=4)
+    pieces = list(voice.stream(text, seed=4))
+    sentences = len(voice.phoneme_ids(text))
+    assert len(pieces) == 1 + sentences
+    first_s = FIRST_FRAMES * voice.config.hop_samples / voice.config.sample_rate_hz
+    assert 0.8 * first_s <= pieces[0].size / SAMPLE_RATE_HZ <= first_s  # less the resampler's delay, held back
+    joined = np.concatenate(pieces)
+    assert joined.dtype == np.float32 and joined.size == whole.size
+    assert np.abs(joined - whole).max() <= TOLERANCE
+    for again, piece in zip(voice.stream(text, seed=4), pieces, strict=True):  # the seed alone, as whole clauses
+        np.testing.assert_array_equal(again, piece)
+
+
+def test_a_clause_of_fewer_frames_than_the_first_piece_is_one_piece(
+        voice: PiperVoice, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(voice_module, "FIRST_FRAMES", 10_000)
+    (piece,) = voice.stream(HELLO, seed=2)
+    np.testing.assert_array_equal(piece, voice.synthesize(HELLO, seed=2))  # one window: the whole decode
+
+
 def test_a_sentence_that_outgrows_its_noise_buffer_runs_again_exactly(
         voice: PiperVoice, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     expected = voice.synthesize(HELLO, seed=3)
@@ -80,6 +104,7 @@ def test_a_sentence_that_outgrows_its_noise_buffer_runs_again_exactly(
 def test_nothing_speakable_is_an_empty_array(voice: PiperVoice, text: str) -> None:
     audio = voice.synthesize(text)
     assert audio.dtype == np.float32 and audio.shape == (0,)
+    assert list(voice.stream(text)) == []
 
 
 def test_unknown_phonemes_are_skipped_and_logged_once(voice: PiperVoice, caplog: pytest.LogCaptureFixture) -> None:
