@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.api import EngineError
+from engine.cascade.few_rows import few_rows_in_half
 from engine.cascade.packages import SMOLLM2
 from engine.omni.runners.kv_cache import SlotKVCache, cache_kwarg
 from engine.omni.runners.packed_batch import (
@@ -61,12 +62,13 @@ def _dequantise(gguf: Path, folder: Path) -> None:
 
 
 def load(cache_dir: Path) -> tuple[Any, Any]:
-    """(the model on the CPU, its tokenizer), from the checkpoint `checkpoint` builds."""
+    """(the model on the CPU, its linear layers' weights also in float16 for steps of a few rows (few_rows.py), its
+    tokenizer), from the checkpoint `checkpoint` builds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = checkpoint(cache_dir)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    return few_rows_in_half(model), AutoTokenizer.from_pretrained(path)
 
 
 class BrainRunner:
