@@ -59,7 +59,8 @@ class Gate:
         self.max_active = max_active
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
-        self.live_queue_timeout_s = live_queue_timeout_s
+        # a caller who cannot try again never waits less than one who can
+        self.live_queue_timeout_s = max(live_queue_timeout_s, queue_timeout_s)
         self.metrics = GateMetrics(core.registry)
         self._active: dict[str, tuple[int, int]] = {}  # request id -> the room it holds
         self._held = (0, 0)  # Thinker positions, Talker rows

@@ -61,6 +61,7 @@ async def test_past_the_queue_a_request_is_refused_at_once_and_the_queued_one_ru
     try:
         gate = engine.core  # type: ignore[attr-defined]
         assert isinstance(gate, Gate)
+        assert gate.live_queue_timeout_s == 120  # a live turn never waits less than a request (5 s here)
         running = [asyncio.create_task(_outcome(engine, _request(f"run{i}", audio=True))) for i in range(2)]
         while len(gate._active) < 2:
             await asyncio.sleep(0.01)
