@@ -133,6 +133,9 @@ class EngineRequest:
     # The Omni engine's Thinker answers it as any request; an engine that hears before it thinks (the
     # assistant's) answers from its ears and runs no model after them.
     task: Literal["reply", "transcribe"] = "reply"
+    # a turn of a live conversation (a realtime session, a phone call): its caller cannot try it again later, so
+    # where every place is taken it waits longer for one (the profile's `admission.live_queue_timeout_s`)
+    live_turn: bool = False
 
 
 @dataclass(frozen=True, slots=True)

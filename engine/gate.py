@@ -5,9 +5,10 @@ The stages batch whatever they hold, so past their batch every reply slows down 
 where the core says what its KV pools hold (`Pools`), within them too (a reply holds its place and its room from
 its start to its last audio chunk), so that no reply waits for pages inside the stages while its caller's
 deadline runs; the next `max_queued` requests wait in arrival
-order, each at most `queue_timeout_s`, and the rest are refused at once with `Failed(OVERLOADED)` and a
-`retry_after_s` (the edge's 429, or a failed realtime response). It lives next to the stages, so server
-processes in front of one engine share one count."""
+order, each at most `queue_timeout_s` (a turn of a live conversation, whose caller cannot try again, at most
+`live_queue_timeout_s`), and the rest are refused at once with `Failed(OVERLOADED)` and a `retry_after_s` (the
+edge's 429, or a failed realtime response). It lives next to the stages, so server processes in front of one engine
+share one count."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from engine.profile import AdmissionConfig
 
 log = logging.getLogger(__name__)
 
+LONG_WAIT_S = 1.0  # a request that waited longer for its place is logged: its caller heard the silence
+
 
 class GateMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -42,19 +45,22 @@ class _Waiting:
     sink: Sink
     since: float
     timer: asyncio.TimerHandle | None
+    timeout_s: float
 
 
 class Gate:
     """Owns the running count and the queue; `core` does the work."""
 
     def __init__(self, core: EngineCore, *, max_active: int, max_queued: int, queue_timeout_s: float,
-                 pools: Pools | None = None) -> None:
+                 live_queue_timeout_s: float, pools: Pools | None = None) -> None:
         self.core = core
         self.pools = pools
         self.registry = core.registry
         self.max_active = max_active
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
+        # a caller who cannot try again never waits less than one who can
+        self.live_queue_timeout_s = max(live_queue_timeout_s, queue_timeout_s)
         self.metrics = GateMetrics(core.registry)
         self._active: dict[str, tuple[int, int]] = {}  # request id -> the room it holds
         self._held = (0, 0)  # Thinker positions, Talker rows
@@ -65,7 +71,8 @@ class Gate:
     def for_profile(cls, core: EngineCore, admission: AdmissionConfig, capacity: int, pools: Pools | None = None) -> Gate:
         """`capacity`: the replies the core's stages run at once (the smallest batch among them)."""
         return cls(core, max_active=admission.max_active or capacity, max_queued=admission.max_queued,
-                   queue_timeout_s=admission.queue_timeout_s, pools=pools)
+                   queue_timeout_s=admission.queue_timeout_s, live_queue_timeout_s=admission.live_queue_timeout_s,
+                   pools=pools)
 
     @property
     def retry_after_s(self) -> float:
@@ -90,12 +97,13 @@ class Gate:
         rid = request.request_id
         if rid in self._active or rid in self._waiting:
             raise EngineError(f"request id {rid} is already in use")
+        timeout_s = self.live_queue_timeout_s if request.live_turn else self.queue_timeout_s
         if self._fits(request) and not self._waiting:
             self._run(request, sink)
-        elif len(self._waiting) < self.max_queued and self.queue_timeout_s > 0:
+        elif len(self._waiting) < self.max_queued and timeout_s > 0:
             assert self._loop is not None, "gate not started"
-            timer = self._loop.call_later(self.queue_timeout_s, self._expire, rid)
-            self._waiting[rid] = _Waiting(request, sink, time.perf_counter(), timer)
+            timer = self._loop.call_later(timeout_s, self._expire, rid)
+            self._waiting[rid] = _Waiting(request, sink, time.perf_counter(), timer, timeout_s)
             self.metrics.queued.set(len(self._waiting))
         else:
             self._refuse(rid, sink, "full", f"the server is at capacity ({len(self._active)} replies running"
@@ -156,7 +164,12 @@ class Gate:
         while self._waiting and self._fits(self._waiting[next(iter(self._waiting))].request):
             rid = next(iter(self._waiting))
             waiting = self._drop(rid)
-            self.metrics.wait.observe(time.perf_counter() - waiting.since)
+            waited_s = time.perf_counter() - waiting.since
+            self.metrics.wait.observe(waited_s)
+            if waited_s > LONG_WAIT_S:
+                log.info("request %s%s waited %.2f s for a place (%d replies running%s, %d waiting)", rid,
+                         " (a live turn)" if waiting.request.live_turn else "", waited_s, len(self._active),
+                         self._pools_held(), len(self._waiting))
             try:
                 self._run(waiting.request, waiting.sink)
             except EngineError as e:
@@ -165,8 +178,9 @@ class Gate:
     def _expire(self, request_id: str) -> None:
         if request_id in self._waiting:
             waiting = self._drop(request_id)
+            what = "this turn of a live conversation" if waiting.request.live_turn else "this request"
             self._refuse(request_id, waiting.sink, "timeout",
-                         f"the server is at capacity: no place for this request within {self.queue_timeout_s:g} s")
+                         f"the server is at capacity: no place for {what} within {waiting.timeout_s:g} s")
 
     def _drop(self, request_id: str) -> _Waiting:
         waiting = self._waiting.pop(request_id)

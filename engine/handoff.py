@@ -85,6 +85,7 @@ class AdmittedRequest:
     # a transcription the front door already heard (an engine that hears before it thinks): answered with these
     # words, and no stage runs
     transcript: Transcript | None = None
+    live_turn: bool = False  # EngineRequest.live_turn: how long the gate lets it wait for a place
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,11 @@ class AdmissionConfig:
     max_queued: int = field(default=64, metadata=_at_least(0))
     # past it a waiting request is refused (overloaded), so none waits longer for its first audio
     queue_timeout_s: float = field(default=0.1, metadata=_at_least(0.0))
+    # the same for a turn of a live conversation (`EngineRequest.live_turn`), whose caller cannot try again: long
+    # enough for places to free as running replies make their last audio, so a burst of turns is answered late
+    # rather than lost; short enough that a server stuck full still answers the turn (failed) while its caller waits.
+    # Never less than `queue_timeout_s`: a longer one holds for live turns too
+    live_queue_timeout_s: float = field(default=5.0, metadata=_at_least(0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,4 +120,5 @@ class Intake:
             image_tokens=prompt.image_tokens,
             positions=prompt.positions,
             transcript=prompt.heard if request.task == "transcribe" else None,
+            live_turn=request.live_turn,
         )

@@ -341,8 +341,9 @@ async def test_bad_input_gets_error_events_and_the_session_lives_on(server: Serv
 
 
 async def test_thirty_two_concurrent_sessions_each_complete_a_turn(server: Server, speech: np.ndarray) -> None:
-    """Twice as many turns at once as the tiny profile runs (16): the rest are refused as overloaded, and a
-    session that asks again once told so is answered; nothing else goes wrong."""
+    """Twice as many turns at once as the tiny profile runs (16): the rest wait for a place, those that wait past
+    `admission.live_queue_timeout_s` are refused as overloaded, and a session that asks again once told so is
+    answered; nothing else goes wrong."""
 
     async def one_turn(client: AsyncOpenAI) -> tuple[str, int]:
         async with client.realtime.connect(model="tiny") as conn:

@@ -1,11 +1,14 @@
 """Admission control on the tiny engine: replies beyond the stages' batch, or beyond the room their KV pools hold,
-wait in a bounded queue with a deadline, or are refused at once as overloaded; a place that frees goes to the
-longest waiting."""
+wait in a bounded queue with a deadline (a longer one for a turn of a live conversation), or are refused at once as
+overloaded; a place that frees goes to the longest waiting."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+
+import pytest
 
 from engine import (
     OVERLOADED,
@@ -25,9 +28,11 @@ from engine.omni.backend import OmniBackend
 from engine.omni.weights.source import ModelSource
 
 
-def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: float, kv_tokens: int = 0) -> Engine:
-    profile = load_profile(model="tiny", platform="cpu",
-                           overrides={"admission": {"max_queued": max_queued, "queue_timeout_s": queue_timeout_s}},
+def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: float, kv_tokens: int = 0,
+            live_queue_timeout_s: float = 5.0) -> Engine:
+    admission = {"max_queued": max_queued, "queue_timeout_s": queue_timeout_s,
+                 "live_queue_timeout_s": live_queue_timeout_s}
+    profile = load_profile(model="tiny", platform="cpu", overrides={"admission": admission},
                            stage_overrides={"thinker": {"max_batch": batch, "ignore_eos": True,
                                                         "kv_cache_tokens": kv_tokens},
                                             "talker": {"ignore_eos": True}})
@@ -35,10 +40,10 @@ def _engine(cache_dir: Path, *, batch: int, max_queued: int, queue_timeout_s: fl
     return create_engine("tiny", profile, cache_dir)
 
 
-def _request(rid: str, *, audio: bool, max_tokens: int = 4) -> EngineRequest:
+def _request(rid: str, *, audio: bool, max_tokens: int = 4, live_turn: bool = False) -> EngineRequest:
     # a spoken reply of the tiny model's 48 frames takes seconds on a CPU, a text reply of 4 tokens far less
     return EngineRequest(rid, (Message("user", (TextPart("hello"),)),), want_audio=audio,
-                         sampling=SamplingParams(max_tokens=max_tokens, seed=0))
+                         sampling=SamplingParams(max_tokens=max_tokens, seed=0), live_turn=live_turn)
 
 
 async def _outcome(engine: Engine, request: EngineRequest) -> list:
@@ -56,6 +61,7 @@ async def test_past_the_queue_a_request_is_refused_at_once_and_the_queued_one_ru
     try:
         gate = engine.core  # type: ignore[attr-defined]
         assert isinstance(gate, Gate)
+        assert gate.live_queue_timeout_s == 120  # a live turn never waits less than a request (5 s here)
         running = [asyncio.create_task(_outcome(engine, _request(f"run{i}", audio=True))) for i in range(2)]
         while len(gate._active) < 2:
             await asyncio.sleep(0.01)
@@ -123,5 +129,54 @@ async def test_replies_past_the_thinkers_pool_wait_for_room_though_slots_are_fre
         # short replies take a page each: four at once
         shorts = await asyncio.gather(*(_outcome(engine, _request(f"short{i}", audio=False)) for i in range(4)))
         assert all(isinstance(events[-1], Finished) for events in shorts)
+    finally:
+        await engine.stop()
+
+
+async def test_a_live_turn_waits_past_the_queue_timeout_for_a_place_where_a_request_is_refused(
+        tiny_checkpoint: Path, cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = _engine(cache_dir, batch=1, max_queued=2, queue_timeout_s=0.2, live_queue_timeout_s=120)
+    await engine.start()
+    try:
+        gate = engine.core  # type: ignore[attr-defined]
+        long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
+        while not gate._active:
+            await asyncio.sleep(0.01)
+        live = asyncio.create_task(_outcome(engine, _request("live", audio=False, live_turn=True)))
+        while not gate._waiting:
+            await asyncio.sleep(0.01)
+        plain = await asyncio.wait_for(_outcome(engine, _request("plain", audio=False)), timeout=10)
+        assert _refused(plain) and "no place for this request within 0.2 s" in plain[0].reason, plain
+        assert not long.done() and list(gate._waiting) == ["live"]  # past the plain deadline, it still waits
+        with caplog.at_level(logging.INFO, logger="engine.gate"):
+            events = await asyncio.wait_for(live, timeout=120)
+        assert isinstance(events[-1], Finished), events[-1]
+        assert long.done() and isinstance(long.result()[-1], Finished)  # it ran once the spoken reply ended
+        assert gate.metrics.refused.labels("timeout")._value.get() == 1
+        # the spoken reply takes seconds on a CPU: the live turn's long wait is logged
+        assert any("request live (a live turn) waited" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        await engine.stop()
+
+
+async def test_a_live_turn_is_refused_past_its_own_deadline_and_a_request_at_once_without_one(
+        tiny_checkpoint: Path, cache_dir: Path) -> None:
+    engine = _engine(cache_dir, batch=1, max_queued=2, queue_timeout_s=0, live_queue_timeout_s=0.3)
+    await engine.start()
+    try:
+        gate = engine.core  # type: ignore[attr-defined]
+        long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
+        while not gate._active:
+            await asyncio.sleep(0.01)
+        plain = await asyncio.wait_for(_outcome(engine, _request("plain", audio=False)), timeout=5)
+        assert _refused(plain) and "at capacity (1 replies running" in plain[0].reason, plain
+        live = await asyncio.wait_for(_outcome(engine, _request("live", audio=False, live_turn=True)), timeout=10)
+        assert _refused(live), live
+        assert "no place for this turn of a live conversation within 0.3 s" in live[0].reason, live
+        assert live[0].retry_after_s and live[0].retry_after_s >= 1
+        assert not long.done()  # refused on its deadline, not for a place that freed
+        assert gate.metrics.refused.labels("full")._value.get() == 1
+        assert gate.metrics.refused.labels("timeout")._value.get() == 1
+        assert isinstance((await asyncio.wait_for(long, timeout=120))[-1], Finished)
     finally:
         await engine.stop()

@@ -41,6 +41,15 @@ def test_overrides_reach_any_key_after_the_platform_delta() -> None:
     assert profile.kernels == "triton"  # the platform delta's other keys stay
 
 
+def test_a_live_turn_waits_longer_for_a_place_than_a_request() -> None:
+    default = load_profile(model="tiny", platform="cpu").admission
+    assert (default.queue_timeout_s, default.live_queue_timeout_s) == (0.1, 5.0)
+    profile = load_profile(model="tiny", platform="cpu", overrides='{"admission": {"live_queue_timeout_s": 2}}')
+    assert profile.admission.live_queue_timeout_s == 2.0 and profile.admission.queue_timeout_s == 0.1
+    with pytest.raises(ProfileError, match=r"admission\.live_queue_timeout_s: must be >= 0"):
+        load_profile(model="tiny", platform="cpu", overrides={"admission": {"live_queue_timeout_s": -1}})
+
+
 def test_graphs_need_cuda_devices() -> None:
     with pytest.raises(ProfileError, match="cuda_graphs: needs every stage on a CUDA device"):
         load_profile(model="tiny", platform="cpu", overrides={"cuda_graphs": True})

@@ -51,7 +51,9 @@ class HearingAhead:
         ends at `end_ms` commits; "" if the engine refuses or fails."""
         clip = self.buffer.peek(start_ms, end_ms)
         started = time.perf_counter()
-        request = transcription_request(clip, TRANSCRIBE, "hear")
+        # not a live turn: the turn detector waits on these words, and a refusal costs only them (it judges the
+        # pause on the audio alone), so a quick refusal beats a long wait
+        request = transcription_request(clip, TRANSCRIBE, "hear", live_turn=False)
         words = ""
         try:
             stream = await self.engine.submit(request)

@@ -334,7 +334,9 @@ class ResponseRunner:
 
 def reply_request(request_id: str, messages: tuple[Message, ...], cfg: SessionConfig,
                   speaker: str | None) -> EngineRequest:
-    """The engine request of a response in session settings `cfg`: one place, so a reply started early is the same."""
+    """The engine request of a response in session settings `cfg`: one place, so a reply started early is the same.
+    Every response of a session is a live turn, out-of-band ones too: a failed response carries no Retry-After, and
+    the session's client (a caller on the line, or the app that runs the call) waits for it before going on."""
     max_tokens = None if cfg.max_output_tokens == "inf" else cfg.max_output_tokens
     return EngineRequest(
         request_id=request_id,
@@ -345,6 +347,7 @@ def reply_request(request_id: str, messages: tuple[Message, ...], cfg: SessionCo
         tools=engine_tools(cfg),
         output=output_constraint(cfg),
         conversation=cfg.id,  # the session's
+        live_turn=True,
     )
 
 

@@ -57,14 +57,17 @@ def max_tokens(samples_16k: int) -> int:
     return max(_MIN_TOKENS, samples_16k * _TOKENS_PER_AUDIO_SECOND // 16_000)
 
 
-def transcription_request(samples: np.ndarray, instruction_text: str, id_prefix: str) -> EngineRequest:
-    """The engine request for the words of `samples` (16 kHz): greedy, bounded by the audio's length."""
+def transcription_request(samples: np.ndarray, instruction_text: str, id_prefix: str, *,
+                          live_turn: bool) -> EngineRequest:
+    """The engine request for the words of `samples` (16 kHz): greedy, bounded by the audio's length. `live_turn`:
+    it waits as the session's replies do for a place (`EngineRequest.live_turn`)."""
     return EngineRequest(
         request_id=f"{id_prefix}_{uuid.uuid4().hex[:20]}",
         messages=(Message("system", (TextPart(instruction_text),)), Message("user", (AudioPart(samples),))),
         want_audio=False,
         sampling=SamplingParams(max_tokens=max_tokens(samples.size), temperature=0.0),
         task="transcribe",
+        live_turn=live_turn,
     )
 
 
@@ -96,7 +99,8 @@ class Transcriber:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, item: Item, samples: np.ndarray, settings: Transcription) -> None:
-        request = transcription_request(samples, instruction(settings), "transcribe")
+        # the record of the caller's turn: lost for good if refused, so it waits as the reply does
+        request = transcription_request(samples, instruction(settings), "transcribe", live_turn=True)
         try:
             stream = await self.engine.submit(request)
         except EngineError as e:
