@@ -248,6 +248,15 @@ FIGURES = (
              f"benchmarks/cpu-small/pace/{tree}.json", "levels/0/overall/first_audio_s/p50")
       for before, after in (("1.430", "0.385"),)
       for tree, number in (("before", before), ("after", after))),
+    # the first clause sooner: Piper's first frames streamed, the language model's few-row steps in float16
+    *(Figure(f"| {users} | {before} s ({before_p99}) | {after} s ({after_p99}) |", number,
+             f"benchmarks/cpu-small/pace/first-clause-{tree}.json", f"levels/{level}/overall/speech_end_s/{key}")
+      for users, level, before, before_p99, after, after_p99 in (("1", 0, "1.149", "1.308", "0.816", "0.920"),
+                                                                  ("4", 1, "1.748", "2.238", "1.204", "2.049"))
+      for tree, p50, p99 in (("before", before, before_p99), ("after", after, after_p99))
+      for number, key in ((p50, "p50"), (p99, "p99"))),
+    Figure("end of speech -> first audio heard p50 0.730 s", "0.730", "benchmarks/cpu-small/pace/browser-demo.json",
+           "total_ms/p50", scale=0.001),
     # long calls on an H100, with and without the users' pauses
     *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}-summary.json",
              "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),
