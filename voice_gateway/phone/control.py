@@ -22,8 +22,11 @@ CALL_TOOLS = {
                              parameters={"type": "object", "properties": {}}),
     "transfer_call": FunctionTool(
         name="transfer_call", description="Transfer the caller to another phone number or SIP address.",
-        parameters={"type": "object", "properties": {"target": {"type": "string", "description": "E.164 number or "
-                                                                "sip: URI"}}, "required": ["target"]}),
+        # the target's form bounds the model's arguments: a carrier dials nothing else, and an unbounded string lets
+        # a small model write on to the end of its context
+        parameters={"type": "object", "properties": {"target": {
+            "type": "string", "description": "E.164 number or sip: URI",
+            "pattern": r"^(\+[1-9][0-9]{6,14}|sips?:[A-Za-z0-9._~%+@:;=-]{3,120})$"}}, "required": ["target"]}),
 }
 
 
