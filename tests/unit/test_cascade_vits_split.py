@@ -12,16 +12,9 @@ import pytest
 from engine.cascade import vits_noise, vits_split
 from engine.cascade.packages import PIPER_JOE
 from engine.cascade.voice import _MODEL, PiperVoice
+from tests.unit.test_cascade_vits_noise import HELLO, session
 
-HELLO = "Hello, how are you today?"
 TOLERANCE = 1e-5  # windows joined against one decode: measured up to 1.4e-6 on five clauses, on samples within +-1
-
-
-def session(model: bytes) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 @pytest.fixture(scope="module")
