@@ -21,14 +21,19 @@ from tests.integration.test_realtime import client_for, events_until
 ONE_AT_A_TIME = json.dumps({"thinker": {"max_batch": 1, "ignore_eos": True}, "talker": {"ignore_eos": True}})
 
 
+def _one_at_a_time(cache_dir: Path, folder: Path, where: str, admission: dict) -> Iterator[Server]:
+    """A server of one reply at a time, its engine `where`, under `admission`."""
+    overrides = json.dumps({"admission": admission, "engine": {"where": where}})
+    proc, srv = start_server(cache_dir, folder / "server.log", "--overrides", overrides,
+                             "--stage-overrides", ONE_AT_A_TIME)
+    yield srv
+    stop_server(proc)
+
+
 @pytest.fixture(scope="module", params=["in_process", "process"])
 def server(request: pytest.FixtureRequest, tiny_checkpoint: Path, cache_dir: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    overrides = json.dumps({"admission": {"max_queued": 0}, "engine": {"where": request.param}})
-    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("overload") / "server.log",
-                             "--overrides", overrides, "--stage-overrides", ONE_AT_A_TIME)
-    yield srv
-    stop_server(proc)
+    yield from _one_at_a_time(cache_dir, tmp_path_factory.mktemp("overload"), request.param, {"max_queued": 0})
 
 
 def _chat(stream: bool, audio: bool = False) -> dict:
@@ -85,11 +90,7 @@ async def test_a_full_server_refuses_with_429_and_retry_after_and_serves_again_o
 def live_server(request: pytest.FixtureRequest, tiny_checkpoint: Path, cache_dir: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # the default queue (64, 0.1 s) for others; a generous live bound, as a spoken reply on a CPU takes seconds
-    overrides = json.dumps({"admission": {"live_queue_timeout_s": 60}, "engine": {"where": request.param}})
-    proc, srv = start_server(cache_dir, tmp_path_factory.mktemp("live") / "server.log",
-                             "--overrides", overrides, "--stage-overrides", ONE_AT_A_TIME)
-    yield srv
-    stop_server(proc)
+    yield from _one_at_a_time(cache_dir, tmp_path_factory.mktemp("live"), request.param, {"live_queue_timeout_s": 60})
 
 
 async def _text_turn(client) -> str:

@@ -50,6 +50,14 @@ async def _outcome(engine: Engine, request: EngineRequest) -> list:
     return [event async for event in await engine.submit(request)]
 
 
+async def _holding_the_place(engine: Engine, gate: Gate) -> asyncio.Task:
+    """A spoken reply (seconds on a CPU) started and running: with one place, it holds it."""
+    long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
+    while not gate._active:
+        await asyncio.sleep(0.01)
+    return long
+
+
 def _refused(events: list) -> bool:
     return len(events) == 1 and isinstance(events[0], Failed) and events[0].code == OVERLOADED
 
@@ -87,9 +95,7 @@ async def test_a_queued_request_is_refused_when_its_deadline_passes_and_an_abort
     await engine.start()
     try:
         gate = engine.core  # type: ignore[attr-defined]
-        long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
-        while not gate._active:
-            await asyncio.sleep(0.01)
+        long = await _holding_the_place(engine, gate)
         abandoned = await engine.submit(_request("abandoned", audio=False))
         await abandoned.aclose()
         assert not gate._waiting
@@ -139,9 +145,7 @@ async def test_a_live_turn_waits_past_the_queue_timeout_for_a_place_where_a_requ
     await engine.start()
     try:
         gate = engine.core  # type: ignore[attr-defined]
-        long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
-        while not gate._active:
-            await asyncio.sleep(0.01)
+        long = await _holding_the_place(engine, gate)
         live = asyncio.create_task(_outcome(engine, _request("live", audio=False, live_turn=True)))
         while not gate._waiting:
             await asyncio.sleep(0.01)
@@ -165,9 +169,7 @@ async def test_a_live_turn_is_refused_past_its_own_deadline_and_a_request_at_onc
     await engine.start()
     try:
         gate = engine.core  # type: ignore[attr-defined]
-        long = asyncio.create_task(_outcome(engine, _request("long", audio=True)))
-        while not gate._active:
-            await asyncio.sleep(0.01)
+        long = await _holding_the_place(engine, gate)
         plain = await asyncio.wait_for(_outcome(engine, _request("plain", audio=False)), timeout=5)
         assert _refused(plain) and "at capacity (1 replies running" in plain[0].reason, plain
         live = await asyncio.wait_for(_outcome(engine, _request("live", audio=False, live_turn=True)), timeout=10)

@@ -26,13 +26,18 @@ def ours() -> ort.InferenceSession:
     return session(vits_noise.with_noise_inputs(PIPER_JOE.path(_MODEL)).SerializeToString())
 
 
-@pytest.fixture(scope="module")
-def feed() -> dict[str, np.ndarray]:
+def graph_feed(text: str) -> dict[str, np.ndarray]:
+    """The graph's inputs for one sentence, but its noise."""
     voice = PiperVoice.load(threads=2)
-    (ids,) = voice.phoneme_ids(HELLO)
+    (ids,) = voice.phoneme_ids(text)
     c = voice.config
     return {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64),
             "scales": np.array([c.noise_scale, c.length_scale, c.noise_w], dtype=np.float32)}
+
+
+@pytest.fixture(scope="module")
+def feed() -> dict[str, np.ndarray]:
+    return graph_feed(HELLO)
 
 
 def test_the_noise_nodes_are_float_inputs(ours: ort.InferenceSession) -> None:

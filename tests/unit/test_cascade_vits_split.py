@@ -11,8 +11,8 @@ import pytest
 
 from engine.cascade import vits_noise, vits_split
 from engine.cascade.packages import PIPER_JOE
-from engine.cascade.voice import _MODEL, PiperVoice
-from tests.unit.test_cascade_vits_noise import HELLO, session
+from engine.cascade.voice import _MODEL
+from tests.unit.test_cascade_vits_noise import HELLO, graph_feed, session
 
 TOLERANCE = 1e-5  # windows joined against one decode: measured up to 1.4e-6 on five clauses, on samples within +-1
 
@@ -29,12 +29,9 @@ def parts(model: onnx.ModelProto) -> vits_split.VitsParts:
 
 @pytest.fixture(scope="module")
 def feed() -> dict[str, np.ndarray]:
-    voice = PiperVoice.load(threads=2)
-    (ids,) = voice.phoneme_ids(HELLO)
-    c = voice.config
-    return {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64),
-            "scales": np.array([c.noise_scale, c.length_scale, c.noise_w], dtype=np.float32),
-            **vits_noise.draw(3, 0, len(ids), 8 * len(ids))}
+    graph = graph_feed(HELLO)
+    ids = graph["input"].shape[1]
+    return graph | vits_noise.draw(3, 0, ids, 8 * ids)
 
 
 @pytest.fixture(scope="module")
