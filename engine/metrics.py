@@ -61,6 +61,10 @@ class EngineMetrics:
             "engine_audio_tower_seconds", "Host time of the Thinker's audio tower over one prefill's clips",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), registry=r,
         )
+        self.vision_tower = Histogram(
+            "engine_vision_tower_seconds", "Host time of the Thinker's vision tower over one step's pictures",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0), registry=r,
+        )
         self.queue_depth = Gauge("engine_stage_queue_depth", "Requests waiting to join a stage's batch", ["stage"], registry=r)
         self.running = Gauge("engine_stage_running", "Requests held by a stage", ["stage"], registry=r)
         self.prompt_tokens = Counter(

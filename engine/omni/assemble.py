@@ -196,6 +196,7 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
                                        audio_buckets=CHUNK_BUCKETS if on_gpu else (),
                                        audio_graphed=on_gpu and graphs, cold=metrics.cold_work,
                                        audio_timed=metrics.audio_tower.observe,
+                                       vision_timed=metrics.vision_tower.observe,
                                        kv_tokens=plan.thinker_positions if plan else tk.kv_cache_tokens,
                                        image_normalisation=Normalisation.for_checkpoint(source.path))
         if on_gpu:

@@ -1,6 +1,6 @@
 """Images through the official openai client against a live server on loopback (tiny model): bad images are
 refused with their code (a 400 in chat, an `error` event in realtime, the session answering on), and a good
-one gets a reply, streamed or not, with its tokens counted."""
+one gets a reply, streamed or not, with its tokens counted and the vision tower's time in /metrics."""
 
 from __future__ import annotations
 
@@ -82,13 +82,20 @@ def test_chat_takes_images_in_user_messages_only(client: openai.OpenAI) -> None:
     assert "role 'user'" in caught.value.message
 
 
-def test_chat_answers_an_image(client: openai.OpenAI) -> None:
+def _count(metrics: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+
+def test_chat_answers_an_image(client: openai.OpenAI, server: Server) -> None:
+    towers_before = _count(server.get("/metrics").text, "engine_vision_tower_seconds_count")
     text_only = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "What is in this picture?"}], max_tokens=4)
     reply = client.chat.completions.create(model="tiny", messages=_user(_data_url(PNG)), max_tokens=4, seed=5)
     assert reply.choices[0].message.content
     assert reply.usage.prompt_tokens_details.image_tokens > 0
     assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + reply.usage.prompt_tokens_details.image_tokens
+    # the tower's time is told to /metrics, once for the step that carried the picture
+    assert _count(server.get("/metrics").text, "engine_vision_tower_seconds_count") == towers_before + 1
 
 
 def test_chat_streams_an_answer_to_an_image(client: openai.OpenAI) -> None:

@@ -87,7 +87,8 @@ class ThinkerRunner:
                  attention: PackedAttention | None = None,
                  capture: Callable[[ThinkerRunner], StepGraphs] | None = None, audio_buckets: tuple[int, ...] = (),
                  audio_graphed: bool = False, cold: ColdWork | None = None,
-                 audio_timed: Callable[[float], None] | None = None, kv_tokens: int = 0,
+                 audio_timed: Callable[[float], None] | None = None,
+                 vision_timed: Callable[[float], None] | None = None, kv_tokens: int = 0,
                  image_normalisation: Normalisation = QWEN_NORMALISATION) -> None:
         self.thinker = thinker
         # transformers 5.2x nests the text decoder under `model.language_model`.
@@ -98,7 +99,7 @@ class ThinkerRunner:
         tc = config.thinker_config
         self.visual_token_ids = (tc.image_token_id, tc.video_token_id)
         self.audio = AudioEncoder(thinker, buckets=audio_buckets, graphed=audio_graphed, cold=cold, timed=audio_timed)
-        self.vision = VisionTower(thinker, normalisation=image_normalisation)
+        self.vision = VisionTower(thinker, normalisation=image_normalisation, timed=vision_timed)
         self.deepstack_layers = len(tc.vision_config.deepstack_visual_indexes)
         self.text_model._deepstack_process = _add_dense
         self.cold = cold
