@@ -360,6 +360,24 @@ def plot_step_timing(json_path: Path, out_png: Path) -> Path:
     return _save(fig, out_png)
 
 
+def plot_vision_timing(json_path: Path, out_png: Path) -> Path:
+    """`voice-gateway vision`'s figure: the vision tower's call against the pictures it carries, a line per form."""
+    data = json.loads(Path(json_path).read_text())
+    fig, (ax,) = _figure(6.0, 4.0, 1)
+    for form in dict.fromkeys(row["form"] for row in data["rows"]):
+        mine = [row for row in data["rows"] if row["form"] == form]
+        ax.plot([row["pictures"] for row in mine], [row["call_ms"] for row in mine], marker="o", label=form)
+    counts = sorted({row["pictures"] for row in data["rows"]})
+    ax.set(xscale="log", xlabel="pictures in the call", ylabel="ms a call", xticks=counts,
+           xticklabels=[str(c) for c in counts])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    gpu = data["machine"].get("gpu")
+    fig.suptitle(f"the vision tower: {gpu['name'] if isinstance(gpu, dict) else data['machine']['platform']}")
+    return _save(fig, out_png)
+
+
 def plot_predictor_timing(json_path: Path, out_png: Path) -> Path:
     """`voice-gateway kernels`' second figure: a code predictor frame's time and kernels by batch, per attention form."""
     data = json.loads(Path(json_path).read_text())

@@ -1,6 +1,6 @@
 """The engine's probes as subcommands, off the request path: `voice-gateway accuracy` (bf16 and FP8 against float32),
-`voice-gateway kernels` (the experts', the code predictor's and decode attention's time) and `voice-gateway steps`
-(a Thinker step by rows, context and prompt tokens), each a JSON with the machine, commit and command, and a figure."""
+`voice-gateway kernels` (the experts', the code predictor's and decode attention's time), `voice-gateway steps`
+(a Thinker step by rows, context and prompt tokens) and `voice-gateway vision` (the vision tower by pictures), each a JSON with the machine, commit and command, and a figure."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from engine import EngineError
 
-PROBES = ("accuracy", "kernels", "steps")
+PROBES = ("accuracy", "kernels", "steps", "vision")
 
 
 def add_probe_commands(sub: Any) -> None:
@@ -24,10 +24,12 @@ def add_probe_commands(sub: Any) -> None:
                                       "CUDA GPU, at the released model's shapes"))
     _steps_arguments(sub.add_parser("steps", help="a Thinker step's time by decode rows, context and the prompt "
                                     "tokens beside them (how a long call's steps grow)"))
+    _vision_arguments(sub.add_parser("vision", help="the vision tower's call by how many camera pictures it carries, "
+                                     "transformers' own against the engine's"))
 
 
 def run_probe(args: argparse.Namespace, argv: list[str]) -> int:
-    return {"accuracy": accuracy, "kernels": kernels, "steps": steps}[args.command](args, argv)
+    return {"accuracy": accuracy, "kernels": kernels, "steps": steps, "vision": vision}[args.command](args, argv)
 
 
 def _accuracy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +168,45 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
                    f"{args.device}, its experts {args.quantization if args.quantization != 'none' else 'as loaded'}, "
                    "by decode rows, the context each attends over and the prompt tokens beside them (milliseconds)", record,
                    [t.as_dict() for t in timings], plot_step_timing)
+    return 0
+
+
+def _vision_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+    add("--load-format", choices=("auto", "dummy"), default="auto", help="dummy: the released dimensions")
+    add("--device", default="cpu", help="cpu (float32) or cuda (bf16)")
+    add("--pictures", default=None, help="comma-separated pictures a call (default 1,2,4,16)")
+    add("--replays", type=int, default=10, help="calls timed a measurement (default 10)")
+    add("--out-dir", type=Path, required=True, help="where vision.json and vision.png go")
+    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
+    add("--log-level", default="info")
+
+
+def vision(args: argparse.Namespace, argv: list[str]) -> int:
+    """`voice-gateway vision`: engine/probes/vision_timing.py's calls as JSON, a figure and a table."""
+    from engine.probes import measure_vision_timing
+
+    if without_bench_extra("vision"):
+        return 2
+    from bench.plots import plot_vision_timing
+
+    try:
+        pictures = _counts(args.pictures, "--pictures")
+        if args.replays < 1:
+            raise ValueError("--replays takes a positive count")
+        timings = measure_vision_timing(args.model, load_format=args.load_format, device=args.device,
+                                        replays=args.replays, cache_dir=args.cache_dir,
+                                        **({"pictures": pictures} if pictures else {}))
+    except (EngineError, ValueError, RuntimeError) as e:
+        print(f"voice-gateway vision: {e}", file=sys.stderr)
+        return 1
+    record = _record(args.out_dir, argv, with_gpu=args.device.startswith("cuda"))
+    print(f"{'form':>13} {'pictures':>8} {'patches':>8} {'call ms':>9}", *(
+        f"{t.form:>13} {t.pictures:8d} {t.patches:8d} {t.call_ms:9.3f}" for t in timings), sep="\n")
+    _write_timings(args.out_dir / "vision.json", f"the vision tower of {args.model} ({args.load_format}) on "
+                   f"{args.device}, one call over that many 1280x720 pictures, transformers' own and the engine's "
+                   "(milliseconds)", record, [t.as_dict() for t in timings], plot_vision_timing)
     return 0
 
 

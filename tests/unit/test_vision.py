@@ -26,6 +26,7 @@ from engine import (
     VideoPart,
     create_engine,
 )
+from engine.handoff import ImageInput
 from engine.intake.images import ImagePreprocessor
 from engine.omni.runners.thinker import StepRow, ThinkerRunner
 from engine.omni.runners.vision_tower import Normalisation, PatchMatmul, VisionTower, patches
@@ -316,6 +317,29 @@ def test_vision_tower_batched_equals_one_by_one(cache_dir: Path, reference) -> N
     for k, rows in enumerate(together.deepstack):
         torch.testing.assert_close(rows, torch.cat([a.deepstack[k] for a in alone]), rtol=1e-5, atol=1e-5)
     assert together.embeds.shape[0] == sum(i.tokens for i in images)
+
+
+def test_vision_tower_laid_out_on_the_host_equals_transformers(cache_dir: Path, reference) -> None:
+    """Host-made grid tensors and the per-layer attention over host lengths (engine/omni/runners/vision_layout.py)
+    give transformers' own tower's rows: images of one size (one batched attention call), and of mixed sizes with
+    a video (one call a sequence)."""
+    async def build():
+        return _engine(cache_dir).intake.prompts.build(WITH_SPEECH)
+
+    mixed = asyncio.run(build()).images
+    same = [ImageInput(torch.from_numpy(_image(64, 96, seed))[None], (1, 4, 6), -seed, 2) for seed in (1, 2, 3)]
+    theirs = copy.deepcopy(reference.thinker)
+    tower = VisionTower(copy.deepcopy(reference.thinker))
+    plain = getattr(theirs, "visual", None) or theirs.model.visual
+    for images in (mixed, same):
+        pixels = torch.cat([patches(i, Normalisation(), temporal=tower.temporal, patch=tower.patch) for i in images])
+        with torch.inference_mode():
+            ours = tower(images)
+            out = plain(pixels, grid_thw=torch.tensor([i.grid_thw for i in images]))
+        embeds, deepstack = (out[0], out[1]) if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
+        torch.testing.assert_close(ours.embeds, embeds, rtol=1e-5, atol=1e-5)
+        for k, rows in enumerate(ours.deepstack):
+            torch.testing.assert_close(rows, deepstack[k], rtol=1e-5, atol=1e-5)
 
 
 def test_next_turn_reuses_the_prefix_that_holds_the_image(cache_dir: Path, reference) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from engine.handoff import ImageInput
+from engine.omni.runners.vision_layout import GridAttention, GridLayout
 
 # Qwen3-Omni's vision tower normalises pixels to [-1, 1] (Qwen3-VL's processor settings)
 _MEAN_STD = (0.5, 0.5, 0.5)
@@ -98,13 +99,19 @@ class VisionTower:
         self.normalisation = normalisation
         self.temporal, self.patch = self.tower.config.temporal_patch_size, self.tower.config.patch_size
         self.timed = timed
+        self._layout: list[GridLayout] = []  # the call being run's, read by every layer's GridAttention
+        for block in self.tower.blocks:
+            if not isinstance(block.attn, GridAttention):
+                block.attn = GridAttention(block.attn, self._layout)
 
     def __call__(self, images: list[ImageInput]) -> VisionRows:
         started = time.perf_counter()
         pixels = torch.cat([patches(image, self.normalisation, temporal=self.temporal, patch=self.patch,
                                     device=self.device) for image in images]).to(self.dtype)
-        grid = torch.tensor([image.grid_thw for image in images], device=self.device)
-        out = self.tower(pixels, grid_thw=grid)
+        grids = [tuple(image.grid_thw) for image in images]
+        layout = GridLayout.of(self.tower, grids, self.device)  # type: ignore[arg-type]
+        self._layout[:] = [layout]
+        out = self.tower(pixels, grid_thw=torch.tensor(grids, device=self.device), **layout.tensors)
         # transformers before 5.2x returns (merged rows, deepstack rows)
         embeds, deepstack = (out[0], out[1]) if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
         if self.timed is not None:
