@@ -178,7 +178,7 @@ class RemoteCore:
         wire = self._media.strip(request)
         if self._media.leaves_out(wire):
             self._whole[rid] = request
-        if not send(self._conn, Submit(wire)):  # the reader's Closed ends it with the others
+        if not send(self._conn, Submit(wire, time.time())):  # the reader's Closed ends it with the others
             log.error("%s: its connection is closed", self.reach.what)
 
     def _resend(self, request_id: str) -> None:
@@ -189,7 +189,7 @@ class RemoteCore:
         self._media.forget(request)
         log.info("request %s: sent again with its clips and images, which %s no longer held", request_id,
                  self.reach.what)
-        send(self._conn, Submit(self._media.strip(request)))
+        send(self._conn, Submit(self._media.strip(request), time.time()))
 
     def abort(self, request_id: str) -> None:
         self._whole.pop(request_id, None)  # a resend asked for now finds nothing to send: the engine ends it

@@ -31,6 +31,7 @@ class EngineSpec:
 @dataclass(frozen=True, slots=True)
 class Submit:
     request: AdmittedRequest
+    sent_at: float = 0.0  # time.time() as the server process sent it; 0: not told
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,9 @@ async def test_engine_process_serves_as_the_engine_in_process(tiny_checkpoint: P
         pushed = {sample.name: sample.value for family in text_string_to_metric_families(
             generate_latest(remote.registry).decode()) for sample in family.samples}
         assert pushed["engine_ttft_seconds_count"] == 2 and pushed["engine_ttfp_seconds_count"] >= 1
+        # each request the child began (the reply and the aborted one; the refusals never left), timed from its send
+        assert pushed["engine_request_crossing_seconds_count"] == 2
+        assert 0 < pushed["engine_request_crossing_seconds_sum"] < 2 * 5.0
     finally:
         await remote.stop()
     assert pid is not None and _reaped(pid)
