@@ -56,6 +56,24 @@ def test_jpeg_decodes_close_to_its_pixels() -> None:
     assert np.abs(decoded.astype(int) - pixels).max() <= 4
 
 
+def test_a_jpeg_past_the_model_s_budget_decodes_nearer_it() -> None:
+    """A JPEG larger than what the model looks at decodes at a libjpeg scale that still holds the size the model's
+    resize makes (2048 x 1536 within 409,600 pixels: 736 x 544), and resized there its pixels are within about a
+    level of the whole decode's; a PNG, and a JPEG within the budget, decode whole."""
+    y, x = np.mgrid[:1536, :2048]
+    noise = np.random.default_rng(3).integers(-12, 12, (1536, 2048, 3))
+    photo = (np.stack([x // 8, y // 6, (x + y) // 14], axis=2) % 256 + noise).clip(0, 255).astype(np.uint8)
+    raw, budget = _encode(Image.fromarray(photo), "JPEG", quality=90), 400 * 32 * 32
+    whole, near = decode_image(raw, LIMITS), decode_image(raw, LIMITS, budget)
+    assert whole.shape == (1536, 2048, 3) and near.shape == (768, 1024, 3)
+    resized = [np.asarray(Image.fromarray(a).resize((736, 544), Image.Resampling.BICUBIC), dtype=np.int16)
+               for a in (whole, near)]
+    assert np.abs(resized[0] - resized[1]).mean() < 1.5
+    assert decode_image(_encode(Image.fromarray(photo), "PNG"), LIMITS, budget).shape == (1536, 2048, 3)
+    small = _encode(Image.fromarray(photo[:480, :640]), "JPEG")
+    assert decode_image(small, LIMITS, budget).shape == (480, 640, 3)
+
+
 def test_gif_gives_its_first_frame() -> None:
     frames = [Image.new("RGB", (5, 3), colour) for colour in ((255, 0, 0), (0, 0, 255))]
     raw = _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import binascii
 import io
+import math
 import struct
 from dataclasses import dataclass
 
@@ -71,13 +72,18 @@ class ImageError(Exception):
         self.code = code
 
 
-def decode_image(raw: bytes, limits: ImageLimits) -> np.ndarray:
+def decode_image(raw: bytes, limits: ImageLimits, seen_pixels: int = 0) -> np.ndarray:
     """A PNG, JPEG, WebP or GIF (its first frame) as RGB uint8 [height, width, 3], turned upright by its EXIF
-    orientation, transparency laid over white. Blocking: callers on the event loop run it in a thread."""
+    orientation, transparency laid over white. `seen_pixels`: the most the model looks at (its resize budget,
+    `ModelInfo.max_image_pixels`; 0: the whole image); a JPEG larger than that decodes at the smallest of libjpeg's
+    scales (1/2, 1/4, 1/8) that still holds it in the picture's shape, which the model's resize then takes down
+    as it would the whole image. Blocking: callers on the event loop run it in a thread."""
     if len(raw) > limits.max_image_bytes:
         raise ImageError(IMAGE_TOO_LARGE, f"the image is {len(raw)} bytes; at most {limits.max_image_bytes} are taken")
     image = _open(raw, limits)
     try:
+        if seen_pixels and isinstance(image, JpegImagePlugin.JpegImageFile):
+            _draft(image, seen_pixels)
         image.load()
         _upright(image)
         return _rgb(image)
@@ -89,6 +95,17 @@ def decode_image(raw: bytes, limits: ImageLimits) -> np.ndarray:
         raise ImageError(INVALID_IMAGE, f"the image does not decode: {type(e).__name__}: {e}") from None
     finally:
         image.close()
+
+
+def _draft(image: JpegImagePlugin.JpegImageFile, seen_pixels: int) -> None:
+    """Decode at a scale that keeps at least the size the model's resize makes (each side at most the image's
+    over sqrt(its pixels / the budget), as Qwen's `smart_resize` shrinks it): a phone's photo is several times
+    the pixels the model sees, and decoding them all, then resizing them all, is most of its host work."""
+    width, height = image.size
+    if width * height <= seen_pixels:
+        return
+    shrink = math.sqrt(width * height / seen_pixels)
+    image.draft(None, (math.ceil(width / shrink), math.ceil(height / shrink)))
 
 
 def _open(raw: bytes, limits: ImageLimits) -> ImageFile.ImageFile:
@@ -175,8 +192,9 @@ def _rgb(image: Image.Image) -> np.ndarray:
     return pixels
 
 
-async def image_from_url(url: str, limits: ImageLimits) -> np.ndarray:
-    """The image a `data:image/...;base64,` URL or an allow-listed http(s) URL holds, decoded in a thread."""
+async def image_from_url(url: str, limits: ImageLimits, seen_pixels: int = 0) -> np.ndarray:
+    """The image a `data:image/...;base64,` URL or an allow-listed http(s) URL holds, decoded in a thread
+    (`seen_pixels`: as `decode_image`'s)."""
     if url[: len(_DATA_URL_PREFIX)].lower() == _DATA_URL_PREFIX:
         raw = _data_url_bytes(url, limits)
     elif url[:7].lower() == "http://" or url[:8].lower() == "https://":
@@ -184,7 +202,7 @@ async def image_from_url(url: str, limits: ImageLimits) -> np.ndarray:
     else:
         raise ImageError(INVALID_IMAGE_URL, f"an image URL is a data:image/...;base64 URL or an http(s) URL, got "
                          f"{_quoted(url)}")
-    return await asyncio.to_thread(decode_image, raw, limits)
+    return await asyncio.to_thread(decode_image, raw, limits, seen_pixels)
 
 
 def _data_url_bytes(url: str, limits: ImageLimits) -> bytes:

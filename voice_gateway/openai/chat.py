@@ -83,7 +83,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = EngineRequest(
         request_id=request_id,
-        messages=tuple([await _message(m, i, gateway, with_sound) for i, m in enumerate(body.messages)]),
+        messages=tuple([await _message(m, i, gateway, with_sound, engine.info.max_image_pixels)
+                        for i, m in enumerate(body.messages)]),
         want_audio=want_audio,
         speaker=_speaker(body, engine.info.speakers) if want_audio else None,
         sampling=SamplingParams(
@@ -182,8 +183,10 @@ def _check_images(body: ChatCompletionRequest, limits: ImageLimits, model: Model
                        f"{limits.max_images_per_request}", param="messages", code=TOO_MANY_IMAGES)
 
 
-async def _message(message: ChatMessage, index: int, gateway: GatewayConfig, with_sound: bool) -> Message:
-    """`with_sound`: each video brings its own sound (`mm_processor_kwargs.use_audio_in_video`)."""
+async def _message(message: ChatMessage, index: int, gateway: GatewayConfig, with_sound: bool,
+                   seen_pixels: int) -> Message:
+    """`with_sound`: each video brings its own sound (`mm_processor_kwargs.use_audio_in_video`); `seen_pixels`: the
+    most of an image the model looks at (large JPEGs decode nearer that)."""
     role = {"developer": "system"}.get(message.role, message.role)
     calls = tuple(ToolCall(c.function.name, c.function.arguments) for c in message.tool_calls or ())
     if message.content is None:
@@ -197,7 +200,7 @@ async def _message(message: ChatMessage, index: int, gateway: GatewayConfig, wit
             parts.append(AudioPart(await _decode_input_audio(part, param, gateway.max_input_audio_s)))
         elif isinstance(part, ImageURLContent):
             param = f"messages.{index}.content.{j}.image_url"
-            parts.append(ImagePart(await _decode_image_url(part, param, gateway.images)))
+            parts.append(ImagePart(await _decode_image_url(part, param, gateway.images, seen_pixels)))
         elif isinstance(part, VideoURLContent):
             param = f"messages.{index}.content.{j}.video_url"
             try:
@@ -222,9 +225,9 @@ async def _decode_input_audio(part: InputAudioContent, param: str, max_audio_s: 
         raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 
 
-async def _decode_image_url(part: ImageURLContent, param: str, limits: ImageLimits) -> np.ndarray:
+async def _decode_image_url(part: ImageURLContent, param: str, limits: ImageLimits, seen_pixels: int) -> np.ndarray:
     try:
-        return await image_from_url(part.image_url.url, limits)
+        return await image_from_url(part.image_url.url, limits, seen_pixels)
     except ImageError as e:  # logged with the other refusals, by the error handler
         raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 

@@ -83,7 +83,8 @@ class Session:
         self.hearing = HearingAhead(engine, buffer, self.id) if engine.info.listens_ahead else None
         self.audio_input = AudioInput(buffer, TurnTaking(config.turn_detection, self.hearing))
         self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images,
-                                       takes_images=engine.info.max_image_pixels > 0)
+                                       takes_images=engine.info.max_image_pixels > 0,
+                                       seen_pixels=engine.info.max_image_pixels)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                     int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ),
                                     gateway.images.max_images_per_session, engine.info.max_image_pixels,
