@@ -29,6 +29,7 @@ from engine import (
 from engine.handoff import ImageInput
 from engine.intake.images import ImagePreprocessor
 from engine.omni.runners.thinker import StepRow, ThinkerRunner
+from engine.omni.runners.vision_layout import GridLayout
 from engine.omni.runners.vision_tower import Normalisation, PatchMatmul, VisionTower, patches
 from engine.omni.weights.checkpoint import load_stage
 from engine.positions import Rope, placeholder_spans
@@ -340,6 +341,10 @@ def test_vision_tower_laid_out_on_the_host_equals_transformers(cache_dir: Path, 
         torch.testing.assert_close(ours.embeds, embeds, rtol=1e-5, atol=1e-5)
         for k, rows in enumerate(ours.deepstack):
             torch.testing.assert_close(rows, deepstack[k], rtol=1e-5, atol=1e-5)
+        with torch.inference_mode():  # a repeated layout is the one made before, and gives the same rows
+            assert GridLayout.of(tower.tower, [tuple(i.grid_thw) for i in images], tower.device) is GridLayout.of(
+                tower.tower, [tuple(i.grid_thw) for i in images], tower.device)
+            torch.testing.assert_close(tower(images).embeds, ours.embeds, rtol=0, atol=0)
 
 
 def test_next_turn_reuses_the_prefix_that_holds_the_image(cache_dir: Path, reference) -> None:

@@ -27,6 +27,7 @@ class GridLayout:
     """One call's images laid out: what the tower's helpers would derive from `grid_thw`, and each attention
     sequence's length (a video's frames each attend alone, as the tower's `cu_seqlens` says)."""
 
+    grid_thw: torch.Tensor  # [images, 3] on the tower's device
     tensors: dict[str, torch.Tensor | int]  # the tower's precomputed keyword arguments
     lengths: tuple[int, ...]
 
@@ -34,13 +35,21 @@ class GridLayout:
     def of(cls, tower: Any, grids: list[Grid], device: torch.device) -> GridLayout:
         table = (tower.num_grid_per_side, tower.interpolation_mode, tower.interpolation_align_corners,
                  tower.spatial_merge_size)
-        parts = [_grid_layout(table, grid, device) for grid in grids]
-        lengths = tuple(n for grid in grids for n in [grid[1] * grid[2]] * grid[0])
-        bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-        return cls({"interp_indices": torch.cat([p[0] for p in parts]),
-                    "interp_weights": torch.cat([p[1] for p in parts]),
-                    "position_ids": torch.cat([p[2] for p in parts]),
-                    "cu_seqlens": bounds, "max_seqlen": max(lengths)}, lengths)
+        return _layout(table, tuple(grids), device)
+
+
+# the steps of a call with pictures repeat their grids (one camera's frames, a batch of one size): nothing of a
+# repeated layout crosses to the device again, which would wait for the device's queue each time
+@functools.lru_cache(maxsize=16)
+def _layout(table: tuple[int, str, bool, int], grids: tuple[Grid, ...], device: torch.device) -> GridLayout:
+    parts = [_grid_layout(table, grid, device) for grid in grids]
+    lengths = tuple(n for grid in grids for n in [grid[1] * grid[2]] * grid[0])
+    bounds = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    return GridLayout(torch.tensor(grids, device=device),
+                      {"interp_indices": torch.cat([p[0] for p in parts]),
+                       "interp_weights": torch.cat([p[1] for p in parts]),
+                       "position_ids": torch.cat([p[2] for p in parts]),
+                       "cu_seqlens": bounds, "max_seqlen": max(lengths)}, lengths)
 
 
 @functools.lru_cache(maxsize=64)

@@ -111,7 +111,7 @@ class VisionTower:
         grids = [tuple(image.grid_thw) for image in images]
         layout = GridLayout.of(self.tower, grids, self.device)  # type: ignore[arg-type]
         self._layout[:] = [layout]
-        out = self.tower(pixels, grid_thw=torch.tensor(grids, device=self.device), **layout.tensors)
+        out = self.tower(pixels, grid_thw=layout.grid_thw, **layout.tensors)
         # transformers before 5.2x returns (merged rows, deepstack rows)
         embeds, deepstack = (out[0], out[1]) if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
         if self.timed is not None:
