@@ -345,6 +345,9 @@ def test_vision_tower_laid_out_on_the_host_equals_transformers(cache_dir: Path, 
             assert GridLayout.of(tower.tower, [tuple(i.grid_thw) for i in images], tower.device) is GridLayout.of(
                 tower.tower, [tuple(i.grid_thw) for i in images], tower.device)
             torch.testing.assert_close(tower(images).embeds, ours.embeds, rtol=0, atol=0)
+            # a second VisionTower over the same tower reads its own calls' layouts
+            torch.testing.assert_close(VisionTower(SimpleNamespace(visual=tower.tower))(images).embeds, ours.embeds,
+                                       rtol=0, atol=0)
 
 
 def test_next_turn_reuses_the_prefix_that_holds_the_image(cache_dir: Path, reference) -> None:

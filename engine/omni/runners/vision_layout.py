@@ -66,20 +66,20 @@ def _grid_layout(table: tuple[int, str, bool, int], grid: Grid,
 
 
 class GridAttention(torch.nn.Module):
-    """A tower layer's attention, its weights the layer's own, over the sequences `layout` holds when it runs."""
+    """A tower layer's attention, its weights the layer's own, over sequences of `lengths` (set for each call)."""
 
-    def __init__(self, attention: Any, layout: list[GridLayout]) -> None:
+    def __init__(self, attention: Any) -> None:
         super().__init__()
         self.qkv, self.proj = attention.qkv, attention.proj
         self.heads, self.scale = attention.num_heads, attention.scaling
-        self.layout = layout  # shared by every layer: the one being run is its last
+        self.lengths: tuple[int, ...] = ()
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 **_: Any) -> torch.Tensor:
         tokens = hidden_states.shape[0]
         q, k, v = self.qkv(hidden_states).reshape(tokens, 3, self.heads, -1).permute(1, 0, 2, 3).unbind(0)
         q, k = modeling.apply_rotary_pos_emb_vision(q, k, *position_embeddings)
-        lengths = self.layout[-1].lengths
+        lengths = self.lengths
         if len(set(lengths)) == 1:  # [images, heads, length, dim]: one call
             q, k, v = (x.reshape(len(lengths), lengths[0], self.heads, -1).transpose(1, 2) for x in (q, k, v))
             out = F.scaled_dot_product_attention(q, k, v, scale=self.scale).transpose(1, 2)

@@ -99,10 +99,10 @@ class VisionTower:
         self.normalisation = normalisation
         self.temporal, self.patch = self.tower.config.temporal_patch_size, self.tower.config.patch_size
         self.timed = timed
-        self._layout: list[GridLayout] = []  # the call being run's, read by every layer's GridAttention
         for block in self.tower.blocks:
             if not isinstance(block.attn, GridAttention):
-                block.attn = GridAttention(block.attn, self._layout)
+                block.attn = GridAttention(block.attn)
+        self._attentions: list[GridAttention] = [block.attn for block in self.tower.blocks]
 
     def __call__(self, images: list[ImageInput]) -> VisionRows:
         started = time.perf_counter()
@@ -110,7 +110,8 @@ class VisionTower:
                                     device=self.device) for image in images]).to(self.dtype)
         grids = [tuple(image.grid_thw) for image in images]
         layout = GridLayout.of(self.tower, grids, self.device)  # type: ignore[arg-type]
-        self._layout[:] = [layout]
+        for attention in self._attentions:  # each call says its lengths, whichever VisionTower made the layers
+            attention.lengths = layout.lengths
         out = self.tower(pixels, grid_thw=layout.grid_thw, **layout.tensors)
         # transformers before 5.2x returns (merged rows, deepstack rows)
         embeds, deepstack = (out[0], out[1]) if isinstance(out, tuple) else (out.pooler_output, out.deepstack_features)
