@@ -34,15 +34,14 @@ def run_probe(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _accuracy_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+    _model_argument(add)
     add("--load-format", choices=("auto", "dummy"), default="auto",
         help="dummy: the released dimensions with random weights (seeded by --seed)")
     add("--device", default="cpu", help="cpu (FP8 emulated: dequantized experts) or cuda (the Triton kernels)")
     add("--steps", type=int, default=256, help="greedy decode steps compared (default 256)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, required=True, help="the JSON report")
-    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
-    add("--log-level", default="info")
+    _cache_and_log_arguments(add)
 
 
 def accuracy(args: argparse.Namespace, argv: list[str]) -> int:
@@ -127,7 +126,7 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _steps_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+    _model_argument(add)
     add("--load-format", choices=("auto", "dummy"), default="auto", help="dummy: the released dimensions, random weights")
     add("--device", default="cpu", help="cpu (float32, eager) or cuda (bf16, the Triton kernels, graphs)")
     add("--quantization", choices=("none", "fp8"), default="none", help="fp8: the Thinker's experts in e4m3")
@@ -137,8 +136,7 @@ def _steps_arguments(parser: argparse.ArgumentParser) -> None:
         "128, each after its own context (default 0,1024)")
     add("--replays", type=int, default=20, help="steps timed a measurement (default 20)")
     add("--out-dir", type=Path, required=True, help="where steps.json and steps.png go")
-    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
-    add("--log-level", default="info")
+    _cache_and_log_arguments(add)
 
 
 def steps(args: argparse.Namespace, argv: list[str]) -> int:
@@ -173,14 +171,13 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _vision_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+    _model_argument(add)
     add("--load-format", choices=("auto", "dummy"), default="auto", help="dummy: the released dimensions")
     add("--device", default="cpu", help="cpu (float32) or cuda (bf16)")
     add("--pictures", default=None, help="comma-separated pictures a call (default 1,2,4,16)")
     add("--replays", type=int, default=10, help="calls timed a measurement (default 10)")
     add("--out-dir", type=Path, required=True, help="where vision.json and vision.png go")
-    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
-    add("--log-level", default="info")
+    _cache_and_log_arguments(add)
 
 
 def vision(args: argparse.Namespace, argv: list[str]) -> int:
@@ -208,6 +205,15 @@ def vision(args: argparse.Namespace, argv: list[str]) -> int:
                    f"{args.device}, one call over that many 1280x720 pictures, transformers' own and the engine's "
                    "(milliseconds)", record, [t.as_dict() for t in timings], plot_vision_timing)
     return 0
+
+
+def _model_argument(add: Callable[..., Any]) -> None:
+    add("model", nargs="?", default="tiny", help="'tiny' (the default), a Qwen3-Omni checkpoint directory or cached id")
+
+
+def _cache_and_log_arguments(add: Callable[..., Any]) -> None:
+    add("--cache-dir", type=Path, help="where the tiny checkpoint is built (default ~/.cache/voice-gateway)")
+    add("--log-level", default="info")
 
 
 def _record(out_dir: Path, argv: list[str], *, with_gpu: bool) -> dict[str, Any]:
