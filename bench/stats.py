@@ -69,6 +69,11 @@ class LevelResult:
     # ... and from the request's arrival in the app to the chunk written: adds the HTTP side's share
     server_http_ttft_mean_s: float | None = None
     server_http_ttfp_mean_s: float | None = None
+    # of the time before the engine, a request's way to an engine in a process of its own (None: in the server's)
+    server_crossing_mean_s: float | None = None
+    # the vision tower's calls over the level (one a step that carried pictures) and their mean host time
+    server_vision_tower_calls: int = 0
+    server_vision_tower_mean_s: float | None = None
     # how late this client's own event loop woke for a 5 ms timer meanwhile: when it is busy, every
     # client-side time above is late by about this much
     client_lag_ms: Stat = field(default_factory=Stat)

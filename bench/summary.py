@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.image import ImageInfo
-from bench.stats import StageSteps
+from bench.stats import LevelResult, StageSteps
 from bench.sweep import BenchResult
 from bench.timeline import Window
 from bench.video import VideoInfo
@@ -19,6 +19,19 @@ from bench.voice_stats import TurnStats
 
 def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+def _before_engine(lv: LevelResult) -> str:
+    """What a level's requests waited before the engine began them, and the vision tower's share of its steps."""
+    parts = []
+    if lv.server_http_ttft_mean_s is not None and lv.server_ttft_mean_s is not None:
+        parts.append(f"{_fmt(lv.server_http_ttft_mean_s - lv.server_ttft_mean_s)} s of the server's TTFT")
+    if lv.server_crossing_mean_s is not None:
+        parts.append(f"crossing to the engine's process {_fmt(lv.server_crossing_mean_s)} s")
+    if lv.server_vision_tower_calls:
+        parts.append(f"then the vision tower {lv.server_vision_tower_calls} calls of "
+                     f"{_fmt(1e3 * (lv.server_vision_tower_mean_s or 0.0), '.1f')} ms")
+    return "; ".join(parts)
 
 
 def print_summary(result: BenchResult, console: Console) -> None:
@@ -43,6 +56,9 @@ def print_summary(result: BenchResult, console: Console) -> None:
         means = "; ".join(f"P={lv.prompt_words} C={lv.concurrency} {_fmt(lv.image_tokens_mean, '.0f')} of "
                           f"{_fmt(lv.prompt_tokens_mean, '.0f')}" for lv in result.levels)
         console.print(f"{' and '.join(shown)} in each request: image tokens of prompt tokens (mean): {means}")
+    for lv in result.levels:
+        if lv.server_vision_tower_calls or lv.server_crossing_mean_s is not None:
+            console.print(f"P={lv.prompt_words} C={lv.concurrency} before the engine: {_before_engine(lv)}")
     for lv in result.levels:
         if lv.server_steps:
             console.print(f"P={lv.prompt_words} C={lv.concurrency} steps: {_steps(lv.server_steps)}")

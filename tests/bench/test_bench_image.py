@@ -342,6 +342,12 @@ def test_chat_with_a_picture_against_the_tiny_server(tiny_server: Server, tmp_pa
     assert level["failures"] == 0 and level["image_tokens_mean"] > 0
     assert all(0 < r["image_tokens"] < r["prompt_tokens"] for r in level["records"])
     assert "64x48 JPEG" in result.stdout
+    # the server's /metrics: each request's picture went through the tower in a step of its own; the engine
+    # runs in the server's process here, so nothing crossed to another
+    assert level["server_vision_tower_calls"] == 2 and level["server_vision_tower_mean_s"] > 0
+    assert level["server_crossing_mean_s"] is None
+    printed = " ".join(result.stdout.split())  # the console wraps its lines
+    assert "C=1 before the engine:" in printed and "then the vision tower 2 calls of" in printed
 
 
 @pytest.mark.integration
