@@ -14,17 +14,18 @@ from bench.sweep import BenchResult
 from bench.timeline import Window
 from bench.video import VideoInfo
 from bench.voice import VoiceResult
-from bench.voice_stats import TurnStats
+from bench.voice_stats import TurnStats, VoiceLevelResult
 
 
 def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _before_engine(lv: LevelResult) -> str:
+def _before_engine(lv: LevelResult | VoiceLevelResult) -> str:
     """What a level's requests waited before the engine began them, and the vision tower's share of its steps."""
     parts = []
-    if lv.server_http_ttft_mean_s is not None and lv.server_ttft_mean_s is not None:
+    if (isinstance(lv, LevelResult) and lv.server_http_ttft_mean_s is not None
+            and lv.server_ttft_mean_s is not None):
         parts.append(f"{_fmt(lv.server_http_ttft_mean_s - lv.server_ttft_mean_s)} s of the server's TTFT")
     if lv.server_crossing_mean_s is not None:
         parts.append(f"crossing to the engine's process {_fmt(lv.server_crossing_mean_s)} s")
@@ -114,6 +115,8 @@ def print_voice_summary(result: VoiceResult, console: Console) -> None:
                       f"turn / first turn p50 {_fmt(ratio.p50, '.2f')}, p99 {_fmt(ratio.p99, '.2f')}; server "
                       f"speech_stopped -> first audio mean {_fmt(lv.server_turn_latency_mean_s)} s; client lag p99 "
                       f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}{picture}")
+        if lv.server_vision_tower_calls or lv.server_crossing_mean_s is not None:
+            console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} before the engine: {_before_engine(lv)}")
         if lv.server_steps:
             console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} steps: {_steps(lv.server_steps)}")
         if growth := _growth(lv.timeline):

@@ -25,7 +25,7 @@ from bench.plots import plot_voice
 from bench.processes import Started, run_in_processes
 from bench.realtime_session import run_session
 from bench.result_file import write_json
-from bench.server_metrics import STEP_HISTOGRAM, server_latency_sums, step_shares
+from bench.server_metrics import CROSSING, STEP_HISTOGRAM, VISION_TOWER, server_latency_sums, step_shares
 from bench.speech import Question, load_questions
 from bench.stats import Stat
 from bench.sweep import first_send_delays, read_image, target_model, watch_loop_lag
@@ -113,7 +113,7 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
         if failed := [r.error for r in warm if not r.ok]:
             log.warning("%d warm-up turn(s) failed at %s %s C=%d: %s", len(failed), level.mode, level.output_format,
                         concurrency, failed[0])
-    before = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM])
+    before = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM, VISION_TOWER, CROSSING])
     lags: list[float] = []
     snapshots: list[timeline.Snapshot] = []
     watch = asyncio.create_task(watch_loop_lag(lags))
@@ -134,11 +134,14 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
     await timeline.snapshot(client, snapshots)
     records.sort(key=lambda r: (r.session, r.turn))
     result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s)
-    after = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM])
+    after = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM, VISION_TOWER, CROSSING])
     served = {name: (after[name][0] - before[name][0]) / count
               for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
+    towers = after.get(VISION_TOWER, (0.0, 0.0))[1] - before.get(VISION_TOWER, (0.0, 0.0))[1]
     return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags),
-                   server_steps=step_shares(before, after, wall_s), timeline=timeline.windows(snapshots, records))
+                   server_steps=step_shares(before, after, wall_s), server_crossing_mean_s=served.get(CROSSING),
+                   server_vision_tower_calls=round(towers), server_vision_tower_mean_s=served.get(VISION_TOWER),
+                   timeline=timeline.windows(snapshots, records))
 
 
 async def measure_voice(config: VoiceConfig, console: Console | None = None) -> VoiceResult:

@@ -363,3 +363,6 @@ def test_realtime_with_a_picture_each_turn_against_the_tiny_server(tiny_server: 
     # the second turn's conversation holds both pictures
     assert 0 < records[0]["image_tokens"] < records[1]["image_tokens"], records
     assert data["levels"][0]["overall"]["image_tokens_mean"] > 0
+    # each turn's new picture went through the tower (the first turn's, held in the conversation's prefix, not again)
+    assert data["levels"][0]["server_vision_tower_calls"] == 2 and data["levels"][0]["server_vision_tower_mean_s"] > 0
+    assert "C=1 before the engine: then the vision tower" in " ".join(result.stdout.split())
