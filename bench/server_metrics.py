@@ -43,6 +43,11 @@ async def server_latency_sums(client: httpx.AsyncClient,
     return {key: (total, count) for key, (total, count) in sums.items()}
 
 
+def count_between(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], name: str) -> int:
+    """How many observations `name` gained between two of `server_latency_sums`' readings."""
+    return round(after.get(name, (0.0, 0.0))[1] - before.get(name, (0.0, 0.0))[1])
+
+
 def first_packet_parts(means: dict[str, float]) -> dict[str, float]:
     """Each part of the engine's first packet, from means keyed as `server_latency_sums` keys them."""
     prefix = f"{FIRST_PACKET_PART}{{part="

@@ -27,7 +27,14 @@ from bench.measure import RequestRecord, SSEDecoder, StreamTimer, error_text
 from bench.plots import plot_runs
 from bench.processes import Started, run_in_processes
 from bench.result_file import write_json
-from bench.server_metrics import CROSSING, VISION_TOWER, first_packet_parts, server_latency_sums, step_shares
+from bench.server_metrics import (
+    CROSSING,
+    VISION_TOWER,
+    count_between,
+    first_packet_parts,
+    server_latency_sums,
+    step_shares,
+)
 from bench.speech import load_questions
 from bench.stats import LevelResult, Stat, summarize_level
 from bench.video import BenchVideo, VideoInfo, load_video
@@ -250,8 +257,7 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"),
                    server_crossing_mean_s=means.get(CROSSING),
-                   server_vision_tower_calls=round(after.get(VISION_TOWER, (0.0, 0.0))[1]
-                                                   - before.get(VISION_TOWER, (0.0, 0.0))[1]),
+                   server_vision_tower_calls=count_between(before, after, VISION_TOWER),
                    server_vision_tower_mean_s=means.get(VISION_TOWER), client_lag_ms=Stat.of(lags),
                    server_steps=step_shares(before, after, wall_s))
 

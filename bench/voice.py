@@ -25,7 +25,14 @@ from bench.plots import plot_voice
 from bench.processes import Started, run_in_processes
 from bench.realtime_session import run_session
 from bench.result_file import write_json
-from bench.server_metrics import CROSSING, STEP_HISTOGRAM, VISION_TOWER, server_latency_sums, step_shares
+from bench.server_metrics import (
+    CROSSING,
+    STEP_HISTOGRAM,
+    VISION_TOWER,
+    count_between,
+    server_latency_sums,
+    step_shares,
+)
 from bench.speech import Question, load_questions
 from bench.stats import Stat
 from bench.sweep import first_send_delays, read_image, target_model, watch_loop_lag
@@ -137,10 +144,9 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
     after = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM, VISION_TOWER, CROSSING])
     served = {name: (after[name][0] - before[name][0]) / count
               for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
-    towers = after.get(VISION_TOWER, (0.0, 0.0))[1] - before.get(VISION_TOWER, (0.0, 0.0))[1]
     return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags),
                    server_steps=step_shares(before, after, wall_s), server_crossing_mean_s=served.get(CROSSING),
-                   server_vision_tower_calls=round(towers), server_vision_tower_mean_s=served.get(VISION_TOWER),
+                   server_vision_tower_calls=count_between(before, after, VISION_TOWER), server_vision_tower_mean_s=served.get(VISION_TOWER),
                    timeline=timeline.windows(snapshots, records))
 
 
