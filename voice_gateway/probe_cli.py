@@ -97,8 +97,7 @@ def kernels(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         tokens, batches = _counts(args.tokens, "--tokens"), _counts(args.batches, "--batches")
-        if args.replays < 1:
-            raise ValueError("--replays takes a positive count")
+        _check_replays(args.replays)
         timings = measure_experts_timing(tokens, replays=args.replays)
         frames = measure_predictor_timing(batches, replays=args.replays)
         calls = measure_attention_timing(replays=args.replays)
@@ -150,8 +149,7 @@ def steps(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         rows, contexts = _counts(args.rows, "--rows"), _counts(args.contexts, "--contexts")
         prompts = _counts(args.prompts, "--prompts", least=0)
-        if args.replays < 1:
-            raise ValueError("--replays takes a positive count")
+        _check_replays(args.replays)
         timings = measure_step_timing(args.model, load_format=args.load_format, device=args.device,
                                       quantization=args.quantization, replays=args.replays, cache_dir=args.cache_dir,
                                       **({"rows": rows} if rows else {}), **({"contexts": contexts} if contexts else {}),
@@ -190,8 +188,7 @@ def vision(args: argparse.Namespace, argv: list[str]) -> int:
 
     try:
         pictures = _counts(args.pictures, "--pictures")
-        if args.replays < 1:
-            raise ValueError("--replays takes a positive count")
+        _check_replays(args.replays)
         timings = measure_vision_timing(args.model, load_format=args.load_format, device=args.device,
                                         replays=args.replays, cache_dir=args.cache_dir,
                                         **({"pictures": pictures} if pictures else {}))
@@ -205,6 +202,11 @@ def vision(args: argparse.Namespace, argv: list[str]) -> int:
                    f"{args.device}, one call over that many 1280x720 pictures, transformers' own and the engine's "
                    "(milliseconds)", record, [t.as_dict() for t in timings], plot_vision_timing)
     return 0
+
+
+def _check_replays(replays: int) -> None:
+    if replays < 1:
+        raise ValueError("--replays takes a positive count")
 
 
 def _model_argument(add: Callable[..., Any]) -> None:
