@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import torch
 from fastapi import Depends, FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -85,6 +86,9 @@ def worker_app() -> FastAPI:
     # a spawned worker starts with the root logger unset; ours are the CLI's, tagged with the process
     logging.basicConfig(level=spec.log_level,
                         format=f"%(asctime)s %(levelname)s %(name)s [http {os.getpid()}]: %(message)s")
+    # it runs no model: a torch op on a picture would spread over every core, its idle workers spinning beside
+    # the engine's threads and the other server processes'
+    torch.set_num_threads(1)
     at = spec.engine_at
     engine = attach_replicas(at) if isinstance(at, RayAddress) else attach_engine(at)
     return create_app(engine, spec.gateway, spec.webrtc, metrics, spec.phone, spec.phone_dir)

@@ -2,15 +2,21 @@
 every turn: sent every turn, they would cost copies and keep a file descriptor open in both processes each. A
 server process sends one once (`SentMedia`, per connection) and names it by key after; the engine's process holds
 what it was sent (`HeldMedia`), longer than any server process counts on, and should it have let one go anyway,
-asks for that request whole (`Resend`)."""
+asks for that request whole (`Resend`).
+
+They cross as numpy arrays, pickled inside the message. A torch tensor would cross as a descriptor of shared
+memory, which the engine's reader fetches from the sender's process in a round of socket calls and handshakes;
+each of them waits for the GIL in both processes, and the engine's is held by its stages' threads, so under load
+a picture took ~0.1 s to cross and the requests behind it on the connection waited for it."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+import numpy as np
 import torch
 
 from engine.handoff import AdmittedRequest
@@ -52,12 +58,13 @@ class _Recent(Generic[V]):
         self._bytes = 0
 
 
-def _each(request: AdmittedRequest, media: Callable[[int, torch.Tensor], torch.Tensor | None]) -> AdmittedRequest:
-    """The request with `media(key, tensor)` for every clip's features and image's pixels (None: held already)."""
+def _each(request: AdmittedRequest, media: Callable[[int, Any], Any]) -> AdmittedRequest:
+    """The request with `media(key, value)` for every clip's features and image's pixels: a tensor, on the wire an
+    array, or None where held already."""
     features = [media(key, mel) for key, mel in zip(request.audio_keys, request.audio_features, strict=True)]
-    images = [dataclasses.replace(image, pixels=media(image.key, image.pixels))  # type: ignore[arg-type]
+    images = [dataclasses.replace(image, pixels=media(image.key, image.pixels))
               for image in request.images]
-    return dataclasses.replace(request, audio_features=features, images=images)  # type: ignore[arg-type]
+    return dataclasses.replace(request, audio_features=features, images=images)
 
 
 class SentMedia:
@@ -67,17 +74,16 @@ class SentMedia:
         self._sent: _Recent[bool] = _Recent(budget)
 
     def strip(self, request: AdmittedRequest) -> AdmittedRequest:
-        """The request as it crosses: what was sent lately left out (None), the rest copied, so that sending
-        never moves the server process's own tensors into shared memory."""
+        """The request as it crosses: what was sent lately left out (None), the rest as arrays of their own."""
         wire = _each(request, self._send)
         self._sent.trim()
         return wire
 
-    def _send(self, key: int, tensor: torch.Tensor) -> torch.Tensor | None:
+    def _send(self, key: int, tensor: torch.Tensor) -> np.ndarray | None:
         if self._sent.get(key):
             return None
         self._sent.add(key, True, tensor.nbytes)
-        return tensor.clone()
+        return tensor.numpy().copy()  # a copy: what is pickled later must not change meanwhile
 
     @staticmethod
     def leaves_out(wire: AdmittedRequest) -> bool:
@@ -105,11 +111,10 @@ class HeldMedia:
         self._held.trim()
         return None if SentMedia.leaves_out(whole) else whole
 
-    def _take(self, key: int, tensor: torch.Tensor | None) -> torch.Tensor | None:
-        """What the request reads: the copy held, made now from what came if nothing was (the one received
-        holds a descriptor of shared memory, let go of once the request is built)."""
+    def _take(self, key: int, array: np.ndarray | None) -> torch.Tensor | None:
+        """What the request reads: the tensor held, made now from what came if nothing was."""
         held = self._held.get(key)
-        if held is None and tensor is not None:
-            held = tensor.clone()
-            self._held.add(key, held, tensor.nbytes)
+        if held is None and array is not None:
+            held = torch.from_numpy(array)  # unpickled, the array is this process's own
+            self._held.add(key, held, array.nbytes)
         return held

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import pickle
 import time
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from engine import AudioPart, EngineRequest, Failed, Finished, Message, Sampling
 from engine.handoff import AdmittedRequest, ImageInput
 from engine.omni.weights.source import ModelSource
 from engine.remote.media import HeldMedia, SentMedia
+from engine.remote.messages import Submit
 
 ONE = 128 * 10 * 4  # the bytes of the smallest clip's features below
 
@@ -45,13 +48,20 @@ def test_clips_and_images_cross_once_and_are_filled_in_after() -> None:
     assert whole is not None and _equal(whole, _admitted([-1, -2, -3, -2], images=(-7, -8)))
 
 
-def test_what_crosses_is_a_copy() -> None:
-    """Sending a tensor between processes moves it into shared memory (a descriptor held open): never the
-    server process's own tensors."""
+def test_what_crosses_is_a_copy_inside_the_message() -> None:
+    """A tensor would cross as a descriptor of shared memory, fetched from the sender in a round of handshakes:
+    the wire holds arrays of their own, which multiprocessing pickles in the message itself."""
     request = _admitted([-5], images=(-6,))
     wire = SentMedia().strip(request)
-    assert wire.audio_features[0].data_ptr() != request.audio_features[0].data_ptr()
-    assert wire.images[0].pixels.data_ptr() != request.images[0].pixels.data_ptr()
+    mel, pixels = wire.audio_features[0], wire.images[0].pixels
+    assert isinstance(mel, np.ndarray) and isinstance(pixels, np.ndarray)
+    assert not np.shares_memory(mel, request.audio_features[0].numpy())
+    assert not np.shares_memory(pixels, request.images[0].pixels.numpy())
+    message = ForkingPickler.dumps(Submit(wire))
+    assert len(message) > mel.nbytes + pixels.nbytes
+    whole = HeldMedia().fill(pickle.loads(message).request)
+    assert whole is not None and _equal(whole, request)
+    whole.images[0].pixels[0, 0, 0, 0] = 1  # the engine's own, writable
 
 
 def test_an_engine_that_let_one_go_asks_for_the_request_whole() -> None:
@@ -78,7 +88,7 @@ async def test_a_request_cancelled_while_asked_for_whole_ends(cache_dir: Path) -
     """The engine's side: a request naming a clip it never got is not begun but asked for whole; a Cancel before
     it comes ends it with `aborted` (its stream must end), and a request that comes whole is begun."""
     from engine.omni.backend import OmniBackend
-    from engine.remote.messages import Cancel, EngineSpec, Events, Resend, Submit
+    from engine.remote.messages import Cancel, EngineSpec, Events, Resend
     from engine.remote.service import CoreService
 
     profile = load_profile(model="tiny", platform="cpu")
