@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -62,10 +63,21 @@ class ThinkerConfig:
     # a video's frames, each resized to within this many pixels: 64 tokens for each pair of frames, one a second
     # at the edge's 2 frames a second (a 16-frame, 8 s clip takes 512 tokens)
     video_frame_max_pixels: int = field(default=64 * 32 * 32, metadata=_at_least(4 * 32 * 32))
+    # pictures whose size (WIDTHxHEIGHT) the vision tower is graphed for at start-up on a GPU: the cameras' and
+    # phones' common frames and photos, each way up; a picture of another size runs the tower eagerly
+    image_graph_sizes: tuple[str, ...] = ("1280x720", "720x1280", "640x480", "480x640", "4032x3024", "3024x4032")
     ignore_eos: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
+    @property
+    def image_graph_shapes(self) -> list[tuple[int, int]]:
+        """`image_graph_sizes` as (height, width)."""
+        return [(int(h), int(w)) for w, h in (size.split("x") for size in self.image_graph_sizes)]
+
     def __post_init__(self) -> None:
+        for size in self.image_graph_sizes:
+            if not re.fullmatch(r"[1-9]\d*x[1-9]\d*", size):
+                raise ProfileError(f"stages.thinker.image_graph_sizes: each is WIDTHxHEIGHT in pixels, got {size!r}")
         # a step carries a row for every running reply and still prefills (engine/omni/stages/policy.py)
         if self.max_step_tokens < self.max_batch + 64:
             raise ProfileError(f"stages.thinker.max_step_tokens: must be >= max_batch + 64 ({self.max_batch + 64}), "

@@ -40,12 +40,21 @@ class ImagePreprocessor:
         self.temporal = vision_config.temporal_patch_size  # frames in one of the tower's patches
         self.min_pixels, self.max_pixels = min_pixels, max_pixels
 
-    def _resized(self, pixels: np.ndarray) -> np.ndarray:
+    def size(self, height: int, width: int) -> tuple[int, int]:
+        """The height and width a picture of this size is resized to."""
         try:
-            height, width = smart_resize(pixels.shape[0], pixels.shape[1], factor=self.patch * self.merge,
-                                         min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+            return smart_resize(height, width, factor=self.patch * self.merge, min_pixels=self.min_pixels,
+                                max_pixels=self.max_pixels)
         except ValueError as e:  # e.g. an aspect ratio past 200:1
             raise EngineError(f"cannot use this image: {e}") from e
+
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """The tower's patch grid for a picture of this size."""
+        height, width = self.size(height, width)
+        return 1, height // self.patch, width // self.patch
+
+    def _resized(self, pixels: np.ndarray) -> np.ndarray:
+        height, width = self.size(pixels.shape[0], pixels.shape[1])
         return np.array(Image.fromarray(pixels).resize((width, height), Image.Resampling.BICUBIC))  # writable
 
     def __call__(self, pixels: np.ndarray, key: int) -> ImageInput:

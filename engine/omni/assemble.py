@@ -16,6 +16,7 @@ import torch
 from engine.api import EngineError
 from engine.core import Pools
 from engine.handoff import Inbox, ReportQueue, StickyRouter, ThinkerDone
+from engine.intake.images import ImagePreprocessor
 from engine.metrics import EngineMetrics
 from engine.omni import memory
 from engine.omni.accel import packed_attention
@@ -42,7 +43,7 @@ from engine.omni.stages.talker import TalkerStage
 from engine.omni.stages.thinker import ThinkerStage
 from engine.omni.weights.source import ModelSource
 from engine.orchestrator import Orchestrator
-from engine.profile import ChunkConfig, Code2WavConfig, DeployProfile
+from engine.profile import ChunkConfig, Code2WavConfig, DeployProfile, ThinkerConfig
 from engine.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,18 @@ def _route(inboxes: list[Inbox], is_last: Callable[[Any], bool], routers: list[S
 
 def _no_talker(item: Any) -> None:
     raise AssertionError(f"this model has no talker; admission lets no audio request in: {item!r}")
+
+
+def _capture_vision(runner: ThinkerRunner, vision_config: Any, tk: ThinkerConfig) -> int:
+    """The tower's graphs for the profile's common picture sizes (as the intake resizes them); a capture that
+    fails leaves the tower eager, loudly."""
+    resize = ImagePreprocessor(vision_config, min_pixels=tk.image_min_pixels, max_pixels=tk.image_max_pixels)
+    try:
+        return runner.vision.capture([resize.grid(*shape) for shape in tk.image_graph_shapes])
+    except Exception:
+        log.exception("thinker: the vision tower's CUDA graph capture failed; it runs eagerly")
+        runner.vision.graphs.clear()
+        return 0
 
 
 def _name(kind: str, index: int, copies: int) -> str:
@@ -203,6 +216,11 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
             started = time.perf_counter()
             count = thinker_runner.audio.warm_up()
             log.info("thinker: audio tower warmed at %d chunk counts in %.1f s", count, time.perf_counter() - started)
+            if graphs:
+                started = time.perf_counter()
+                count = _capture_vision(thinker_runner, config.thinker_config.vision_config, tk)
+                log.info("thinker: vision tower graphed for %d picture grids in %.1f s", count,
+                         time.perf_counter() - started)
             if triton:
                 started = time.perf_counter()
                 count = thinker_runner.warm_eager()

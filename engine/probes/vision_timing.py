@@ -1,6 +1,7 @@
 """What the vision tower costs a step of pictures (`voice-gateway vision`): transformers' own tower against the
-engine's (`VisionTower`: grids laid out on the host, one attention call a layer for pictures of one size), by how
-many 1280x720 camera pictures the step carries, each resized as the profile resizes it.
+engine's (`VisionTower`: grids laid out on the host, one attention call a layer for pictures of one size) and, on a
+GPU, the engine's replaying its graph of the camera's grid once per picture, by how many 1280x720 camera pictures
+the step carries, each resized as the profile resizes it.
 
 Each call is timed from its start until the device has finished it (the median of the replays). The tower's
 weights are random at the model's dimensions: their values do not change the time."""
@@ -25,14 +26,14 @@ from engine.omni.weights.source import ModelSource
 from engine.profile import ThinkerConfig
 
 PICTURES = (1, 2, 4, 16)
-FORMS = ("transformers", "engine")
+FORMS = ("transformers", "engine", "graphed")
 CAMERA = (720, 1280)  # height, width
 WARM_CALLS = 2
 
 
 @dataclass(frozen=True, slots=True)
 class VisionTiming:
-    form: str  # "transformers": its tower as it comes; "engine": VisionTower
+    form: str  # "transformers": its tower as it comes; "engine": VisionTower; "graphed": VisionTower's graphs
     pictures: int  # in one call
     patches: int  # the call's patches over all its pictures
     call_ms: float
@@ -54,7 +55,12 @@ def measure(model: str = "tiny", *, load_format: str = "auto", device: str = "cp
         encoder = modeling.Qwen3OmniMoeVisionEncoder._from_config(vision_config, dtype=dtype).eval()
     timings = [_timing("transformers", _plain(encoder, vision_config), frames[:n], replays) for n in pictures]
     engine = VisionTower(SimpleNamespace(visual=encoder))  # from here on the encoder's layers are the engine's
-    return timings + [_timing("engine", engine, frames[:n], replays) for n in pictures]
+    timings += [_timing("engine", engine, frames[:n], replays) for n in pictures]
+    if device.startswith("cuda"):
+        with torch.inference_mode():
+            engine.capture([tuple(frames[0].grid_thw)])
+        timings += [_timing("graphed", engine, frames[:n], replays) for n in pictures]
+    return timings
 
 
 def _plain(encoder: Any, vision_config: Any) -> Any:

@@ -132,14 +132,16 @@ class ThinkerRunner:
         ids = [t for row in rows for t in row.token_ids]
         host_ids = torch.tensor(ids)
         embeds = self.text_model.embed_tokens(host_ids.to(self.device, non_blocking=True))
+        # placeholders' rows by index, found on the host: a mask on the device would make each step wait for it
         clips = [clip for row in rows for clip in row.audio]
         if clips:
-            at_audio = host_ids == self.audio_token_id
-            embeds[at_audio.to(self.device, non_blocking=True)] = self.audio(clips, int(at_audio.sum())).to(embeds.dtype)
+            at_audio = (host_ids == self.audio_token_id).nonzero().squeeze(1)
+            embeds[at_audio.to(self.device, non_blocking=True)] = self.audio(clips, len(at_audio)).to(embeds.dtype)
         pieces = [Piece(r.slot, r.start, len(r.token_ids), r.rope) for r in rows]
         deepstack = None
         if images := [image for row in rows for image in row.images]:
-            at_image = torch.isin(host_ids, torch.tensor(self.visual_token_ids)).to(self.device, non_blocking=True)
+            at_image = torch.isin(host_ids, torch.tensor(self.visual_token_ids)).nonzero().squeeze(1)
+            at_image = at_image.to(self.device, non_blocking=True)
             vision = self.vision(images)
             embeds[at_image] = vision.embeds.to(embeds.dtype)
             deepstack = embeds.new_zeros(len(vision.deepstack), *embeds.shape)
