@@ -58,7 +58,7 @@ def measure(model: str = "tiny", *, load_format: str = "auto", device: str = "cp
     timings += [_timing("engine", engine, frames[:n], replays) for n in pictures]
     if device.startswith("cuda"):
         with torch.inference_mode():
-            engine.capture([tuple(frames[0].grid_thw)])
+            engine.capture([frames[0].grid_thw])
         timings += [_timing("graphed", engine, frames[:n], replays) for n in pictures]
     return timings
 
