@@ -74,6 +74,8 @@ def test_stage_overrides_refine_one_key() -> None:
         ('{"thinker": {"kv_cache_tokens": 100}}', "stages.thinker.kv_cache_tokens: must hold one sequence"),
         # the tiny profile's 1024 positions + 48 frames + 16
         ('{"talker": {"kv_cache_tokens": 1000}}', "stages.talker.kv_cache_tokens: must hold one reply of .*1088"),
+        ('{"thinker": {"image_graph_sizes": ["1280x"]}}', "stages.thinker.image_graph_sizes: each is WIDTHxHEIGHT"),
+        ('{"thinker": {"image_graph_sizes": "1280x720"}}', "stages.thinker.image_graph_sizes: must be a list"),
         ("{not json", "--stage-overrides: not valid JSON"),
         ("[1, 2]", "--stage-overrides: must be a mapping"),
     ],

@@ -292,6 +292,8 @@ def test_pixels_resized_then_cut_where_the_tower_runs_are_transformers(height, w
                                           max_pixels=max_pixels, image_mean=list(mean), image_std=list(std))(
         images=[pixels], return_tensors="pt")
     assert ours.pixels.dtype == torch.uint8 and list(ours.grid_thw) == theirs["image_grid_thw"][0].tolist()
+    # the grid a graph is captured for at start-up, from the size alone
+    assert ImagePreprocessor(vision, min_pixels=56 * 56, max_pixels=max_pixels).grid(height, width) == ours.grid_thw
     torch.testing.assert_close(patches(ours, Normalisation(mean, std), temporal=2, patch=16), theirs["pixel_values"],
                                rtol=0, atol=1e-6)
 
