@@ -43,6 +43,12 @@ class GatewayMetrics:
             "gateway_chat_ttft_seconds", "Chat completion: request handed to the app to its first text chunk written",
             buckets=_TURN_BUCKETS_S, registry=r,
         )
+        # a picture's share of what the server does before the engine, beside its prompt and the crossing
+        self.image_decode = Histogram(
+            "gateway_image_decode_seconds",
+            "A picture's bytes to its pixels, as its request waits for them: a worker thread, then its decoding",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
+        )
         self.chat_ttfp = Histogram(
             "gateway_chat_ttfp_seconds", "Chat completion: request handed to the app to its first audio chunk written",
             buckets=_TURN_BUCKETS_S, registry=r,

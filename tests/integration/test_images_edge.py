@@ -87,7 +87,9 @@ def _count(metrics: str, name: str) -> float:
 
 
 def test_chat_answers_an_image(client: openai.OpenAI, server: Server) -> None:
-    towers_before = _count(server.get("/metrics").text, "engine_vision_tower_seconds_count")
+    metrics = server.get("/metrics").text
+    towers_before = _count(metrics, "engine_vision_tower_seconds_count")
+    decoded_before = _count(metrics, "gateway_image_decode_seconds_count")
     text_only = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "What is in this picture?"}], max_tokens=4)
     reply = client.chat.completions.create(model="tiny", messages=_user(_data_url(PNG)), max_tokens=4, seed=5)
@@ -95,7 +97,9 @@ def test_chat_answers_an_image(client: openai.OpenAI, server: Server) -> None:
     assert reply.usage.prompt_tokens_details.image_tokens > 0
     assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + reply.usage.prompt_tokens_details.image_tokens
     # the tower's time is told to /metrics, once for the step that carried the picture
-    assert _count(server.get("/metrics").text, "engine_vision_tower_seconds_count") == towers_before + 1
+    metrics = server.get("/metrics").text
+    assert _count(metrics, "engine_vision_tower_seconds_count") == towers_before + 1
+    assert _count(metrics, "gateway_image_decode_seconds_count") == decoded_before + 1  # the picture's decoding
 
 
 def test_chat_streams_an_answer_to_an_image(client: openai.OpenAI) -> None:

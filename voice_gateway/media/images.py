@@ -13,6 +13,8 @@ import binascii
 import io
 import math
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -192,9 +194,10 @@ def _rgb(image: Image.Image) -> np.ndarray:
     return pixels
 
 
-async def image_from_url(url: str, limits: ImageLimits, seen_pixels: int = 0) -> np.ndarray:
+async def image_from_url(url: str, limits: ImageLimits, seen_pixels: int = 0,
+                         decoded: Callable[[float], None] | None = None) -> np.ndarray:
     """The image a `data:image/...;base64,` URL or an allow-listed http(s) URL holds, decoded in a thread
-    (`seen_pixels`: as `decode_image`'s)."""
+    (`seen_pixels`: as `decode_image`'s); `decoded` is told how long the request waited for the decoding."""
     if url[: len(_DATA_URL_PREFIX)].lower() == _DATA_URL_PREFIX:
         raw = _data_url_bytes(url, limits)
     elif url[:7].lower() == "http://" or url[:8].lower() == "https://":
@@ -202,7 +205,11 @@ async def image_from_url(url: str, limits: ImageLimits, seen_pixels: int = 0) ->
     else:
         raise ImageError(INVALID_IMAGE_URL, f"an image URL is a data:image/...;base64 URL or an http(s) URL, got "
                          f"{_quoted(url)}")
-    return await asyncio.to_thread(decode_image, raw, limits, seen_pixels)
+    started = time.perf_counter()
+    pixels = await asyncio.to_thread(decode_image, raw, limits, seen_pixels)
+    if decoded is not None:
+        decoded(time.perf_counter() - started)
+    return pixels
 
 
 def _data_url_bytes(url: str, limits: ImageLimits) -> bytes:

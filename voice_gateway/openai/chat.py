@@ -8,6 +8,7 @@ import binascii
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     engine_request = EngineRequest(
         request_id=request_id,
-        messages=tuple([await _message(m, i, gateway, with_sound, engine.info.max_image_pixels)
+        messages=tuple([await _message(m, i, gateway, with_sound, engine.info.max_image_pixels,
+                                       request.app.state.gateway_metrics.image_decode.observe)
                         for i, m in enumerate(body.messages)]),
         want_audio=want_audio,
         speaker=_speaker(body, engine.info.speakers) if want_audio else None,
@@ -184,7 +186,7 @@ def _check_images(body: ChatCompletionRequest, limits: ImageLimits, model: Model
 
 
 async def _message(message: ChatMessage, index: int, gateway: GatewayConfig, with_sound: bool,
-                   seen_pixels: int) -> Message:
+                   seen_pixels: int, decoded: Callable[[float], None]) -> Message:
     """`with_sound`: each video brings its own sound (`mm_processor_kwargs.use_audio_in_video`); `seen_pixels`: the
     most of an image the model looks at (large JPEGs decode nearer that)."""
     role = {"developer": "system"}.get(message.role, message.role)
@@ -200,7 +202,7 @@ async def _message(message: ChatMessage, index: int, gateway: GatewayConfig, wit
             parts.append(AudioPart(await _decode_input_audio(part, param, gateway.max_input_audio_s)))
         elif isinstance(part, ImageURLContent):
             param = f"messages.{index}.content.{j}.image_url"
-            parts.append(ImagePart(await _decode_image_url(part, param, gateway.images, seen_pixels)))
+            parts.append(ImagePart(await _decode_image_url(part, param, gateway.images, seen_pixels, decoded)))
         elif isinstance(part, VideoURLContent):
             param = f"messages.{index}.content.{j}.video_url"
             try:
@@ -225,9 +227,10 @@ async def _decode_input_audio(part: InputAudioContent, param: str, max_audio_s: 
         raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 
 
-async def _decode_image_url(part: ImageURLContent, param: str, limits: ImageLimits, seen_pixels: int) -> np.ndarray:
+async def _decode_image_url(part: ImageURLContent, param: str, limits: ImageLimits, seen_pixels: int,
+                            decoded: Callable[[float], None]) -> np.ndarray:
     try:
-        return await image_from_url(part.image_url.url, limits, seen_pixels)
+        return await image_from_url(part.image_url.url, limits, seen_pixels, decoded)
     except ImageError as e:  # logged with the other refusals, by the error handler
         raise APIError(400, f"{param}: {e}", param=param, code=e.code) from e
 

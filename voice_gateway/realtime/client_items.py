@@ -5,6 +5,8 @@ Error codes and texts are OpenAI's where clients match on them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from engine import ImagePart
 from voice_gateway.media.images import IMAGES_NOT_SUPPORTED, TOO_MANY_IMAGES, ImageError, ImageLimits, image_from_url
 from voice_gateway.realtime import events as ev
@@ -20,13 +22,15 @@ class ClientItemReader:
     """Reads client items for one session: its input audio format, its limits; owns no state."""
 
     def __init__(self, settings: SessionSettings, checks: RequestChecks, reporter: ErrorReporter,
-                 images: ImageLimits, *, takes_images: bool = True, seen_pixels: int = 0) -> None:
+                 images: ImageLimits, *, takes_images: bool = True, seen_pixels: int = 0,
+                 decoded: Callable[[float], None] | None = None) -> None:
         self.settings = settings
         self.checks = checks
         self.reporter = reporter
         self.images = images
         self.takes_images = takes_images  # the model has eyes (ModelInfo.max_image_pixels)
         self.seen_pixels = seen_pixels  # the most of an image it looks at: large JPEGs decode nearer that
+        self.decoded = decoded  # told each picture's decoding time
 
     async def read(self, src: ev.ConversationItem, event_id: str | None, where: str = "item") -> Item | None:
         """`src` as an `Item`; None where it cannot be one, the client told why (`where`: the item's param).
@@ -95,7 +99,7 @@ class ClientItemReader:
         for j, part in parts:
             assert part.image_url is not None, j  # checked above
             try:
-                images.append(ImagePart(await image_from_url(part.image_url, self.images, self.seen_pixels)))
+                images.append(ImagePart(await image_from_url(part.image_url, self.images, self.seen_pixels, self.decoded)))
             except ImageError as e:
                 param = f"{where}.content.{j}.image_url"
                 self.reporter.error(e.code, f"{param}: {e}", event_id=event_id, param=param)

@@ -84,7 +84,8 @@ class Session:
         self.audio_input = AudioInput(buffer, TurnTaking(config.turn_detection, self.hearing))
         self.reader = ClientItemReader(self.settings, self.checks, self.reporter, gateway.images,
                                        takes_images=engine.info.max_image_pixels > 0,
-                                       seen_pixels=engine.info.max_image_pixels)
+                                       seen_pixels=engine.info.max_image_pixels,
+                                       decoded=metrics.image_decode.observe)
         conversation = Conversation(engine.info.max_model_len - _REPLY_TOKENS_RESERVE,
                                     int(gateway.max_stored_audio_s * INPUT_SAMPLE_RATE_HZ),
                                     gateway.images.max_images_per_session, engine.info.max_image_pixels,
