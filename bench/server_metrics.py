@@ -14,8 +14,10 @@ STEP_HISTOGRAM = "engine_stage_step_seconds"
 FIRST_PACKET_PART = "engine_first_packet_part_seconds"
 VISION_TOWER = "engine_vision_tower_seconds"  # a step's pictures through the vision tower
 CROSSING = "engine_request_crossing_seconds"  # a request's way from a server process to an engine's process
+IMAGE_DECODE = "gateway_image_decode_seconds"  # a picture's bytes to its pixels in the server
 _LATENCY_HISTOGRAMS = ("engine_ttft_seconds", "engine_ttfp_seconds", "gateway_chat_ttft_seconds",
-                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM, FIRST_PACKET_PART, VISION_TOWER, CROSSING)
+                       "gateway_chat_ttfp_seconds", STEP_HISTOGRAM, FIRST_PACKET_PART, VISION_TOWER, CROSSING,
+                       IMAGE_DECODE)
 
 
 async def server_latency_sums(client: httpx.AsyncClient,

@@ -71,6 +71,8 @@ class LevelResult:
     server_http_ttfp_mean_s: float | None = None
     # of the time before the engine, a request's way to an engine in a process of its own (None: in the server's)
     server_crossing_mean_s: float | None = None
+    # ... and before it, in the server, each picture's decoding (gateway_image_decode_seconds)
+    server_image_decode_mean_s: float | None = None
     # the vision tower's calls over the level (one a step that carried pictures) and their mean host time
     server_vision_tower_calls: int = 0
     server_vision_tower_mean_s: float | None = None

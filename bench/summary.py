@@ -27,6 +27,8 @@ def _before_engine(lv: LevelResult | VoiceLevelResult) -> str:
     if (isinstance(lv, LevelResult) and lv.server_http_ttft_mean_s is not None
             and lv.server_ttft_mean_s is not None):
         parts.append(f"{_fmt(lv.server_http_ttft_mean_s - lv.server_ttft_mean_s)} s of the server's TTFT")
+    if lv.server_image_decode_mean_s is not None:
+        parts.append(f"each picture decoded in {_fmt(lv.server_image_decode_mean_s)} s")
     if lv.server_crossing_mean_s is not None:
         parts.append(f"crossing to the engine's process {_fmt(lv.server_crossing_mean_s)} s")
     if lv.server_vision_tower_calls:

@@ -29,6 +29,7 @@ from bench.processes import Started, run_in_processes
 from bench.result_file import write_json
 from bench.server_metrics import (
     CROSSING,
+    IMAGE_DECODE,
     VISION_TOWER,
     count_between,
     first_packet_parts,
@@ -256,7 +257,7 @@ async def _measure_level(client: httpx.AsyncClient, clients: list[httpx.AsyncCli
                    server_first_packet_parts_mean_s=first_packet_parts(means),
                    server_http_ttft_mean_s=means.get("gateway_chat_ttft_seconds"),
                    server_http_ttfp_mean_s=means.get("gateway_chat_ttfp_seconds"),
-                   server_crossing_mean_s=means.get(CROSSING),
+                   server_crossing_mean_s=means.get(CROSSING), server_image_decode_mean_s=means.get(IMAGE_DECODE),
                    server_vision_tower_calls=count_between(before, after, VISION_TOWER),
                    server_vision_tower_mean_s=means.get(VISION_TOWER), client_lag_ms=Stat.of(lags),
                    server_steps=step_shares(before, after, wall_s))

@@ -27,6 +27,7 @@ from bench.realtime_session import run_session
 from bench.result_file import write_json
 from bench.server_metrics import (
     CROSSING,
+    IMAGE_DECODE,
     STEP_HISTOGRAM,
     VISION_TOWER,
     count_between,
@@ -120,7 +121,8 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
         if failed := [r.error for r in warm if not r.ok]:
             log.warning("%d warm-up turn(s) failed at %s %s C=%d: %s", len(failed), level.mode, level.output_format,
                         concurrency, failed[0])
-    before = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM, VISION_TOWER, CROSSING])
+    read = [_TURN_HISTOGRAM, STEP_HISTOGRAM, VISION_TOWER, CROSSING, IMAGE_DECODE]
+    before = await server_latency_sums(client, read)
     lags: list[float] = []
     snapshots: list[timeline.Snapshot] = []
     watch = asyncio.create_task(watch_loop_lag(lags))
@@ -141,11 +143,12 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
     await timeline.snapshot(client, snapshots)
     records.sort(key=lambda r: (r.session, r.turn))
     result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s)
-    after = await server_latency_sums(client, [_TURN_HISTOGRAM, STEP_HISTOGRAM, VISION_TOWER, CROSSING])
+    after = await server_latency_sums(client, read)
     served = {name: (after[name][0] - before[name][0]) / count
               for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}
     return replace(result, server_turn_latency_mean_s=served.get(_TURN_HISTOGRAM), client_lag_ms=Stat.of(lags),
                    server_steps=step_shares(before, after, wall_s), server_crossing_mean_s=served.get(CROSSING),
+                   server_image_decode_mean_s=served.get(IMAGE_DECODE),
                    server_vision_tower_calls=count_between(before, after, VISION_TOWER), server_vision_tower_mean_s=served.get(VISION_TOWER),
                    timeline=timeline.windows(snapshots, records))
 

@@ -62,6 +62,7 @@ class VoiceLevelResult:
     server_steps: dict[str, StageSteps] = field(default_factory=dict)  # each stage's steps (bench/stats.py)
     # as a chat level's (bench/stats.py): the crossing to an engine's process, and the vision tower's calls
     server_crossing_mean_s: float | None = None
+    server_image_decode_mean_s: float | None = None
     server_vision_tower_calls: int = 0
     server_vision_tower_mean_s: float | None = None
     timeline: list[Window] = field(default_factory=list)  # the server's steps window by window (bench/timeline.py)

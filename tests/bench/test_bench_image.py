@@ -8,6 +8,7 @@ import argparse
 import base64
 import io
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -346,6 +347,7 @@ def test_chat_with_a_picture_against_the_tiny_server(tiny_server: Server, tmp_pa
     # runs in the server's process here, so nothing crossed to another
     assert level["server_vision_tower_calls"] == 2 and level["server_vision_tower_mean_s"] > 0
     assert level["server_crossing_mean_s"] is None
+    assert 0 < level["server_image_decode_mean_s"] < 1  # each picture's decoding in the server
     printed = " ".join(result.stdout.split())  # the console wraps its lines
     assert "C=1 before the engine:" in printed and "then the vision tower 2 calls of" in printed
 
@@ -365,4 +367,6 @@ def test_realtime_with_a_picture_each_turn_against_the_tiny_server(tiny_server: 
     assert data["levels"][0]["overall"]["image_tokens_mean"] > 0
     # each turn's new picture went through the tower (the first turn's, held in the conversation's prefix, not again)
     assert data["levels"][0]["server_vision_tower_calls"] == 2 and data["levels"][0]["server_vision_tower_mean_s"] > 0
-    assert "C=1 before the engine: then the vision tower" in " ".join(result.stdout.split())
+    assert data["levels"][0]["server_image_decode_mean_s"] > 0
+    assert re.search(r"C=1 before the engine: each picture decoded in [\d.]+ s; then the vision tower",
+                     " ".join(result.stdout.split()))
