@@ -116,7 +116,7 @@ class VisionTower:
         started = time.perf_counter()
         each = [patches(image, self.normalisation, temporal=self.temporal, patch=self.patch, device=self.device)
                 for image in images]
-        grids: list[Grid] = [tuple(image.grid_thw) for image in images]  # type: ignore[misc]
+        grids = [image.grid_thw for image in images]
         if self.graphs and all(grid in self.graphs for grid in grids):
             rows = self._replayed(each, grids)
         else:
@@ -145,10 +145,10 @@ class VisionTower:
 
     def _replayed(self, each: list[torch.Tensor], grids: list[Grid]) -> VisionRows:
         """One replay per picture, its rows copied out before the next replay of its graph overwrites them."""
-        rows = [self.graphs[grid].rows for grid in grids]
-        sizes = [len(r.embeds) for r in rows]
-        embeds = rows[0].embeds.new_empty(sum(sizes), rows[0].embeds.shape[1])
-        deepstack = [embeds.new_empty(sum(sizes), d.shape[1]) for d in rows[0].deepstack]
+        sizes = [len(self.graphs[grid].rows.embeds) for grid in grids]
+        like = self.graphs[grids[0]].rows
+        embeds = like.embeds.new_empty(sum(sizes), like.embeds.shape[1])
+        deepstack = [embeds.new_empty(sum(sizes), d.shape[1]) for d in like.deepstack]
         first = 0
         for pixels, grid, size in zip(each, grids, sizes, strict=True):
             replay = self.graphs[grid]
