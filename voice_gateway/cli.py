@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import DeployProfile, EngineError, ProfileError, create_engine, load_profile
 from voice_gateway import probe_cli
 
+# the engine (torch, transformers) is imported where a server or a probe starts: the bench's client processes are
+# spawned, and each imports this module again as its main
 if TYPE_CHECKING:
+    from engine import DeployProfile
     from voice_gateway.config import GatewayConfig
     from voice_gateway.phone import PhoneConfig
     from voice_gateway.webrtc import WebRTCConfig
@@ -95,6 +97,7 @@ def _served_hosts(bind_host: str) -> tuple[str, ...]:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from engine import EngineError, ProfileError, create_engine, load_profile
     from voice_gateway.app import create_app
     from voice_gateway.config import GatewayConfig
     from voice_gateway.media.images import ImageLimits
@@ -181,6 +184,7 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
 
     import uvicorn
 
+    from engine import EngineError
     from engine.deploy import EngineHost, ReplicaHost
     from voice_gateway.app import WorkerSpec
 

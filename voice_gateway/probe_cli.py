@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine import EngineError
-
 PROBES = ("accuracy", "kernels", "steps", "vision")
 
 
@@ -49,6 +47,7 @@ def accuracy(args: argparse.Namespace, argv: list[str]) -> int:
     import json
     import platform
 
+    from engine import EngineError
     from engine.probes import measure_accuracy
 
     if args.steps < 1:
@@ -140,6 +139,7 @@ def _steps_arguments(parser: argparse.ArgumentParser) -> None:
 
 def steps(args: argparse.Namespace, argv: list[str]) -> int:
     """`voice-gateway steps`: engine/probes/step_timing.py's Thinker steps as JSON, a figure and a table."""
+    from engine import EngineError
     from engine.probes import measure_step_timing
 
     if without_bench_extra("steps"):
@@ -180,6 +180,7 @@ def _vision_arguments(parser: argparse.ArgumentParser) -> None:
 
 def vision(args: argparse.Namespace, argv: list[str]) -> int:
     """`voice-gateway vision`: engine/probes/vision_timing.py's calls as JSON, a figure and a table."""
+    from engine import EngineError
     from engine.probes import measure_vision_timing
 
     if without_bench_extra("vision"):

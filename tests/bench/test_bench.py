@@ -443,6 +443,15 @@ def test_bench_imports_neither_the_server_nor_the_engine() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_voice_gateway_bench_loads_no_model_code() -> None:
+    # the bench's client processes are spawned, and each imports `voice_gateway.cli` again as its main: torch and
+    # transformers there took each level ~20 s before its first request on a GPU host
+    result = _python("import sys, voice_gateway.cli\n"
+                     "print(sorted({m.split('.')[0] for m in sys.modules} & {'engine', 'torch', 'transformers'}))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_voice_gateway_bench_without_the_extra_says_what_to_install() -> None:
     result = _python("import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
                      "from voice_gateway.cli import main; sys.exit(main(['bench', '--help']))")
