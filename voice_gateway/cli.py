@@ -16,7 +16,10 @@ from voice_gateway import probe_cli
 # the engine (torch, transformers) is imported where a server or a probe starts: the bench's client processes are
 # spawned, and each imports this module again as its main
 if TYPE_CHECKING:
+    import threading
+
     from engine import DeployProfile
+    from engine.deploy import EngineHost
     from voice_gateway.config import GatewayConfig
     from voice_gateway.phone import PhoneConfig
     from voice_gateway.webrtc import WebRTCConfig
@@ -178,9 +181,12 @@ def _phone_settings(env: Mapping[str, str]) -> PhoneConfig:
 
 def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfile, gateway: GatewayConfig,
                    webrtc: WebRTCConfig, phone: PhoneConfig, uvicorn_args: dict[str, Any]) -> int:
-    """One engine process (or the replicas on Ray), then `workers` uvicorn server processes attached to it."""
+    """One engine process (or the replicas on Ray) and `workers` uvicorn server processes attached to it. The server
+    processes start while an engine process starts (each imports torch and transformers meanwhile, and waits for
+    its socket); replicas on Ray are started first."""
     import shutil
     import tempfile
+    import threading
 
     import uvicorn
 
@@ -189,12 +195,16 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
     from voice_gateway.app import WorkerSpec
 
     host = (ReplicaHost if profile.engine.where == "ray" else EngineHost)(args.model, profile, args.cache_dir)
-    try:
-        host.start()
-    except (EngineError, FileNotFoundError) as e:
-        log.error("%s", e)
-        host.stop()
-        return 2
+    failed = threading.Event()
+    if isinstance(host, EngineHost):
+        threading.Thread(target=_start_beside, args=(host, failed), name="engine-start", daemon=True).start()
+    else:
+        try:
+            host.start()
+        except (EngineError, FileNotFoundError) as e:
+            log.error("%s", e)
+            host.stop()
+            return 2
     assert host.address is not None
     metrics_dir = Path(tempfile.mkdtemp(prefix="vg-metrics-"))
     phone_dir = Path(tempfile.mkdtemp(prefix="vg-calls-"))
@@ -209,7 +219,26 @@ def _serve_workers(args: argparse.Namespace, workers: int, profile: DeployProfil
         host.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
         shutil.rmtree(phone_dir, ignore_errors=True)
-    return 0
+    return 2 if failed.is_set() else 0
+
+
+def _start_beside(host: EngineHost, failed: threading.Event) -> None:
+    """The engine process's start, beside uvicorn's: when it fails, its socket's folder goes (the server processes
+    waiting for it give up) and uvicorn's supervisor is told to stop, once it listens for that."""
+    import signal
+    import time
+
+    from engine import EngineError
+
+    try:
+        host.start()
+    except (EngineError, FileNotFoundError) as e:
+        log.error("%s", e)
+        failed.set()
+        host.stop()
+        while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
 from multiprocessing.process import BaseProcess
@@ -24,6 +25,7 @@ from engine.remote.pipe import cut, portable
 log = logging.getLogger(__name__)
 
 REAP_TIMEOUT_S = 10  # a child told to stop exits by then, or is killed
+ATTACH_POLL_S = 0.2  # how often a server process looks for its starting engine's socket
 
 
 def handshake(conn: Connection, what: str) -> EngineSpec:
@@ -110,9 +112,26 @@ class AttachHost(Reach):
 
     def __init__(self, address: Address) -> None:
         self.address = address
+        self._attached = False
 
     async def open(self) -> tuple[Connection, EngineSpec]:
+        if not self._attached:
+            await self._started()
         try:
-            return await asyncio.to_thread(dial, *self.address, self.what)
+            reached = await asyncio.to_thread(dial, *self.address, self.what)
         except (OSError, EOFError, AuthenticationError) as e:  # e.g. its host is starting the next one
             raise EngineError(f"cannot reach the engine process: {type(e).__name__}: {e}") from e
+        self._attached = True
+        return reached
+
+    async def _started(self) -> None:
+        """Server processes start beside their engine: its socket appears once it is ready, and the socket's folder
+        goes when its host gives up on it."""
+        socket = Path(self.address[0])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not socket.exists():
+            if not socket.parent.exists():
+                raise EngineError(f"{self.what} did not start")
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.what} did not start within {START_TIMEOUT_S} s")
+            await asyncio.sleep(ATTACH_POLL_S)

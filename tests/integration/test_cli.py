@@ -1,4 +1,5 @@
-"""The command line: a missing checkpoint or a wrong model package fails at once; the bench drives a live server."""
+"""The command line: a missing checkpoint or a wrong model package fails at once, with server processes or without;
+the bench drives a live server."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ def test_serve_without_the_checkpoint_fails_at_once(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "looked in" in result.stderr and "no-such-model" in result.stderr
+
+
+def test_serve_with_workers_stops_when_its_engine_process_fails_to_start(tmp_path: Path) -> None:
+    # the server processes start beside the engine process and wait for its socket: its failure ends them all
+    result = subprocess.run(
+        [sys.executable, "-m", "voice_gateway.cli", "serve", str(tmp_path / "no-such-model"), "--http-workers", "2",
+         "--port", "0", "--cache-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "the engine process failed to start" in result.stderr and "no-such-model" in result.stderr
 
 
 def test_serve_rejects_a_bad_override_with_its_key(tmp_path: Path) -> None:
