@@ -241,6 +241,28 @@ async def test_several_server_processes_share_one_engine_process(tiny_checkpoint
     assert host.pid is not None and _reaped(host.pid)
 
 
+async def test_a_server_process_started_before_its_engine_waits_for_it(tiny_checkpoint: Path, cache_dir: Path) -> None:
+    """`serve --http-workers N` starts its server processes while the engine process starts: one that attaches
+    first waits for the engine's socket, and one whose host gave up (the socket's folder gone) fails at once."""
+    from engine.deploy import EngineHost, attach_engine
+
+    host = EngineHost("tiny", load_profile(model="tiny", platform="cpu"), cache_dir)
+    early = attach_engine(host.address)
+    attaching = asyncio.create_task(early.start())
+    try:
+        await asyncio.sleep(0.5)
+        assert not attaching.done() and not Path(host.address[0]).exists()
+        await asyncio.to_thread(host.start)
+        await asyncio.wait_for(attaching, 30)
+        assert (await _reply(early, _request("early")))[0]
+    finally:
+        await early.stop()
+        await asyncio.to_thread(host.stop)
+    late = attach_engine(host.address)
+    with pytest.raises(EngineError, match="did not start"):
+        await asyncio.wait_for(late.start(), 5)
+
+
 async def test_an_engine_host_replaces_its_engine_and_server_processes_reconnect(tiny_checkpoint: Path,
                                                                                 cache_dir: Path) -> None:
     """`serve --http-workers N`: the host's thread replaces a child that exited or stalled at the same
