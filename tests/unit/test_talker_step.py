@@ -2,7 +2,7 @@
 equal each alone, a prompt in pieces of any size (decode rows riding) equals it whole, and a step padded to a
 graph's bucket equals the exact step, its padding written only into the scratch page. And the stage's own
 rules: the repetition history per slot, no codec EOS before a reply's first frame, replies waiting for the KV pool
-in order."""
+in order, a turn whose few rows are all here passing a long history."""
 
 from __future__ import annotations
 
@@ -200,3 +200,42 @@ def test_replies_wait_for_the_talker_kv_pool_first_come_first_served(loaded: obj
         assert runner.kv.num_free_pages == 3 and list(stage.cache.entries)
         stage.step()
         assert stage.last_batch == ["short"] and not stage.cache.entries and runner.kv.num_free_pages == 11
+
+
+def test_a_reply_whose_few_rows_are_all_here_passes_a_long_history(loaded: object) -> None:
+    """Another call's history of 200 user rows, still without its first text token, came first; a turn whose
+    prompt (12 user rows, its assistant part) is all here fits half of the step's room: it goes whole and speaks
+    from this step, and the history takes the rest of the room."""
+    from engine.handoff import Inbox, PromptRows, ThinkerPrompt, ThinkerToken
+    from engine.metrics import EngineMetrics
+    from engine.omni.runners.kv_cache import SlotKVCache
+    from engine.omni.stages.talker import TalkerStage
+    from engine.profile import TalkerConfig
+
+    gen = torch.Generator().manual_seed(8)
+    with torch.inference_mode():
+        runner = runner_of(loaded, 8)
+        text = runner.config.talker_config.text_config
+        runner.kv = SlotKVCache(num_layers=text.num_hidden_layers, num_slots=6, num_kv_heads=text.num_key_value_heads,
+                                head_dim=text.head_dim, max_len=512, dtype=torch.float32, device="cpu", page_size=8)
+        room = 16 + 64  # the least `max_step_tokens` allows for 16 replies
+        stage = TalkerStage(runner, TalkerConfig(max_batch=16, max_step_tokens=room, max_frames=8), Inbox(),
+                            lambda _: None, None, lambda _: None, EngineMetrics())
+
+        def arrive(rid: str, user_tokens: int, first_text: bool) -> None:
+            config = runner.config
+            ids = [config.im_start_token_id, config.user_token_id, *[9] * user_tokens,
+                   config.im_start_token_id, config.assistant_token_id, 198]
+            stage.accept(ThinkerPrompt(rid, ids, "ethan", 0, np.asarray(ids, dtype=np.int64)))
+            stage.accept(PromptRows(rid, torch.randn(len(ids), WIDTH, generator=gen),
+                                    torch.randn(len(ids), WIDTH, generator=gen)))
+            if first_text:
+                stage.accept(ThinkerToken(rid, 11, torch.randn(WIDTH, generator=gen)))
+
+        arrive("history", 198, first_text=False)
+        arrive("turn", 10, first_text=True)
+        stage.step()
+        assert stage.last_batch == ["turn", "history"]
+        assert list(stage.running) == ["turn"]  # its prompt is in, its first frame sampled
+        turn_rows = stage.running["turn"].position
+        assert turn_rows == 12 + 9 and stage.pending["history"].position == room - turn_rows

@@ -6,8 +6,10 @@ decodes only while some spoken reply's text is fewer than `text_lead` tokens ahe
 text outruns speech, and steps it takes without need leave the audio stages less GPU. First-chunk priority (with
 pacing): text is first made for the replies still waiting for their first chunk; once each holds the rows that
 chunk consumes, the others' text waits at a lead of one until those frames are made. Every Thinker step carries a
-row for every running reply beside the prompt pieces it prefills, so prompts never starve speaking replies; pieces
-fill the fixed `max_step_tokens` first come first served. The budget stays fixed: shrinking it while listeners are
+row for every running reply beside the prompt pieces it prefills, so prompts never starve speaking replies. Pieces
+fill the fixed `max_step_tokens` in two passes (`finishing_share`): prompts that finish within half of the room
+first, then the others first come first served, so that a turn of a few dozen tokens does not wait behind another
+call's history prefilled again. The budget stays fixed: shrinking it while listeners are
 short of audio starves a wave's prefill and leaves more replies behind, which a gentle chunk ramp avoids. Stages
 nearer the audio get higher CUDA stream priority. Code2Wav is never held back for replies far ahead of real time:
 under steady arrivals some reply always awaits its first packet, and the others would stutter at the threshold."""
@@ -18,6 +20,14 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from engine.profile import ChunkConfig, FirstPacketConfig
+
+
+def finishing_share(room: int) -> int:
+    """Of a step's room for prompt pieces, what prompts that finish in it may take, in the order they came, before
+    earlier prompts that do not. A reply begins only once its whole prompt is in, so a short prompt held behind a
+    long one's pieces waits the long one's steps for nothing; the other half keeps the first long prompt moving by
+    at least half a step each step, whatever arrives, so none starves."""
+    return room // 2
 
 
 class PacedText(Protocol):

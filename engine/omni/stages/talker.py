@@ -1,7 +1,8 @@
 """Talker stage: turns the Thinker's rows into codec frames, one packed step for every reply that is ready.
 
 A step carries a row for every speaking reply whose next text row is here (its next Thinker token, tts_eos once,
-then tts_pad) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts, first come first served.
+then tts_pad) and, in the room `max_step_tokens` leaves, pieces of new replies' prompts: those that finish within
+half the room first, then the others first come first served (policy.py says why).
 A prompt's user turns are prefilled as the Thinker prefills them, its assistant part once the first text token is
 here; its last piece samples the first codebook-0 id. A conversation's next turn takes the slot its last reply
 left, with the user rows it holds (talker_prefix.py). A reply's first piece reserves the pages of its prompt and
@@ -34,6 +35,7 @@ from engine.metrics import EngineMetrics
 from engine.omni.runners.sampler import RowSampling, new_seed, sample
 from engine.omni.runners.talker import ASSISTANT_ROWS, PromptLayout, TalkerRow, TalkerRunner
 from engine.omni.runners.talker_prefix import KeptRows, TalkerPrefixCache, user_row_ends
+from engine.omni.stages.policy import finishing_share
 from engine.positions import Rope
 from engine.profile import TalkerConfig
 from engine.stage import Stage
@@ -218,15 +220,30 @@ class TalkerStage(Stage):
         return self.last_batch
 
     def _take_pieces(self, room: int) -> list[tuple[TalkerSeq, torch.Tensor]]:
-        pieces = []
+        """Pieces of the replies' prompts for one step. Each reply with rows here starts as soon as it can (a slot and
+        its pages, in the order they came) and queues them; those whose whole prompt is queued and fits
+        `finishing_share` of the room go whole, in that order, and the others share what is left first come first
+        served: a turn whose first frame waits only on its own few rows does not wait behind another call's history."""
+        queued = []
         for seq in self._prefillable():  # it checks each reply's pages as the ones before it take theirs
-            if room <= 0:
-                break
             if seq.slot < 0:
                 self._start(seq)
             self._queue_rows(seq)
-            if seq.todo is None or not seq.todo.shape[0]:
-                continue  # nothing of it to prefill yet (rows with no user turn, or its first text token to come)
+            if seq.todo is not None and seq.todo.shape[0]:
+                queued.append(seq)  # else nothing of it to prefill yet (rows with no user turn, or no text yet)
+        share = finishing_share(room)
+        whole = []
+        for seq in queued:
+            assert seq.todo is not None
+            if seq.header_queued and seq.todo.shape[0] <= share:
+                whole.append(seq)
+                share -= seq.todo.shape[0]
+        pieces = []
+        taken = {id(seq) for seq in whole}
+        for seq in whole + [s for s in queued if id(s) not in taken]:
+            if room <= 0:
+                break
+            assert seq.todo is not None
             rows, seq.todo = seq.todo[:room], seq.todo[room:]
             pieces.append((seq, rows))
             room -= rows.shape[0]

@@ -1,7 +1,8 @@
 """Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
 
-A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`, first come
-first served (policy.py says why the budget is fixed). Whether a step runs for the running replies alone is the
+A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`: prompts that
+finish within half the room first, then the others first come first served (policy.py says why, and why the
+budget is fixed). Whether a step runs for the running replies alone is the
 first-packet policy's call: with text pacing the Thinker waits while every reply's text is far enough ahead
 of its speech, which the Talker reports as it consumes rows (`SpeechProgress`)."""
 
@@ -35,7 +36,7 @@ from engine.omni.runners.audio_encoder import DENSE_CHUNKS
 from engine.omni.runners.prefix_cache import Entry, PrefixCache, host_rows, position_keys
 from engine.omni.runners.sampler import Grammars, GrammarState, RowSampling, new_seed, sample
 from engine.omni.runners.thinker import RowOut, StepRow, StepRunner
-from engine.omni.stages.policy import FirstPacketPolicy
+from engine.omni.stages.policy import FirstPacketPolicy, finishing_share
 from engine.positions import Rope, media_spans
 from engine.profile import ThinkerConfig
 from engine.stage import Stage
@@ -274,19 +275,28 @@ class ThinkerStage(Stage):
         return end, taken
 
     def _take_pieces(self, room: int) -> list[tuple[ThinkerSeq, int]]:
-        """Prompt pieces for one step, first come first served: the prompts under way in the order they came,
-        then waiting ones while slots are free, until the step's `room` is used. Nothing goes behind a prompt
-        that this step does not finish, so prompts begin their replies in the order they came."""
+        """Prompt pieces for one step. Waiting prompts start (a slot, their cached prefix, their pages) as soon as
+        they can, in the order they came, so that what is left of each is known. Then the prompts whose rest fits
+        `finishing_share` of the room go whole, in that order; the others take what is left first come first served,
+        nothing going behind one that this step does not finish. A prompt that finishes begins its reply in this
+        step; one cut before a clip that no longer fits the step goes on in the next."""
+        while self._may_start():
+            self.partial.append(self._start(self.waiting.popleft()))
         pieces: list[tuple[ThinkerSeq, int]] = []
-        audio_room = DENSE_CHUNKS
-        while room > 0:
-            if len(pieces) < len(self.partial):
-                seq = self.partial[len(pieces)]
-            elif self._may_start():
-                seq = self._start(self.waiting.popleft())
-                self.partial.append(seq)
-            else:
+        audio_room, share = DENSE_CHUNKS, finishing_share(room)
+        for seq in self.partial:
+            end, chunks = self._piece_end(seq, share, audio_room, first=False)
+            if end == seq.prompt_len:
+                pieces.append((seq, end))
+                share -= end - seq.position
+                room -= end - seq.position
+                audio_room -= chunks
+        finishing = {id(seq) for seq, _ in pieces}
+        for seq in self.partial:
+            if room <= 0:
                 break
+            if id(seq) in finishing:
+                continue
             end, chunks = self._piece_end(seq, room, audio_room, first=not pieces)
             if end == seq.position:
                 break  # its next clip does not fit what is left of this step
