@@ -20,6 +20,7 @@ from engine.intake.images import ImagePreprocessor
 from engine.metrics import EngineMetrics
 from engine.omni import memory
 from engine.omni.accel import packed_attention
+from engine.omni.accel.compiled import keep_compiled
 from engine.omni.accel.cuda_graphs import talker_capture, thinker_capture
 from engine.omni.accel.predictor_attention import predictor_attention
 from engine.omni.accel.prepare import load_stage
@@ -181,6 +182,8 @@ def assemble(source: ModelSource, profile: DeployProfile) -> Orchestrator:
     _share_cores(profile, source.has_talker)
     triton = profile.kernels == "triton"
     graphs = profile.cuda_graphs
+    if any(s.device.startswith("cuda") for s in (stages_cfg.thinker, stages_cfg.talker, stages_cfg.code2wav)):
+        keep_compiled(source.cache_dir / "compiled")
     metrics, reports = EngineMetrics(), ReportQueue()
     policy = FirstPacketPolicy(profile.first_packet, profile.async_chunk)
     clock = PlaybackClock()

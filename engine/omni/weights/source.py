@@ -32,6 +32,7 @@ class ModelSource:
     path: Path  # config, tokenizer and feature-extractor files (for dummy weights: ours, built once)
     config: Any  # Qwen3OmniMoeConfig of the whole model
     load_format: Literal["auto", "dummy"]
+    cache_dir: Path  # where our own built files go: the dummy weights' front files, the compiled kernels
 
     @classmethod
     def open(cls, model: str, load_format: Literal["auto", "dummy"] = "auto",
@@ -39,11 +40,11 @@ class ModelSource:
         cache_dir = cache_dir or default_cache_dir()
         if load_format == "dummy":
             log.warning("load_format=dummy: full-size architecture with RANDOM weights, for benchmarks only")
-            return cls(model, _dummy_front(cache_dir), omni_config(full_size_config_dict()), "dummy")
+            return cls(model, _dummy_front(cache_dir), omni_config(full_size_config_dict()), "dummy", cache_dir)
         path = resolve_checkpoint(model, cache_dir)
         if model == TINY_MODEL_ID:
             log.warning("serving the tiny random-weight model: %s", TINY_DESCRIPTION)
-        return cls(model, path, load_config(path), "auto")
+        return cls(model, path, load_config(path), "auto", cache_dir)
 
     @property
     def is_random_weights(self) -> bool:
