@@ -54,6 +54,7 @@ _SPLIT_KV = "benchmarks/h200/long-call/context-8192-split-kv/long-c32-t80-summar
 _H100 = "benchmarks/h100/long-call/fp8-32-slots/"
 _RANGE = "levels/0/turn_ranges/turns="
 _KERNEL = "benchmarks/h200/ladder-128-kernel/"
+_FIRST = "benchmarks/h100/finishing-first/"
 
 FIGURES = (
     # One step for everybody
@@ -260,6 +261,17 @@ FIGURES = (
     # long calls on an H100, with and without the users' pauses
     *(Figure("130 and 137 of 2,560 turns behind", number, f"benchmarks/h100/long-call/fp8-32-slots/{name}-summary.json",
              "levels/0/overall/underrun_turns") for number, name in (("130", "long-c32-t80"), ("137", "long-c32-t80-think2"))),
+    # turns that finish first, on an H100 as shipped
+    *(Figure(f"| {turns} | {first_audio} s | {engine} s |", number, _FIRST + "h100-long-c32-t80-summary.json",
+             f"{_RANGE}{turns}/{key}/median")
+      for turns, first_audio, engine in (("1-5", "0.132", "0.126"), ("61-80", "0.666", "0.650"))
+      for number, key in ((first_audio, "first_audio_p50_s"), (engine, "engine_first_packet_p50_s"))),
+    Figure("31 fell behind playback", "31", _FIRST + "h100-long-c32-t80-summary.json", "levels/0/overall/underrun_turns"),
+    Figure("first audio 0.468 s** (p50 0.385", "0.468", _FIRST + "h100-chat640-c64-waves.json", "levels/0/ttfp_s/mean"),
+    Figure("first audio 0.468 s** (p50 0.385", "0.385", _FIRST + "h100-chat640-c64-waves.json", "levels/0/ttfp_s/p50"),
+    Figure("0.296 s (p99 0.506), RTF 0.444", "0.296", _FIRST + "h100-chat640-c64-steady.json", "levels/0/ttfp_s/mean"),
+    Figure("RTF 0.444, 12 of\n256 behind", "12", _FIRST + "h100-chat640-c64-steady.json",
+           "levels/0/underrun_requests"),
 )
 
 
