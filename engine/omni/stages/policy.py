@@ -2,17 +2,17 @@
 
 A reply is heard from its first audio chunk on, so while some reply waits for that chunk, work for replies already
 speaking (or text far ahead of its speech) only takes the GPU from it. Text pacing (`text_lead` > 0): the Thinker
-decodes only while some spoken reply's text is fewer than `text_lead` tokens ahead of what its Talker consumed;
-text outruns speech, and steps it takes without need leave the audio stages less GPU. First-chunk priority (with
-pacing): text is first made for the replies still waiting for their first chunk; once each holds the rows that
-chunk consumes, the others' text waits at a lead of one until those frames are made. Every Thinker step carries a
-row for every running reply beside the prompt pieces it prefills, so prompts never starve speaking replies. Pieces
-fill the fixed `max_step_tokens` in two passes (`finishing_share`): prompts that finish within half of the room
-first, then the others first come first served, so that a turn of a few dozen tokens does not wait behind another
-call's history prefilled again. The budget stays fixed: shrinking it while listeners are
-short of audio starves a wave's prefill and leaves more replies behind, which a gentle chunk ramp avoids. Stages
-nearer the audio get higher CUDA stream priority. Code2Wav is never held back for replies far ahead of real time:
-under steady arrivals some reply always awaits its first packet, and the others would stutter at the threshold."""
+decodes only while some spoken reply's text is fewer than `text_lead` tokens ahead of what its Talker consumed; text
+outruns speech, and steps it takes without need leave the audio stages less GPU. First-chunk priority (with pacing):
+text is first made for the replies still waiting for their first chunk; once each holds the rows that chunk
+consumes, the others' text waits at a lead of one until those frames are made. Every Thinker step carries a row for
+every running reply beside the prompt pieces it prefills, so prompts never starve speaking replies. Pieces fill the
+fixed `max_step_tokens` in two passes (`finishing_share`): prompts that finish within half of the room first, then
+the others first come first served, so that a turn of a few dozen tokens does not wait behind another call's history
+prefilled again. The budget stays fixed: shrinking it while listeners are short of audio starves a wave's prefill
+and leaves more replies behind, which a gentle chunk ramp avoids. Stages nearer the audio get higher CUDA stream
+priority. Code2Wav is never held back for replies far ahead of real time: under steady arrivals some reply always
+awaits its first packet, and the others would stutter at the threshold."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Thinker stage: schedules one packed step at a time, streams text, feeds the Talker row by row.
 
-A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`: prompts that
-finish within half the room first, then the others first come first served (policy.py says why, and why the
-budget is fixed). Whether a step runs for the running replies alone is the
-first-packet policy's call: with text pacing the Thinker waits while every reply's text is far enough ahead
-of its speech, which the Talker reports as it consumes rows (`SpeechProgress`)."""
+A step carries a row for every running reply and the prompt pieces that fit `max_step_tokens`: prompts that finish
+within half the room first, then the others first come first served (policy.py says why, and why the budget is
+fixed). Whether a step runs for the running replies alone is the first-packet policy's call: with text pacing the
+Thinker waits while every reply's text is far enough ahead of its speech, which the Talker reports as it consumes
+rows (`SpeechProgress`)."""
 
 from __future__ import annotations
 
