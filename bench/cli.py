@@ -40,7 +40,7 @@ _VOICE = VoiceConfig()
 # the sweep flags that mean the same for --realtime (its own defaults: VoiceConfig's)
 _VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes", "spread_s", "image"}
 _VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed",
-               "think_s", "image_every")
+               "think_s", "image_every", "time_limit_s")
 _DEFAULT_OUT = Path("benchmarks/local")
 
 
@@ -164,6 +164,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     vopt("--think-s", type=float, metavar="S",
          help="before each turn after the first, the user pauses a random 0-S s (at --input-speed), so that "
               "conversations of like turns do not fall into step (default 0: the next question at once)")
+    vopt("--time-limit", dest="time_limit_s", type=float, metavar="S",
+         help="end each level after S s: its conversations start no turn after that, the turns under way end, and "
+              "the result counts the turns not started (default 0: every turn)")
     vopt("--image-every", type=_at_least(1), metavar="N",
          help="with --image: turn t of a conversation sends the picture when t %% N == 0 (default 1: every turn, "
               "a camera frame with each question)")

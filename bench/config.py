@@ -88,6 +88,9 @@ class VoiceConfig:
     # conversations whose questions and replies last alike otherwise fall into step, through the steps the server
     # shares among them, until every conversation asks at once
     think_s: float = 0.0
+    # > 0: a level's conversations start no turn this many seconds after the level began (the turns under way end):
+    # a run too long for the time at hand still leaves its result, with the turns it did not start counted
+    time_limit_s: float = 0.0
     # as BenchConfig.image: a turn that carries it sends it as an `input_image` user item before its question,
     # as a camera would send a frame; turn t carries it when t % image_every == 0
     image: str | None = None
@@ -104,9 +107,11 @@ class VoiceConfig:
             raise BenchError(f"turn_mode: unknown {sorted(unknown)} (expected {', '.join(VOICE_MODES)})")
         if unknown := set(self.output_format) - set(OUTPUT_FORMATS):
             raise BenchError(f"output_format: unknown {sorted(unknown)} (expected {', '.join(OUTPUT_FORMATS)})")
-        if self.turns < 1 or self.chunk_ms < 10 or self.input_speed <= 0 or self.spread_s < 0 or self.think_s < 0:
-            raise BenchError(f"need turns >= 1, chunk_ms >= 10, input_speed > 0, spread_s >= 0, think_s >= 0; got "
-                             f"{self.turns}, {self.chunk_ms}, {self.input_speed}, {self.spread_s}, {self.think_s}")
+        if (self.turns < 1 or self.chunk_ms < 10 or self.input_speed <= 0 or self.spread_s < 0 or self.think_s < 0
+                or self.time_limit_s < 0):
+            raise BenchError(f"need turns >= 1, chunk_ms >= 10, input_speed > 0, spread_s >= 0, think_s >= 0, "
+                             f"time_limit_s >= 0; got {self.turns}, {self.chunk_ms}, {self.input_speed}, {self.spread_s}, "
+                             f"{self.think_s}, {self.time_limit_s}")
         if self.image_every < 1:
             raise BenchError(f"image_every: must be >= 1, got {self.image_every}")
         if self.image_every > 1 and self.image is None:

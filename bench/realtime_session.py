@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -138,9 +139,10 @@ def think_pause_s(config: VoiceConfig, index: int, turn: int) -> float:
 
 async def run_session(config: VoiceConfig, model: str, mode: str, output_format: str,
                       questions: Sequence[Question], index: int, turns: int,
-                      pictures: Sequence[str] = ()) -> list[TurnRecord]:
+                      pictures: Sequence[str] = (), deadline: float = math.inf) -> list[TurnRecord]:
     """Session `index`'s turns (turn t asks question (index + t) % count, after picture t % len(pictures), a data
-    URL, when t % config.image_every == 0); one that fails ends the session."""
+    URL, when t % config.image_every == 0); one that fails ends the session, and none starts at `deadline`
+    (perf_counter) or later."""
     def ask(turn: int) -> Question:
         return questions[(index + turn) % len(questions)]
 
@@ -162,6 +164,8 @@ async def run_session(config: VoiceConfig, model: str, mode: str, output_format:
             for turn in range(turns):
                 if turn:
                     await asyncio.sleep(think_pause_s(config, index, turn))
+                    if time.perf_counter() >= deadline:
+                        break
                     records.append(record(turn))
                 timer = TurnTimer(records[-1], vad=mode != "commit")
                 async with asyncio.timeout(config.timeout):

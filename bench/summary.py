@@ -117,6 +117,9 @@ def print_voice_summary(result: VoiceResult, console: Console) -> None:
                       f"turn / first turn p50 {_fmt(ratio.p50, '.2f')}, p99 {_fmt(ratio.p99, '.2f')}; server "
                       f"speech_stopped -> first audio mean {_fmt(lv.server_turn_latency_mean_s)} s; client lag p99 "
                       f"{_fmt(lv.client_lag_ms.p99, '.1f')} ms{opus}{picture}")
+        if lv.turns_not_started:
+            console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency}: stopped at the time limit, "
+                          f"{lv.turns_not_started} turns not started")
         if lv.server_vision_tower_calls or lv.server_crossing_mean_s is not None:
             console.print(f"{lv.mode} {lv.output_format} C={lv.concurrency} before the engine: {_before_engine(lv)}")
         if lv.server_steps:

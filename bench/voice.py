@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -81,9 +82,10 @@ class _Level:
 
 
 async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, turns: int,
-                        on_done: Callable[[], None]) -> list[TurnRecord]:
+                        on_done: Callable[[], None], limit_s: float = 0.0) -> list[TurnRecord]:
     """`workers` conversations at a time; each worker starts the next session when its last one ends, its first
-    a random 0-`spread_s` s late."""
+    a random 0-`spread_s` s late; `limit_s` > 0: no session or turn starts that many seconds from now or later."""
+    deadline = time.perf_counter() + limit_s if limit_s else math.inf
     indices = list(indices)
     pending = iter(indices)
     records: list[TurnRecord] = []
@@ -91,8 +93,10 @@ async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, tur
     async def worker(delay: float) -> None:
         await asyncio.sleep(delay)
         for index in pending:
+            if time.perf_counter() >= deadline:
+                break
             records.extend(await run_session(level.config, level.model, level.mode, level.output_format,
-                                             level.questions, index, turns, level.pictures(index, turns)))
+                                             level.questions, index, turns, level.pictures(index, turns), deadline))
             on_done()
 
     delays = first_send_delays(f"voice:{indices[:1]}", workers, level.config.spread_s)
@@ -103,7 +107,7 @@ async def _run_sessions(level: _Level, indices: Iterable[int], workers: int, tur
 async def _sessions_work(level: _Level, indices: list[int], workers: int, started: Started) -> list[TurnRecord]:
     """One client process's share of a level (`processes.run_in_processes` runs it)."""
     await started()
-    return await _run_sessions(level, indices, workers, level.config.turns, lambda: None)
+    return await _run_sessions(level, indices, workers, level.config.turns, lambda: None, level.config.time_limit_s)
 
 
 def sessions(config: VoiceConfig, concurrency: int) -> int:
@@ -135,14 +139,17 @@ async def run_level(client: httpx.AsyncClient, level: _Level, concurrency: int, 
             for _ in range(n):
                 advance()
         else:
-            records = await _run_sessions(level, range(n), concurrency, config.turns, advance)
+            records = await _run_sessions(level, range(n), concurrency, config.turns, advance, config.time_limit_s)
             wall_s = time.perf_counter() - t0
     finally:
         watch.cancel()
         sampler.cancel()
     await timeline.snapshot(client, snapshots)
     records.sort(key=lambda r: (r.session, r.turn))
-    result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s)
+    result = summarize_voice_level(level.mode, level.output_format, concurrency, n, records, wall_s, config.turns)
+    if result.turns_not_started:
+        log.warning("%s %s C=%d: the time limit (%g s) left %d of %d turns not started", level.mode,
+                    level.output_format, concurrency, config.time_limit_s, result.turns_not_started, n * config.turns)
     after = await server_latency_sums(client, read)
     served = {name: (after[name][0] - before[name][0]) / count
               for name in after if name in before and (count := after[name][1] - before[name][1]) > 0}

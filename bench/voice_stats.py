@@ -66,6 +66,9 @@ class VoiceLevelResult:
     server_vision_tower_calls: int = 0
     server_vision_tower_mean_s: float | None = None
     timeline: list[Window] = field(default_factory=list)  # the server's steps window by window (bench/timeline.py)
+    # turns its conversations did not start before the level's time limit (--time-limit); a failed turn's
+    # conversation ends there too, but those turns are its failure's, not counted here
+    turns_not_started: int = 0
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -112,7 +115,8 @@ def later_turn_ratios(records: list[TurnRecord]) -> list[float]:
 
 
 def summarize_voice_level(mode: str, output_format: str, concurrency: int, sessions: int,
-                          records: list[TurnRecord], wall_s: float) -> VoiceLevelResult:
+                          records: list[TurnRecord], wall_s: float, turns: int = 0) -> VoiceLevelResult:
+    """`turns`: each conversation's, to count those a time limit left unstarted (0: not counted)."""
     overall = turn_stats(None, records)
     indices = sorted({r.turn for r in records})
     return VoiceLevelResult(
@@ -120,4 +124,14 @@ def summarize_voice_level(mode: str, output_format: str, concurrency: int, sessi
         turns_per_s=overall.completed / wall_s if wall_s > 0 else 0.0, overall=overall,
         by_turn=[turn_stats(t, [r for r in records if r.turn == t]) for t in indices],
         later_turn_ratio=Stat.of(later_turn_ratios(records)), records=records,
+        turns_not_started=turns_not_started(records, sessions, turns) if turns else 0,
     )
+
+
+def turns_not_started(records: list[TurnRecord], sessions: int, turns: int) -> int:
+    """Of `sessions` conversations of `turns` turns each, the turns that neither ran nor followed a failed one."""
+    by_session: dict[int, list[TurnRecord]] = {}
+    for record in sorted(records, key=lambda r: (r.session, r.turn)):
+        by_session.setdefault(record.session, []).append(record)
+    never_begun = (sessions - len(by_session)) * turns
+    return never_begun + sum(turns - len(done) for done in by_session.values() if done[-1].ok)

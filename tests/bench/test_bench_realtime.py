@@ -119,3 +119,17 @@ def test_chat_with_input_audio_sends_the_questions(short_replies: Server, tmp_pa
     # "#<index>" alone is about 10 tokens; each 3 s question adds its audio's
     assert all(r["prompt_tokens"] > 30 for r in level["records"])
     assert "P=1 C=2 steps: " in result.stdout and "thinker/" in result.stdout
+
+
+def test_a_time_limit_ends_the_level_and_keeps_what_was_done(short_replies: Server, tmp_path: Path) -> None:
+    """Two conversations of 40 turns with a 5 s limit: the turns under way end, none starts after, and the result
+    is written, with the turns not started counted."""
+    result = _bench("--realtime", "--url", short_replies.base_url, "--concurrency", "2", "--turns", "40",
+                    "--turn-mode", "commit", "--output-format", "pcm16", "--max-tokens", "8", "--input-speed", "8",
+                    "--warmup", "0", "--time-limit", "5", "--label", "limited", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (lv,) = json.loads((tmp_path / "limited.json").read_text())["levels"]
+    done = lv["overall"]["completed"]
+    assert done >= 2 and lv["overall"]["failures"] == 0
+    assert lv["turns_not_started"] > 0 and done + lv["turns_not_started"] == 2 * 40
+    assert "stopped at the time limit" in result.stdout

@@ -178,6 +178,16 @@ def test_voice_level_stats_by_turn_index_and_overall() -> None:
     assert lv.overall.vad_wait_s == bench.Stat()
 
 
+def test_a_time_limit_counts_the_turns_it_left_not_started() -> None:
+    """Four conversations of four turns: one whole, one stopped by the limit after two turns, one ended by its
+    failed second turn (those two turns are its failure's), one never begun."""
+    records = [*(_turn(0, t, 0.2) for t in range(4)), _turn(1, 0, 0.2), _turn(1, 1, 0.3),
+               _turn(2, 0, 0.2), _turn(2, 1, None, error="boom")]
+    lv = summarize_voice_level("commit", "pcm16", 4, 4, records[::-1], wall_s=2.0, turns=4)
+    assert lv.turns_not_started == 2 + 4
+    assert summarize_voice_level("commit", "pcm16", 4, 4, records, wall_s=2.0).turns_not_started == 0  # not asked
+
+
 # ----------------------------------------------------------------------------- command line
 
 def _parse(*argv: str) -> argparse.Namespace:
