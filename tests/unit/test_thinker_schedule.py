@@ -407,3 +407,25 @@ def test_a_short_kv_pool_makes_prompts_wait_for_pages_never_fail() -> None:
     assert not stage.running and not stage.waiting and not stage.partial
     # finished replies keep their prefixes in the pages they used, nothing more
     assert all(runner.kv.capacity(e.slot) == 128 for e in stage.cache.entries.values())
+
+
+def test_a_prompt_ended_before_its_reply_keeps_what_its_slot_holds() -> None:
+    """A conversation's next turn takes its cached prefix when it starts; cancelled after one piece, the prefix and
+    that piece stay for the turn after it, which prefills only the rest."""
+    stage, _ = make_stage(max_step_tokens=100)
+    rng = random.Random(5)
+    first = [rng.randrange(10, VOCAB) for _ in range(150)]
+    stage.accept(Prompt("a", first, 0, 2).admitted(False))
+    while stage.has_work():
+        stage.step()
+    second = first + [rng.randrange(10, VOCAB) for _ in range(300)]
+    stage.accept(Prompt("b", second, 0, 2).admitted(False))
+    stage.step()
+    (b,) = stage.partial
+    assert (b.cached, b.position) == (150, 250)  # a's prompt, then one piece
+    stage.release("b")  # cancelled: the user spoke again
+    assert not stage.partial and not stage.waiting
+    stage.accept(Prompt("c", second + [11] * 10, 0, 2).admitted(False))
+    stage.step()
+    (c,) = stage.partial
+    assert c.cached == 250

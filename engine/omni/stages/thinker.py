@@ -148,8 +148,8 @@ class ThinkerStage(Stage):
     def release(self, request_id: str) -> None:
         self.waiting = deque(s for s in self.waiting if s.job.request_id != request_id)
         for piecewise in [s for s in self.partial if s.job.request_id == request_id]:
-            self.partial.remove(piecewise)  # its KV is incomplete: nothing to keep
-            self.runner.kv.free(piecewise.slot)
+            self.partial.remove(piecewise)
+            self._keep_prefilled(piecewise)
         if (seq := self.running.pop(request_id, None)) is not None:
             self._keep(seq)
 
@@ -157,6 +157,16 @@ class ThinkerStage(Stage):
         """A finished (or aborted) request's slot stays filled for a prompt that begins the same."""
         kept = np.concatenate([seq.keys, np.asarray(seq.generated[: seq.position - seq.prompt_len], dtype=np.int64)])
         self.cache.keep(Entry(seq.slot, kept, seq.prompt_len, host_rows(seq.embeds), host_rows(seq.hidden)))
+
+    def _keep_prefilled(self, seq: ThinkerSeq) -> None:
+        """A prompt ended before its reply began (a turn cancelled while it waited for its pieces): what its slot
+        holds, the cached prefix it took when it started and the pieces since, stays for the conversation's next
+        turn. Prompts start as soon as they can, so without this a cancelled turn would lose its call's history."""
+        if seq.position < self.cache.min_tokens:
+            self.runner.kv.free(seq.slot)
+            return
+        self.cache.keep(Entry(seq.slot, seq.keys[: seq.position], seq.position, host_rows(seq.embeds),
+                              host_rows(seq.hidden)))
 
     def has_work(self) -> bool:
         return self._wants_decode() or bool(self.partial) or self._may_start()
