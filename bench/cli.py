@@ -22,6 +22,7 @@ from bench.ladder import load_ladder, replot_ladder, run_ladder
 from bench.phone import PhoneBenchConfig, run_phone_bench
 from bench.plots import plot_compare
 from bench.rounds import summarize_rounds
+from bench.shrink import DEFAULT_RANGES, parse_ranges, summarize_file
 from bench.soak import DEFAULT_MIX, SoakConfig, run_soak
 from bench.summary import (
     print_ladder_summary,
@@ -179,6 +180,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     modes = parser.add_subparsers(dest="mode", metavar="soak")
     add_soak_arguments(modes.add_parser("soak", help="mixed traffic for a long while, sampling the server's memory "
                                         "and open files"))
+    add_summarize_arguments(modes.add_parser("summarize", help="a long realtime run's JSON as benchmarks/ keeps it: "
+                                             "without its records, with statistics per range of turns"))
 
 
 _SOAK = SoakConfig()
@@ -213,6 +216,27 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=_at_least(0), default=_SOAK.seed, help="the request order's seed (default 0)")
     add("--label", default=_SOAK.label, help=f"{{out-dir}}/{{label}}.json and .png (default {_SOAK.label})")
     add("--out-dir", type=Path, default=_DEFAULT_OUT / "soak", help=f"default {_DEFAULT_OUT / 'soak'}")
+
+
+def add_summarize_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=Path, metavar="RUN.json", help="a `bench --realtime` result")
+    parser.add_argument("--of", required=True, metavar="COMMIT:PATH",
+                        help="where the whole run is kept in the history, written into the summary (`summary_of`)")
+    parser.add_argument("--ranges", type=parse_ranges, default=DEFAULT_RANGES, metavar="A-B,...",
+                        help="ranges of turns, 1-based (default " + ",".join(f"{a}-{b}" for a, b in DEFAULT_RANGES)
+                             + ", those the run reached)")
+    parser.add_argument("summary", type=Path, nargs="?", default=None, metavar="SUMMARY.json",
+                        help="where to write it (default: RUN-summary.json beside the run)")
+
+
+def summarize_main(args: argparse.Namespace, console: Console) -> int:
+    try:
+        path = summarize_file(args.run, args.of, args.ranges, args.summary)
+    except BenchError as exc:
+        log.error("%s", exc)
+        return 2
+    console.print(f"wrote {path}")
+    return 0
 
 
 def _serve_args(remainder: list[str]) -> list[str]:
@@ -268,6 +292,8 @@ def bench_main(args: argparse.Namespace, argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the progress bars
     if getattr(args, "mode", None) == "soak":
         return soak_main(args, argv, console)
+    if getattr(args, "mode", None) == "summarize":
+        return summarize_main(args, console)
     if args.compare:
         try:
             png = plot_compare(list(args.compare), Path(args.out_dir or _DEFAULT_OUT) / "compare.png")

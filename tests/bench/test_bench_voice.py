@@ -8,6 +8,8 @@ import argparse
 import base64
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from bench.cli import voice_config_from_args
 from bench.realtime_session import realtime_url, session_update, think_pause_s
 from bench.timeline import Snapshot, windows
 from bench.turn import TurnError
+from tests.conftest import REPO
 
 
 def _event(kind: str, **fields: object) -> str:
@@ -186,6 +189,44 @@ def test_a_time_limit_counts_the_turns_it_left_not_started() -> None:
     lv = summarize_voice_level("commit", "pcm16", 4, 4, records[::-1], wall_s=2.0, turns=4)
     assert lv.turns_not_started == 2 + 4
     assert summarize_voice_level("commit", "pcm16", 4, 4, records, wall_s=2.0).turns_not_started == 0  # not asked
+
+
+def test_a_long_run_summarized_by_ranges_of_turns(tmp_path: Path) -> None:
+    """Two conversations of seven turns: the summary drops the records and keeps, per range reached, each turn's
+    first-audio p50 spread, prompts weighted by completed turns, and turns behind; the whole run is named."""
+    from dataclasses import asdict
+
+    from bench.config import BenchError
+    from bench.shrink import parse_ranges, summarize_file, summarize_run
+
+    records = [_turn(s, t, 0.1 * (t + 1) + 0.01 * s, underruns=int(s == 1 and t == 6)) for s in (0, 1) for t in range(7)]
+    level = asdict(summarize_voice_level("commit", "pcm16", 2, 2, records, wall_s=7.0, turns=7))
+    run = {"benchmark": "realtime", "label": "long", "levels": [level]}
+    out = summarize_run(run, "abc1234:benchmarks/x/long.json", parse_ranges("1-5,6-20,21-40"))
+    assert out["summary_of"] == "abc1234:benchmarks/x/long.json" and "records" not in out["levels"][0]
+    (lv,) = out["levels"]
+    assert lv["first_turn_behind"] == 7 and [r["turns"] for r in lv["turn_ranges"]] == ["1-5", "6-20"]
+    first, later = lv["turn_ranges"]
+    assert first["first_audio_p50_s"]["min"] == pytest.approx(0.105)  # turn 1's p50 over both conversations
+    assert first["first_audio_p50_s"]["median"] == pytest.approx(0.305) and first["completed"] == 10
+    assert first["input_tokens_mean"] == pytest.approx(150.0)  # 50, 100, ..., 250
+    assert (later["completed"], later["underrun_turns"], later["failures"]) == (4, 1, 0)
+    assert run["levels"][0]["records"]  # the run itself is left as it was
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(run))
+    assert summarize_file(path, "abc1234:benchmarks/x/long.json") == tmp_path / "long-summary.json"
+    with pytest.raises(BenchError, match="COMMIT:PATH"):
+        summarize_run(run, "long.json")
+    for bad in ("5-1", "1-5,3-9", "x"):
+        with pytest.raises(BenchError, match="--ranges"):
+            parse_ranges(bad)
+    # the command line: `voice-gateway bench summarize RUN.json [SUMMARY.json] --of COMMIT:PATH`
+    done = subprocess.run([sys.executable, "-m", "voice_gateway.cli", "bench", "summarize", str(path),
+                           str(tmp_path / "kept.json"), "--of", "abc1234:benchmarks/x/long.json", "--ranges", "1-3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    kept = json.loads((tmp_path / "kept.json").read_text())
+    assert [r["turns"] for r in kept["levels"][0]["turn_ranges"]] == ["1-3"]
 
 
 # ----------------------------------------------------------------------------- command line
