@@ -45,3 +45,39 @@ def test_kept_rows_wait_on_the_host_and_are_copied_there_once() -> None:
     torch.testing.assert_close(torch.cat(reuse.embeds), expected.cpu(), rtol=0, atol=0)
     torch.testing.assert_close(torch.cat(reuse.hidden), -expected.cpu(), rtol=0, atol=0)
     torch.testing.assert_close(rows[1], new.cpu(), rtol=0, atol=0)
+
+
+def test_a_prefix_given_back_to_the_host_pool_comes_back_whole() -> None:
+    """One slot: a kept prefix is given back for the next request while the step that wrote it is still running;
+    its KV goes to pinned host memory without waiting, the new request overwrites the pages at once, and the
+    prefix copied back later into a slot is the one that was kept, to the bit."""
+    kv = SlotKVCache(num_layers=2, num_slots=1, num_kv_heads=2, head_dim=64, max_len=512, dtype=torch.bfloat16,
+                     device="cuda", page_size=16)
+    cache = PrefixCache(kv, PrefixCacheMetrics(CollectorRegistry()), min_tokens=4, host_bytes=1 << 30)
+    tokens = list(range(10, 310))
+    stream = torch.cuda.Stream()
+    with torch.inference_mode(), torch.cuda.stream(stream):
+        slot = cache.allocate()
+        assert cache.reserve(slot, len(tokens))
+        torch.cuda._sleep(100_000_000)  # the step that writes the prefix is still running when it is kept
+        kept = [(torch.randn(2, len(tokens), 64, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(2, len(tokens), 64, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+        for layer, (keys, values) in enumerate(kept):
+            kv.write(slot, layer, keys, values)
+        cache.keep(Entry(slot, np.asarray(tokens), len(tokens), None, None))
+        other = cache.allocate()  # the only slot: the kept prefix goes to the host pool
+        assert other == slot and not cache.entries and len(cache.host) == 1
+        (entry,) = cache.host.values()
+        assert all(layer.is_pinned() for layer in entry.kv)
+        assert cache.reserve(other, len(tokens))
+        for layer in range(2):  # the next request writes the same pages
+            kv.write(other, layer, torch.zeros(2, len(tokens), 64, device="cuda", dtype=torch.bfloat16),
+                     torch.zeros(2, len(tokens), 64, device="cuda", dtype=torch.bfloat16))
+        kv.free(other)
+        reuse = cache.claim(np.asarray(tokens + [1, 2]), [], want_hidden=False)
+        assert reuse is not None and reuse.length == len(tokens)
+        back = [kv.read(reuse.slot, len(tokens), layer) for layer in range(2)]
+        stream.synchronize()
+    for (keys, values), (got_keys, got_values) in zip(kept, back, strict=True):
+        torch.testing.assert_close(got_keys, keys, rtol=0, atol=0)
+        torch.testing.assert_close(got_values, values, rtol=0, atol=0)

@@ -6,7 +6,8 @@ the rest. A match covering the entry's prompt moves the slot to the new request;
 many users) copies the shared part into a free slot and leaves the entry. `KEPT_PER_SLOT` kept slots sit beside
 each request's, given back least recently used first whenever a request needs a slot or pages: the cache holds
 only what nobody else wants. A kept slot given back moves its KV to a host pool (`host_bytes`, LRU), from which a
-match is copied back instead of prefilled. A kept prefix also holds the Talker's rows of its prompt, in pinned
+match is copied back instead of prefilled; on a GPU both copies are queued on the Thinker's stream, in pinned memory,
+and its thread never waits for them. A kept prefix also holds the Talker's rows of its prompt, in pinned
 host memory (on the GPU, outside the KV pool start-up sizes, a long call's rows would run a step out of memory),
 as pieces copied to the host once each; a Talker copies back only the rows its own kept prefix lacks. A
 position's key is its token id, except under an audio clip, where it is the clip's digest (negative, so no token
@@ -115,7 +116,7 @@ class PrefixCache(KeptSlots[Entry]):
         if nbytes > self.host_bytes:  # the pool could not hold it: no copy at all
             self.metrics.evictions.labels("dropped").inc()
             return
-        kv = [torch.stack(self.kv.read(entry.slot, n, layer)).to("cpu", copy=True) for layer in range(len(self.kv.keys))]
+        kv = [_to_pinned(self.kv.read(entry.slot, n, layer)) for layer in range(len(self.kv.keys))]
         moved = HostEntry(entry.keys, entry.prompt_len, entry.embeds, entry.hidden, kv, nbytes)
         self.metrics.evictions.labels("to_host").inc()
         self._moves += 1
@@ -196,7 +197,8 @@ class PrefixCache(KeptSlots[Entry]):
                 self.metrics.host_bytes.set(self._host_used)
             return None
         for layer, held in enumerate(entry.kv):
-            self.kv.write(slot, layer, held[0, :, :length], held[1, :, :length])
+            on_device = held.to(self.kv.keys[layer].device, non_blocking=True)  # whole: a pinned copy stays queued
+            self.kv.write(slot, layer, on_device[0, :, :length], on_device[1, :, :length])
         embeds, hidden = _rows(entry, length)
         return Reuse(slot, length, embeds, hidden)
 
@@ -235,6 +237,17 @@ def host_rows(pieces: list[torch.Tensor]) -> Rows | None:
         else:  # a step's rows on the CPU are views of the whole step's: kept, they would keep all of it
             out += [p.clone() if p.untyped_storage().nbytes() > 2 * p.nbytes else p for p in run]
     return tuple(out) or None
+
+
+def _to_pinned(keys_values: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """One layer's keys and values of a kept prefix, [2, kv heads, n, head dim] on the host, copied without waiting:
+    in pinned memory on a GPU, queued on the stream that writes the slot's pages next, so the pages can be given
+    back at once and the Thinker's thread never waits for the step before it to end (a pageable copy would)."""
+    keys, values = keys_values
+    host = torch.empty((2, *keys.shape), dtype=keys.dtype, pin_memory=keys.is_cuda)
+    host[0].copy_(keys, non_blocking=True)
+    host[1].copy_(values, non_blocking=True)
+    return host
 
 
 def _pinned(run: list[torch.Tensor]) -> torch.Tensor:
