@@ -7,6 +7,7 @@ in order, a turn whose few rows are all here passing a long history."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -159,10 +160,23 @@ def test_a_reply_does_not_end_before_its_first_frame(loaded: object) -> None:
     assert [frames.is_final for frames in sent] == [True]  # only the reply with frames ended
 
 
+def arrive(stage: Any, gen: torch.Generator, rid: str, user_tokens: int, first_text: bool = False) -> None:
+    """A one-turn prompt of `user_tokens` user tokens at the Talker: its Thinker rows, and its first text token."""
+    from engine.handoff import PromptRows, ThinkerPrompt, ThinkerToken
+
+    config = stage.runner.config
+    ids = [config.im_start_token_id, config.user_token_id, *[9] * user_tokens,
+           config.im_start_token_id, config.assistant_token_id, 198]
+    stage.accept(ThinkerPrompt(rid, ids, "ethan", 0, np.asarray(ids, dtype=np.int64)))
+    stage.accept(PromptRows(rid, torch.randn(len(ids), WIDTH, generator=gen), torch.randn(len(ids), WIDTH, generator=gen)))
+    if first_text:
+        stage.accept(ThinkerToken(rid, 11, torch.randn(WIDTH, generator=gen)))
+
+
 def test_replies_wait_for_the_talker_kv_pool_first_come_first_served(loaded: object) -> None:
     """A Talker pool of 16 pages of 8 rows: a reply starts when its prompt's rows and `max_frames` can be
     reserved; a short prompt behind a long one that waits for pages waits too, and they start in order."""
-    from engine.handoff import Inbox, PromptRows, ThinkerPrompt
+    from engine.handoff import Inbox
     from engine.metrics import EngineMetrics
     from engine.omni.runners.kv_cache import SlotKVCache
     from engine.omni.stages.talker import TalkerStage
@@ -180,16 +194,8 @@ def test_replies_wait_for_the_talker_kv_pool_first_come_first_served(loaded: obj
         speaking = runner.kv.allocate()
         assert runner.kv.reserve(speaking, 16)  # another reply holds 2 pages
 
-        def arrive(rid: str, user_tokens: int) -> None:
-            config = runner.config
-            ids = [config.im_start_token_id, config.user_token_id, *[9] * user_tokens,
-                   config.im_start_token_id, config.assistant_token_id, 198]
-            stage.accept(ThinkerPrompt(rid, ids, "ethan", 0, np.asarray(ids, dtype=np.int64)))
-            stage.accept(PromptRows(rid, torch.randn(len(ids), WIDTH, generator=gen),
-                                    torch.randn(len(ids), WIDTH, generator=gen)))
-
-        arrive("long", 98)  # 100 user rows + 9 + 8 frames: 15 pages, 14 free
-        arrive("short", 20)  # 22 + 9 + 8: 5 pages, which are free, but it came second
+        arrive(stage, gen, "long", 98)  # 100 user rows + 9 + 8 frames: 15 pages, 14 free
+        arrive(stage, gen, "short", 20)  # 22 + 9 + 8: 5 pages, which are free, but it came second
         assert not stage.has_work()
         runner.kv.free(speaking)
         assert stage.has_work()
@@ -206,7 +212,7 @@ def test_a_reply_whose_few_rows_are_all_here_passes_a_long_history(loaded: objec
     """Another call's history of 200 user rows, still without its first text token, came first; a turn whose
     prompt (12 user rows, its assistant part) is all here fits half of the step's room: it goes whole and speaks
     from this step, and the history takes the rest of the room."""
-    from engine.handoff import Inbox, PromptRows, ThinkerPrompt, ThinkerToken
+    from engine.handoff import Inbox
     from engine.metrics import EngineMetrics
     from engine.omni.runners.kv_cache import SlotKVCache
     from engine.omni.stages.talker import TalkerStage
@@ -222,18 +228,8 @@ def test_a_reply_whose_few_rows_are_all_here_passes_a_long_history(loaded: objec
         stage = TalkerStage(runner, TalkerConfig(max_batch=16, max_step_tokens=room, max_frames=8), Inbox(),
                             lambda _: None, None, lambda _: None, EngineMetrics())
 
-        def arrive(rid: str, user_tokens: int, first_text: bool) -> None:
-            config = runner.config
-            ids = [config.im_start_token_id, config.user_token_id, *[9] * user_tokens,
-                   config.im_start_token_id, config.assistant_token_id, 198]
-            stage.accept(ThinkerPrompt(rid, ids, "ethan", 0, np.asarray(ids, dtype=np.int64)))
-            stage.accept(PromptRows(rid, torch.randn(len(ids), WIDTH, generator=gen),
-                                    torch.randn(len(ids), WIDTH, generator=gen)))
-            if first_text:
-                stage.accept(ThinkerToken(rid, 11, torch.randn(WIDTH, generator=gen)))
-
-        arrive("history", 198, first_text=False)
-        arrive("turn", 10, first_text=True)
+        arrive(stage, gen, "history", 198)
+        arrive(stage, gen, "turn", 10, first_text=True)
         stage.step()
         assert stage.last_batch == ["turn", "history"]
         assert list(stage.running) == ["turn"]  # its prompt is in, its first frame sampled
