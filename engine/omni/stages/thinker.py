@@ -243,6 +243,8 @@ class ThinkerStage(Stage):
         pieces: list[tuple[ThinkerSeq, int]] = []
         audio_room, share = DENSE_CHUNKS, finishing_share(room)
         for seq in self.partial:
+            if seq.prompt_len - seq.position > share:
+                continue  # its clips need not be walked: it cannot finish here
             end, chunks = self._piece_end(seq, share, audio_room, first=False)
             if end == seq.prompt_len:
                 pieces.append((seq, end))
