@@ -41,7 +41,7 @@ _VOICE = VoiceConfig()
 # the sweep flags that mean the same for --realtime (its own defaults: VoiceConfig's)
 _VOICE_SHARED = {"concurrency", "warmup", "max_tokens", "voice", "timeout", "client_processes", "spread_s", "image"}
 _VOICE_KEYS = ("turns", "turn_mode", "output_format", "num_sessions", "questions", "chunk_ms", "input_speed",
-               "think_s", "image_every", "time_limit_s")
+               "think_s", "image_every", "time_limit_s", "retention_ratio")
 _DEFAULT_OUT = Path("benchmarks/local")
 
 
@@ -168,6 +168,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     vopt("--time-limit", dest="time_limit_s", type=float, metavar="S",
          help="end each level after S s: its conversations start no turn after that, the turns under way end, and "
               "the result counts the turns not started (default 0: every turn)")
+    vopt("--retention-ratio", type=float, metavar="R",
+         help="each session's truncation: keep R (0-1) of the context at a cut (default: the server's auto)")
     vopt("--image-every", type=_at_least(1), metavar="N",
          help="with --image: turn t of a conversation sends the picture when t %% N == 0 (default 1: every turn, "
               "a camera frame with each question)")

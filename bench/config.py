@@ -91,6 +91,9 @@ class VoiceConfig:
     # > 0: a level's conversations start no turn this many seconds after the level began (the turns under way end):
     # a run too long for the time at hand still leaves its result, with the turns it did not start counted
     time_limit_s: float = 0.0
+    # the session's `truncation`: None leaves the server's "auto"; R asks for {"type": "retention_ratio", R}, which
+    # keeps R of the room at a cut (a lower R cuts less often, so fewer turns prefill their history again)
+    retention_ratio: float | None = None
     # as BenchConfig.image: a turn that carries it sends it as an `input_image` user item before its question,
     # as a camera would send a frame; turn t carries it when t % image_every == 0
     image: str | None = None
@@ -114,6 +117,8 @@ class VoiceConfig:
                              f"{self.think_s}, {self.time_limit_s}")
         if self.image_every < 1:
             raise BenchError(f"image_every: must be >= 1, got {self.image_every}")
+        if self.retention_ratio is not None and not 0.0 <= self.retention_ratio <= 1.0:
+            raise BenchError(f"retention_ratio: must be within 0-1, got {self.retention_ratio}")
         if self.image_every > 1 and self.image is None:
             raise BenchError("image_every: says which turns send the image, but there is none (--image)")
 

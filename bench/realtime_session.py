@@ -37,9 +37,11 @@ def session_update(config: VoiceConfig, mode: str, output_format: str) -> dict[s
     audio_in: dict[str, Any] = {"format": _GA_FORMATS["pcm16"]}
     if mode != "server":  # server: its own default stays
         audio_in["turn_detection"] = {"type": "server_vad"} if mode == "vad" else None
+    truncation: dict[str, Any] = ({} if config.retention_ratio is None else {
+        "truncation": {"type": "retention_ratio", "retention_ratio": config.retention_ratio}})
     return {"type": "session.update", "session": {
         "type": "realtime", "output_modalities": ["audio"], "max_output_tokens": config.max_tokens,
-        "audio": {"input": audio_in, "output": {"format": _GA_FORMATS[output_format]} | _voice(config)}}}
+        "audio": {"input": audio_in, "output": {"format": _GA_FORMATS[output_format]} | _voice(config)}} | truncation}
 
 
 def _voice(config: VoiceConfig) -> dict[str, str]:

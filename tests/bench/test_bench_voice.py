@@ -16,12 +16,19 @@ from typing import Any
 import pytest
 
 import bench
-from bench import TurnRecord, TurnTimer, VoiceConfig, scheduled_underruns, summarize_voice_level
+from bench import BenchError, TurnRecord, TurnTimer, VoiceConfig, scheduled_underruns, summarize_voice_level
 from bench.cli import voice_config_from_args
 from bench.realtime_session import realtime_url, session_update, think_pause_s
 from bench.timeline import Snapshot, windows
 from bench.turn import TurnError
 from tests.conftest import REPO
+from voice_gateway.realtime.events import (
+    RetentionRatio,
+    SessionConfig,
+    SessionUpdate,
+    apply_session_update,
+    parse_client_event,
+)
 
 
 def _event(kind: str, **fields: object) -> str:
@@ -284,6 +291,19 @@ def test_the_session_asks_for_its_mode_and_format() -> None:
     assert vad["audio"]["input"]["turn_detection"] == {"type": "server_vad"}
     assert vad["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
     assert realtime_url("http://127.0.0.1:8000/", "tiny") == "ws://127.0.0.1:8000/v1/realtime?model=tiny&timing=1"
+
+
+def test_a_retention_ratio_reaches_the_session_as_the_server_reads_it() -> None:
+    """--retention-ratio R: the session's truncation keeps R of the room at a cut; none named, the server's auto."""
+    def truncation(config: VoiceConfig) -> object:
+        event = parse_client_event(json.dumps(session_update(config, "commit", "pcm16")))
+        assert isinstance(event, SessionUpdate)
+        return apply_session_update(SessionConfig(), event).truncation
+
+    assert truncation(VoiceConfig()) == "auto"
+    assert truncation(VoiceConfig(retention_ratio=0.5)) == RetentionRatio(type="retention_ratio", retention_ratio=0.5)
+    with pytest.raises(BenchError, match="retention_ratio"):
+        VoiceConfig(retention_ratio=1.5)
 
 
 def test_timeline_windows_hold_the_turns_and_steps_between_two_snapshots() -> None:
