@@ -71,8 +71,9 @@ export class RtcPlayback {
   }
 
   /**
-   * Barge-in. The server drops its queued audio itself (output_audio_buffer.cleared); silence what is already
-   * here. Resolves to [{reply, truncateMs}] for the reply that was playing, if any.
+   * Barge-in. The server drops its queued audio itself (output_audio_buffer.cleared) and truncates the item where
+   * its track stopped; silence what is already here. Resolves to [{reply, truncateMs: null}] for the reply that
+   * was playing, if any: what was heard is only estimated here, for the page's own view.
    */
   async interrupt() {
     this.transport.setOutputMuted(true);
@@ -85,7 +86,7 @@ export class RtcPlayback {
     // buffer) bounds it, but overcounts when the server ran dry and sent silence mid-reply.
     const wallMs = performance.now() - p.startedAt - (this.jitterBufferMs ?? DEFAULT_JITTER_MS);
     reply.playedMs = Math.max(0, Math.min(this.#audibleMsSince(p), wallMs));
-    return [{ reply, truncateMs: reply.playedMs }];
+    return [{ reply, truncateMs: null }];
   }
 
   #audibleMsSince(p) {

@@ -71,3 +71,16 @@ def test_a_peer_with_a_camera_gets_a_reply_that_used_a_frame(tiny_checkpoint: Pa
     assert result["image_tokens"] > 0
     after = result["health_after_close"]
     assert after["active_sessions"] == 0 and after["active_requests"] == 0, after
+
+
+def test_a_reply_cut_off_over_webrtc_is_truncated_where_its_track_stopped(
+        tiny_checkpoint: Path, cache_dir: Path, spoken_wav: Path, tmp_path: Path) -> None:
+    """The peer cuts the reply off 400 ms into its playing and sends no truncate: the server truncates the item at
+    the audio that left on the track, which is within the item's audio (the page's own estimate could run past it)."""
+    result = _call(cache_dir, spoken_wav, tmp_path / "call.json", "--clear-after-ms", "400")
+    events = result["events"]
+    assert result["errors"] == [], result["errors"]
+    assert events.index("output_audio_buffer.cleared") < events.index("conversation.item.truncated"), events
+    assert result["response_status"] == "cancelled", events
+    # at most what left in the 400 ms after `started` and the cut's trip (the tiny model on a CPU may have made less)
+    assert 0 < result["truncated"]["audio_end_ms"] <= 700, result["truncated"]

@@ -40,7 +40,9 @@ class TestPattern(VideoStreamTrack):
         return frame
 
 
-async def call(base_url: str, wav: Path, timeout_s: float, video: bool = False) -> dict:
+async def call(base_url: str, wav: Path, timeout_s: float, video: bool = False, clear_after_ms: int = 0) -> dict:
+    """clear_after_ms > 0: that long after the reply starts playing, cut it off as a page's barge-in does
+    (response.cancel, output_audio_buffer.clear), and end with the server's conversation.item.truncated."""
     # This test peer's candidates must be on loopback too; the server is told by its own setting.
     aioice.ice.get_host_addresses = _loopback_only
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -53,10 +55,18 @@ async def call(base_url: str, wav: Path, timeout_s: float, video: bool = False) 
     done = asyncio.Event()
     received: list[np.ndarray] = []
 
+    async def cut_off() -> None:
+        await asyncio.sleep(clear_after_ms / 1000)
+        channel.send(json.dumps({"type": "response.cancel"}))
+        channel.send(json.dumps({"type": "output_audio_buffer.clear"}))
+
     @channel.on("message")
     def on_message(message: str) -> None:
         events.append(json.loads(message))
-        if events[-1]["type"] == "output_audio_buffer.stopped":
+        kind = events[-1]["type"]
+        if clear_after_ms and kind == "output_audio_buffer.started":
+            asyncio.ensure_future(cut_off())
+        if kind == ("conversation.item.truncated" if clear_after_ms else "output_audio_buffer.stopped"):
             done.set()
 
     async def listen(track) -> None:
@@ -104,6 +114,8 @@ async def call(base_url: str, wav: Path, timeout_s: float, video: bool = False) 
         "answer_status": answer.status_code,
         "answer_has_loopback_candidate": "127.0.0.1" in answer.text,
         "events": [e["type"] for e in events],
+        "truncated": next((e for e in events if e["type"] == "conversation.item.truncated"), None),
+        "errors": [e["error"] for e in events if e["type"] == "error"],
         "response_status": next((e["response"]["status"] for e in events if e["type"] == "response.done"), None),
         "received_seconds": audio.size / 48_000,
         "received_peak": float(np.abs(audio).max()) if audio.size else 0.0,
@@ -119,10 +131,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=120)
     parser.add_argument("--video", action="store_true", help="send a camera track too")
+    parser.add_argument("--clear-after-ms", type=int, default=0, help="cut the reply off this long into its playing")
     args = parser.parse_args()
     proc, server = start_server(args.cache_dir, args.out.with_suffix(".server.log"), "--webrtc-host-address", "127.0.0.1")
     try:
-        result = asyncio.run(call(server.base_url, args.wav, args.timeout, args.video))
+        result = asyncio.run(call(server.base_url, args.wav, args.timeout, args.video, args.clear_after_ms))
     finally:
         stop_server(proc)
     args.out.write_text(json.dumps(result, indent=2))

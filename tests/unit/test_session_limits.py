@@ -16,7 +16,7 @@ from voice_gateway.admission import Admission, Refused
 from voice_gateway.app import create_app
 from voice_gateway.config import GatewayConfig
 from voice_gateway.metrics import GatewayMetrics
-from voice_gateway.realtime.audio_sinks import TrackSink
+from voice_gateway.realtime.audio_sinks import PlayedCut, TrackSink
 from voice_gateway.realtime.events import Dialect
 from voice_gateway.realtime.frames import deliver
 from voice_gateway.realtime.outbox import Outbox
@@ -102,6 +102,30 @@ def test_a_track_says_when_each_reply_starts_and_stops_playing() -> None:
     assert [(e["type"], e["response_id"]) for e in events] == [
         ("output_audio_buffer.started", "resp_1"), ("output_audio_buffer.stopped", "resp_1"),
         ("output_audio_buffer.started", "resp_2"), ("output_audio_buffer.stopped", "resp_2")]
+
+
+def test_a_reply_cut_off_mid_play_says_how_much_of_its_item_left() -> None:
+    """What left on the track is counted per reply from its first frame; a reply that played out, or one still
+    queued, is not cut."""
+    track = TrackSink(EventSender(Outbox(64), Dialect.GA))
+    track.begin("resp_1", "item_1")
+    track.write(np.full(2400, 0.1, np.float32))
+    track.finish()
+    for _ in range(10):
+        track.next_frame()
+    assert track.playing is None
+    track.cancel()
+    assert track.cut is None  # it had played out
+    track.begin("resp_2", "item_2")
+    track.write(np.full(24_000, 0.1, np.float32))  # 1 s
+    for _ in range(15):  # 300 ms leave
+        track.next_frame()
+    track.cancel()
+    assert track.cut == PlayedCut("item_2", 300)
+    track.begin("resp_3", "item_3")
+    track.write(np.full(2400, 0.1, np.float32))
+    track.cancel()
+    assert track.cut == PlayedCut("item_2", 300)  # resp_3 never played: nothing new was cut
 
 
 # Offers that pass the admission checks but that aiortc cannot use: a missing ICE ufrag, a line it cannot split.

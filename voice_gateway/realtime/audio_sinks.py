@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -119,11 +120,20 @@ def event_sink(fmt: ev.AudioFormat, sender: EventSender, opus_bitrate_bps: int) 
     return Pcm16Sink(sender)
 
 
+@dataclass(frozen=True, slots=True)
+class PlayedCut:
+    """A response cut off while it played: `left_ms` of its item's audio had left on the track."""
+
+    item_id: str
+    left_ms: int
+
+
 class TrackSink:
     """A call's reply audio, queued at `rate_hz` (48 kHz for a WebRTC track, 8 kHz for a phone line) for its transport
     to pull as 20 ms frames. Owns the queue and which response is on the wire (`playing`, and the item it speaks):
     `output_audio_buffer.started` when a response's first frame leaves, `.stopped` once a finished response has
-    played out; cancel empties the queue at once."""
+    played out; cancel empties the queue at once, and where it cut a response off mid-play, `cut` says how much of
+    its item had left (a WebRTC call truncates the item there: the server, not the peer, knows what it sent)."""
 
     def __init__(self, sender: EventSender, rate_hz: int = TRACK_RATE_HZ) -> None:
         self.sender = sender
@@ -137,6 +147,8 @@ class TrackSink:
         self._writing: str | None = None
         self._finished: set[str] = set()  # responses whose audio is all queued
         self._resampler = Resampler(SAMPLE_RATE_HZ, rate_hz)
+        self._left = 0  # samples of `playing` that have left
+        self.cut: PlayedCut | None = None  # the last response cancel cut off while it played
 
     def begin(self, response_id: str, item_id: str) -> None:
         self._writing = response_id
@@ -167,6 +179,9 @@ class TrackSink:
 
     def cancel(self) -> int:
         dropped = len(self._queue) + (self._pending.size > 0)
+        item_id = self._item_ids.get(self.playing) if self.playing is not None else None
+        if item_id is not None:
+            self.cut = PlayedCut(item_id, self._left * 1000 // self.rate_hz)
         self._queue.clear()
         self._pending, self._pending_id = np.zeros(0, np.float32), None
         self._finished.clear()
@@ -183,6 +198,7 @@ class TrackSink:
             self._pending = np.concatenate([self._pending, chunk])
         frame, self._pending = self._pending[:n], self._pending[n:]
         self._note_playback(frame_id if frame.size else None)
+        self._left += frame.size
         if frame.size < n:
             frame = np.concatenate([frame, np.zeros(n - frame.size, np.float32)])
         return frame
@@ -190,7 +206,7 @@ class TrackSink:
     def _note_playback(self, response_id: str | None) -> None:
         if response_id is not None and response_id != self.playing:
             self._stopped()
-            self.playing = response_id
+            self.playing, self._left = response_id, 0
             self.sender.event(ev.OutputAudioBufferStarted(response_id=response_id))
         elif response_id is None and self.playing in self._finished:
             self._stopped()  # an unfinished response that runs short is still playing: more audio is coming

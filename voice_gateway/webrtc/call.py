@@ -1,7 +1,8 @@
 """A realtime session over WebRTC (aiortc, the `[webrtc]` extra): one call's peer connection, and the answer to its
 SDP offer. The microphone's Opus track feeds the session's VAD and input buffer; replies leave on an Opus track
 paced in real time; the `oai-events` data channel carries the WebSocket's JSON events; a video track's newest
-frame joins each user turn as an image. The session logic is the WebSocket's: one implementation, two transports."""
+frame joins each user turn as an image; a reply cut off while it played is truncated where the track stopped. The
+session logic is the WebSocket's: one implementation, two transports."""
 
 from __future__ import annotations
 
@@ -60,6 +61,25 @@ class Call:
                 break
             if isinstance(payload, str):
                 channel.send(payload)
+                if '"output_audio_buffer.cleared"' in payload or '"response.done"' in payload:
+                    await self.truncate_cut()
+
+    async def truncate_cut(self) -> None:
+        """A reply cut off mid-play keeps the part of its item that left on the track: the peer cannot count it
+        (its level meter and clock drift under load, past the item's audio), the track can. What left was not all
+        heard yet (the peer's jitter buffer holds tens of ms), as with a phone's last mark. A reply cut off while
+        it was generated is truncated once its response is done, which is when its item takes its words."""
+        track = self.session.track
+        assert track is not None
+        cut = track.cut
+        item = self.session.conversation.get(cut.item_id) if cut is not None else None
+        if cut is None or (item is not None and item.status == "in_progress"):
+            return
+        track.cut = None
+        if item is None or item.audio_ms <= 0:
+            return
+        await self.session.handle(ev.ConversationItemTruncate(item_id=cut.item_id, content_index=0,
+                                                              audio_end_ms=min(cut.left_ms, item.audio_ms)))
 
     async def watchdog(self) -> None:
         started = time.monotonic()
