@@ -27,8 +27,10 @@ _TOKENS_PER_TURN = 6  # <|im_start|>role\n ... <|im_end|>\n
 # it to within its budget (`ModelInfo.max_image_pixels`); then <|vision_start|> and <|vision_end|>.
 _IMAGE_TOKEN_PIXELS = 32 * 32
 DEFAULT_MAX_IMAGE_PIXELS = 400 * _IMAGE_TOKEN_PIXELS  # the engine's default budget: a 1280 x 720 frame
-# "auto": a cut keeps three quarters of the room, so a quarter of it fills before the next cut
-AUTO_RETENTION = 0.75
+# "auto": a cut keeps half the room, so half of it fills before the next cut. Each cut prefills the history it
+# keeps again (its start moved); at three quarters a call re-prefilled three times the tokens a turn, and 32 calls
+# x 80 turns on an H100 had 111 turns behind playback against 7 (docs/performance/long-calls.md)
+AUTO_RETENTION = 0.5
 
 
 ROOT = "root"  # previous_item_id for the start of the conversation
