@@ -2,12 +2,14 @@
 
 Stages run in their own threads and report here through the event loop (`ReportQueue`); each
 request's events leave through its sink, and `Finished` goes out once the Thinker is done and
-(for audio) Code2Wav has sent the last chunk.
+(for audio) Code2Wav has sent the last chunk. A stage whose loop has not come round for `stall_after_s` has hung:
+the engine is then down, and its threads' stacks go to the log once, which is what finds the hang.
 """
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +45,9 @@ from engine.stage import Stage
 
 log = logging.getLogger(__name__)
 
+# Longer than any one step: the longest are the first of a shape compiled after start-up (tens of seconds on a GPU).
+STALL_AFTER_S = 120.0
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -77,6 +82,7 @@ class Orchestrator:
         routers: tuple[StickyRouter, ...] = (),
         capacity: str = "",
         pools: Pools | None = None,
+        stall_after_s: float = STALL_AFTER_S,
     ) -> None:
         self.thinker_inbox = thinker_inbox
         self.stages = stages
@@ -86,6 +92,8 @@ class Orchestrator:
         self.speaks = speaks
         self.routers = routers
         self.serving = EngineHealth("ok", capacity=capacity)
+        self.stall_after_s = stall_after_s
+        self._stall_logged = False
         self.pools = pools
         self.records: dict[str, RequestRecord] = {}
 
@@ -107,13 +115,24 @@ class Orchestrator:
         return {name: s.num_running() + s.num_waiting() for name, s in self.stages.items()}
 
     def health(self) -> EngineHealth:
-        return self.serving
+        stuck_s, name = max(((s.stuck_s(), s.name) for s in self.stages.values()), default=(0.0, ""))
+        if stuck_s <= self.stall_after_s:
+            self._stall_logged = False
+            return self.serving
+        detail = f"the {name} stage has hung: one step has not returned for {stuck_s:.0f} s"
+        if not self._stall_logged:
+            self._stall_logged = True
+            log.error("%s; every thread's stack follows", detail)
+            faulthandler.dump_traceback(all_threads=True)
+        return EngineHealth("down", detail, capacity=self.serving.capacity)
 
     # -- requests
     def begin(self, request: AdmittedRequest, sink: Sink) -> None:
         rid = request.request_id
         if rid in self.records:
             raise EngineError(f"request id {rid} is already in use")
+        if (health := self.health()).status == "down":
+            raise health.refusal()
         if request.want_audio and not self.speaks:
             raise EngineError("this model has no talker: ask for text only")
         self.records[rid] = RequestRecord(request, sink, time.perf_counter())

@@ -1,7 +1,8 @@
 """The loop every stage runs in its own thread: drain the inbox, take one step, report.
 
 Requests join and leave between steps; an `Abort` in the inbox frees a request before the next step. A failing
-step fails the requests in it, and the loop goes on. On a GPU each stage queues its kernels on its own CUDA
+step fails the requests in it, and the loop goes on; a step that never returns (a kernel that hangs, a lock never
+given back) shows as the time since the loop last came round (`stuck_s`), which the engine's health reports. On a GPU each stage queues its kernels on its own CUDA
 stream, so one stage's host sync never waits for another's queued work. A GPU tensor handed to the next stage is
 complete when sent, or comes with an event recorded after it on the sender's stream (`written`), which the
 receiver's stream waits on before reading it; either way the receiver ties its lifetime to its own stream
@@ -48,6 +49,7 @@ class Stage(ABC):
         self._aborted: OrderedDict[str, None] = OrderedDict()
         self.last_batch: list[str] = []  # the requests of the step in progress, failed together if it raises
         self.last_phase = "decode"  # what that step was (prefill | decode): a label of its step time
+        self._rounded_at = time.monotonic()  # when the loop last came round: every step, or every idle wait
 
     # -- what a stage implements
     @abstractmethod
@@ -72,8 +74,13 @@ class Stage(ABC):
 
     # -- the loop
     def start(self) -> None:
+        self._rounded_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"stage-{self.name}", daemon=True)
         self._thread.start()
+
+    def stuck_s(self) -> float:
+        """How long the loop has been inside one turn (a step, or taking payloads): tens of ms when it serves."""
+        return time.monotonic() - self._rounded_at
 
     def stop(self) -> None:
         self._stop.set()
@@ -95,6 +102,7 @@ class Stage(ABC):
                     self._step_safely()
                 self.metrics.queue_depth.labels(self.name).set(self.num_waiting())
                 self.metrics.running.labels(self.name).set(self.num_running())
+                self._rounded_at = time.monotonic()
 
     @staticmethod
     def adopt(tensor: torch.Tensor, written: torch.cuda.Event | None = None) -> torch.Tensor:

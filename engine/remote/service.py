@@ -100,10 +100,14 @@ class CoreService:
 
     async def _beat(self) -> None:
         while True:
-            state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes),
-                          capacity=self.core.health().capacity)
-            for conn in list(self.clients):
-                self._tell(conn, state)
+            health = self.core.health()
+            # a core that is down has a stage that hung: the beat falls silent, so that the supervisor takes this
+            # process for stalled, fails its requests and starts another
+            if health.status != "down":
+                state = State(self.core.stage_load(), generate_latest(self.core.registry).decode(), len(self.routes),
+                              capacity=health.capacity)
+                for conn in list(self.clients):
+                    self._tell(conn, state)
             await asyncio.sleep(STATE_PERIOD_S)
 
     def leave(self, conn: Connection) -> None:
