@@ -13,7 +13,7 @@ import soundfile as sf
 
 from benchmarks.voice.make_questions import QUESTIONS, speak
 from engine.cascade import packages
-from engine.cascade.ears import SAMPLE_RATE_HZ, WhisperEars
+from engine.cascade.ears import SAMPLE_RATE_HZ, WhisperEars, without_echo
 from engine.cascade.packages import WHISPER, PackageError
 
 VOICE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "voice"
@@ -103,3 +103,13 @@ def test_a_corrupt_model_file_is_refused_naming_its_package(tmp_path: Path) -> N
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(PackageError, match=f"{WHISPER.name} {WHISPER.version}.*--force-reinstall"):
         packages._check(WHISPER, copy, MODEL_BIN)
+
+
+def test_a_turn_read_twice_over_is_heard_once() -> None:
+    twice = "How many days are in a leap year? How many days are in a leap year?"
+    assert without_echo(twice) == "How many days are in a leap year?"
+    assert without_echo("who wrote Romeo and Juliet. Who wrote Romeo and Juliet?") == "who wrote Romeo and Juliet."
+    # words said twice within a turn stay: only the whole turn, said again, is an echo
+    for kept in ("Hello? Hello?", "no no no no", "Tell me a joke about cats. Tell me a joke about dogs.",
+                 "What time is it in Tokyo?"):
+        assert without_echo(kept) == kept
