@@ -2,8 +2,9 @@
 
 Requests join and leave between steps; an `Abort` in the inbox frees a request before the next step. A failing
 step fails the requests in it, and the loop goes on; a step that never returns (a kernel that hangs, a lock never
-given back) shows as the time since the loop last came round (`stuck_s`), which the engine's health reports. On a GPU each stage queues its kernels on its own CUDA
-stream, so one stage's host sync never waits for another's queued work. A GPU tensor handed to the next stage is
+given back) shows as the time since the loop last came round (`stuck_s`), which the engine's health reports. On a
+GPU each stage queues its kernels on its own CUDA stream, so one stage's host sync never waits for another's queued
+work. A GPU tensor handed to the next stage is
 complete when sent, or comes with an event recorded after it on the sender's stream (`written`), which the
 receiver's stream waits on before reading it; either way the receiver ties its lifetime to its own stream
 (`adopt`)."""
