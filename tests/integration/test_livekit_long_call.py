@@ -20,6 +20,7 @@ from livekit.agents import Agent, AgentSession, RunContext, function_tool, llm
 from livekit.agents.metrics import RealtimeModelMetrics
 from livekit.agents.voice.events import ErrorEvent, ToolExecutionUpdatedEvent, ToolReplyUpdated
 from livekit.plugins.openai.realtime import RealtimeModel, RealtimeSession
+from openai.types.realtime.realtime_truncation_retention_ratio import RealtimeTruncationRetentionRatio
 
 from tests.conftest import Server
 from tests.integration.test_livekit_agent_session import Microphone, Speaker
@@ -156,7 +157,12 @@ async def test_an_async_tool_result_after_the_user_spoke_again(server: Server, s
     once the reply to that turn has begun the tool returns. LiveKit sends the result as a call and an output of
     their own (`{call_id}_final`) and asks for a reply when the session is idle; that reply's prompt holds it."""
     async with aiohttp.ClientSession() as http:
-        model = RealtimeModel(model="tiny", base_url=server.base_url + "/v1", api_key="unused", http_session=http)
+        # the result is weighed as what the last prompt's text gained over the spoken turn's: a cut between the two
+        # would take older text out of the last one. Auto keeps half of the tiny context at a cut, and its first cut
+        # can come that early; this call keeps three quarters, whose first cut comes later
+        keep_more = RealtimeTruncationRetentionRatio(type="retention_ratio", retention_ratio=0.75)
+        model = RealtimeModel(model="tiny", base_url=server.base_url + "/v1", api_key="unused", http_session=http,
+                              truncation=keep_more)
         session: AgentSession = AgentSession(llm=model)
         microphone, speaker, agent = Microphone(), Speaker(), WeatherAgent()
         session.input.audio, session.output.audio = microphone, speaker
